@@ -1,0 +1,123 @@
+//! The five operators. Each module owns its descriptor (built from the node's attributes,
+//! with every attribute rule of OPERATORS.md checked), its input checks, and its CPU kernel.
+//! Hosts drive them through [`Operator`]: `from_attributes` once per node, then per run
+//! `plan` (validate everything, compute output shapes; nothing is written) and `execute`.
+
+pub mod dynamic_scatter_backward;
+pub mod get_indice_pairs;
+pub mod psroipool_backward;
+pub mod three_interpolate_backward;
+pub mod voxel_pooling_forward;
+
+use crate::error::{Error, Result};
+use crate::parallel::Parallel;
+use crate::schema::{self, AttrValue, Attrs, Schema};
+use crate::tensor::{Inputs, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
+use std::collections::HashMap;
+
+pub trait Operator: Sized + Send + Sync + 'static {
+    /// The ONNX op_type in domain `mluops`; also the schema's name.
+    const NAME: &'static str;
+    /// Whatever `plan` learns that `execute` needs (validated sizes, sorted indices...).
+    type Plan: Send;
+
+    /// Builds the descriptor, checking every attribute rule.
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self>;
+
+    /// Checks the inputs against the contract and returns the output specs. Writes nothing.
+    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Self::Plan)>;
+
+    /// Fills the outputs allocated with the planned specs.
+    fn execute(&self, plan: Self::Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel)
+    -> Result<()>;
+
+    fn schema() -> &'static Schema {
+        schema::get(Self::NAME)
+    }
+}
+
+/// Allocates the outputs of one node once their specs are known (ONNX Runtime's
+/// KernelContext_GetOutput, or owned buffers).
+pub trait OutputHost {
+    fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>>;
+}
+
+/// A type-erased configured node: what the ONNX Runtime glue holds per node.
+pub trait Kernel: Send + Sync {
+    fn compute(&self, inputs: &Inputs<'_>, host: &mut dyn OutputHost, par: &dyn Parallel) -> Result<()>;
+}
+
+impl<O: Operator> Kernel for O {
+    fn compute(&self, inputs: &Inputs<'_>, host: &mut dyn OutputHost, par: &dyn Parallel) -> Result<()> {
+        let (specs, plan) = self.plan(inputs)?;
+        let mut outputs = host.allocate(&specs)?;
+        self.execute(plan, inputs, &mut outputs, par)
+    }
+}
+
+/// Registry entry: how to build a node's kernel from its attributes.
+pub struct OpEntry {
+    pub name: &'static str,
+    pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
+}
+
+fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(O::from_attributes(attrs)?))
+}
+
+macro_rules! entries {
+    ($($t:ty),*) => { &[$(OpEntry { name: <$t>::NAME, create: create::<$t> }),*] };
+}
+
+/// Every operator of the domain, in OPERATORS.md order.
+pub const ALL: &[OpEntry] = entries!(
+    dynamic_scatter_backward::DynamicScatterBackward,
+    three_interpolate_backward::ThreeInterpolateBackward,
+    get_indice_pairs::GetIndicePairs,
+    voxel_pooling_forward::VoxelPoolingForward,
+    psroipool_backward::PsRoiPoolBackward
+);
+
+pub fn entry(name: &str) -> Option<&'static OpEntry> {
+    ALL.iter().find(|e| e.name == name)
+}
+
+/// Owned buffers for hosts outside ONNX Runtime.
+#[derive(Default)]
+pub struct OwnedOutputs {
+    pub specs: Vec<OutputSpec>,
+    pub data: Vec<OwnedData>,
+}
+
+impl OutputHost for OwnedOutputs {
+    fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>> {
+        self.specs = specs.to_vec();
+        self.data = specs.iter().map(OwnedData::zeros).collect();
+        Ok(Outputs::new(Vec::new(), self.data.iter_mut().map(OwnedData::as_out).collect()))
+    }
+}
+
+impl OwnedOutputs {
+    pub fn into_tensors(self) -> Vec<Tensor> {
+        self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.shape, data }).collect()
+    }
+}
+
+/// Builds operator `O`'s descriptor from an attribute map (the Rust API and tests).
+pub fn descriptor<O: Operator>(attrs: &HashMap<String, AttrValue>) -> Result<O> {
+    O::from_attributes(&Attrs::new(O::schema(), attrs))
+}
+
+/// Runs a configured operator on owned inputs (`None` = absent optional input).
+pub fn run<O: Operator>(op: &O, inputs: &[Option<&Tensor>], par: &dyn Parallel) -> Result<Vec<Tensor>> {
+    let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tensor::view)).collect();
+    let inputs = Inputs::new(O::schema().input_names(), refs)?;
+    let mut host = OwnedOutputs::default();
+    Kernel::compute(op, &inputs, &mut host, par)?;
+    Ok(host.into_tensors())
+}
+
+/// Checks an element count fits the `i32` indices the contract's index tensors use.
+pub fn check_i32_range(what: impl FnOnce() -> Error, n: usize) -> Result<()> {
+    if n > i32::MAX as usize { Err(what()) } else { Ok(()) }
+}
