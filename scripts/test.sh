@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every test on a fresh machine: installs onnxruntime 1.31.1 into .venv, builds the
+# library, runs the Rust unit and integration tests (including the sessions driven through
+# the `ort` crate), the network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1), the
+# Python session tests, and the main job.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+source scripts/setup.sh
+echo "== build (release library for the Python tests)"
+cargo build --release --lib
+export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
+echo "== cargo test (unit, integration, ort sessions, property tests)"
+cargo test --all-targets
+echo "== seed cases at network scale (release)"
+MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
+    --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
+echo "== python session tests"
+"$VENV/bin/python" -m pytest tests/python -q
+echo "== main job"
+"$VENV/bin/python" models/run_demo.py "$MLU_EP_LIB"
