@@ -1,0 +1,140 @@
+//! The schemas in schemas/ against the contract (OPERATORS.md): names, input/output order,
+//! dtypes, optionality, attributes and defaults. Registration is derived from these
+//! schemas (src/ort/custom_op.rs), so this pins what ONNX Runtime sees.
+
+use onnxruntime_ep_mlu::ops;
+use onnxruntime_ep_mlu::schema::{self, AttrKind, AttrValue};
+use onnxruntime_ep_mlu::tensor::DType;
+
+fn io(op: &str) -> (Vec<(String, Vec<DType>, bool)>, Vec<(String, Vec<DType>)>) {
+    let s = schema::get(op);
+    (
+        s.inputs.iter().map(|f| (f.name.clone(), s.allowed(f), f.optional)).collect(),
+        s.outputs.iter().map(|f| (f.name.clone(), s.allowed(f))).collect(),
+    )
+}
+
+fn names<T>(v: &[(String, Vec<DType>, T)]) -> Vec<&str> {
+    v.iter().map(|x| x.0.as_str()).collect()
+}
+
+#[test]
+fn every_operator_has_exactly_one_schema_in_domain_mluops() {
+    let all = schema::all();
+    assert_eq!(all.len(), 5);
+    for e in ops::ALL {
+        let s = schema::get(e.name);
+        assert_eq!(s.domain, "mluops");
+        assert_eq!(s.since_version, 1);
+        assert!(!s.doc.is_empty());
+    }
+    let mut names: Vec<_> = all.iter().map(|s| s.op_type.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["DynamicScatterBackward", "GetIndicePairs", "PsRoiPoolBackward", "ThreeInterpolateBackward", "VoxelPoolingForward"]
+    );
+}
+
+#[test]
+fn dynamic_scatter_backward_matches_contract() {
+    let (i, o) = io("DynamicScatterBackward");
+    assert_eq!(
+        names(&i),
+        ["grad_voxel_feats", "feats", "voxel_feats", "point2voxel_map", "voxel_points_count", "voxel_num"]
+    );
+    let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
+    use DType::*;
+    assert_eq!(types, [vec![F32], vec![F32], vec![F32], vec![I32], vec![I32], vec![I32]]);
+    assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [false, false, false, false, false, true]);
+    assert_eq!(o, [("grad_feats".to_string(), vec![F32])]);
+    let a = schema::get("DynamicScatterBackward").attribute("reduce_type").unwrap();
+    assert_eq!((a.kind, a.required), (AttrKind::String, false));
+    assert_eq!(a.default_value(), Some(AttrValue::String("max".into())));
+}
+
+#[test]
+fn three_interpolate_backward_matches_contract() {
+    use DType::*;
+    let (i, o) = io("ThreeInterpolateBackward");
+    assert_eq!(names(&i), ["grad_output", "indices", "weights"]);
+    assert_eq!(i[0].1, [F32, F16]);
+    assert_eq!(i[1].1, [I32]);
+    assert_eq!(i[2].1, [F32, F16]);
+    assert_eq!(o, [("grad_features".to_string(), vec![F32, F16])]);
+    let a = schema::get("ThreeInterpolateBackward").attribute("m").unwrap();
+    assert_eq!((a.kind, a.required), (AttrKind::Int, true));
+    // One kernel per binding of T.
+    assert_eq!(schema::get("ThreeInterpolateBackward").bindings().len(), 2);
+}
+
+#[test]
+fn get_indice_pairs_matches_contract() {
+    use DType::*;
+    let (i, o) = io("GetIndicePairs");
+    assert_eq!(i, [("indices".to_string(), vec![I32], false)]);
+    assert_eq!(
+        o,
+        [("indice_pairs".to_string(), vec![I32]), ("out_indices".to_string(), vec![I32]), ("indice_num".to_string(), vec![I32])]
+    );
+    let s = schema::get("GetIndicePairs");
+    let expect: &[(&str, AttrKind, bool, Option<AttrValue>)] = &[
+        ("batch_size", AttrKind::Int, true, None),
+        ("spatial_shape", AttrKind::Ints, true, None),
+        ("kernel_size", AttrKind::Ints, true, None),
+        ("stride", AttrKind::Ints, false, Some(AttrValue::Ints(vec![1, 1, 1]))),
+        ("padding", AttrKind::Ints, false, Some(AttrValue::Ints(vec![0, 0, 0]))),
+        ("dilation", AttrKind::Ints, false, Some(AttrValue::Ints(vec![1, 1, 1]))),
+        ("output_padding", AttrKind::Ints, false, Some(AttrValue::Ints(vec![0, 0, 0]))),
+        ("subm", AttrKind::Int, false, Some(AttrValue::Int(0))),
+        ("transpose", AttrKind::Int, false, Some(AttrValue::Int(0))),
+        ("inverse", AttrKind::Int, false, Some(AttrValue::Int(0))),
+    ];
+    assert_eq!(s.attributes.len(), expect.len());
+    for (name, kind, required, default) in expect {
+        let a = s.attribute(name).unwrap_or_else(|| panic!("attribute {name}"));
+        assert_eq!((a.kind, a.required, a.default_value()), (*kind, *required, default.clone()), "{name}");
+    }
+}
+
+#[test]
+fn voxel_pooling_forward_matches_contract() {
+    use DType::*;
+    let (i, o) = io("VoxelPoolingForward");
+    assert_eq!(i, [("geom_xyz".to_string(), vec![I32], false), ("input_features".to_string(), vec![F32], false)]);
+    assert_eq!(o, [("output_features".to_string(), vec![F32]), ("pos_memo".to_string(), vec![I32])]);
+    let a = schema::get("VoxelPoolingForward").attribute("voxel_num").unwrap();
+    assert_eq!((a.kind, a.required), (AttrKind::Ints, true));
+}
+
+#[test]
+fn psroipool_backward_matches_contract() {
+    use DType::*;
+    let (i, o) = io("PsRoiPoolBackward");
+    assert_eq!(names(&i), ["top_grad", "rois", "mapping_channel", "bottom_shape"]);
+    let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
+    assert_eq!(types, [vec![F32], vec![F32], vec![I32], vec![I64]]);
+    assert_eq!(o, [("bottom_grad".to_string(), vec![F32])]);
+    let s = schema::get("PsRoiPoolBackward");
+    for (name, kind) in [
+        ("pooled_height", AttrKind::Int),
+        ("pooled_width", AttrKind::Int),
+        ("spatial_scale", AttrKind::Float),
+        ("output_dim", AttrKind::Int),
+    ] {
+        let a = s.attribute(name).unwrap();
+        assert_eq!((a.kind, a.required, a.default_value()), (kind, true, None), "{name}");
+    }
+}
+
+#[test]
+fn every_attribute_default_has_the_declared_type() {
+    for s in schema::all() {
+        for a in &s.attributes {
+            assert_eq!(a.required, a.default.is_none(), "{}.{}: required xor default", s.op_type, a.name);
+            if !a.required {
+                assert!(a.default_value().is_some(), "{}.{}: default does not parse as {:?}", s.op_type, a.name, a.kind);
+            }
+        }
+    }
+}
