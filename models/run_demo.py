@@ -5,6 +5,7 @@ independent numpy references, not by this library).
 
 Usage: python models/run_demo.py [path/to/libonnxruntime_ep_mlu.so]
 """
+
 import os
 import sys
 import time
@@ -14,21 +15,13 @@ import onnx
 import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from reference import accumulating_metrics  # noqa: E402
+
 # Outputs compared bit for bit (indices, and DynamicScatterBackward whose class is exact);
 # the others use the contract's accumulating class.
 EXACT = {"pos_memo", "subm_pairs", "subm_out", "subm_num", "down_pairs", "down_out", "down_num", "ds_grad_feats"}
 TOL = 3e-3
-
-
-def accumulating_error(actual, expected):
-    """(diff1, diff2) of OPERATORS.md against a float64 reference."""
-    a = actual.astype(np.float64).ravel()
-    b = expected.astype(np.float64).ravel()
-    den1, den2 = np.abs(b).sum(), np.sqrt((b * b).sum())
-    diff = a - b
-    d1 = np.abs(diff).sum() / den1 if den1 > 0 else np.abs(diff).sum()
-    d2 = np.sqrt((diff * diff).sum()) / den2 if den2 > 0 else np.sqrt((diff * diff).sum())
-    return d1, d2
 
 
 def main():
@@ -64,7 +57,7 @@ def main():
             mism = int(np.count_nonzero(value != want))
             ok, detail = mism == 0, f"{mism} mismatching elements"
         else:
-            d1, d2 = accumulating_error(value, want)
+            d1, d2 = accumulating_metrics(value, want)
             ok, detail = d1 <= TOL and d2 <= TOL, f"diff1 {d1:.2e} diff2 {d2:.2e} (<= {TOL})"
         failed += not ok
         kind = "exact" if meta.name in EXACT else "accumulating"

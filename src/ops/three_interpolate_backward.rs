@@ -1,21 +1,268 @@
-//! PLACEHOLDER (to be replaced by the operator implementation before any commit).
+//! ThreeInterpolateBackward (OPERATORS.md section 2): the gradient of PointNet++
+//! three_interpolate with respect to the source features,
+//! `grad_features[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k]`.
+//!
+//! Each task owns whole output rows (one batch, a block of channels), so no two tasks touch
+//! the same accumulator. Inside a task, `LANES` channels are processed together: a tile of
+//! grad_output is transposed to [n][lane] so each (n, k) term is one short vector
+//! multiply-add into accumulator row `indices[b, n, k]` (kept as [m][lane], cache-resident).
+//! Every (c, j) accumulator sums its terms in (n, k) order, the order of the plain scatter
+//! loop, in float32; float16 inputs are widened on load and rounded once on store.
+
+use super::Operator;
 use crate::error::{Error, Result};
-use crate::parallel::Parallel;
+use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
-use crate::tensor::{Inputs, OutputSpec, Outputs};
+use crate::tensor::{DType, Element, Inputs, OutElement, OutputSpec, Outputs};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 
-pub struct ThreeInterpolateBackward;
+const GRAD_OUTPUT: usize = 0;
+const INDICES: usize = 1;
+const WEIGHTS: usize = 2;
 
-impl super::Operator for ThreeInterpolateBackward {
+/// Channels accumulated together (one 64-byte accumulator row per source point).
+const LANES: usize = 16;
+/// Target points per transposed tile: 16 KiB of float32, L1-resident.
+const TILE: usize = 256;
+/// Multiply-adds (or output elements) per parallel task.
+const GRAIN: usize = 32 * 1024;
+
+/// The configured node: `m` is the number of source points M.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreeInterpolateBackward {
+    pub m: usize,
+}
+
+/// Validated sizes and the element type T.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    b: usize,
+    c: usize,
+    n: usize,
+    m: usize,
+    dtype: DType,
+}
+
+/// float32 or float16, computed in float32.
+trait Real: OutElement {
+    /// The data as float32 without a copy, when it already is float32.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// Widens `src` into `dst` (same length).
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Rounds `src` into `dst` (same length).
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+
+impl Real for f32 {
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn narrow(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Real for f16 {
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+impl ThreeInterpolateBackward {
+    /// Checks dtypes and shapes (not index values) and returns the sizes.
+    fn dims(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        match inputs.dtype(GRAD_OUTPUT) {
+            Some(DType::F32) => self.dims_of::<f32>(inputs),
+            Some(DType::F16) => self.dims_of::<f16>(inputs),
+            Some(other) => Err(inputs.error(
+                GRAD_OUTPUT,
+                format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name()),
+            )),
+            None => Err(inputs.error(GRAD_OUTPUT, "required input is missing")),
+        }
+    }
+
+    fn dims_of<T: Element>(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        let go = inputs.get_shaped::<T>(GRAD_OUTPUT, &[None, None, None], "[B, C, N]")?;
+        let (b, c, n) = (go.shape[0], go.shape[1], go.shape[2]);
+        if let Some(w) = inputs.dtype(WEIGHTS).filter(|&w| w != T::DTYPE) {
+            return Err(inputs.error(
+                WEIGHTS,
+                format!(
+                    "dtype {} differs from grad_output's {}: both must be the same T",
+                    w.onnx_name(),
+                    T::DTYPE.onnx_name()
+                ),
+            ));
+        }
+        let pattern = format!("[B, N, 3] = [{b}, {n}, 3] (B, N from grad_output)");
+        inputs.get_shaped::<i32>(INDICES, &[Some(b), Some(n), Some(3)], &pattern)?;
+        inputs.get_shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &pattern)?;
+        let m = self.m;
+        let numel = b.checked_mul(c).and_then(|x| x.checked_mul(m));
+        let bytes = numel.and_then(|x| x.checked_mul(T::DTYPE.size()));
+        if bytes.is_none_or(|x| x > isize::MAX as usize) {
+            return Err(Error::output("grad_features", format!("[B, C, m] = [{b}, {c}, {m}] is too large")));
+        }
+        Ok(Dims { b, c, n, m, dtype: T::DTYPE })
+    }
+}
+
+impl Operator for ThreeInterpolateBackward {
     const NAME: &'static str = "ThreeInterpolateBackward";
-    type Plan = ();
-    fn from_attributes(_attrs: &Attrs<'_>) -> Result<Self> {
-        Err(Error::Runtime("placeholder".into()))
+    type Plan = Dims;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        let m = attrs.int("m")?;
+        let m = usize::try_from(m).map_err(|_| Error::attribute("m", format!("must be >= 0, got {m}")))?;
+        Ok(ThreeInterpolateBackward { m })
     }
-    fn plan(&self, _inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, ())> {
-        Err(Error::Runtime("placeholder".into()))
+
+    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Dims)> {
+        let d = self.dims(inputs)?;
+        let indices = inputs.get::<i32>(INDICES)?.data;
+        // The only value rule. A negative index wraps to a huge usize, so one compare suffices.
+        if let Some(p) = indices.iter().position(|&j| j as u32 as usize >= d.m) {
+            let (bn, k) = (p / 3, p % 3);
+            let (b, n) = (bn / d.n.max(1), bn % d.n.max(1));
+            return Err(inputs.error(
+                INDICES,
+                format!("indices[{b}, {n}, {k}] = {} is outside [0, m) with m = {}", indices[p], d.m),
+            ));
+        }
+        Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])], d))
     }
-    fn execute(&self, _p: (), _i: &Inputs<'_>, _o: &mut Outputs<'_>, _par: &dyn Parallel) -> Result<()> {
-        Err(Error::Runtime("placeholder".into()))
+
+    fn execute(&self, plan: Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+        let d = self.dims(inputs)?;
+        if d != plan {
+            return Err(Error::Runtime(format!("{}: inputs changed between plan and execute", Self::NAME)));
+        }
+        match d.dtype {
+            DType::F16 => run::<f16>(&d, inputs, outputs, par),
+            _ => run::<f32>(&d, inputs, outputs, par),
+        }
+    }
+}
+
+fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    let go = inputs.get::<T>(GRAD_OUTPUT)?.data;
+    let indices = inputs.get::<i32>(INDICES)?.data;
+    let weights = inputs.get::<T>(WEIGHTS)?.data;
+    let out = outputs.take::<T>(0)?;
+    if out.len() != d.b * d.c * d.m {
+        return Err(Error::output("grad_features", format!("buffer holds {} elements, expected B*C*m", out.len())));
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
+    let per_block = LANES * (3 * d.n + d.m);
+    let channels = (GRAIN.div_ceil(per_block) * LANES).min(d.c);
+    let per_batch = d.c.div_ceil(channels);
+    let mut bounds = Vec::with_capacity(d.b * per_batch + 1);
+    for b in 0..d.b {
+        for t in 0..per_batch {
+            bounds.push((b * d.c + t * channels) * d.m);
+        }
+    }
+    bounds.push(out.len());
+    for_each_part_mut(par, out, &bounds, |task, part| {
+        let (b, t) = (task / per_batch, task % per_batch);
+        let first = t * channels;
+        let span = 3 * d.n;
+        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
+            return;
+        };
+        let rows = part.len() / d.m;
+        batch_channels(d, go, b, first..first + rows, idx, w, part);
+    });
+    Ok(())
+}
+
+/// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
+/// weights.
+fn batch_channels<T: Real>(
+    d: &Dims,
+    go: &[T],
+    b: usize,
+    channels: std::ops::Range<usize>,
+    idx: &[i32],
+    w: &[T],
+    part: &mut [T],
+) {
+    let (n, m) = (d.n, d.m);
+    let mut widened = Vec::new();
+    let w: &[f32] = match T::as_f32(w) {
+        Some(w) => w,
+        None => {
+            widened.resize(w.len(), 0.0);
+            T::widen(w, &mut widened);
+            &widened
+        }
+    };
+    let mut acc = vec![[0f32; LANES]; m];
+    let mut tile = vec![[0f32; LANES]; TILE.min(n)];
+    let mut row = vec![0f32; TILE.min(n).max(m)];
+    let mut c0 = channels.start;
+    while c0 < channels.end {
+        let lanes = LANES.min(channels.end - c0);
+        acc.fill([0.0; LANES]);
+        let mut n0 = 0;
+        while n0 < n {
+            let nt = TILE.min(n - n0);
+            // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
+            // stale values; their accumulators are never stored.
+            for lane in 0..lanes {
+                let start = ((b * d.c + c0 + lane) * n) + n0;
+                let Some(src) = go.get(start..start + nt) else { continue };
+                let src: &[f32] = match T::as_f32(src) {
+                    Some(s) => s,
+                    None => {
+                        T::widen(src, &mut row[..nt]);
+                        &row[..nt]
+                    }
+                };
+                for (t, &g) in tile.iter_mut().zip(src) {
+                    t[lane] = g;
+                }
+            }
+            let terms = n0 * 3..(n0 + nt) * 3;
+            accumulate(&mut acc, &tile[..nt], &idx[terms.clone()], &w[terms]);
+            n0 += nt;
+        }
+        for lane in 0..lanes {
+            let start = (c0 - channels.start + lane) * m;
+            let Some(dst) = part.get_mut(start..start + m) else { continue };
+            for (r, a) in row[..m].iter_mut().zip(&acc) {
+                *r = a[lane];
+            }
+            T::narrow(&row[..m], dst);
+        }
+        c0 += lanes;
+    }
+}
+
+/// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order.
+fn accumulate(acc: &mut [[f32; LANES]], tile: &[[f32; LANES]], idx: &[i32], w: &[f32]) {
+    for ((g, js), ws) in tile.iter().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
+        for (&j, &wk) in js.iter().zip(ws) {
+            // Indices were validated by `plan`; an out-of-range one is skipped, not a panic.
+            let Some(a) = acc.get_mut(j as u32 as usize) else { continue };
+            for (x, &gl) in a.iter_mut().zip(g) {
+                // Separate multiply and add (no FMA): the contract's rounding.
+                *x += gl * wk;
+            }
+        }
     }
 }

@@ -93,10 +93,11 @@ struct InfoAttributes {
     info: *const OrtKernelInfo,
 }
 
-/// ONNX Runtime reports an absent attribute with this message (any other failure is a type
-/// mismatch and must not silently fall back to the default).
+/// ONNX Runtime reports an absent attribute with one of these messages (1.31.1: "No attribute
+/// with name:..." for scalars, "No attribute with this name is defined." for lists). Any other
+/// failure is a type mismatch and must not silently fall back to the default.
 fn is_missing(msg: &str) -> bool {
-    msg.contains("No attribute with name")
+    msg.contains("No attribute with name") || msg.contains("No attribute with this name")
 }
 
 impl AttributeSource for InfoAttributes {

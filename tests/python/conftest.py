@@ -1,0 +1,222 @@
+"""Shared harness of the ONNX Runtime session tests of libonnxruntime_ep_mlu.
+
+Every test builds a single-node model in domain `mluops` with onnx.helper, registers the
+library under test with `SessionOptions.register_custom_ops_library`, and runs it with the
+onnxruntime wheel of the project's virtual environment (scripts/setup.sh).
+
+The library is MLU_EP_LIB when set, else target/debug/libonnxruntime_ep_mlu.so. A missing
+library fails the tests (it is never a reason to skip).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from reference import accumulating_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+CASES_FILE = REPO / "tests" / "cases" / "errors.json"
+DOMAIN = "mluops"
+# ORT 1.31.1 reads IR versions up to 13 (onnx 1.19 writes 12 by default); 10 is pinned so the
+# models do not depend on the onnx package's default.
+IR_VERSION = 10
+OPSETS = [("", 17), (DOMAIN, 1)]
+
+DTYPES = {
+    "float32": (np.float32, TensorProto.FLOAT),
+    "float16": (np.float16, TensorProto.FLOAT16),
+    "float64": (np.float64, TensorProto.DOUBLE),
+    "int32": (np.int32, TensorProto.INT32),
+    "int64": (np.int64, TensorProto.INT64),
+}
+ONNX_TYPE_NAMES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+}
+
+
+def library_path() -> Path:
+    env = os.environ.get("MLU_EP_LIB")
+    return Path(env) if env else REPO / "target" / "debug" / "libonnxruntime_ep_mlu.so"
+
+
+def load_schemas() -> dict:
+    out = {}
+    for f in sorted((REPO / "schemas").glob("*.json")):
+        s = json.loads(f.read_text())
+        out[s["op_type"]] = s
+    return out
+
+
+SCHEMAS = load_schemas()
+
+
+def load_cases() -> list[dict]:
+    return json.loads(CASES_FILE.read_text())["cases"]
+
+
+# ----------------------------------------------------------------------------- data
+def _number(v):
+    if isinstance(v, str):
+        return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[v]
+    return v
+
+
+def materialize(data, shape, dtype: str) -> np.ndarray:
+    """The array an errors.json data spec describes (explicit list or generator)."""
+    np_dtype = DTYPES[dtype][0]
+    n = math.prod(shape)
+    if isinstance(data, dict):
+        if "fill" in data:
+            flat = np.full(n, _number(data["fill"]), dtype=np.float64)
+        elif "arange" in data:
+            start, step = data["arange"]
+            flat = start + step * np.arange(n, dtype=np.float64)
+        else:
+            raise ValueError(f"unknown data generator {data}")
+    else:
+        if len(data) != n:
+            raise ValueError(f"{len(data)} values for shape {shape}")
+        flat = np.array([_number(v) for v in data], dtype=np.float64)
+    return flat.astype(np_dtype).reshape(shape)
+
+
+def attribute_values(attributes: dict) -> dict:
+    """errors.json typed attributes -> {name: (python value, AttributeProto type)}."""
+    out = {}
+    for name, spec in attributes.items():
+        ((kind, value),) = spec.items()
+        if kind == "int":
+            out[name] = (int(value), onnx.AttributeProto.INT)
+        elif kind == "ints":
+            out[name] = ([int(v) for v in value], onnx.AttributeProto.INTS)
+        elif kind == "float":
+            out[name] = (float(_number(value)), onnx.AttributeProto.FLOAT)
+        elif kind == "string":
+            out[name] = (str(value), onnx.AttributeProto.STRING)
+        else:
+            raise ValueError(f"attribute {name}: unknown kind {kind}")
+    return out
+
+
+# ----------------------------------------------------------------------------- models
+def output_dtypes(op: str, input_dtypes: dict[str, str]) -> list[tuple[str, str]]:
+    """(name, dtype) of the op's outputs per its schema; a type constraint takes the dtype of
+    the first input bound to it when that dtype is allowed (float32 otherwise)."""
+    schema = SCHEMAS[op]
+    constraints = {c["type_str"]: c["allowed_types"] for c in schema.get("type_constraints", [])}
+    bound = {}
+    for formal in schema["inputs"]:
+        t = formal["type_str"]
+        if t in constraints and t not in bound and formal["name"] in input_dtypes:
+            d = input_dtypes[formal["name"]]
+            allowed = [ONNX_TYPE_NAMES[a] for a in constraints[t]]
+            bound[t] = d if d in allowed else allowed[0]
+    outs = []
+    for formal in schema["outputs"]:
+        t = formal["type_str"]
+        outs.append((formal["name"], bound.get(t) or ONNX_TYPE_NAMES.get(t) or ONNX_TYPE_NAMES[constraints[t][0]]))
+    return outs
+
+
+def build_model(op: str, attributes: dict, inputs: list[tuple[str, str, list[int]]], node_name: str) -> bytes:
+    """A single-node model; `inputs` are (name, dtype, shape) in node order, fed as graph inputs."""
+    outs = output_dtypes(op, {n: d for n, d, _ in inputs})
+    node = helper.make_node(op, [n for n, _, _ in inputs], [n for n, _ in outs], domain=DOMAIN, name=node_name)
+    for name, (value, kind) in attribute_values(attributes).items():
+        node.attribute.append(helper.make_attribute(name, value, attr_type=kind))
+    graph = helper.make_graph(
+        [node],
+        f"single_{op}",
+        [helper.make_tensor_value_info(n, DTYPES[d][1], list(s)) for n, d, s in inputs],
+        [helper.make_tensor_value_info(n, DTYPES[d][1], None) for n, d in outs],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSETS], ir_version=IR_VERSION
+    )
+    return model.SerializeToString()
+
+
+def make_session(model: bytes, lib: Path, intra_threads: int | None = None) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    if intra_threads is not None:
+        so.intra_op_num_threads = intra_threads
+    so.register_custom_ops_library(str(lib))
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+class Harness:
+    """Runs single-node mluops models against the library under test."""
+
+    def __init__(self, lib: Path):
+        self.lib = lib
+
+    def session(
+        self, op: str, attributes: dict, feeds: dict[str, np.ndarray], node_name: str = "n0", intra_threads=None
+    ):
+        spec = [(name, _dtype_name(a), list(a.shape)) for name, a in feeds.items()]
+        return make_session(build_model(op, attributes, spec, node_name), self.lib, intra_threads)
+
+    def run(self, op: str, attributes: dict, feeds: dict[str, np.ndarray], node_name: str = "n0", intra_threads=None):
+        """Outputs of one run, in schema order."""
+        sess = self.session(op, attributes, feeds, node_name, intra_threads)
+        return sess.run(None, feeds)
+
+    def case_model(self, case: dict) -> tuple[bytes, dict[str, np.ndarray]]:
+        feeds = {t["name"]: materialize(t["data"], t["shape"], t["dtype"]) for t in case["inputs"]}
+        spec = [(t["name"], t["dtype"], t["shape"]) for t in case["inputs"]]
+        return build_model(case["op"], case["attributes"], spec, node_name(case)), feeds
+
+
+def node_name(case: dict) -> str:
+    return f"n_{case['name']}"
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    for name, (np_dtype, _) in DTYPES.items():
+        if a.dtype == np_dtype:
+            return name
+    raise TypeError(f"unsupported dtype {a.dtype}")
+
+
+# ----------------------------------------------------------------------------- accuracy
+def assert_accumulating(actual, reference, what: str, tol: float = 3e-3):
+    d1, d2 = accumulating_metrics(actual, reference)
+    # NaN metrics fail these comparisons too.
+    assert d1 <= tol and d2 <= tol, f"{what}: diff1 = {d1:.3g}, diff2 = {d2:.3g} (limit {tol})"
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def mlu_lib() -> Path:
+    lib = library_path()
+    if not lib.is_file():
+        pytest.fail(
+            f"library under test not found: {lib} (build it with `cargo build --lib`, or set MLU_EP_LIB)", pytrace=False
+        )
+    return lib
+
+
+@pytest.fixture(scope="session")
+def harness(mlu_lib) -> Harness:
+    return Harness(mlu_lib)
+
+
+def pytest_generate_tests(metafunc):
+    """`error_case` / `valid_case` arguments run once per errors.json entry, with the case name as id."""
+    for arg, kind in (("error_case", "error"), ("valid_case", "valid_edge")):
+        if arg in metafunc.fixturenames:
+            cases = [c for c in load_cases() if c["kind"] == kind]
+            metafunc.parametrize(arg, cases, ids=[c["name"] for c in cases])
