@@ -1,6 +1,7 @@
 //! A small ONNX graph builder over `onnx-protobuf`, shared by the model builder
-//! (models/build_models.rs) and the Rust session tests.
-#![allow(dead_code)]
+//! (models/build_models.rs) and the Rust session tests; each user takes what it needs, hence
+//! the allowances below.
+#![allow(dead_code, unused_imports)]
 
 use onnx_protobuf::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TypeProto, ValueInfoProto,

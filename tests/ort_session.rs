@@ -9,26 +9,23 @@
 //! a missing runtime or library fails every test with a message saying what to do.
 
 use half::f16;
-use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::AttributeProto;
 use onnx_protobuf::tensor_proto::DataType;
-use onnx_protobuf::tensor_shape_proto::{Dimension, dimension};
-use onnx_protobuf::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
-    type_proto,
-};
 use ort::environment::Environment;
 use ort::logging::LogLevel;
 use ort::memory::Allocator;
 use ort::session::Session;
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType};
 use ort::{Error, ErrorCode};
-use protobuf::{EnumOrUnknown, Message, MessageField};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+#[path = "../models/onnx_builder.rs"]
+mod onnx_builder;
+use onnx_builder::{Dim, Graph, attr_float, attr_int, attr_ints, attr_string};
+
 const DOMAIN: &str = "mluops";
-const IR_VERSION: i64 = 10;
 
 // ------------------------------------------------------------------------------ environment
 
@@ -311,86 +308,33 @@ impl Schema {
     }
 }
 
-fn value_info(name: &str, dtype: DType, shape: Option<&[i64]>) -> ValueInfoProto {
-    let mut tensor = type_proto::Tensor::new();
-    tensor.elem_type = dtype.onnx() as i32;
-    if let Some(dims) = shape {
-        let mut s = TensorShapeProto::new();
-        s.dim = dims
-            .iter()
-            .map(|&d| {
-                let mut dim = Dimension::new();
-                dim.value = Some(dimension::Value::DimValue(d));
-                dim
-            })
-            .collect();
-        tensor.shape = MessageField::some(s);
-    }
-    let mut ty = TypeProto::new();
-    ty.value = Some(type_proto::Value::TensorType(tensor));
-    let mut vi = ValueInfoProto::new();
-    vi.name = name.to_string();
-    vi.type_ = MessageField::some(ty);
-    vi
-}
-
 /// errors.json typed attribute -> AttributeProto.
 fn attribute(name: &str, spec: &Value) -> AttributeProto {
     let (kind, value) = spec.as_object().and_then(|o| o.iter().next()).expect("typed attribute");
-    let mut a = AttributeProto::new();
-    a.name = name.to_string();
-    let ty = match kind.as_str() {
-        "int" => {
-            a.i = value.as_i64().expect("int");
-            AttributeType::INT
-        }
-        "ints" => {
-            a.ints = value.as_array().expect("ints").iter().map(|v| v.as_i64().expect("int")).collect();
-            AttributeType::INTS
-        }
-        "float" => {
-            a.f = number(value) as f32;
-            AttributeType::FLOAT
-        }
-        "string" => {
-            a.s = value.as_str().expect("string").as_bytes().to_vec();
-            AttributeType::STRING
-        }
+    match kind.as_str() {
+        "int" => attr_int(name, value.as_i64().expect("int")),
+        "ints" => attr_ints(name, &value.as_array().expect("ints").iter().map(|v| v.as_i64().expect("int")).collect::<Vec<_>>()),
+        "float" => attr_float(name, number(value) as f32),
+        "string" => attr_string(name, value.as_str().expect("string")),
         _ => panic!("attribute {name}: unknown kind {kind}"),
-    };
-    a.type_ = EnumOrUnknown::new(ty);
-    a
+    }
 }
 
 fn model_bytes(op: &str, attributes: &Map<String, Value>, inputs: &[(String, HostTensor)], node_name: &str) -> Vec<u8> {
     let schema = Schema::load(op);
     let outputs = schema.outputs(inputs);
-    let mut node = NodeProto::new();
-    node.op_type = op.to_string();
-    node.domain = DOMAIN.to_string();
-    node.name = node_name.to_string();
-    node.input = inputs.iter().map(|(n, _)| n.clone()).collect();
-    node.output = outputs.iter().map(|(n, _)| n.clone()).collect();
-    node.attribute = attributes.iter().map(|(k, v)| attribute(k, v)).collect();
-    let mut graph = GraphProto::new();
-    graph.name = format!("single_{op}");
-    graph.node = vec![node];
-    graph.input = inputs.iter().map(|(n, t)| value_info(n, t.dtype, Some(&t.shape))).collect();
-    graph.output = outputs.iter().map(|(n, d)| value_info(n, *d, None)).collect();
-    let mut m = ModelProto::new();
-    m.ir_version = IR_VERSION;
-    m.producer_name = "onnxruntime-ep-mlu tests/ort_session.rs".into();
-    m.opset_import = [("", 17), (DOMAIN, 1)]
-        .iter()
-        .map(|&(d, v)| {
-            let mut o = OperatorSetIdProto::new();
-            o.domain = d.to_string();
-            o.version = v;
-            o
-        })
-        .collect();
-    m.graph = MessageField::some(graph);
-    m.write_to_bytes().expect("serialise model")
+    let mut g = Graph::new(&format!("single_{op}"));
+    for (n, t) in inputs {
+        let dims: Vec<Dim> = t.shape.iter().map(|&d| Dim::Fixed(d)).collect();
+        g.input(n, t.dtype.onnx(), Some(&dims));
+    }
+    let input_names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+    let output_names: Vec<&str> = outputs.iter().map(|(n, _)| n.as_str()).collect();
+    g.node(node_name, op, DOMAIN, &input_names, &output_names, attributes.iter().map(|(k, v)| attribute(k, v)).collect());
+    for (n, d) in &outputs {
+        g.output(n, d.onnx(), None);
+    }
+    g.bytes()
 }
 
 /// A session of `model` with the library registered. The first call creates one warm-up

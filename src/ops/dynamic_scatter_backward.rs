@@ -332,7 +332,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
 }
 
 /// Feature rows gathered at a time.
-const BATCH: usize = 16;
+const BATCH: usize = 32;
 
 /// Writes the output rows of the points of `voxels`; `part` holds those rows in CSR order.
 fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Option<&mut [f32]>]) {

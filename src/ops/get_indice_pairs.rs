@@ -503,14 +503,14 @@ fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32]) -> bool 
     ok
 }
 
-/// Pairs of the subm offsets (kz, ky, 0..kw): `outs[kx][row]` = the row of the site that
-/// `row` reaches through tap (kz, ky, kx), left at -1 where that site is not active.
+/// Pairs of the subm offsets (kz, ky, 0..kw): calls `set(kx, row, to)` where input row
+/// `row` reaches the active site of row `to` through tap (kz, ky, kx).
 ///
 /// The sites are walked once in key order. For a fixed (kz, ky) the targets of a site lie
 /// in one x line, and the start of that line window increases with the source key (adding
 /// fixed in-range shifts never carries between key fields), so each search pointer only
 /// moves forward: a merge join, O(L + pairs) for all kw offsets together.
-fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, outs: &mut [&mut [i32]]) {
+fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(usize, usize, i32)) {
     let (sites, layout, max) = (&book.sites, &book.layout, book.max);
     let n = sites.len();
     let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
@@ -534,9 +534,7 @@ fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, outs: &mut [&mut [i32
                 // At most kw active sites lie in the window (sites are unique).
                 for &(found, to) in sites[j.min(n)..].iter().take_while(|s| s.0 <= end) {
                     let kx = (x + p - i64::from(found.unpack(layout)[3])) as usize;
-                    if let Some(slot) = outs.get_mut(kx).and_then(|o| o.get_mut(row as usize)) {
-                        *slot = to as i32;
-                    }
+                    set(kx, row as usize, to as i32);
                 }
             }
             None => {
@@ -549,10 +547,8 @@ fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, outs: &mut [&mut [i32
                     while *ptr < n && sites[*ptr].0 < target {
                         *ptr += 1;
                     }
-                    let hit = sites.get(*ptr).filter(|s| s.0 == target);
-                    let slot = outs.get_mut(kx).and_then(|o| o.get_mut(row as usize));
-                    if let (Some(&(_, to)), Some(slot)) = (hit, slot) {
-                        *slot = to as i32;
+                    if let Some(&(_, to)) = sites.get(*ptr).filter(|s| s.0 == target) {
+                        set(kx, row as usize, to as i32);
                     }
                 }
             }
@@ -560,14 +556,14 @@ fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, outs: &mut [&mut [i32
     }
 }
 
-/// Turns `outs[row]` (target row or -1) into the pairs of one offset, ascending by input
-/// row, -1 after them; returns the pair count.
-fn compact(ins: &mut [i32], outs: &mut [i32]) -> usize {
+/// Writes the pairs of one offset, ascending by input row, then -1; `target(r)` is the
+/// output row of input row r or -1, and may read `outs[r..]` (the slots not yet written).
+/// Returns the pair count.
+fn compact(ins: &mut [i32], outs: &mut [i32], target: impl Fn(usize, &[i32]) -> i32) -> usize {
     let mut n = 0;
-    for r in 0..outs.len() {
-        let to = outs[r];
-        // Branch-free: always write, advance only for a pair. n <= r, so the slot written
-        // has already been read.
+    for r in 0..ins.len().min(outs.len()) {
+        let to = target(r, outs);
+        // Branch-free: always write, advance only for a pair (n <= r).
         ins[n] = r as i32;
         outs[n] = to;
         n += usize::from(to >= 0);
@@ -576,6 +572,10 @@ fn compact(ins: &mut [i32], outs: &mut [i32]) -> usize {
     outs[n..].fill(-1);
     n
 }
+
+/// Up to this many x taps, a task collects one record of kw targets per input row: one
+/// cache line touched per row instead of kw scattered writes.
+const RECORD_TAPS: usize = 16;
 
 fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mut [i32], num: &mut [i32], l: usize, par: &dyn Parallel) -> Result<()> {
     let missing = AtomicBool::new(false);
@@ -608,17 +608,39 @@ fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mut [i32], l:
     // One task per (kz, ky): its kw offsets are consecutive [2, L] blocks of indice_pairs.
     for_each_chunk_mut(par, pairs, kw * 2 * l, |t, chunk| {
         let (kz, ky) = (t / kh, t % kh);
+        let shifts = (book.taps[0].get(kz).copied().flatten(), book.taps[1].get(ky).copied().flatten());
         let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();
-        let mut outs: Vec<&mut [i32]> = halves.iter_mut().map(|(_, o)| &mut **o).collect();
-        outs.iter_mut().for_each(|o| o.fill(-1));
-        let dz = book.taps[0].get(kz).copied().flatten();
-        let dy = book.taps[1].get(ky).copied().flatten();
-        if let (Some(dz), Some(dy)) = (dz, dy) {
-            subm_line(book, dz, dy, &mut outs);
+        let mut found = vec![0usize; kw];
+        if kw <= RECORD_TAPS {
+            let mut rec = vec![-1i32; l * kw];
+            if let (Some(dz), Some(dy)) = shifts {
+                subm_line(book, dz, dy, |kx, row, to| {
+                    if let Some(slot) = rec.get_mut(row * kw + kx) {
+                        *slot = to;
+                    }
+                });
+            }
+            for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
+                found[kx] = compact(ins, outs, |r, _| rec.get(r * kw + kx).copied().unwrap_or(-1));
+            }
+        } else {
+            // Wide kernels: scatter straight into the output rows (no kw * L scratch), then
+            // compact each in place.
+            for (_, outs) in halves.iter_mut() {
+                outs.fill(-1);
+            }
+            if let (Some(dz), Some(dy)) = shifts {
+                subm_line(book, dz, dy, |kx, row, to| {
+                    if let Some(slot) = halves.get_mut(kx).and_then(|h| h.1.get_mut(row)) {
+                        *slot = to;
+                    }
+                });
+            }
+            for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
+                found[kx] = compact(ins, outs, |r, outs| outs.get(r).copied().unwrap_or(-1));
+            }
         }
-        drop(outs);
-        for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
-            let n = compact(ins, outs);
+        for (kx, n) in found.into_iter().enumerate() {
             if let Some(c) = counts.get(t * kw + kx) {
                 c.store(n, Ordering::Relaxed);
             }
