@@ -23,7 +23,8 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut OrtSessionOptions, api_
         unsafe { ort::init(api_base) }
     });
     match init {
-        Ok(Ok(_)) => ort::guard("RegisterCustomOps", || ort::custom_op::register(options)),
+        // SAFETY: options is the session options ONNX Runtime passed to this entry point.
+        Ok(Ok(_)) => ort::guard("RegisterCustomOps", || unsafe { ort::custom_op::register(options) }),
         Ok(Err(status)) => status,
         // Without an API table no status can be built; null is the only answer left.
         Err(_) => OrtStatusPtr(std::ptr::null_mut()),

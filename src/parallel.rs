@@ -65,6 +65,8 @@ unsafe impl<T: Send> Sync for SharedMut<T> {}
 impl<T> SharedMut<T> {
     /// # Safety
     /// `start..end` must lie inside the slice and no other live reference may overlap it.
+    // Handing out `&mut` from `&self` is the point: tasks share `self`, each owning a range.
+    #[allow(clippy::mut_from_ref)]
     unsafe fn chunk(&self, start: usize, end: usize) -> &mut [T] {
         debug_assert!(start <= end && end <= self.1);
         // SAFETY: guaranteed by the caller (in bounds, not aliased).

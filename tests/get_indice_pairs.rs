@@ -207,7 +207,7 @@ enum Expect {
     Attribute,
     /// Running fails.
     Run,
-    Valid(Conv),
+    Valid(Box<Conv>),
 }
 
 fn expect(a: &Attrs, shape: &[usize], data: &[i32]) -> Expect {
@@ -231,7 +231,7 @@ fn expect(a: &Attrs, shape: &[usize], data: &[i32]) -> Expect {
             return Expect::Run;
         }
     }
-    Expect::Valid(c)
+    Expect::Valid(Box::new(c))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -743,10 +743,6 @@ fn seed_sparse_full_scale() {
 
 fn base() -> Attrs {
     Attrs::new(1, [3, 3, 3], [3, 3, 3])
-}
-
-fn two_rows() -> Tensor {
-    indices(&[[0, 1, 1, 1], [0, 0, 0, 0]])
 }
 
 #[test]

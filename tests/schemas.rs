@@ -6,7 +6,12 @@ use onnxruntime_ep_mlu::ops;
 use onnxruntime_ep_mlu::schema::{self, AttrKind, AttrValue};
 use onnxruntime_ep_mlu::tensor::DType;
 
-fn io(op: &str) -> (Vec<(String, Vec<DType>, bool)>, Vec<(String, Vec<DType>)>) {
+/// (name, allowed dtypes, optional) of each input.
+type InputsOf = Vec<(String, Vec<DType>, bool)>;
+/// (name, allowed dtypes) of each output.
+type OutputsOf = Vec<(String, Vec<DType>)>;
+
+fn io(op: &str) -> (InputsOf, OutputsOf) {
     let s = schema::get(op);
     (
         s.inputs.iter().map(|f| (f.name.clone(), s.allowed(f), f.optional)).collect(),

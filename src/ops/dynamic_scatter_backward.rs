@@ -1,22 +1,23 @@
 //! DynamicScatterBackward (OPERATORS.md section 1): the gradient of mmcv's
 //! dynamic_point_to_voxel with respect to the point features.
 //!
-//! `sum` and `mean` are a row gather. `max` gives each (voxel, channel) gradient to the
-//! lowest-index point whose feature equals the voxel's (IEEE `==`). It runs in linear time
-//! without atomics:
-//! 1. `plan` validates the map and, for `max`, counting-sorts the points by voxel (stable, so
-//!    each voxel's points stay in ascending index order) into a CSR layout.
-//! 2. Parallel over blocks of voxels (contiguous CSR ranges), each voxel walks its points in
-//!    ascending order and records, as one 0/1 byte per channel, which point is the first
-//!    match. The flags are stored at the point's CSR position, so each task writes a
-//!    contiguous range.
-//! 3. Parallel over blocks of points (contiguous output rows), each point copies
-//!    `grad_voxel_feats[v, c]` where its flag is set and writes 0 elsewhere.
+//! `sum` and `mean` are a row gather, parallel over blocks of points.
 //!
-//! Every large tensor is read or written once (feats and voxel_feats in step 2,
-//! grad_voxel_feats and grad_feats in step 3); the flags add a quarter of the output's size.
-//! The feature rows of a voxel's points are scattered, so they are gathered in batches with
-//! plain copies, which keeps many rows' loads in flight.
+//! `max` gives each (voxel, channel) gradient to the lowest-index point whose feature equals
+//! the voxel's (IEEE `==`). It runs in linear time, without atomics and without a
+//! per-(voxel, channel) index array:
+//! 1. `plan` validates the map and counting-sorts the points by voxel (stable, so each voxel's
+//!    points stay in ascending index order) into a CSR layout.
+//! 2. `execute` zeroes the rows of dropped points, then hands out blocks of voxels (about
+//!    `GRAIN` output elements each) as tasks. A voxel walks its points in ascending order
+//!    with one "taken" lane mask per channel: a point writes `grad_voxel_feats[v, c]` where
+//!    it matches and the channel is not taken yet (then it is), and +0 elsewhere.
+//!
+//! Each large tensor is touched once: voxel_feats and grad_voxel_feats are read in order,
+//! the feats rows of a voxel's points are gathered and its grad_feats rows written at their
+//! scattered places. The gather copies a batch of rows at a time, which keeps many rows'
+//! loads in flight. Tasks own their scattered output rows through a CSR-ordered vector of
+//! row slices, so no unsafe code is needed.
 
 use super::Operator;
 use crate::error::{Error, Result};
@@ -332,7 +333,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
 }
 
 /// Feature rows gathered at a time.
-const BATCH: usize = 32;
+const BATCH: usize = 16;
 
 /// Writes the output rows of the points of `voxels`; `part` holds those rows in CSR order.
 fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Option<&mut [f32]>]) {

@@ -16,11 +16,12 @@
 //! `execute` (parallel, one task per kernel offset) looks every emitted key up in the unique
 //! sites (a 16-bit prefix table narrows each binary search to a handful of keys).
 //!
-//! Subm: `plan` radix-sorts (key, row) and rejects duplicates. For each kernel offset,
-//! `execute` walks the sorted sites once: the target keys (site + offset) increase with the
-//! source keys, so a single forward pointer finds every neighbour (a merge join, O(L) per
-//! offset, no hashing). Results go to `indice_pairs[k, 1, row]` and are then compacted in
-//! row order. Nothing depends on how tasks are scheduled.
+//! Subm: `plan` radix-sorts (key, row) and rejects duplicates. `execute` runs one task per
+//! (kz, ky): it walks the sorted sites once, and for each site searches the x window of its
+//! target line (b, z + dz, y + dy). Those windows start at keys that increase with the
+//! source key, so one forward pointer serves every site (a merge join, no hashing; with
+//! dilation > 1 on x, one pointer per x tap). Hits go to `indice_pairs[k, 1, row]`, which is
+//! then compacted in row order. Nothing depends on how tasks are scheduled.
 //!
 //! Cost: O(L * (kd + kh + kw) + P) for conv with P pairs, O(L * K) for subm; memory O(P) or
 //! O(L) beyond the outputs.
@@ -166,8 +167,8 @@ trait Key: Copy + Ord + Send + Sync + 'static {
     /// Packs field values that fit the layout's masks.
     fn pack(l: &Layout, c: [u32; 4]) -> Self;
     fn unpack(self, l: &Layout) -> [u32; 4];
-    /// The bits `shift..shift + 11` (11-bit radix digit), or the bits from `shift` up when
-    /// `mask` is smaller.
+    /// `(self >> shift) & mask`: a radix digit, or (mask = usize::MAX) a key prefix that
+    /// the caller knows fits in usize.
     fn digit(self, shift: u32, mask: usize) -> usize;
 }
 
@@ -484,7 +485,7 @@ impl GetIndicePairs {
 fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32]) -> bool {
     let l = chunk.len() / 2;
     let (ins, outs) = chunk.split_at_mut(l);
-    let (rows, keys) = (&book.rows[k], &book.keys[k]);
+    let (Some(rows), Some(keys)) = (book.rows.get(k), book.keys.get(k)) else { return false };
     let mut ok = true;
     for ((i, o), (&r, &key)) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)) {
         *i = r as i32;
@@ -497,10 +498,11 @@ fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32]) -> bool 
             }
         };
     }
+    // Each row has at most one pair per offset, so n <= L.
     let n = rows.len();
-    ins[n..].fill(-1);
-    outs[n..].fill(-1);
-    ok
+    ins.get_mut(n..).unwrap_or_default().fill(-1);
+    outs.get_mut(n..).unwrap_or_default().fill(-1);
+    ok && n <= l
 }
 
 /// Pairs of the subm offsets (kz, ky, 0..kw): calls `set(kx, row, to)` where input row
@@ -556,14 +558,14 @@ fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(u
     }
 }
 
-/// Writes the pairs of one offset, ascending by input row, then -1; `target(r)` is the
-/// output row of input row r or -1, and may read `outs[r..]` (the slots not yet written).
-/// Returns the pair count.
-fn compact(ins: &mut [i32], outs: &mut [i32], target: impl Fn(usize, &[i32]) -> i32) -> usize {
+/// Turns `outs[row]` (the output row of each input row, or -1) into the pairs of one
+/// offset, ascending by input row, then -1; returns the pair count.
+fn compact(ins: &mut [i32], outs: &mut [i32]) -> usize {
     let mut n = 0;
     for r in 0..ins.len().min(outs.len()) {
-        let to = target(r, outs);
-        // Branch-free: always write, advance only for a pair (n <= r).
+        let to = outs[r];
+        // Branch-free: always write, advance only for a pair. n <= r, so the slot written
+        // has already been read.
         ins[n] = r as i32;
         outs[n] = to;
         n += usize::from(to >= 0);
@@ -572,10 +574,6 @@ fn compact(ins: &mut [i32], outs: &mut [i32], target: impl Fn(usize, &[i32]) -> 
     outs[n..].fill(-1);
     n
 }
-
-/// Up to this many x taps, a task collects one record of kw targets per input row: one
-/// cache line touched per row instead of kw scattered writes.
-const RECORD_TAPS: usize = 16;
 
 fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mut [i32], num: &mut [i32], l: usize, par: &dyn Parallel) -> Result<()> {
     let missing = AtomicBool::new(false);
@@ -610,37 +608,21 @@ fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mut [i32], l:
         let (kz, ky) = (t / kh, t % kh);
         let shifts = (book.taps[0].get(kz).copied().flatten(), book.taps[1].get(ky).copied().flatten());
         let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();
-        let mut found = vec![0usize; kw];
-        if kw <= RECORD_TAPS {
-            let mut rec = vec![-1i32; l * kw];
-            if let (Some(dz), Some(dy)) = shifts {
-                subm_line(book, dz, dy, |kx, row, to| {
-                    if let Some(slot) = rec.get_mut(row * kw + kx) {
-                        *slot = to;
-                    }
-                });
-            }
-            for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
-                found[kx] = compact(ins, outs, |r, _| rec.get(r * kw + kx).copied().unwrap_or(-1));
-            }
-        } else {
-            // Wide kernels: scatter straight into the output rows (no kw * L scratch), then
-            // compact each in place.
-            for (_, outs) in halves.iter_mut() {
-                outs.fill(-1);
-            }
-            if let (Some(dz), Some(dy)) = shifts {
-                subm_line(book, dz, dy, |kx, row, to| {
-                    if let Some(slot) = halves.get_mut(kx).and_then(|h| h.1.get_mut(row)) {
-                        *slot = to;
-                    }
-                });
-            }
-            for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
-                found[kx] = compact(ins, outs, |r, outs| outs.get(r).copied().unwrap_or(-1));
-            }
+        // Scatter straight into the output rows (one slot per input row), then compact each
+        // in place: no scratch memory. (Per-row records of kw targets were measured slower
+        // on two threads.)
+        for (_, outs) in halves.iter_mut() {
+            outs.fill(-1);
         }
-        for (kx, n) in found.into_iter().enumerate() {
+        if let (Some(dz), Some(dy)) = shifts {
+            subm_line(book, dz, dy, |kx, row, to| {
+                if let Some(slot) = halves.get_mut(kx).and_then(|h| h.1.get_mut(row)) {
+                    *slot = to;
+                }
+            });
+        }
+        for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
+            let n = compact(ins, outs);
             if let Some(c) = counts.get(t * kw + kx) {
                 c.store(n, Ordering::Relaxed);
             }

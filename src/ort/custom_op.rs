@@ -289,7 +289,10 @@ pub fn domain() -> Result<*mut OrtCustomOpDomain, OrtStatusPtr> {
 }
 
 /// Adds the `mluops` domain to session options (the body of `RegisterCustomOps`).
-pub fn register(options: *mut ort_sys::OrtSessionOptions) -> OrtStatusPtr {
+///
+/// # Safety
+/// `options` must be null or the host's live session options.
+pub unsafe fn register(options: *mut ort_sys::OrtSessionOptions) -> OrtStatusPtr {
     if options.is_null() {
         return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "RegisterCustomOps: session options are null");
     }
