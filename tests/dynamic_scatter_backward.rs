@@ -113,9 +113,8 @@ fn forward_max(feats: &[f32], map: &[i32], m: usize, c: usize, fill: f32) -> Vec
 /// point is dropped; `perturb` the chance a voxel feature is replaced by a non-matching value.
 fn random_case(rng: &mut Rng, n: usize, m: usize, c: usize, v: Option<usize>, drop: f64, perturb: f64) -> Case {
     let valid = v.unwrap_or(m);
-    let map: Vec<i32> = (0..n)
-        .map(|_| if valid == 0 || rng.chance(drop) { -1 } else { rng.below(valid) as i32 })
-        .collect();
+    let map: Vec<i32> =
+        (0..n).map(|_| if valid == 0 || rng.chance(drop) { -1 } else { rng.below(valid) as i32 }).collect();
     let feats: Vec<f32> = (0..n * c).map(|_| tie_prone(rng)).collect();
     let mut voxel_feats = forward_max(&feats, &map, m, c, 7.0);
     for x in voxel_feats.iter_mut() {
@@ -123,9 +122,8 @@ fn random_case(rng: &mut Rng, n: usize, m: usize, c: usize, v: Option<usize>, dr
             *x = tie_prone(rng) + 0.5;
         }
     }
-    let mut grad_voxel_feats: Vec<f32> = (0..m * c)
-        .map(|_| if rng.chance(0.05) { -0.0 } else { rng.uniform(-100.0, 100.0) })
-        .collect();
+    let mut grad_voxel_feats: Vec<f32> =
+        (0..m * c).map(|_| if rng.chance(0.05) { -0.0 } else { rng.uniform(-100.0, 100.0) }).collect();
     let mut count = vec![0i32; m];
     for &p in &map {
         if p >= 0 {
@@ -740,7 +738,8 @@ fn any_case() -> impl Strategy<Value = (Case, &'static str)> {
         .prop_flat_map(|((n, m, c), reduce)| {
             let mi = m as i32;
             let map_value = prop_oneof![6 => -1i32..mi.max(0), 1 => -3i32..mi + 3];
-            let voxel_num = prop_oneof![2 => Just(None), 2 => (0..=mi).prop_map(Some), 1 => (-2..mi + 3).prop_map(Some)];
+            let voxel_num =
+                prop_oneof![2 => Just(None), 2 => (0..=mi).prop_map(Some), 1 => (-2..mi + 3).prop_map(Some)];
             (
                 Just((n, m, c, reduce)),
                 prop::collection::vec(map_value, n),

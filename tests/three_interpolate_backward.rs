@@ -325,12 +325,26 @@ fn random_shapes_both_dtypes() {
         (1, 100, 1000, 1),
         (4, 5, 513, 2000),
         (1, 3, 20000, 50),
+        (2, 5, 100, 17),
+        (3, 7, 33, 9),
+        (2, 2, 50, 8),
     ];
     for shape in shapes {
         for ty in [Ty::F32, Ty::F16] {
             check(&random_case(&mut rng, shape, ty), &Threads(2));
             check(&random_case(&mut rng, shape, ty), &Serial);
         }
+    }
+}
+
+#[test]
+fn large_m_with_few_channels() {
+    // m far above N and C: the accumulators must stay about the size of the output.
+    for ty in [Ty::F32, Ty::F16] {
+        let case = random_case(&mut Rng(4), (2, 1, 40, 1_500_000), ty);
+        check(&case, &Threads(2));
+        let case = random_case(&mut Rng(5), (1, 6, 40, 300_000), ty);
+        check(&case, &Threads(2));
     }
 }
 
@@ -509,10 +523,10 @@ fn error_missing_input() {
 // Property tests
 // ---------------------------------------------------------------------------------------
 
-/// Random shapes (C crossing the 16-channel lane blocks), m in 0..7, indices mostly in
-/// [0, m) and sometimes anywhere in -2..m+2, both dtypes.
+/// Random shapes (C covering the 1-, 4- and 16-lane paths and partial lane blocks), m in
+/// 0..7, indices mostly in [0, m) and sometimes anywhere in -2..m+2, both dtypes.
 fn any_case() -> impl Strategy<Value = Case> {
-    (0usize..3, prop_oneof![0usize..4, 14usize..35], 0usize..9, 0i64..7, any::<bool>())
+    (0usize..3, prop_oneof![0usize..20, 30usize..36], 0usize..9, 0i64..7, any::<bool>())
         .prop_flat_map(|(b, c, n, m, half)| {
             let mi = m as i32;
             let index = prop_oneof![8 => 0..mi.max(1), 1 => -2..mi + 2];

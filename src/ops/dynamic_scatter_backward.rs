@@ -104,7 +104,8 @@ struct Views<'a> {
 fn views<'a>(inputs: &'a Inputs<'_>) -> Result<Views<'a>> {
     let gvf = inputs.get_shaped::<f32>(GRAD_VOXEL_FEATS, &[None, None], "[M, C]")?;
     let (m, c) = (gvf.shape[0], gvf.shape[1]);
-    let feats = inputs.get_shaped::<f32>(FEATS, &[None, Some(c)], &format!("[N, C] with C = {c} (from grad_voxel_feats)"))?;
+    let feats =
+        inputs.get_shaped::<f32>(FEATS, &[None, Some(c)], &format!("[N, C] with C = {c} (from grad_voxel_feats)"))?;
     let n = feats.shape[0];
     let voxel_feats = inputs.get_shaped::<f32>(
         VOXEL_FEATS,
@@ -152,7 +153,10 @@ fn voxel_of(inputs: &Inputs<'_>, i: usize, value: i32, v: usize) -> Result<Optio
             MAP,
             format!("point2voxel_map[{i}] = {value} must be < voxel_num V = {v} (rows >= V are not valid voxels)"),
         )),
-        Err(_) => Err(inputs.error(MAP, format!("point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)"))),
+        Err(_) => {
+            Err(inputs
+                .error(MAP, format!("point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)")))
+        }
     }
 }
 

@@ -367,10 +367,23 @@ impl Ctx<'_> {
                         for h in h0..h1 {
                             let row_off = (b * self.height + h - first_row) * self.row_len;
                             let row = &mut part[row_off..row_off + self.row_len];
-                            for pixel in row[cs.start * channels..cs.end * channels].chunks_exact_mut(channels) {
-                                for (&c, &v) in chans.iter().zip(&values) {
-                                    // plan checked 0 <= c < channels.
-                                    pixel[c as usize] += v;
+                            // Two pixels per sweep over o share the loads of c and v; each
+                            // pixel still receives its values in o order.
+                            let mut pixels = row[cs.start * channels..cs.end * channels].chunks_exact_mut(channels);
+                            while let Some(first) = pixels.next() {
+                                match pixels.next() {
+                                    Some(second) => {
+                                        for (&c, &v) in chans.iter().zip(&values) {
+                                            // plan checked 0 <= c < channels.
+                                            first[c as usize] += v;
+                                            second[c as usize] += v;
+                                        }
+                                    }
+                                    None => {
+                                        for (&c, &v) in chans.iter().zip(&values) {
+                                            first[c as usize] += v;
+                                        }
+                                    }
                                 }
                             }
                         }

@@ -3,9 +3,10 @@
 //! `grad_features[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k]`.
 //!
 //! Each task owns whole output rows (one batch, a block of channels), so no two tasks touch
-//! the same accumulator. Inside a task, `LANES` channels are processed together: a tile of
-//! grad_output is transposed to [n][lane] so each (n, k) term is one short vector
-//! multiply-add into accumulator row `indices[b, n, k]` (kept as [m][lane], cache-resident).
+//! the same accumulator. Inside a task, L channels (16, or 4 or 1 when C is small) are
+//! processed together: a tile of grad_output is transposed to [n][lane] so each (n, k) term
+//! is one short vector multiply-add into accumulator row `indices[b, n, k]` (kept as
+//! [m][lane], cache-resident for the seed sizes).
 //! Every (c, j) accumulator sums its terms in (n, k) order, the order of the plain scatter
 //! loop, in float32; float16 inputs are widened on load and rounded once on store.
 
@@ -23,8 +24,13 @@ const WEIGHTS: usize = 2;
 
 /// Channels accumulated together (one 64-byte accumulator row per source point).
 const LANES: usize = 16;
-/// Target points per transposed tile: 16 KiB of float32, L1-resident.
-const TILE: usize = 256;
+/// Lanes for 4 <= C < 16, and 1 below that: L <= C keeps a task's accumulators (L rows of
+/// m) no larger than one batch's output, however large m is.
+const FEW_LANES: usize = 4;
+/// Target points per transposed tile, tuned on the seed case 7: short tiles suit float32;
+/// float16 widens each tile row with one call, whose fixed cost favours longer rows.
+const TILE_F32: usize = 24;
+const TILE_F16: usize = 64;
 /// Multiply-adds (or output elements) per parallel task.
 const GRAIN: usize = 32 * 1024;
 
@@ -46,6 +52,8 @@ pub struct Dims {
 
 /// float32 or float16, computed in float32.
 trait Real: OutElement {
+    /// Target points per transposed tile.
+    const TILE: usize;
     /// The data as float32 without a copy, when it already is float32.
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length).
@@ -55,6 +63,7 @@ trait Real: OutElement {
 }
 
 impl Real for f32 {
+    const TILE: usize = TILE_F32;
     fn as_f32(s: &[f32]) -> Option<&[f32]> {
         Some(s)
     }
@@ -67,6 +76,7 @@ impl Real for f32 {
 }
 
 impl Real for f16 {
+    const TILE: usize = TILE_F16;
     fn as_f32(_: &[f16]) -> Option<&[f32]> {
         None
     }
@@ -166,9 +176,26 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
     if out.is_empty() {
         return Ok(());
     }
+    match d.c {
+        c if c >= LANES => split::<T, LANES>(d, go, indices, weights, out, par),
+        c if c >= FEW_LANES => split::<T, FEW_LANES>(d, go, indices, weights, out, par),
+        _ => split::<T, 1>(d, go, indices, weights, out, par),
+    }
+    Ok(())
+}
+
+/// Splits the output into tasks of whole (batch, channel block) rows and runs them.
+fn split<T: Real, const L: usize>(
+    d: &Dims,
+    go: &[T],
+    indices: &[i32],
+    weights: &[T],
+    out: &mut [T],
+    par: &dyn Parallel,
+) {
     // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
-    let per_block = LANES * (3 * d.n + d.m);
-    let channels = (GRAIN.div_ceil(per_block) * LANES).min(d.c);
+    let per_block = L.saturating_mul(d.n.saturating_mul(3).saturating_add(d.m));
+    let channels = (GRAIN.div_ceil(per_block) * L).min(d.c);
     let per_batch = d.c.div_ceil(channels);
     let mut bounds = Vec::with_capacity(d.b * per_batch + 1);
     for b in 0..d.b {
@@ -181,18 +208,18 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
         let (b, t) = (task / per_batch, task % per_batch);
         let first = t * channels;
         let span = 3 * d.n;
-        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
+        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span))
+        else {
             return;
         };
         let rows = part.len() / d.m;
-        batch_channels(d, go, b, first..first + rows, idx, w, part);
+        batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part);
     });
-    Ok(())
 }
 
 /// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
 /// weights.
-fn batch_channels<T: Real>(
+fn batch_channels<T: Real, const L: usize>(
     d: &Dims,
     go: &[T],
     b: usize,
@@ -211,16 +238,16 @@ fn batch_channels<T: Real>(
             &widened
         }
     };
-    let mut acc = vec![[0f32; LANES]; m];
-    let mut tile = vec![[0f32; LANES]; TILE.min(n)];
-    let mut row = vec![0f32; TILE.min(n).max(m)];
+    let mut acc = vec![[0f32; L]; m];
+    let mut tile = vec![[0f32; L]; T::TILE.min(n)];
+    let mut row = vec![0f32; T::TILE.min(n).max(m)];
     let mut c0 = channels.start;
     while c0 < channels.end {
-        let lanes = LANES.min(channels.end - c0);
-        acc.fill([0.0; LANES]);
+        let lanes = L.min(channels.end - c0);
+        acc.fill([0.0; L]);
         let mut n0 = 0;
         while n0 < n {
-            let nt = TILE.min(n - n0);
+            let nt = T::TILE.min(n - n0);
             // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
             // stale values; their accumulators are never stored.
             for lane in 0..lanes {
@@ -238,7 +265,9 @@ fn batch_channels<T: Real>(
                 }
             }
             let terms = n0 * 3..(n0 + nt) * 3;
-            accumulate(&mut acc, &tile[..nt], &idx[terms.clone()], &w[terms]);
+            if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
+                accumulate(&mut acc, &tile[..nt], js, ws);
+            }
             n0 += nt;
         }
         for lane in 0..lanes {
@@ -254,7 +283,7 @@ fn batch_channels<T: Real>(
 }
 
 /// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order.
-fn accumulate(acc: &mut [[f32; LANES]], tile: &[[f32; LANES]], idx: &[i32], w: &[f32]) {
+fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i32], w: &[f32]) {
     for ((g, js), ws) in tile.iter().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
         for (&j, &wk) in js.iter().zip(ws) {
             // Indices were validated by `plan`; an out-of-range one is skipped, not a panic.
