@@ -568,33 +568,3 @@ proptest! {
 // ---------------------------------------------------------------------------------------
 // Timing (release): cargo test --release --test three_interpolate_backward -- --ignored --nocapture
 // ---------------------------------------------------------------------------------------
-
-#[test]
-#[ignore = "timing only; run in release"]
-fn time_seed_case_7() {
-    let (b, c, n, m) = SEED[6];
-    let mut rng = Rng(7);
-    let indices: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m) as i32).collect();
-    for ty in [Ty::F32, Ty::F16] {
-        let go: Vec<f64> = (0..b * c * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let w: Vec<f64> = (0..b * n * 3).map(|_| rng.uniform(0.0, 1.0)).collect();
-        let tensors = [tensor(ty, [b, c, n], &go), Tensor::i32([b, n, 3], indices.clone()), tensor(ty, [b, n, 3], &w)];
-        let size = if ty == Ty::F32 { 4 } else { 2 };
-        let bytes = (b * c * n + b * n * 3 + b * c * m) * size + b * n * 3 * 4;
-        for threads in [1, 2] {
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let t0 = std::time::Instant::now();
-                let out = run_tensors(m as i64, &tensors, &Threads(threads)).expect("runs");
-                best = best.min(t0.elapsed().as_secs_f64());
-                std::hint::black_box(out);
-            }
-            println!(
-                "{ty:?} threads={threads}: best {:.2} ms, {:.2} GB/s compulsory, {:.2} G terms/s",
-                best * 1e3,
-                bytes as f64 / best / 1e9,
-                (b * c * n * 3) as f64 / best / 1e9
-            );
-        }
-    }
-}
