@@ -273,7 +273,7 @@ impl<'a> Outputs<'a> {
 }
 
 /// Owned output storage for hosts that are not ONNX Runtime (tests, benches, the MLU
-/// emulator path): allocates zero-filled buffers for planned specs.
+/// emulator path).
 #[derive(Debug, Clone, PartialEq)]
 pub enum OwnedData {
     F32(Vec<f32>),
@@ -283,13 +283,16 @@ pub enum OwnedData {
 }
 
 impl OwnedData {
-    pub fn zeros(spec: &OutputSpec) -> Self {
+    /// A buffer filled with a poison value (NaN, or the most negative integer) rather than
+    /// zeros: like ONNX Runtime, which hands kernels uninitialised outputs, it makes a kernel
+    /// that leaves an element unwritten visible in the tests.
+    pub fn poisoned(spec: &OutputSpec) -> Self {
         let n = spec.numel();
         match spec.dtype {
-            DType::F32 => OwnedData::F32(vec![0.0; n]),
-            DType::F16 => OwnedData::F16(vec![f16::ZERO; n]),
-            DType::I32 => OwnedData::I32(vec![0; n]),
-            DType::I64 => OwnedData::I64(vec![0; n]),
+            DType::F32 => OwnedData::F32(vec![f32::NAN; n]),
+            DType::F16 => OwnedData::F16(vec![f16::NAN; n]),
+            DType::I32 => OwnedData::I32(vec![i32::MIN; n]),
+            DType::I64 => OwnedData::I64(vec![i64::MIN; n]),
         }
     }
     pub fn as_out(&mut self) -> OutData<'_> {

@@ -82,7 +82,9 @@ pub fn entry(name: &str) -> Option<&'static OpEntry> {
     ALL.iter().find(|e| e.name == name)
 }
 
-/// Owned buffers for hosts outside ONNX Runtime.
+/// Owned buffers for hosts outside ONNX Runtime. New buffers are poisoned (see
+/// [`OwnedData::poisoned`]); a host that runs the same shapes again reuses its buffers
+/// as they are, as ONNX Runtime's arena does.
 #[derive(Default)]
 pub struct OwnedOutputs {
     pub specs: Vec<OutputSpec>,
@@ -91,8 +93,10 @@ pub struct OwnedOutputs {
 
 impl OutputHost for OwnedOutputs {
     fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>> {
-        self.specs = specs.to_vec();
-        self.data = specs.iter().map(OwnedData::zeros).collect();
+        if self.specs != specs || self.data.len() != specs.len() {
+            self.specs = specs.to_vec();
+            self.data = specs.iter().map(OwnedData::poisoned).collect();
+        }
         Ok(Outputs::new(Vec::new(), self.data.iter_mut().map(OwnedData::as_out).collect()))
     }
 }

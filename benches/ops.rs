@@ -1,0 +1,475 @@
+//! CPU benchmarks of the five operators at the seed network scales (OPERATORS.md), run as
+//! `scripts/bench.sh` (or `cargo bench --bench ops` with ORT_DYLIB_PATH set). One run
+//! measures the machine's copy bandwidth and, per operator: the kernel on 1 and 2 threads,
+//! the same node through an onnxruntime session (custom-op library, 2 intra-op threads),
+//! a straightforward single-threaded implementation (benches/naive.rs), and the peak memory
+//! the kernel allocates beyond its outputs. Everything is reported as ratios measured in
+//! this run; nothing is asserted about speed.
+
+#[path = "naive.rs"]
+mod naive;
+#[path = "../models/onnx_builder.rs"]
+mod onnx_builder;
+
+use onnx_builder::{Dim, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
+use onnxruntime_ep_mlu::ops::{self, OwnedOutputs};
+use onnxruntime_ep_mlu::parallel::{Parallel, Threads};
+use onnxruntime_ep_mlu::schema::{self, AttrValue, Attrs};
+use onnxruntime_ep_mlu::tensor::{Inputs, OwnedData, Tensor};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// Counts live heap bytes and their peak, to report the kernels' extra memory.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
+        PEAK.fetch_max(now, Relaxed);
+        // SAFETY: same layout contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Relaxed);
+        // SAFETY: `p` was allocated by System.alloc with `l`.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const REPEATS: usize = 7;
+
+fn best(mut f: impl FnMut()) -> Duration {
+    f();
+    (0..REPEATS)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// Copy bandwidth (bytes read + bytes written per second) of a 512 MiB buffer on `threads`.
+fn copy_bandwidth(threads: usize) -> f64 {
+    let len = 512 << 20;
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    let part = len / threads;
+    let t = best(|| {
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(part).zip(src.chunks(part)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        })
+    });
+    2.0 * len as f64 / t.as_secs_f64()
+}
+
+/// splitmix64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
+}
+
+fn attrs(list: &[(&str, AttrValue)]) -> HashMap<String, AttrValue> {
+    list.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// One benchmark case: a configured node, its inputs, and how to check against naive.
+struct Case {
+    op: &'static str,
+    shapes: String,
+    attrs: HashMap<String, AttrValue>,
+    inputs: Vec<(&'static str, Tensor)>,
+    /// Minimal traffic: every input read once, every output written once.
+    bytes: usize,
+    naive: Box<dyn Fn(&[Tensor]) -> Result<(), String>>,
+}
+
+fn bytes_of(t: &Tensor) -> usize {
+    let n: usize = t.shape.iter().product();
+    n * match t.data {
+        OwnedData::F16(_) => 2,
+        OwnedData::I64(_) => 8,
+        _ => 4,
+    }
+}
+
+fn f32s(t: &Tensor) -> &[f32] {
+    t.data.f32().expect("float32 tensor")
+}
+fn i32s(t: &Tensor) -> &[i32] {
+    t.data.i32().expect("int32 tensor")
+}
+
+/// Largest |a-b| relative to the largest |b|: a loose agreement check of the naive loops
+/// (the tests check the contract's accuracy classes properly).
+fn agree(a: &[f32], b: &[f32]) -> Result<(), String> {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    if a.len() == b.len() && worst <= 1e-3 * scale { Ok(()) } else { Err(format!("differs by {worst} (scale {scale})")) }
+}
+
+fn dynamic_scatter_backward(rng: &mut Rng) -> Case {
+    let (n, m, c) = (17176usize, 13743usize, 128usize);
+    // Every voxel holds at least one point; 1% of points are dropped.
+    let mut map: Vec<i32> = (0..n).map(|i| if i < m { i as i32 } else { rng.below(m as u64) as i32 }).collect();
+    for i in (1..n).rev() {
+        map.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    map.iter_mut().filter(|_| rng.below(100) == 0).for_each(|v| *v = -1);
+    let feats = rng.floats(n * c);
+    let mut vf = vec![f32::NEG_INFINITY; m * c];
+    let mut count = vec![0i32; m];
+    for (i, &v) in map.iter().enumerate().filter(|(_, v)| **v >= 0) {
+        count[v as usize] += 1;
+        for ch in 0..c {
+            vf[v as usize * c + ch] = vf[v as usize * c + ch].max(feats[i * c + ch]);
+        }
+    }
+    let gvf = rng.floats(m * c);
+    let inputs = vec![
+        ("grad_voxel_feats", Tensor::f32([m, c], gvf)),
+        ("feats", Tensor::f32([n, c], feats)),
+        ("voxel_feats", Tensor::f32([m, c], vf)),
+        ("point2voxel_map", Tensor::i32([n], map)),
+        ("voxel_points_count", Tensor::i32([m], count)),
+    ];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + n * c * 4;
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    Case {
+        op: "DynamicScatterBackward",
+        shapes: format!("max N {n} M {m} C {c}"),
+        attrs: attrs(&[("reduce_type", AttrValue::String("max".into()))]),
+        inputs,
+        bytes,
+        naive: Box::new(move |out| {
+            let want = naive::dynamic_scatter_backward_max(f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]), i32s(&ins[3]), c);
+            if f32s(&out[0]) == want.as_slice() { Ok(()) } else { Err("not bit-identical".into()) }
+        }),
+    }
+}
+
+fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4]) -> Case {
+    let go = rng.floats(b * c * n);
+    let idx: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m as u64) as i32).collect();
+    let w: Vec<f32> = (0..b * n * 3).map(|_| rng.unit().abs()).collect();
+    let inputs = vec![
+        ("grad_output", Tensor::f32([b, c, n], go)),
+        ("indices", Tensor::i32([b, n, 3], idx)),
+        ("weights", Tensor::f32([b, n, 3], w)),
+    ];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * m * 4;
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    Case {
+        op: "ThreeInterpolateBackward",
+        shapes: format!("f32 B {b} C {c} N {n} M {m}"),
+        attrs: attrs(&[("m", AttrValue::Int(m as i64))]),
+        inputs,
+        bytes,
+        naive: Box::new(move |out| {
+            agree(f32s(&out[0]), &naive::three_interpolate_backward(f32s(&ins[0]), i32s(&ins[1]), f32s(&ins[2]), [b, c, n, m]))
+        }),
+    }
+}
+
+/// Distinct sites: lidar-like clusters (subm) or uniform (strided), as (batch, z, y, x).
+fn sites(rng: &mut Rng, l: usize, batch: u64, spatial: [u64; 3], clustered: bool) -> Vec<i32> {
+    let mut seen = HashSet::with_capacity(l);
+    let mut out = Vec::with_capacity(l * 4);
+    let mut centre = [0u64; 4];
+    while seen.len() < l {
+        let s = if clustered {
+            if rng.below(64) == 0 || seen.is_empty() {
+                centre = [rng.below(batch), rng.below(spatial[0]), rng.below(spatial[1]), rng.below(spatial[2])];
+            }
+            let jitter = |rng: &mut Rng, c: u64, r: u64, hi: u64| (c + rng.below(2 * r + 1)).saturating_sub(r).min(hi - 1);
+            [centre[0], jitter(rng, centre[1], 2, spatial[0]), jitter(rng, centre[2], 6, spatial[1]), jitter(rng, centre[3], 6, spatial[2])]
+        } else {
+            [rng.below(batch), rng.below(spatial[0]), rng.below(spatial[1]), rng.below(spatial[2])]
+        };
+        if seen.insert(s) {
+            out.extend(s.map(|v| v as i32));
+        }
+    }
+    out
+}
+
+fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
+    let (l, spatial, stride, pad) =
+        if subm { (248_636, [41, 1440, 1440], [1; 3], [1; 3]) } else { (149_100, [11, 360, 360], [2; 3], [0, 1, 1]) };
+    let idx = sites(rng, l, 4, spatial.map(|v| v as u64), subm);
+    let inputs = vec![("indices", Tensor::i32([l, 4], idx))];
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let k = 27;
+    Case {
+        op: "GetIndicePairs",
+        shapes: format!("{} L {l} {}x{}x{} s{}", if subm { "subm" } else { "conv" }, spatial[0], spatial[1], spatial[2], stride[0]),
+        attrs: attrs(&[
+            ("batch_size", AttrValue::Int(4)),
+            ("spatial_shape", AttrValue::Ints(spatial.to_vec())),
+            ("kernel_size", AttrValue::Ints(vec![3; 3])),
+            ("stride", AttrValue::Ints(stride.to_vec())),
+            ("padding", AttrValue::Ints(pad.to_vec())),
+            ("subm", AttrValue::Int(subm as i64)),
+        ]),
+        inputs,
+        // indices read; pairs, out_indices (bounded by L here) and counts written.
+        bytes: l * 16 + k * 2 * l * 4 + l * 16 + k * 4,
+        naive: Box::new(move |out| {
+            let (pairs, outs, num) = naive::get_indice_pairs(i32s(&ins[0]), spatial, [3; 3], stride, pad, subm);
+            let same = i32s(&out[0]) == pairs.as_slice() && i32s(&out[1]) == outs.as_slice() && i32s(&out[2]) == num.as_slice();
+            if same { Ok(()) } else { Err("rulebook differs".into()) }
+        }),
+    }
+}
+
+fn voxel_pooling_forward(rng: &mut Rng) -> Case {
+    let (b, n, c) = (2usize, 473_088usize, 80usize);
+    let (nx, ny, nz) = (128i32, 128i32, 1i32);
+    // BEV frustum points: ~97% land inside the grid.
+    let geom: Vec<i32> = (0..b * n)
+        .flat_map(|_| [rng.below(132) as i32 - 2, rng.below(132) as i32 - 2, (rng.below(50) == 0) as i32])
+        .collect();
+    let inputs = vec![("geom_xyz", Tensor::i32([b, n, 3], geom)), ("input_features", Tensor::f32([b, n, c], rng.floats(b * n * c)))];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * (nx * ny) as usize * c * 4 + b * n * 12;
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    Case {
+        op: "VoxelPoolingForward",
+        shapes: format!("B {b} N {n} C {c} grid {nx}x{ny}x{nz}"),
+        attrs: attrs(&[("voxel_num", AttrValue::Ints(vec![nx as i64, ny as i64, nz as i64]))]),
+        inputs,
+        bytes,
+        naive: Box::new(move |out| {
+            agree(f32s(&out[0]), &naive::voxel_pooling_forward(i32s(&ins[0]), f32s(&ins[1]), [b, n, c], [nx, ny, nz]))
+        }),
+    }
+}
+
+fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 4], scale: f32) -> Case {
+    let [nb, h, w, ch] = bottom;
+    let e = r * pooled * pooled * od;
+    let rois: Vec<f32> = (0..r)
+        .flat_map(|_| {
+            let (x1, y1) = (rng.unit().abs() * w as f32 / scale, rng.unit().abs() * h as f32 / scale);
+            let (x2, y2) = (x1 + rng.unit().abs() * w as f32 / scale / 2.0, y1 + rng.unit().abs() * h as f32 / scale / 2.0);
+            [rng.below(nb as u64) as f32, x1, y1, x2, y2]
+        })
+        .collect();
+    let mapping: Vec<i32> = (0..e).map(|_| rng.below(ch as u64) as i32).collect();
+    let inputs = vec![
+        ("top_grad", Tensor::f32([r, pooled, pooled, od], rng.floats(e))),
+        ("rois", Tensor::f32([r, 5], rois)),
+        ("mapping_channel", Tensor::i32([r, pooled, pooled, od], mapping)),
+        ("bottom_shape", Tensor::i64([4], bottom.map(|v| v as i64).to_vec())),
+    ];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + nb * h * w * ch * 4;
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    Case {
+        op: "PsRoiPoolBackward",
+        shapes: format!("R {r} {pooled}x{pooled}x{od} bottom {nb}x{h}x{w}x{ch}"),
+        attrs: attrs(&[
+            ("pooled_height", AttrValue::Int(pooled as i64)),
+            ("pooled_width", AttrValue::Int(pooled as i64)),
+            ("spatial_scale", AttrValue::Float(scale)),
+            ("output_dim", AttrValue::Int(od as i64)),
+        ]),
+        inputs,
+        bytes,
+        naive: Box::new(move |out| {
+            let want = naive::psroipool_backward(f32s(&ins[0]), f32s(&ins[1]), i32s(&ins[2]), bottom, pooled, od, scale);
+            agree(f32s(&out[0]), &want)
+        }),
+    }
+}
+
+fn elem(t: &Tensor) -> Elem {
+    match t.data {
+        OwnedData::F32(_) => Elem::FLOAT,
+        OwnedData::F16(_) => Elem::FLOAT16,
+        OwnedData::I32(_) => Elem::INT32,
+        OwnedData::I64(_) => Elem::INT64,
+    }
+}
+
+fn attribute(name: &str, v: &AttrValue) -> onnx_protobuf::AttributeProto {
+    match v {
+        AttrValue::Int(i) => attr_int(name, *i),
+        AttrValue::Ints(v) => attr_ints(name, v),
+        AttrValue::Float(f) => attr_float(name, *f),
+        AttrValue::String(s) => attr_string(name, s),
+    }
+}
+
+fn ort_tensor(t: &Tensor) -> ort::Result<ort::value::DynTensor> {
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    Ok(match &t.data {
+        OwnedData::F32(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
+        // No float16 case is benchmarked through onnxruntime.
+        OwnedData::F16(_) => return Err(ort::Error::new("float16 feeds are not supported by this bench")),
+        OwnedData::I32(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
+        OwnedData::I64(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
+    })
+}
+
+/// The case as a one-node model in an onnxruntime session with 2 intra-op threads; returns
+/// the best run time.
+fn time_in_onnxruntime(env: &ort::environment::Environment, case: &Case, lib: &str) -> ort::Result<Duration> {
+    let schema = schema::get(case.op);
+    let mut g = Graph::new("bench");
+    for (name, t) in &case.inputs {
+        let dims: Vec<Dim> = t.shape.iter().map(|&d| Dim::Fixed(d as i64)).collect();
+        g.input(name, elem(t), Some(&dims));
+    }
+    let names: Vec<&str> = case.inputs.iter().map(|(n, _)| *n).collect();
+    let outputs: Vec<&str> = schema.outputs.iter().map(|o| o.name.as_str()).collect();
+    g.node("bench", case.op, "mluops", &names, &outputs, case.attrs.iter().map(|(k, v)| attribute(k, v)).collect());
+    for o in &schema.outputs {
+        // Every benchmarked output type is fixed or follows float32 inputs.
+        let elem = if o.type_str == "tensor(int32)" { Elem::INT32 } else { Elem::FLOAT };
+        g.output(&o.name, elem, None);
+    }
+    let mut session =
+        ort::session::Session::builder(env)?.with_intra_threads(2)?.with_operator_library(lib)?.commit_from_memory(&g.bytes())?;
+    let feeds: Vec<(&str, ort::value::DynTensor)> =
+        case.inputs.iter().map(|(n, t)| Ok((*n, ort_tensor(t)?))).collect::<ort::Result<_>>()?;
+    let mut failure = None;
+    let t = best(|| {
+        let inputs: Vec<(&str, &ort::value::DynTensor)> = feeds.iter().map(|(n, t)| (*n, t)).collect();
+        if let Err(e) = session.run(inputs) {
+            failure = Some(e);
+        }
+    });
+    failure.map_or(Ok(t), Err)
+}
+
+/// The kernel called directly. Output buffers are reused across runs (as ONNX Runtime's
+/// arena does), so the times are the kernel's, not the first-touch page faults of fresh
+/// allocations.
+struct Kernel {
+    kernel: Box<dyn ops::Kernel>,
+    names: Vec<String>,
+    host: std::cell::RefCell<OwnedOutputs>,
+}
+
+impl Kernel {
+    fn new(case: &Case) -> Self {
+        let entry = ops::entry(case.op).expect("operator");
+        let kernel = (entry.create)(&Attrs::new(schema::get(case.op), &case.attrs)).expect("valid attributes");
+        Kernel { kernel, names: schema::get(case.op).input_names(), host: Default::default() }
+    }
+
+    fn run(&self, case: &Case, par: &dyn Parallel) {
+        let refs = case.inputs.iter().map(|(_, t)| Some(t.view())).collect();
+        let inputs = Inputs::new(self.names.clone(), refs).expect("valid inputs");
+        self.kernel.compute(&inputs, &mut *self.host.borrow_mut(), par).expect("valid inputs");
+    }
+
+    fn outputs(&self) -> Vec<Tensor> {
+        std::mem::take(&mut *self.host.borrow_mut()).into_tensors()
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    let lib = std::env::var("MLU_EP_LIB")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/libonnxruntime_ep_mlu.so").into());
+    // ORT_DYLIB_PATH: the onnxruntime 1.31.1 C library (scripts/setup.sh exports it).
+    let env = std::env::var("ORT_DYLIB_PATH")
+        .map_err(|_| "ORT_DYLIB_PATH is not set".to_string())
+        .and_then(|p| ort::init_from(&p).map_err(|e| e.to_string()))
+        .and_then(|b| b.with_name("bench").build().map_err(|e| e.to_string()));
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let bw1 = copy_bandwidth(1);
+    let bw2 = copy_bandwidth(2);
+    println!("copy bandwidth (read + write): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s", bw1 / 1e9, bw2 / 1e9);
+    println!("onnxruntime column: {lib} in a session with 2 intra-op threads (ORT_DYLIB_PATH)\n");
+
+    let mut rng = Rng(2026);
+    let builders: Vec<Box<dyn Fn(&mut Rng) -> Case>> = vec![
+        Box::new(dynamic_scatter_backward),
+        Box::new(|r| three_interpolate_backward(r, [16, 128, 4096, 1024])),
+        Box::new(|r| three_interpolate_backward(r, [16, 1024, 4096, 128])),
+        Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128])),
+        Box::new(|r| get_indice_pairs(r, true)),
+        Box::new(|r| get_indice_pairs(r, false)),
+        Box::new(voxel_pooling_forward),
+        Box::new(|r| psroipool_backward(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
+        Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
+    ];
+    println!(
+        "| operator | shapes | MB moved | 2 threads ms | GB/s | % of copy bw | 1 thread ms | 1->2 speedup | onnxruntime ms | ORT overhead | naive ms | vs naive | extra MB | naive agrees |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for build in builders {
+        let case = build(&mut rng);
+        if filter.as_deref().is_some_and(|f| !case.op.contains(f)) {
+            continue;
+        }
+        let k = Kernel::new(&case);
+        let t1 = best(|| k.run(&case, &Threads(1)));
+        let t2 = best(|| k.run(&case, &Threads(2)));
+        // Extra memory: the peak during one run beyond inputs and outputs (both already live).
+        let before = LIVE.load(Relaxed);
+        PEAK.store(before, Relaxed);
+        k.run(&case, &Threads(2));
+        let extra = PEAK.load(Relaxed) - before;
+        let out = k.outputs();
+        let t0 = Instant::now();
+        let agrees = (case.naive)(&out);
+        let tn = t0.elapsed();
+        let t_ort = env.as_ref().map_err(Clone::clone).and_then(|env| time_in_onnxruntime(env, &case, &lib).map_err(|e| e.to_string()));
+        let gbs = case.bytes as f64 / t2.as_secs_f64();
+        let (ort_ms, overhead) = match &t_ort {
+            Ok(t) => (format!("{:.2}", ms(*t)), format!("{:+.1}%", (t.as_secs_f64() / t2.as_secs_f64() - 1.0) * 100.0)),
+            Err(e) => (format!("error: {e}"), "-".into()),
+        };
+        println!(
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.0}% | {:.2} | {:.2}x | {} | {} | {:.1} | {:.1}x | {:.1} | {} |",
+            case.op,
+            case.shapes,
+            case.bytes as f64 / 1e6,
+            ms(t2),
+            gbs / 1e9,
+            gbs / bw2 * 100.0,
+            ms(t1),
+            t1.as_secs_f64() / t2.as_secs_f64(),
+            ort_ms,
+            overhead,
+            ms(tn),
+            tn.as_secs_f64() / t2.as_secs_f64(),
+            extra as f64 / 1e6,
+            match agrees {
+                Ok(()) => "yes".to_string(),
+                Err(e) => format!("NO: {e}"),
+            }
+        );
+    }
+}
