@@ -99,6 +99,11 @@ fn attrs(list: &[(&str, AttrValue)]) -> HashMap<String, AttrValue> {
     list.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
 }
 
+/// Checks a kernel's outputs against the naive implementation.
+type NaiveCheck = Box<dyn Fn(&[Tensor]) -> Result<(), String>>;
+/// Builds one case from the shared generator.
+type CaseBuilder = Box<dyn Fn(&mut Rng) -> Case>;
+
 /// One benchmark case: a configured node, its inputs, and how to check against naive.
 struct Case {
     op: &'static str,
@@ -107,7 +112,7 @@ struct Case {
     inputs: Vec<(&'static str, Tensor)>,
     /// Minimal traffic: every input read once, every output written once.
     bytes: usize,
-    naive: Box<dyn Fn(&[Tensor]) -> Result<(), String>>,
+    naive: NaiveCheck,
 }
 
 fn bytes_of(t: &Tensor) -> usize {
@@ -414,7 +419,7 @@ fn main() {
     println!("kernel columns: the kernel called directly (2T spawns one scoped helper thread per call)\n");
 
     let mut rng = Rng(2026);
-    let builders: Vec<Box<dyn Fn(&mut Rng) -> Case>> = vec![
+    let builders: Vec<CaseBuilder> = vec![
         Box::new(dynamic_scatter_backward),
         Box::new(|r| three_interpolate_backward(r, [16, 128, 4096, 1024])),
         Box::new(|r| three_interpolate_backward(r, [16, 1024, 4096, 128])),

@@ -14,6 +14,8 @@ use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
+mod common;
+use common::Rng;
 
 // ---------------------------------------------------------------------------------------
 // Attributes and the contract's rules
@@ -368,17 +370,7 @@ fn attribute_error(a: &Attrs, attribute: &str) -> String {
 // Random data
 // ---------------------------------------------------------------------------------------
 
-/// splitmix64.
-struct Rng(u64);
-
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: i64) -> i64 {
         (self.next() % n.max(1) as u64) as i64
     }

@@ -20,6 +20,8 @@ use ort::{Error, ErrorCode};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+mod common;
+use common::Rng;
 
 #[path = "../models/onnx_builder.rs"]
 mod onnx_builder;
@@ -542,17 +544,7 @@ table_tests! {
 
 // ------------------------------------------------------------------------------ valid runs
 
-/// Small deterministic generator (SplitMix64) so the runs need no extra dependency.
-struct Rng(u64);
-
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn uniform(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }

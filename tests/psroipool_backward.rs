@@ -10,6 +10,8 @@ use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 use std::collections::HashMap;
+mod common;
+use common::{Rng, assert_accumulating};
 
 // ---------------------------------------------------------------- helpers
 
@@ -141,47 +143,12 @@ fn reference(case: &Case, a: Attrs) -> Vec<f64> {
     out
 }
 
-/// The contract's accumulating metric: diff1 = sum|a-b| / sum|b| <= 3e-3 and
-/// diff2 = sqrt(sum (a-b)^2 / sum b^2) <= 3e-3 (with an all-zero reference, a must be 0).
-/// Positions where the reference is not finite must match it in kind and are left out.
-fn assert_accumulating(got: &[f32], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (mut d1, mut n1, mut d2, mut n2) = (0f64, 0f64, 0f64, 0f64);
-    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
-        if !b.is_finite() {
-            let same = (b.is_nan() && a.is_nan()) || (a as f64 == b);
-            assert!(same, "{what}[{i}]: got {a}, reference {b}");
-            continue;
-        }
-        let a = a as f64;
-        assert!(a.is_finite(), "{what}[{i}]: got {a}, reference {b}");
-        d1 += (a - b).abs();
-        n1 += b.abs();
-        d2 += (a - b) * (a - b);
-        n2 += b * b;
-    }
-    if n1 == 0.0 {
-        assert_eq!(d1, 0.0, "{what}: reference all zero, output not");
-        return;
-    }
-    let (diff1, diff2) = (d1 / n1, (d2 / n2).sqrt());
-    assert!(diff1 <= 3e-3 && diff2 <= 3e-3, "{what}: diff1 {diff1:e} diff2 {diff2:e}");
-}
-
 fn check(case: &Case, a: Attrs, par: &dyn Parallel) {
     let got = case.bottom_grad(a, par);
     assert_accumulating(&got, &reference(case, a), "bottom_grad");
 }
 
-/// xorshift64*: test data without a dependency.
-struct Rng(u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }

@@ -1,0 +1,46 @@
+//! Helpers shared by the integration tests: a seedable generator for test data and the
+//! contract's accumulating-class check. Each operator's naive reference stays in its own
+//! test file, independent of the kernels and of each other.
+#![allow(dead_code)]
+
+/// splitmix64: small, seedable, good enough for test data. Test files add the
+/// conveniences they need in their own `impl Rng` blocks.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The contract's accumulating metric: diff1 = sum|a-b| / sum|b| <= 3e-3 and
+/// diff2 = sqrt(sum (a-b)^2 / sum b^2) <= 3e-3 against a float64 reference (with an all-zero
+/// reference, the output must be 0). Positions where the reference is not finite must match
+/// it in kind (NaN, +inf, -inf) and are left out of the sums.
+pub fn assert_accumulating(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut d1, mut n1, mut d2, mut n2) = (0f64, 0f64, 0f64, 0f64);
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        if !b.is_finite() {
+            let same = (b.is_nan() && a.is_nan()) || (a as f64 == b);
+            assert!(same, "{what}[{i}]: got {a}, reference {b}");
+            continue;
+        }
+        let a = a as f64;
+        assert!(a.is_finite(), "{what}[{i}]: got {a}, reference {b}");
+        d1 += (a - b).abs();
+        n1 += b.abs();
+        d2 += (a - b) * (a - b);
+        n2 += b * b;
+    }
+    if n1 == 0.0 {
+        assert_eq!(d1, 0.0, "{what}: reference all zero, output not");
+        return;
+    }
+    let (diff1, diff2) = (d1 / n1, (d2 / n2).sqrt());
+    assert!(diff1 <= 3e-3 && diff2 <= 3e-3, "{what}: diff1 {diff1:e} diff2 {diff2:e}");
+}
