@@ -2,6 +2,7 @@
 //! `mluops` (see schemas/ and OPERATORS.md). The crate root holds only the C entry points;
 //! everything else lives in the modules below.
 
+pub mod cache;
 pub mod error;
 pub mod ops;
 pub mod parallel;

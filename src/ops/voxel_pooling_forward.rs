@@ -28,6 +28,8 @@ use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 const POS_CHUNK_POINTS: usize = 1 << 14;
 /// Minimum work (feature elements added or zeroed) of a summation task.
 const SUM_GRAIN: usize = 1 << 16;
+/// How far ahead of the summation the feature rows are prefetched, in points.
+const PREFETCH_ROWS: usize = 8;
 /// Each task of a batch rescans the batch's pos_memo; past this many tasks the rescans
 /// cost more than the extra cores bring.
 const MAX_TASKS_PER_BATCH: usize = 16;
@@ -200,7 +202,8 @@ impl VoxelPoolingForward {
             let (lo, hi) = (first_cell - b * cells, first_cell - b * cells + part.len() / channels);
             let memo = &pos_memo[b * points * 3..(b + 1) * points * 3];
             let feats = &feats[b * points * channels..(b + 1) * points * channels];
-            for (m, f) in memo.chunks_exact(3).zip(feats.chunks_exact(channels)) {
+            for (i, (m, f)) in memo.chunks_exact(3).zip(feats.chunks_exact(channels)).enumerate() {
+                crate::cache::prefetch_stream(feats.get((i + PREFETCH_ROWS) * channels..).unwrap_or(&[]), channels);
                 // pos_memo is (b, y, x) with y < ny, x < nx, or -1 for invalid points.
                 if m[0] < 0 {
                     continue;
