@@ -1,4 +1,5 @@
-//! Writes the model fixtures of models/: `cargo run --example build_models`.
+//! Writes the model fixtures of models/: `cargo run --example build_models`; with `--check`
+//! it instead verifies that the committed files are exactly what this builder produces.
 //! mluops_demo.onnx holds all five operators among standard ONNX nodes; its inputs and
 //! golden outputs (models/mluops_demo.npz) come from models/make_demo_data.py, computed
 //! with the independent numpy references of tests/python/reference.py.
@@ -103,7 +104,16 @@ pub fn demo() -> Graph {
 fn main() -> std::io::Result<()> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
     let path = dir.join("mluops_demo.onnx");
-    std::fs::write(&path, demo().bytes())?;
-    println!("wrote {}", path.display());
+    let bytes = demo().bytes();
+    if std::env::args().any(|a| a == "--check") {
+        if std::fs::read(&path)? != bytes {
+            eprintln!("{} differs from what models/build_models.rs builds: rerun it", path.display());
+            std::process::exit(1);
+        }
+        println!("{} is up to date", path.display());
+    } else {
+        std::fs::write(&path, bytes)?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }

@@ -17,5 +17,7 @@ MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test 
     --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
 echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
+echo "== model fixtures are what the builder writes"
+cargo run --quiet --example build_models -- --check
 echo "== main job"
 "$VENV/bin/python" models/run_demo.py "$MLU_EP_LIB"
