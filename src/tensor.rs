@@ -145,14 +145,6 @@ impl<'a> Inputs<'a> {
         self.names.get(i).map_or("?", String::as_str)
     }
 
-    pub fn len(&self) -> usize {
-        self.tensors.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tensors.is_empty()
-    }
-
     pub fn is_present(&self, i: usize) -> bool {
         matches!(self.tensors.get(i), Some(Some(_)))
     }
@@ -344,14 +336,5 @@ impl Tensor {
     }
     pub fn i64(shape: impl Into<Vec<usize>>, data: Vec<i64>) -> Self {
         Tensor { shape: shape.into(), data: OwnedData::I64(data) }
-    }
-}
-
-impl<'a> TensorRef<'a> {
-    pub fn len(&self) -> usize {
-        self.data.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.data.len() == 0
     }
 }
