@@ -119,3 +119,49 @@ pub fn read_string(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr
     buf.truncate(end);
     String::from_utf8(buf).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::MaybeUninit;
+    use std::sync::Mutex;
+
+    /// A host older than the floor: serves only version 1 of the API, whose one member
+    /// used here (CreateStatus) records the message.
+    static MESSAGE: Mutex<String> = Mutex::new(String::new());
+    static mut V1_TABLE: MaybeUninit<OrtApi> = MaybeUninit::uninit();
+
+    unsafe extern "system" fn create_status(code: OrtErrorCode, msg: *const c_char) -> OrtStatusPtr {
+        // SAFETY: init passes a valid NUL-terminated message.
+        let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+        *MESSAGE.lock().unwrap() = format!("{code:?}: {text}");
+        // Any non-null pointer: the test only checks that a status came back.
+        OrtStatusPtr(std::ptr::NonNull::dangling().as_ptr())
+    }
+
+    unsafe extern "system" fn get_api(version: u32) -> *const OrtApi {
+        if version == 1 { &raw const V1_TABLE as *const OrtApi } else { std::ptr::null() }
+    }
+
+    unsafe extern "system" fn version_string() -> *const c_char {
+        c"1.23.2".as_ptr()
+    }
+
+    #[test]
+    fn a_host_older_than_the_api_floor_gets_a_clear_error() {
+        // SAFETY: only the first member of the table is written and later read (through a
+        // raw pointer in init); the rest stays uninitialised and is never touched.
+        unsafe {
+            let table = &raw mut V1_TABLE;
+            std::ptr::addr_of_mut!((*(*table).as_mut_ptr()).CreateStatus).write(create_status);
+        }
+        let base = OrtApiBase { GetApi: get_api, GetVersionString: version_string };
+        // SAFETY: `base` is a valid OrtApiBase for the duration of the call.
+        let result = unsafe { init(&base) };
+        assert!(matches!(result, Err(s) if !s.0.is_null()), "init must fail with a status");
+        let msg = MESSAGE.lock().unwrap().clone();
+        assert!(msg.starts_with("ORT_NOT_IMPLEMENTED"), "{msg}");
+        assert!(msg.contains("needs ONNX Runtime >= 1.24") && msg.contains("this host is ONNX Runtime 1.23.2"), "{msg}");
+        assert!(API.get().is_none(), "a refused host must not be remembered");
+    }
+}
