@@ -404,6 +404,12 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` only builds and starts the
+    // binary, which then has nothing to time in an unoptimised build.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("benches/ops.rs: run with `cargo bench --bench ops` (or scripts/bench.sh)");
+        return;
+    }
     let lib = std::env::var("MLU_EP_LIB")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/libonnxruntime_ep_mlu.so").into());
     // ORT_DYLIB_PATH: the onnxruntime 1.31.1 C library (scripts/setup.sh exports it).
