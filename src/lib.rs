@@ -8,6 +8,7 @@ pub mod ops;
 pub mod parallel;
 pub mod schema;
 pub mod tensor;
+pub mod mlu;
 pub mod ort;
 
 use ort_sys::{OrtApiBase, OrtSessionOptions, OrtStatusPtr};

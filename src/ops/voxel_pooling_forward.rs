@@ -18,6 +18,8 @@
 //! 1. `pos_memo` (parallel over point chunks; no division per point).
 //! 2. output rows (parallel over cell ranges): zero, then add the in-range points' rows.
 
+pub mod mlu;
+
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;

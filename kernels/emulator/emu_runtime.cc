@@ -1,0 +1,695 @@
+// The host emulator's machine model and runtime: device memory registry, on-chip
+// arenas, task threads, barriers, rule checks and queues. See bang_emu.h and
+// kernels/README.md for what is modelled and what is not.
+#include "emu_runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#define BANG_EMU_RUNTIME
+#include "bang_emu.h"
+
+namespace bang_emu {
+namespace {
+
+// ---- the architecture ---------------------------------------------------------------
+// MLU370 (mtp_372): 768 KB NRAM per core of which 128 KB hold the stack, 1 MB WRAM per
+// core, 2 MB SRAM per cluster, 4 cores per cluster.
+constexpr const char *kArch = "MLU370 (mtp_372)";
+constexpr size_t kNram = 768 * 1024;
+constexpr size_t kNramReserved = 128 * 1024;
+constexpr size_t kWram = 1024 * 1024;
+constexpr size_t kSram = 2048 * 1024;
+constexpr int kCoresPerCluster = 4;
+constexpr size_t kOnchipAlign = 64;
+
+int clusters() {
+  static const int n = [] {
+    const char *s = std::getenv("MLU_EMU_CLUSTERS");
+    int v = s ? std::atoi(s) : 2;
+    return v >= 1 && v <= 16 ? v : 2;
+  }();
+  return n;
+}
+int total_cores() { return clusters() * kCoresPerCluster; }
+
+thread_local std::string t_last_error;
+
+int fail(int code, std::string msg) {
+  t_last_error = std::move(msg);
+  return code;
+}
+
+struct Violation : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Thrown in the other tasks of a launch once one task failed.
+struct Aborted {};
+
+// ---- GDRAM ----------------------------------------------------------------------------
+std::shared_mutex g_mem_mutex;
+std::map<uintptr_t, size_t> g_allocations;
+
+// The allocation holding [p, p + bytes), or false.
+bool gdram_contains(const void *p, size_t bytes) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  std::shared_lock lock(g_mem_mutex);
+  auto it = g_allocations.upper_bound(a);
+  if (it == g_allocations.begin()) return false;
+  --it;
+  return a >= it->first && bytes <= it->second && a - it->first <= it->second - bytes;
+}
+
+// ---- barriers -------------------------------------------------------------------------
+class Barrier {
+ public:
+  explicit Barrier(int n) : count_(n) {}
+  // Blocks until all `count_` tasks arrive; throws Aborted when the launch failed.
+  void wait(Loc at, const char *what) {
+    std::unique_lock lock(m_);
+    if (poisoned_) throw Aborted{};
+    if (exited_ > 0) {
+      lock.unlock();
+      violation(at, "%s can never complete: %d of the %d tasks it waits for already returned", what, exited_, count_);
+    }
+    uint64_t gen = gen_;
+    if (++waiting_ == count_) {
+      waiting_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen || poisoned_; });
+    if (gen_ == gen) throw Aborted{};
+  }
+  // A task returned: if others wait at this barrier they would wait forever on a card.
+  bool leave() {
+    std::lock_guard lock(m_);
+    ++exited_;
+    return waiting_ > 0;
+  }
+  void poison() {
+    std::lock_guard lock(m_);
+    poisoned_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int count_, waiting_ = 0, exited_ = 0;
+  uint64_t gen_ = 0;
+  bool poisoned_ = false;
+};
+
+// ---- launches and cores ---------------------------------------------------------------
+struct Region {
+  uintptr_t base;
+  size_t size;
+  Space space;
+  const char *name;
+};
+
+// Zero-initialised on-chip memory, 64-byte aligned like the card's address spaces.
+class Arena {
+ public:
+  explicit Arena(size_t n) : n_(n), p_(static_cast<uint8_t *>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {
+    if (!p_) throw std::bad_alloc();
+    std::memset(p_, 0, n);
+  }
+  ~Arena() { std::free(p_); }
+  Arena(const Arena &) = delete;
+  Arena &operator=(const Arena &) = delete;
+  uint8_t *data() { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  size_t n_;
+  uint8_t *p_;
+};
+
+struct Cluster {
+  explicit Cluster(int cores) : barrier(cores), sram(kSram) {}
+  Barrier barrier;
+  Arena sram;
+};
+
+struct Launch {
+  std::string kernel;
+  cnrtDim3_t dim;
+  int type;
+  int task_dim;
+  std::unique_ptr<Barrier> all;
+  std::vector<std::unique_ptr<Cluster>> clusters;
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::string error;
+
+  void record(const std::string &msg) {
+    {
+      std::lock_guard lock(error_mutex);
+      if (error.empty()) error = msg;
+    }
+    failed = true;
+    if (all) all->poison();
+    for (auto &c : clusters) c->barrier.poison();
+  }
+};
+
+struct Pending {
+  void *dst;
+  const void *src;
+  size_t bytes;
+  long dst_stride, src_stride, segments;
+};
+
+struct Core {
+  Launch *launch = nullptr;
+  Cluster *cluster = nullptr;
+  Builtins b{};
+  Arena nram{kNram - kNramReserved};
+  Arena wram{kWram};
+  size_t used[4] = {0, 0, 0, 0};  // indexed by Space
+  std::vector<Region> regions;
+  std::vector<Pending> pending;
+
+  void reset_task() {
+    // 0xFF: NaN as float, -1 as int: reading on-chip memory nobody wrote shows.
+    std::memset(nram.data(), 0xFF, nram.size());
+    std::fill(std::begin(used), std::end(used), 0);
+    regions.clear();
+    pending.clear();
+  }
+};
+
+thread_local Core *t_core = nullptr;
+
+const Builtins kNoTask{};
+
+void run_pending(Core &c) {
+  for (const Pending &p : c.pending)
+    for (long s = 0; s <= p.segments; ++s)
+      std::memmove(static_cast<char *>(p.dst) + s * p.dst_stride, static_cast<const char *>(p.src) + s * p.src_stride,
+                   p.bytes);
+  c.pending.clear();
+}
+
+// Runs one task of a launch on the calling thread; failures go to the launch.
+void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args) {
+  core.launch = &l;
+  core.reset_task();
+  int x = static_cast<int>(l.dim.x), y = static_cast<int>(l.dim.y);
+  core.b.taskId = task;
+  core.b.taskDim = l.task_dim;
+  core.b.taskIdX = task % x;
+  core.b.taskIdY = (task / x) % y;
+  core.b.taskIdZ = task / (x * y);
+  core.b.taskDimX = x;
+  core.b.taskDimY = y;
+  core.b.taskDimZ = static_cast<int>(l.dim.z);
+  if (l.type == cnrtFuncTypeBlock) {
+    core.b.coreId = 0;
+    core.b.coreDim = 1;
+    core.b.clusterId = 0;
+    core.b.clusterDim = 1;
+    core.cluster = nullptr;
+  } else {
+    core.b.coreId = task % kCoresPerCluster;
+    core.b.coreDim = kCoresPerCluster;
+    core.b.clusterId = task / kCoresPerCluster;
+    core.b.clusterDim = l.task_dim / kCoresPerCluster;
+    core.cluster = l.clusters[core.b.clusterId].get();
+  }
+  t_core = &core;
+  try {
+    body(args);
+    run_pending(core);
+  } catch (const Violation &v) {
+    l.record(v.what());
+  } catch (const Aborted &) {
+  } catch (const std::exception &e) {
+    l.record(std::string("kernel '") + l.kernel + "' task " + std::to_string(task) + ": " + e.what());
+  } catch (...) {
+    l.record(std::string("kernel '") + l.kernel + "' task " + std::to_string(task) + ": unknown exception");
+  }
+  if (l.type != cnrtFuncTypeBlock && !l.failed) {
+    bool stuck = core.cluster->barrier.leave();
+    stuck = l.all->leave() || stuck;
+    if (stuck)
+      l.record(std::string("kernel '") + l.kernel + "' task " + std::to_string(task) +
+               " returned while other tasks wait at a barrier it never reaches (a card would hang)");
+  }
+  t_core = nullptr;
+}
+
+void execute(Launch &l, void (*body)(void *), void *args) {
+  if (l.type == cnrtFuncTypeBlock) {
+    // BLOCK tasks are independent: the card's cores take them one after another.
+    int workers = std::min(l.task_dim, total_cores());
+    std::atomic<int> next{0};
+    std::vector<std::thread> threads;
+    for (int w = 0; w < workers; ++w)
+      threads.emplace_back([&] {
+        Core core;
+        for (int t; !l.failed && (t = next++) < l.task_dim;) run_task(l, core, t, body, args);
+      });
+    for (auto &t : threads) t.join();
+  } else {
+    // UNION tasks are resident together: one thread per core, barriers are real.
+    l.all = std::make_unique<Barrier>(l.task_dim);
+    for (int c = 0; c < l.task_dim / kCoresPerCluster; ++c) l.clusters.push_back(std::make_unique<Cluster>(kCoresPerCluster));
+    std::vector<std::unique_ptr<Core>> cores;
+    for (int t = 0; t < l.task_dim; ++t) cores.push_back(std::make_unique<Core>());
+    std::vector<std::thread> threads;
+    for (int t = 0; t < l.task_dim; ++t) threads.emplace_back([&, t] { run_task(l, *cores[t], t, body, args); });
+    for (auto &t : threads) t.join();
+  }
+}
+
+Core &core_at(Loc at) {
+  if (!t_core) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "%s:%d: a device intrinsic was called outside a kernel launch", at.file, at.line);
+    throw Violation(buf);
+  }
+  return *t_core;
+}
+
+}  // namespace
+
+// ---- device-side API ------------------------------------------------------------------
+const char *space_name(Space s) {
+  switch (s) {
+    case Space::GDRAM: return "GDRAM";
+    case Space::NRAM: return "NRAM";
+    case Space::SRAM: return "SRAM";
+    case Space::WRAM: return "WRAM";
+    default: return "no device memory";
+  }
+}
+
+const Builtins &builtins() { return t_core ? t_core->b : kNoTask; }
+
+void violation(Loc at, const char *fmt, ...) {
+  char rule[768];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(rule, sizeof rule, fmt, ap);
+  va_end(ap);
+  char buf[1200];
+  const char *file = std::strrchr(at.file, '/');
+  file = file ? file + 1 : at.file;
+  if (t_core && t_core->launch) {
+    const Builtins &b = t_core->b;
+    std::snprintf(buf, sizeof buf, "kernel '%s' task %d (cluster %d, core %d) at %s:%d: %s", t_core->launch->kernel.c_str(),
+                  b.taskId, b.clusterId, b.coreId, file, at.line, rule);
+  } else {
+    std::snprintf(buf, sizeof buf, "%s:%d: %s", file, at.line, rule);
+  }
+  throw Violation(buf);
+}
+
+Space space_of(Loc at, const void *p, size_t bytes, const char *what) {
+  Core &c = core_at(at);
+  auto a = reinterpret_cast<uintptr_t>(p);
+  // Newest first: a carved sub-buffer is found before the buffer it was carved from.
+  for (auto it = c.regions.rbegin(); it != c.regions.rend(); ++it) {
+    const Region &r = *it;
+    if (a >= r.base && a < r.base + r.size) {
+      if (bytes > r.size - (a - r.base))
+        violation(at, "%s: %zu bytes at offset %zu leave %s buffer '%s' of %zu bytes", what, bytes,
+                  static_cast<size_t>(a - r.base), space_name(r.space), r.name, r.size);
+      return r.space;
+    }
+  }
+  if (gdram_contains(p, bytes)) return Space::GDRAM;
+  if (gdram_contains(p, 1))
+    violation(at, "%s: %zu bytes at %p leave the allocated GDRAM buffer", what, bytes, p);
+  violation(at, "%s: address %p is in no allocated device buffer or on-chip buffer", what, p);
+}
+
+void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
+  Core &c = core_at(at);
+  size_t cap = 0;
+  uint8_t *base = nullptr;
+  switch (s) {
+    case Space::NRAM: cap = c.nram.size(); base = c.nram.data(); break;
+    case Space::WRAM: cap = c.wram.size(); base = c.wram.data(); break;
+    case Space::SRAM:
+      if (!c.cluster) violation(at, "SRAM buffer '%s': BLOCK tasks have no cluster SRAM (launch as UNION1)", name);
+      cap = c.cluster->sram.size();
+      base = c.cluster->sram.data();
+      break;
+    default: violation(at, "on-chip buffer '%s' in an unknown space", name);
+  }
+  size_t &used = c.used[static_cast<int>(s)];
+  size_t start = (used + kOnchipAlign - 1) / kOnchipAlign * kOnchipAlign;
+  if (bytes == 0 || start > cap || bytes > cap - start)
+    violation(at, "%s buffer '%s' of %zu bytes does not fit: %zu of %zu bytes of %s %s are already used", space_name(s),
+              name, bytes, used, cap, kArch,
+              s == Space::NRAM ? "NRAM (768 KB less 128 KB for the stack)" : space_name(s));
+  used = start + bytes;
+  void *p = base + start;
+  c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
+  return p;
+}
+
+void carve(Loc at, const void *p, size_t bytes, const char *name) {
+  Core &c = core_at(at);
+  if (bytes == 0) violation(at, "on-chip tile '%s' is empty", name);
+  char what[128];
+  std::snprintf(what, sizeof what, "on-chip tile '%s'", name);
+  Space s = space_of(at, p, bytes, what);
+  if (s == Space::GDRAM) violation(at, "on-chip tile '%s' is carved from GDRAM", name);
+  c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
+}
+
+void vector_count(Loc at, const char *op, long count, size_t elem) {
+  if (count <= 0 || (static_cast<size_t>(count) * elem) % 128 != 0)
+    violation(at, "%s: element count %ld (%ld bytes) must be positive and a multiple of 128 bytes", op, count,
+              count * static_cast<long>(elem));
+}
+
+void vector_operand(Loc at, const char *op, const void *p, size_t count, size_t elem) {
+  Space s = space_of(at, p, count * elem, op);
+  if (s != Space::NRAM) violation(at, "%s: operand %p is in %s, vector operands must be in NRAM", op, p, space_name(s));
+  if (reinterpret_cast<uintptr_t>(p) % 64 != 0) violation(at, "%s: operand %p is not 64-byte aligned", op, p);
+}
+
+namespace {
+struct DirSpaces {
+  Space dst, src;
+  const char *name;
+};
+DirSpaces dir_spaces(Loc at, int dir) {
+  switch (dir) {
+    case GDRAM2NRAM: return {Space::NRAM, Space::GDRAM, "GDRAM2NRAM"};
+    case NRAM2GDRAM: return {Space::GDRAM, Space::NRAM, "NRAM2GDRAM"};
+    case NRAM2NRAM: return {Space::NRAM, Space::NRAM, "NRAM2NRAM"};
+    case GDRAM2SRAM: return {Space::SRAM, Space::GDRAM, "GDRAM2SRAM"};
+    case SRAM2GDRAM: return {Space::GDRAM, Space::SRAM, "SRAM2GDRAM"};
+    case SRAM2NRAM: return {Space::NRAM, Space::SRAM, "SRAM2NRAM"};
+    case NRAM2SRAM: return {Space::SRAM, Space::NRAM, "NRAM2SRAM"};
+    case GDRAM2GDRAM: return {Space::GDRAM, Space::GDRAM, "GDRAM2GDRAM"};
+    case SRAM2SRAM: return {Space::SRAM, Space::SRAM, "SRAM2SRAM"};
+    case GDRAM2WRAM: return {Space::WRAM, Space::GDRAM, "GDRAM2WRAM"};
+    case NRAM2WRAM: return {Space::WRAM, Space::NRAM, "NRAM2WRAM"};
+    case SRAM2WRAM: return {Space::WRAM, Space::SRAM, "SRAM2WRAM"};
+    case WRAM2NRAM: return {Space::NRAM, Space::WRAM, "WRAM2NRAM"};
+    default: violation(at, "__memcpy: unknown direction %d", dir);
+  }
+}
+}  // namespace
+
+void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir, long dst_stride, long src_stride,
+             long segnum) {
+  Core &c = core_at(at);
+  const char *op = async ? "__memcpy_async" : "__memcpy";
+  DirSpaces d = dir_spaces(at, dir);
+  if (bytes <= 0) violation(at, "%s %s: size %ld must be positive", op, d.name, bytes);
+  if (segnum < 0 || dst_stride < 0 || src_stride < 0)
+    violation(at, "%s %s: strides (%ld, %ld) and segnum %ld must be >= 0", op, d.name, dst_stride, src_stride, segnum);
+  char what[96];
+  std::snprintf(what, sizeof what, "%s %s destination", op, d.name);
+  Space ds = space_of(at, dst, segnum * dst_stride + bytes, what);
+  std::snprintf(what, sizeof what, "%s %s source", op, d.name);
+  Space ss = space_of(at, src, segnum * src_stride + bytes, what);
+  if (ds != d.dst || ss != d.src)
+    violation(at, "%s: direction %s copies %s to %s, but the source is in %s and the destination in %s", op, d.name,
+              space_name(d.src), space_name(d.dst), space_name(ss), space_name(ds));
+  Pending p{dst, src, static_cast<size_t>(bytes), dst_stride, src_stride, segnum};
+  c.pending.push_back(p);
+  if (!async) run_pending(c);
+}
+
+void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir) {
+  memcpy_(at, async, dst, src, bytes, dir, 0, 0, 0);
+}
+
+void sync_io(Loc at) { run_pending(core_at(at)); }
+
+void sync_cluster(Loc at) {
+  Core &c = core_at(at);
+  run_pending(c);
+  if (!c.cluster) violation(at, "__sync_cluster in a BLOCK task (only UNION tasks have clusters)");
+  c.cluster->barrier.wait(at, "__sync_cluster");
+}
+
+void sync_all(Loc at) {
+  Core &c = core_at(at);
+  run_pending(c);
+  if (!c.launch->all) violation(at, "__sync_all in a BLOCK task (only UNION tasks are resident together)");
+  c.launch->all->wait(at, "__sync_all");
+}
+
+void half2float(Loc at, float *d, const half *s, long n) {
+  vector_count(at, "__bang_half2float", n, sizeof(half));
+  vector_count(at, "__bang_half2float", n, sizeof(float));
+  vector_operand(at, "__bang_half2float", d, n, sizeof(float));
+  vector_operand(at, "__bang_half2float", s, n, sizeof(half));
+  for (long i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+}
+
+void float2half_rn(Loc at, half *d, const float *s, long n) {
+  vector_count(at, "__bang_float2half_rn", n, sizeof(half));
+  vector_count(at, "__bang_float2half_rn", n, sizeof(float));
+  vector_operand(at, "__bang_float2half_rn", d, n, sizeof(half));
+  vector_operand(at, "__bang_float2half_rn", s, n, sizeof(float));
+  // The host conversion rounds to nearest even, as _rn asks.
+  for (long i = 0; i < n; ++i) d[i] = static_cast<half>(s[i]);
+}
+
+namespace {
+template <typename T>
+void atomic_operands(Loc at, const char *op, T *gdram, const T *nram, long n) {
+  if (n <= 0) violation(at, "%s: element count %ld must be positive", op, n);
+  Space g = space_of(at, gdram, n * sizeof(T), op);
+  if (g != Space::GDRAM) violation(at, "%s: destination is in %s, it must be in GDRAM", op, space_name(g));
+  Space s = space_of(at, nram, n * sizeof(T), op);
+  if (s != Space::NRAM) violation(at, "%s: source is in %s, it must be in NRAM", op, space_name(s));
+}
+}  // namespace
+
+void atomic_reduce_add(Loc at, float *gdram, const float *nram, long n) {
+  atomic_operands(at, "__bang_atomic_reduce_add", gdram, nram, n);
+  for (long i = 0; i < n; ++i) std::atomic_ref<float>(gdram[i]).fetch_add(nram[i], std::memory_order_relaxed);
+}
+
+void atomic_reduce_min(Loc at, int32_t *gdram, const int32_t *nram, long n) {
+  atomic_operands(at, "__bang_atomic_reduce_min", gdram, nram, n);
+  for (long i = 0; i < n; ++i) {
+    std::atomic_ref<int32_t> a(gdram[i]);
+    int32_t cur = a.load(std::memory_order_relaxed);
+    while (nram[i] < cur && !a.compare_exchange_weak(cur, nram[i], std::memory_order_relaxed)) {
+    }
+  }
+}
+
+void atomic_reduce_or(Loc at, int32_t *gdram, const int32_t *nram, long n) {
+  atomic_operands(at, "__bang_atomic_reduce_or", gdram, nram, n);
+  for (long i = 0; i < n; ++i) std::atomic_ref<int32_t>(gdram[i]).fetch_or(nram[i], std::memory_order_relaxed);
+}
+
+// ---- queues -----------------------------------------------------------------------------
+}  // namespace bang_emu
+
+struct MluEmuQueue {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  bool busy = false, stop = false;
+  std::string error;
+  std::thread worker;
+
+  MluEmuQueue() {
+    worker = std::thread([this] {
+      std::unique_lock lock(m);
+      for (;;) {
+        cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        if (jobs.empty()) return;
+        auto job = std::move(jobs.front());
+        jobs.pop_front();
+        busy = true;
+        lock.unlock();
+        job();
+        lock.lock();
+        busy = false;
+        cv.notify_all();
+      }
+    });
+  }
+  ~MluEmuQueue() {
+    {
+      std::lock_guard lock(m);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  void push(std::function<void()> job) {
+    {
+      std::lock_guard lock(m);
+      jobs.push_back(std::move(job));
+    }
+    cv.notify_all();
+  }
+  std::string sync() {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return jobs.empty() && !busy; });
+    return std::exchange(error, std::string());
+  }
+  void record(const std::string &msg) {
+    std::lock_guard lock(m);
+    if (error.empty()) error = msg;
+  }
+};
+
+namespace bang_emu {
+
+int launch(const char *kernel, cnrtDim3_t dim, cnrtFunctionType_t type, cnrtQueue_t queue, void (*body)(void *),
+           void *args, void (*drop)(void *)) {
+  auto owned = std::shared_ptr<void>(args, drop);
+  if (!queue) return fail(MLU_EMU_INVALID_ARGUMENT, std::string("launch of '") + kernel + "': null queue");
+  long task_dim = static_cast<long>(dim.x) * dim.y * dim.z;
+  if (dim.x == 0 || dim.y == 0 || dim.z == 0 || task_dim > (1L << 24))
+    return fail(MLU_EMU_INVALID_ARGUMENT, std::string("launch of '") + kernel + "': task dimension (" +
+                                              std::to_string(dim.x) + ", " + std::to_string(dim.y) + ", " +
+                                              std::to_string(dim.z) + ") is empty or too large");
+  if (type != cnrtFuncTypeBlock) {
+    int per_job = static_cast<int>(type);
+    if (type != cnrtFuncTypeUnion1 && type != cnrtFuncTypeUnion2)
+      return fail(MLU_EMU_INVALID_ARGUMENT, std::string("launch of '") + kernel + "': unknown task type");
+    if (dim.x % per_job != 0 || task_dim > total_cores())
+      return fail(MLU_EMU_INVALID_ARGUMENT,
+                  std::string("launch of '") + kernel + "': a UNION" + std::to_string(per_job / kCoresPerCluster) +
+                      " task needs dim.x a multiple of " + std::to_string(per_job) + " and at most " +
+                      std::to_string(total_cores()) + " tasks (the card's cores), got (" + std::to_string(dim.x) + ", " +
+                      std::to_string(dim.y) + ", " + std::to_string(dim.z) + ")");
+  }
+  std::string name = kernel;
+  queue->push([=] {
+    Launch l;
+    l.kernel = name;
+    l.dim = dim;
+    l.type = type;
+    l.task_dim = static_cast<int>(task_dim);
+    execute(l, body, owned.get());
+    if (l.failed) queue->record(l.error);
+  });
+  return MLU_EMU_SUCCESS;
+}
+
+}  // namespace bang_emu
+
+// ---- the runtime surface ------------------------------------------------------------
+using bang_emu::fail;
+
+extern "C" {
+
+const char *mlu_emu_last_error(void) { return bang_emu::t_last_error.c_str(); }
+
+int mlu_emu_device_count(int32_t *count) {
+  if (!count) return fail(MLU_EMU_INVALID_ARGUMENT, "device count: null pointer");
+  *count = 1;
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_device_info(int32_t device, MluEmuDeviceInfo *info) {
+  if (device != 0 || !info) return fail(MLU_EMU_INVALID_ARGUMENT, "device info: the emulator has device 0 only");
+  std::memset(info, 0, sizeof *info);
+  std::snprintf(info->arch, sizeof info->arch, "%s", bang_emu::kArch);
+  info->clusters = bang_emu::clusters();
+  info->cores_per_cluster = bang_emu::kCoresPerCluster;
+  info->nram_bytes = bang_emu::kNram;
+  info->nram_reserved_bytes = bang_emu::kNramReserved;
+  info->sram_bytes = bang_emu::kSram;
+  info->wram_bytes = bang_emu::kWram;
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_malloc(void **ptr, size_t bytes) {
+  if (!ptr || bytes == 0) return fail(MLU_EMU_INVALID_ARGUMENT, "malloc: null pointer or zero size");
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void *p = std::aligned_alloc(64, rounded);
+  if (!p) return fail(MLU_EMU_OUT_OF_MEMORY, "malloc: out of memory for " + std::to_string(bytes) + " bytes");
+  // Fresh device memory is not zero on a card either: 0xFF reads as NaN / -1.
+  std::memset(p, 0xFF, rounded);
+  std::unique_lock lock(bang_emu::g_mem_mutex);
+  bang_emu::g_allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *ptr = p;
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_free(void *ptr) {
+  if (!ptr) return MLU_EMU_SUCCESS;
+  {
+    std::unique_lock lock(bang_emu::g_mem_mutex);
+    if (bang_emu::g_allocations.erase(reinterpret_cast<uintptr_t>(ptr)) == 0)
+      return fail(MLU_EMU_INVALID_ARGUMENT, "free: pointer was not returned by malloc or was already freed");
+  }
+  std::free(ptr);
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_memcpy(void *dst, const void *src, size_t bytes, int32_t kind) {
+  if (bytes == 0) return MLU_EMU_SUCCESS;
+  bool dst_dev = kind == MLU_EMU_HOST_TO_DEVICE || kind == MLU_EMU_DEVICE_TO_DEVICE;
+  bool src_dev = kind == MLU_EMU_DEVICE_TO_HOST || kind == MLU_EMU_DEVICE_TO_DEVICE;
+  if (!dst_dev && !src_dev) return fail(MLU_EMU_INVALID_ARGUMENT, "memcpy: unknown direction");
+  if (!dst || !src) return fail(MLU_EMU_INVALID_ARGUMENT, "memcpy: null pointer");
+  if (dst_dev && !bang_emu::gdram_contains(dst, bytes))
+    return fail(MLU_EMU_INVALID_ARGUMENT, "memcpy: destination range is not inside one device allocation");
+  if (src_dev && !bang_emu::gdram_contains(src, bytes))
+    return fail(MLU_EMU_INVALID_ARGUMENT, "memcpy: source range is not inside one device allocation");
+  std::memmove(dst, src, bytes);
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_memset(void *dst, int32_t value, size_t bytes) {
+  if (bytes == 0) return MLU_EMU_SUCCESS;
+  if (!bang_emu::gdram_contains(dst, bytes))
+    return fail(MLU_EMU_INVALID_ARGUMENT, "memset: range is not inside one device allocation");
+  std::memset(dst, value, bytes);
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_queue_create(MluEmuQueue **queue) {
+  if (!queue) return fail(MLU_EMU_INVALID_ARGUMENT, "queue create: null pointer");
+  try {
+    *queue = new MluEmuQueue();
+  } catch (const std::exception &e) {
+    return fail(MLU_EMU_OUT_OF_MEMORY, std::string("queue create: ") + e.what());
+  }
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_queue_sync(MluEmuQueue *queue) {
+  if (!queue) return fail(MLU_EMU_INVALID_ARGUMENT, "queue sync: null queue");
+  std::string err = queue->sync();
+  if (!err.empty()) return fail(MLU_EMU_KERNEL_FAILED, err);
+  return MLU_EMU_SUCCESS;
+}
+
+int mlu_emu_queue_destroy(MluEmuQueue *queue) {
+  if (!queue) return MLU_EMU_SUCCESS;
+  queue->sync();
+  delete queue;
+  return MLU_EMU_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,366 @@
+//! The MLU runtime: device memory, queues and the BANG kernels' launch entries, behind one
+//! code path for the two kinds of card:
+//! - a real Cambricon card, through `libcnrt.so` and the cncc-built kernel library, both
+//!   opened with libloading ([`cnrt`]); no MLU hardware has ever run this path;
+//! - the emulated card: the same kernel sources compiled for the host against
+//!   kernels/emulator ([`emulator`]).
+//!
+//! Operators run on a device through [`MluOperator`]; [`run_on_device`] is the host-tensor
+//! driver the tests use.
+
+pub mod cnrt;
+pub mod emulator;
+
+use crate::error::{Error, Result};
+use crate::ops::Operator;
+use crate::tensor::{Data, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// An opaque runtime queue handle (cnrtQueue_t / MluEmuQueue*).
+pub type QueuePtr = *mut c_void;
+
+/// Direction of a host/device copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copy {
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// What the kernels' host policy needs to know about a card.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub arch: String,
+    pub emulated: bool,
+    pub clusters: u32,
+    pub cores_per_cluster: u32,
+    pub nram_bytes: u64,
+    pub nram_reserved_bytes: u64,
+}
+
+impl DeviceInfo {
+    pub fn cores(&self) -> u32 {
+        self.clusters * self.cores_per_cluster
+    }
+}
+
+/// The NRAM budget every kernel of kernels/ is built for (kernels/common/kernel.h:
+/// MLUOPS_NRAM_BUDGET; a test pins the two together).
+pub const NRAM_BUDGET: usize = 768 * 1024 - 128 * 1024;
+
+/// BANG task types (cnrtFunctionType_t values).
+pub const TASK_BLOCK: i32 = 1;
+pub const TASK_UNION1: i32 = 4;
+
+/// The calls a card's runtime offers. Every pointer is a device address of that runtime.
+pub trait Runtime: Send + Sync {
+    fn malloc(&self, bytes: usize) -> Result<*mut c_void>;
+    /// # Safety
+    /// `ptr` came from `malloc` of this runtime and is not used afterwards.
+    unsafe fn free(&self, ptr: *mut c_void) -> Result<()>;
+    /// # Safety
+    /// Host pointers are valid for `bytes`; device pointers belong to this runtime.
+    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Copy) -> Result<()>;
+    /// # Safety
+    /// `dst` is a device pointer of this runtime, valid for `bytes`.
+    unsafe fn memset(&self, dst: *mut c_void, value: u8, bytes: usize) -> Result<()>;
+    fn queue_create(&self) -> Result<QueuePtr>;
+    /// # Safety
+    /// `q` came from `queue_create` and was not destroyed.
+    unsafe fn queue_sync(&self, q: QueuePtr) -> Result<()>;
+    /// # Safety
+    /// `q` came from `queue_create` and is not used afterwards.
+    unsafe fn queue_destroy(&self, q: QueuePtr) -> Result<()>;
+    /// The message of the last failure on this thread (launch errors).
+    fn last_error(&self) -> String;
+}
+
+macro_rules! kernels {
+    ($($name:ident ( $($arg:ident : $ty:ty),* );)*) => {
+        /// The launch entries of kernels/, one per BANG kernel sequence: each enqueues on
+        /// `queue` and returns 0 or a runtime error code.
+        #[derive(Clone, Copy)]
+        pub struct Kernels {
+            $(pub $name: unsafe extern "C" fn(queue: QueuePtr, $($arg: $ty),*) -> i32,)*
+        }
+
+        mod linked {
+            use super::QueuePtr;
+            unsafe extern "C" {
+                $(pub fn $name(queue: QueuePtr, $($arg: $ty),*) -> i32;)*
+            }
+        }
+
+        impl Kernels {
+            /// The host builds linked into this library (the emulated card).
+            pub fn emulated() -> Self {
+                Kernels { $($name: linked::$name,)* }
+            }
+
+            /// The cncc builds, from the device kernel library.
+            pub fn load(lib: &libloading::Library) -> Result<Self> {
+                Ok(Kernels {
+                    $($name: {
+                        let name = concat!(stringify!($name), "\0");
+                        // SAFETY: the symbol is the launch entry of the same source
+                        // compiled by cncc; its C signature is the one declared here.
+                        let sym = unsafe { lib.get::<unsafe extern "C" fn(QueuePtr, $($ty),*) -> i32>(name.as_bytes()) };
+                        *sym.map_err(|e| Error::Runtime(format!("MLU kernel library lacks {}: {e}", stringify!($name))))?
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+kernels! {
+    mluops_voxel_pooling_forward(task_dim: u32, task_type: i32, batches: i32, points: i32, channels: i32,
+        nx: i32, ny: i32, nz: i32, tile_points: i32, tile_channels: i32,
+        geom: *const i32, feats: *const f32, out: *mut f32, pos_memo: *mut i32);
+}
+
+unsafe extern "C" {
+    fn mluops_nram_budget() -> u64;
+}
+
+/// The kernel library's NRAM budget (what kernels/common/kernel.h was built with).
+pub fn kernel_nram_budget() -> usize {
+    // SAFETY: a constant getter without arguments.
+    unsafe { mluops_nram_budget() as usize }
+}
+
+/// One card: its runtime, description and kernels.
+pub struct Device {
+    runtime: Box<dyn Runtime>,
+    pub info: DeviceInfo,
+    pub kernels: Kernels,
+}
+
+impl Device {
+    pub fn new(runtime: Box<dyn Runtime>, info: DeviceInfo, kernels: Kernels) -> Arc<Self> {
+        Arc::new(Device { runtime, info, kernels })
+    }
+
+    /// The emulated card (kernels/ compiled for the host).
+    pub fn emulated() -> Result<Arc<Self>> {
+        emulator::device()
+    }
+
+    /// Device memory of `bytes` bytes (no allocation for 0 bytes: a null buffer).
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<Buffer> {
+        let ptr = if bytes == 0 { std::ptr::null_mut() } else { self.runtime.malloc(bytes)? };
+        Ok(Buffer { ptr, bytes, device: Arc::clone(self) })
+    }
+
+    pub fn upload<T: std::marker::Copy>(self: &Arc<Self>, data: &[T]) -> Result<Buffer> {
+        let buf = self.alloc(size_of_val(data))?;
+        if buf.bytes > 0 {
+            // SAFETY: `data` is valid for its byte size; `buf` is a fresh device buffer of it.
+            unsafe { self.runtime.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Copy::HostToDevice)? };
+        }
+        Ok(buf)
+    }
+
+    /// Copies the whole buffer into `out` (whose byte size must match).
+    pub fn download<T: std::marker::Copy>(&self, buf: &Buffer, out: &mut [T]) -> Result<()> {
+        if size_of_val(out) != buf.bytes {
+            return Err(Error::Runtime(format!(
+                "MLU download: buffer of {} bytes into host memory of {}",
+                buf.bytes,
+                size_of_val(out)
+            )));
+        }
+        if buf.bytes > 0 {
+            // SAFETY: `out` is valid for `buf.bytes` bytes, `buf` is a live device buffer.
+            unsafe { self.runtime.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Copy::DeviceToHost)? };
+        }
+        Ok(())
+    }
+
+    pub fn zero(&self, buf: &Buffer) -> Result<()> {
+        if buf.bytes > 0 {
+            // SAFETY: `buf` is a live device buffer of `buf.bytes` bytes.
+            unsafe { self.runtime.memset(buf.ptr, 0, buf.bytes)? };
+        }
+        Ok(())
+    }
+
+    /// Zeroes `bytes` bytes at device address `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is device memory of this card valid for `bytes` bytes.
+    pub unsafe fn zero_raw(&self, ptr: *mut c_void, bytes: usize) -> Result<()> {
+        if bytes > 0 {
+            // SAFETY: forwarded contract.
+            unsafe { self.runtime.memset(ptr, 0, bytes)? };
+        }
+        Ok(())
+    }
+
+    pub fn queue(self: &Arc<Self>) -> Result<Queue> {
+        Ok(Queue { ptr: self.runtime.queue_create()?, device: Arc::clone(self) })
+    }
+
+    /// Turns a launch entry's return code into a result naming the kernel.
+    pub fn launched(&self, kernel: &str, code: i32) -> Result<()> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(Error::Runtime(format!("MLU launch of {kernel} failed (code {code}): {}", self.runtime.last_error())))
+        }
+    }
+}
+
+/// Device memory, freed on drop.
+pub struct Buffer {
+    ptr: *mut c_void,
+    bytes: usize,
+    device: Arc<Device>,
+}
+
+// SAFETY: a device address is plain data; the runtimes are thread-safe.
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    pub fn ptr<T>(&self) -> *mut T {
+        self.ptr.cast()
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: allocated by this device's runtime and dropped once.
+            if let Err(e) = unsafe { self.device.runtime.free(self.ptr) } {
+                log::error!("MLU free failed: {e}");
+            }
+        }
+    }
+}
+
+/// A device queue, synchronised and destroyed on drop.
+pub struct Queue {
+    ptr: QueuePtr,
+    device: Arc<Device>,
+}
+
+// SAFETY: runtime queues may be used from any thread, one at a time (we hold &self).
+unsafe impl Send for Queue {}
+
+impl Queue {
+    pub fn ptr(&self) -> QueuePtr {
+        self.ptr
+    }
+    /// Waits for everything enqueued; a kernel failure (an emulator rule violation names
+    /// kernel, task and source line) comes back here.
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: a live queue of this device.
+        unsafe { self.device.runtime.queue_sync(self.ptr) }
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // SAFETY: created by this runtime, destroyed once.
+        if let Err(e) = unsafe { self.device.runtime.queue_destroy(self.ptr) } {
+            log::error!("MLU queue destroy failed: {e}");
+        }
+    }
+}
+
+/// Where a device operator's outputs go (device memory the host allocates).
+pub trait DeviceOutputs {
+    fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void>;
+}
+
+/// An operator with BANG kernels.
+pub trait MluOperator: Operator {
+    /// `Ok` when the MLU kernels support this configuration, else the reason (the EP
+    /// declines such nodes, they run on CPU).
+    fn mlu_supported(&self) -> std::result::Result<(), String>;
+
+    /// Validates `inputs` (host views of the node's inputs) as the CPU path does, then
+    /// enqueues the kernels on `queue` reading `device_inputs` (the same tensors on the
+    /// device; null for absent or empty ones) and writing outputs allocated from `outputs`.
+    /// The caller synchronises the queue.
+    fn mlu_compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()>;
+}
+
+/// A task dimension for `units` work items on a UNION1 launch: all cores of the card,
+/// fewer clusters when there is too little work.
+pub fn union1_tasks(info: &DeviceInfo, units: usize) -> u32 {
+    let per = info.cores_per_cluster.max(1) as usize;
+    let clusters = units.div_ceil(per).clamp(1, info.clusters.max(1) as usize);
+    (clusters * per) as u32
+}
+
+/// Host-tensor driver: uploads the inputs, runs `op` on `device`, downloads the outputs.
+pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    op.mlu_supported().map_err(|why| Error::Runtime(format!("{}: not supported by the MLU kernels: {why}", O::NAME)))?;
+    let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tensor::view)).collect();
+    let views = Inputs::new(O::schema().input_names(), refs)?;
+    let mut uploaded = Vec::new();
+    for t in inputs {
+        uploaded.push(match t {
+            None => None,
+            Some(t) => Some(match t.view().data {
+                Data::F32(d) => device.upload(d)?,
+                Data::F16(d) => device.upload(d)?,
+                Data::I32(d) => device.upload(d)?,
+                Data::I64(d) => device.upload(d)?,
+            }),
+        });
+    }
+    let ptrs: Vec<*const c_void> =
+        uploaded.iter().map(|b| b.as_ref().map_or(std::ptr::null(), |b| b.ptr::<c_void>().cast_const())).collect();
+    struct Outs {
+        device: Arc<Device>,
+        bufs: Vec<Option<(OutputSpec, Buffer)>>,
+    }
+    impl DeviceOutputs for Outs {
+        fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void> {
+            let bytes = spec.numel() * spec.dtype.size();
+            let buf = self.device.alloc(bytes)?;
+            let ptr = buf.ptr();
+            if self.bufs.len() <= index {
+                self.bufs.resize_with(index + 1, || None);
+            }
+            self.bufs[index] = Some((spec.clone(), buf));
+            Ok(ptr)
+        }
+    }
+    let queue = device.queue()?;
+    let mut outs = Outs { device: Arc::clone(device), bufs: Vec::new() };
+    op.mlu_compute(device, &queue, &views, &ptrs, &mut outs)?;
+    queue.sync()?;
+    let mut result = Vec::new();
+    for (i, slot) in outs.bufs.into_iter().enumerate() {
+        let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", O::NAME)))?;
+        let mut data = OwnedData::poisoned(&spec);
+        match &mut data {
+            OwnedData::F32(v) => device.download(&buf, v)?,
+            OwnedData::F16(v) => device.download(&buf, v)?,
+            OwnedData::I32(v) => device.download(&buf, v)?,
+            OwnedData::I64(v) => device.download(&buf, v)?,
+        }
+        result.push(Tensor { shape: spec.shape, data });
+    }
+    Ok(result)
+}
+
+/// Converts a size the policy guarantees small into the kernels' int32.
+pub fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Runtime(format!("MLU kernel argument {what} = {v} exceeds int32")))
+}

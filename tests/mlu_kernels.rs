@@ -1,0 +1,132 @@
+//! The BANG kernels of kernels/, run on the emulated MLU card (the same sources compiled
+//! for the host against kernels/emulator), against the Rust CPU kernels: exact for index
+//! outputs and DynamicScatterBackward, the contract's accumulating class otherwise.
+//! No MLU hardware runs these tests.
+
+use half::f16;
+use onnxruntime_ep_mlu::mlu::{Device, MluOperator, run_on_device};
+use onnxruntime_ep_mlu::ops::{descriptor, run};
+use onnxruntime_ep_mlu::parallel::Threads;
+use onnxruntime_ep_mlu::schema::AttrValue;
+use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+mod common;
+use common::{Rng, assert_accumulating};
+
+fn device() -> Arc<Device> {
+    static DEV: OnceLock<Arc<Device>> = OnceLock::new();
+    Arc::clone(DEV.get_or_init(|| Device::emulated().expect("the emulated card exists")))
+}
+
+/// Full network scale when MLU_EP_FULL_SCALE=1, else the reduced size.
+fn scale(full: usize, reduced: usize) -> usize {
+    if std::env::var("MLU_EP_FULL_SCALE").as_deref() == Ok("1") { full } else { reduced }
+}
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as u64) as i64
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+/// Runs `op` on CPU and on the emulated card.
+fn both<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>]) -> (Vec<Tensor>, Vec<Tensor>) {
+    let cpu = run(op, inputs, &Threads(2)).expect("CPU kernel runs");
+    let mlu = run_on_device(&device(), op, inputs).expect("BANG kernels run on the emulated card");
+    assert_eq!(cpu.len(), mlu.len());
+    for (c, m) in cpu.iter().zip(&mlu) {
+        assert_eq!(c.shape, m.shape, "output shapes");
+    }
+    (cpu, mlu)
+}
+
+fn assert_exact(cpu: &Tensor, mlu: &Tensor, what: &str) {
+    match (&cpu.data, &mlu.data) {
+        (OwnedData::I32(a), OwnedData::I32(b)) => {
+            if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+                panic!("{what}[{i}]: CPU {} MLU {}", a[i], b[i]);
+            }
+        }
+        (OwnedData::F32(a), OwnedData::F32(b)) => {
+            if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+                panic!("{what}[{i}]: CPU {} MLU {}", a[i], b[i]);
+            }
+        }
+        _ => panic!("{what}: dtype"),
+    }
+}
+
+fn assert_close(cpu: &Tensor, mlu: &Tensor, what: &str) {
+    let (want, got): (Vec<f64>, Vec<f32>) = match (&cpu.data, &mlu.data) {
+        (OwnedData::F32(a), OwnedData::F32(b)) => (a.iter().map(|&v| v as f64).collect(), b.clone()),
+        (OwnedData::F16(a), OwnedData::F16(b)) => {
+            (a.iter().map(|v| v.to_f64()).collect(), b.iter().map(|v| v.to_f32()).collect())
+        }
+        _ => panic!("{what}: dtype"),
+    };
+    assert_accumulating(&got, &want, what);
+}
+
+// ------------------------------------------------------------ VoxelPoolingForward
+
+mod voxel_pooling_forward {
+    use super::*;
+    use onnxruntime_ep_mlu::ops::voxel_pooling_forward::VoxelPoolingForward;
+
+    fn case(seed: u64, b: usize, n: usize, c: usize, grid: [i64; 3]) {
+        let op: VoxelPoolingForward =
+            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(grid.to_vec()))])).unwrap();
+        let mut rng = Rng(seed);
+        // About a tenth of the points fall outside the grid on some axis.
+        let geom: Vec<i32> = (0..b * n * 3).map(|i| rng.int(-1, grid[i % 3] + grid[i % 3] / 8) as i32).collect();
+        let g = Tensor::i32([b, n, 3], geom);
+        let f = Tensor::f32([b, n, c], rng.f32s(b * n * c));
+        let (cpu, mlu) = both(&op, &[Some(&g), Some(&f)]);
+        assert_close(&cpu[0], &mlu[0], "output_features");
+        assert_exact(&cpu[1], &mlu[1], "pos_memo");
+    }
+
+    #[test]
+    fn small_random_cases() {
+        for (i, &(b, n, c, g)) in [
+            (1, 1, 1, [1, 1, 1]),
+            (1, 7, 3, [4, 3, 2]),
+            (2, 33, 5, [5, 6, 1]),
+            (3, 100, 16, [8, 8, 2]),
+            (1, 0, 4, [2, 2, 2]),
+            (2, 50, 0, [3, 3, 3]),
+        ]
+        .iter()
+        .enumerate()
+        {
+            case(i as u64, b, n, c, g);
+        }
+    }
+
+    #[test]
+    fn several_tiles_on_every_core() {
+        // About 11.7K points per NRAM tile: 3 batches of 40K points need many tiles on all 8 cores.
+        case(11, 3, 40_000, 3, [64, 64, 2]);
+    }
+
+    #[test]
+    fn feature_rows_wider_than_one_chunk() {
+        case(12, 1, 64, 9000, [4, 4, 1]);
+    }
+
+    #[test]
+    fn network_scale() {
+        // Seed scale: B 2, N 473088, C 80, grid (128, 128, 1).
+        case(13, 2, scale(473_088, 60_000), 80, [128, 128, 1]);
+    }
+}
