@@ -10,6 +10,8 @@
 //! Every (c, j) accumulator sums its terms in (n, k) order, the order of the plain scatter
 //! loop, in float32; float16 inputs are widened on load and rounded once on store.
 
+pub mod mlu;
+
 use super::Operator;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
