@@ -118,6 +118,12 @@ kernels! {
     mluops_voxel_pooling_forward(task_dim: u32, task_type: i32, batches: i32, points: i32, channels: i32,
         nx: i32, ny: i32, nz: i32, tile_points: i32, tile_channels: i32,
         geom: *const i32, feats: *const f32, out: *mut f32, pos_memo: *mut i32);
+    mluops_three_interpolate_backward_f32(task_dim: u32, task_type: i32, batches: i32, channels: i32, n: i32,
+        m: i32, mo: i32, no: i32, co: i32,
+        grad_output: *const f32, indices: *const i32, weights: *const f32, grad_features: *mut f32);
+    mluops_three_interpolate_backward_f16(task_dim: u32, task_type: i32, batches: i32, channels: i32, n: i32,
+        m: i32, mo: i32, no: i32, co: i32,
+        grad_output: *const u16, indices: *const i32, weights: *const u16, grad_features: *mut u16);
 }
 
 unsafe extern "C" {
