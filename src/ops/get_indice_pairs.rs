@@ -26,6 +26,8 @@
 //! Cost: O(L * (kd + kh + kw) + P) for conv with P pairs, O(L * K) for subm; memory O(P) or
 //! O(L) beyond the outputs.
 
+pub mod mlu;
+
 use super::Operator;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut};
@@ -383,6 +385,24 @@ fn rows4(data: &[i32]) -> impl Iterator<Item = [i32; 4]> + '_ {
 }
 
 impl GetIndicePairs {
+    /// The input rules every path shares (shape, int32 ranges of the outputs, each row's
+    /// bounds; not subm duplicates): returns L, K and each column's largest value.
+    fn validate(&self, inputs: &Inputs<'_>) -> Result<(usize, usize, [u32; 4])> {
+        let v = inputs.get_shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?;
+        let l = v.shape[0];
+        let k = self.kernel_volume();
+        // Every element offset of indice_pairs (and so every row index, L * K and the
+        // output count) must fit int32.
+        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
+        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
+            return Err(Error::output(
+                "indice_pairs",
+                format!("K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})", i32::MAX),
+            ));
+        }
+        Ok((l, k, self.check_rows(inputs, v.data)?))
+    }
+
     /// Checks every row and returns the largest value of each column.
     fn check_rows(&self, inputs: &Inputs<'_>, data: &[i32]) -> Result<[u32; 4]> {
         let mut max = [0u32; 4];
@@ -741,19 +761,8 @@ impl Operator for GetIndicePairs {
     }
 
     fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Plan)> {
-        let v = inputs.get_shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?;
-        let l = v.shape[0];
-        let k = self.kernel_volume();
-        // Every element offset of indice_pairs (and so every row index, L * K and the
-        // output count) must fit int32.
-        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
-        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
-            return Err(Error::output(
-                "indice_pairs",
-                format!("K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})", i32::MAX),
-            ));
-        }
-        let max = self.check_rows(inputs, v.data)?;
+        let (l, k, max) = self.validate(inputs)?;
+        let v = inputs.get::<i32>(INDICES)?;
         let (num_out, book) = if l == 0 {
             (0, None)
         } else if self.sub_m {
