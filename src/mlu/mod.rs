@@ -124,6 +124,17 @@ kernels! {
     mluops_three_interpolate_backward_f16(task_dim: u32, task_type: i32, batches: i32, channels: i32, n: i32,
         m: i32, mo: i32, no: i32, co: i32,
         grad_output: *const u16, indices: *const i32, weights: *const u16, grad_features: *mut u16);
+    mluops_get_indice_pairs_expand(task_dim: u32, task_type: i32,
+        geometry: *const crate::ops::get_indice_pairs::mlu::Geometry, rows: i32, tile_rows: i32,
+        indices: *const i32, expand: *mut i32, bitmap: *mut i32, site: *mut i32);
+    mluops_get_indice_pairs_rank(task_dim: u32, task_type: i32, words: i32, tile_words: i32,
+        bitmap: *const i32, word_rank: *mut i32, core_totals: *mut i32, total: *mut i32);
+    mluops_get_indice_pairs_out(task_dim: u32, task_type: i32,
+        geometry: *const crate::ops::get_indice_pairs::mlu::Geometry, rows: i32, words: i32, tile: i32,
+        bitmap: *const i32, word_rank: *const i32, site: *const i32, out_indices: *mut i32, perm: *mut i32);
+    mluops_get_indice_pairs_pairs(task_dim: u32, task_type: i32, kernel_volume: i32, rows: i32, subm: i32,
+        tile: i32, expand: *const i32, bitmap: *const i32, word_rank: *const i32, perm: *const i32,
+        pairs: *mut i32, indice_num: *mut i32);
 }
 
 unsafe extern "C" {
@@ -200,6 +211,18 @@ impl Device {
         if bytes > 0 {
             // SAFETY: forwarded contract.
             unsafe { self.runtime.memset(ptr, 0, bytes)? };
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes` bytes between host and device memory of this card.
+    ///
+    /// # Safety
+    /// Both pointers are valid for `bytes` bytes on the sides `dir` names.
+    pub unsafe fn copy_raw(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Copy) -> Result<()> {
+        if bytes > 0 {
+            // SAFETY: forwarded contract.
+            unsafe { self.runtime.memcpy(dst, src, bytes, dir)? };
         }
         Ok(())
     }
