@@ -35,7 +35,9 @@ fn main() {
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(true)
         .opt_level(2)
-        .file("kernels/emulator/emu_runtime.cc");
+        .file("kernels/emulator/emu_runtime.cc")
+        // The emulator's self-test kernels (host only, driven by tests/emulator.rs).
+        .file("kernels/emulator/selftest.cc");
     // .mlu is not a C++ extension to the compiler: say so for those files only.
     build.flag("-x").flag("c++");
     for f in &mlu {

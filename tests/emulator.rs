@@ -1,0 +1,238 @@
+//! Self-tests of the BANG host emulator (kernels/emulator): every intrinsic the kernels
+//! use against a scalar definition, and every enforced rule caught, with kernel, task and
+//! source line, by a deliberately broken kernel (kernels/emulator/selftest.cc).
+
+use onnxruntime_ep_mlu::mlu::{Device, QueuePtr, TASK_BLOCK, TASK_UNION1, kernel_nram_budget, NRAM_BUDGET};
+use std::sync::Arc;
+
+unsafe extern "C" {
+    fn mluops_emu_selftest_f32(
+        q: QueuePtr, task_dim: u32, task_type: i32, op: i32, n: i64, m: i64, scalar: f32, a: *const f32, b: *const f32,
+        out: *mut f32,
+    ) -> i32;
+    fn mluops_emu_selftest_i32(
+        q: QueuePtr, task_dim: u32, task_type: i32, op: i32, n: i64, m: i64, scalar: i32, a: *const i32, b: *const i32,
+        out: *mut i32,
+    ) -> i32;
+    fn mluops_emu_selftest_broken(q: QueuePtr, task_dim: u32, task_type: i32, rule: i32, buf: *mut f32, n: i64) -> i32;
+}
+
+// Op codes of selftest.cc, in its order.
+const OPS: [&str; 32] = [
+    "add", "sub", "mul", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "maxequal", "minequal", "add_scalar",
+    "sub_scalar", "mul_scalar", "eq_scalar", "ne_scalar", "lt_scalar", "le_scalar", "gt_scalar", "ge_scalar",
+    "write_value", "cycle_add", "cycle_mul", "transpose", "half_round_trip", "atomic_add", "atomic_min", "atomic_or",
+    "strided_copy",
+];
+
+fn op(name: &str) -> i32 {
+    OPS.iter().position(|&o| o == name).expect("known op") as i32
+}
+
+fn device() -> Arc<Device> {
+    Device::emulated().expect("emulated card")
+}
+
+/// Scalar definition of the element-wise ops (1/0 for comparisons and logic).
+fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
+    name: &str, x: T, y: T, s: T, one: T, add: fn(T, T) -> T, sub: fn(T, T) -> T, mul: fn(T, T) -> T,
+) -> Option<T> {
+    let z = T::default();
+    let b = |c: bool| if c { one } else { z };
+    Some(match name {
+        "add" => add(x, y),
+        "sub" => sub(x, y),
+        "mul" => mul(x, y),
+        "eq" => b(x == y),
+        "ne" => b(x != y),
+        "lt" => b(x < y),
+        "le" => b(x <= y),
+        "gt" => b(x > y),
+        "ge" => b(x >= y),
+        "and" => b(x != z && y != z),
+        "or" => b(x != z || y != z),
+        "not" => b(x == z),
+        "maxequal" => if x > y { x } else { y },
+        "minequal" => if x < y { x } else { y },
+        "add_scalar" => add(x, s),
+        "sub_scalar" => sub(x, s),
+        "mul_scalar" => mul(x, s),
+        "eq_scalar" => b(x == s),
+        "ne_scalar" => b(x != s),
+        "lt_scalar" => b(x < s),
+        "le_scalar" => b(x <= s),
+        "gt_scalar" => b(x > s),
+        "ge_scalar" => b(x >= s),
+        "write_value" => s,
+        _ => return None,
+    })
+}
+
+fn run_f32(name: &str, tasks: u32, n: usize, m: usize, s: f32, a: &[f32], b: &[f32], out0: &[f32]) -> Vec<f32> {
+    let dev = device();
+    let (da, db, dout) = (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
+    let q = dev.queue().unwrap();
+    // SAFETY: device buffers of n floats (out0's length for out).
+    let code = unsafe {
+        mluops_emu_selftest_f32(q.ptr(), tasks, TASK_UNION1, op(name), n as i64, m as i64, s, da.ptr(), db.ptr(), dout.ptr())
+    };
+    assert_eq!(code, 0, "launch {name}");
+    q.sync().unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut out = vec![0f32; out0.len()];
+    dev.download(&dout, &mut out).unwrap();
+    out
+}
+
+fn run_i32(name: &str, tasks: u32, n: usize, m: usize, s: i32, a: &[i32], b: &[i32], out0: &[i32]) -> Vec<i32> {
+    let dev = device();
+    let (da, db, dout) = (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
+    let q = dev.queue().unwrap();
+    // SAFETY: device buffers of n int32 (out0's length for out).
+    let code = unsafe {
+        mluops_emu_selftest_i32(q.ptr(), tasks, TASK_UNION1, op(name), n as i64, m as i64, s, da.ptr(), db.ptr(), dout.ptr())
+    };
+    assert_eq!(code, 0, "launch {name}");
+    q.sync().unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut out = vec![0i32; out0.len()];
+    dev.download(&dout, &mut out).unwrap();
+    out
+}
+
+const N: usize = 64;
+
+fn inputs_f32() -> (Vec<f32>, Vec<f32>) {
+    // Values with ties, zeros, signed zeros, NaN and infinities.
+    let pool = [0.0, -0.0, 1.0, -1.5, 2.25, f32::NAN, f32::INFINITY, -3.0];
+    let a: Vec<f32> = (0..N).map(|i| pool[i % 8]).collect();
+    let b: Vec<f32> = (0..N).map(|i| pool[(i / 8) % 8]).collect();
+    (a, b)
+}
+
+#[test]
+fn elementwise_intrinsics_match_their_scalar_definitions() {
+    let (a, b) = inputs_f32();
+    let (ai, bi): (Vec<i32>, Vec<i32>) = ((0..N as i32).map(|i| i % 7 - 3).collect(), (0..N as i32).map(|i| i % 5 - 2).collect());
+    for name in &OPS[..24] {
+        let got = run_f32(name, 4, N, 0, 1.5, &a, &b, &vec![0.0; N]);
+        for i in 0..N {
+            let want = scalar_def(name, a[i], b[i], 1.5, 1.0, |x, y| x + y, |x, y| x - y, |x, y| x * y).unwrap();
+            assert!(got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()), "{name}[{i}]: {} vs {want} ({}, {})", got[i], a[i], b[i]);
+        }
+        let got = run_i32(name, 4, N, 0, -2, &ai, &bi, &vec![0; N]);
+        for i in 0..N {
+            let want = scalar_def(name, ai[i], bi[i], -2, 1, |x, y| x + y, |x, y| x - y, |x, y| x * y).unwrap();
+            assert_eq!(got[i], want, "{name} int32 [{i}]");
+        }
+    }
+}
+
+#[test]
+fn cycle_transpose_conversion_and_copy_intrinsics() {
+    let a: Vec<f32> = (0..N).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let b: Vec<f32> = (0..N).map(|i| (i % 32) as f32 + 1.0).collect();
+    let got = run_f32("cycle_add", 4, N, 32, 0.0, &a, &b, &vec![0.0; N]);
+    assert!((0..N).all(|i| got[i] == a[i] + b[i % 32]));
+    let got = run_f32("cycle_mul", 4, N, 32, 0.0, &a, &b, &vec![0.0; N]);
+    assert!((0..N).all(|i| got[i] == a[i] * b[i % 32]));
+    // 16 x 16 transpose of 256 floats.
+    let t: Vec<f32> = (0..256).map(|i| i as f32).collect();
+    let got = run_f32("transpose", 4, 256, 16, 0.0, &t, &t, &vec![0.0; 256]);
+    assert!((0..16).all(|h| (0..16).all(|w| got[w * 16 + h] == t[h * 16 + w])));
+    // float -> half -> float rounds to nearest even, as half::f16 does.
+    let v: Vec<f32> = (0..N).map(|i| 1.0 + i as f32 * 0.000_37 - 0.01).chain(std::iter::empty()).collect();
+    let got = run_f32("half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
+    assert!((0..N).all(|i| got[i] == half::f16::from_f32(v[i]).to_f32()), "half rounding");
+    let got = run_f32("strided_copy", 4, N, 0, 0.0, &a, &a, &vec![0.0; N / 2]);
+    assert!((0..N / 2).all(|i| got[i] == a[2 * i]));
+}
+
+#[test]
+fn atomics_combine_every_task() {
+    let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let got = run_f32("atomic_add", 8, N, 0, 0.0, &a, &a, &vec![0.0; N]);
+    assert!((0..N).all(|i| got[i] == 8.0 * a[i]), "atomic add over 8 tasks");
+    let ai: Vec<i32> = (0..N as i32).collect();
+    let got = run_i32("atomic_min", 8, N, 0, 0, &ai, &ai, &vec![i32::MAX; N]);
+    assert_eq!(got, ai, "atomic min keeps task 0's offer");
+    let got = run_i32("atomic_or", 8, N, 0, 0, &ai, &ai, &vec![0; N]);
+    assert!(got.iter().all(|&v| v == 0xFF), "atomic or of bits 0..8");
+}
+
+/// Runs broken kernel `rule` and returns the queue's error message.
+fn broken(rule: i32, tasks: u32, task_type: i32) -> String {
+    let dev = device();
+    let buf = dev.upload(&[1.0f32; 256]).unwrap();
+    let q = dev.queue().unwrap();
+    // SAFETY: `buf` is a device buffer of 256 floats; the kernel breaks emulator rules only.
+    let code = unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, task_type, rule, buf.ptr(), 256) };
+    assert_eq!(code, 0, "launch");
+    q.sync().expect_err("the broken rule is caught").to_string()
+}
+
+fn assert_caught(rule: i32, tasks: u32, task_type: i32, words: &[&str]) {
+    let msg = broken(rule, tasks, task_type);
+    assert!(msg.contains("kernel 'MLUKernelSelftestBroken' task"), "names kernel and task: {msg}");
+    assert!(msg.contains("selftest.cc:"), "names the source line: {msg}");
+    for w in words {
+        assert!(msg.contains(w), "expected '{w}' in: {msg}");
+    }
+}
+
+#[test]
+fn every_enforced_rule_is_caught() {
+    let b = TASK_BLOCK;
+    let u = TASK_UNION1;
+    assert_caught(0, 1, b, &["NRAM buffer 'one_more'", "does not fit", "MLU370", "128 KB for the stack"]);
+    assert_caught(1, 4, u, &["SRAM buffer 'big_sram'", "does not fit"]);
+    assert_caught(2, 1, b, &["WRAM buffer 'big_wram'", "does not fit"]);
+    assert_caught(3, 1, b, &["BLOCK tasks have no cluster SRAM"]);
+    assert_caught(4, 1, b, &["__bang_add", "not 64-byte aligned"]);
+    assert_caught(5, 1, b, &["__bang_add", "element count 10", "multiple of 128 bytes"]);
+    assert_caught(6, 1, b, &["__bang_add", "in GDRAM", "must be in NRAM"]);
+    assert_caught(7, 1, b, &["GDRAM2NRAM source", "leave the allocated GDRAM buffer"]);
+    assert_caught(8, 1, b, &["GDRAM2NRAM destination", "NRAM buffer 'tile'"]);
+    assert_caught(9, 1, b, &["direction GDRAM2NRAM", "destination in GDRAM"]);
+    assert_caught(10, 1, b, &["size 0 must be positive"]);
+    assert_caught(11, 1, b, &["__sync_cluster in a BLOCK task"]);
+    let msg = broken(12, 4, u);
+    assert!(msg.contains("barrier") && msg.contains("hang") || msg.contains("can never complete"), "{msg}");
+    assert_caught(13, 1, b, &["__bang_transpose", "multiple of 64"]);
+    assert_caught(14, 1, b, &["in no allocated device buffer"]);
+}
+
+#[test]
+fn async_copies_land_at_the_sync() {
+    let dev = device();
+    let mut host = [7.0f32; 256];
+    let buf = dev.upload(&host).unwrap();
+    let q = dev.queue().unwrap();
+    // SAFETY: `buf` is a device buffer of 256 floats.
+    let code = unsafe { mluops_emu_selftest_broken(q.ptr(), 1, TASK_BLOCK, 15, buf.ptr(), 256) };
+    assert_eq!(code, 0);
+    q.sync().unwrap();
+    dev.download(&buf, &mut host).unwrap();
+    assert!(host[1].is_nan(), "read before __sync_io sees the old NRAM content");
+    assert_eq!(host[2], 7.0, "read after __sync_io sees the copy");
+}
+
+#[test]
+fn launch_configuration_rules() {
+    let dev = device();
+    let buf = dev.upload(&[0f32; 256]).unwrap();
+    let q = dev.queue().unwrap();
+    for (tasks, why) in [(3, "multiple of 4"), (4 * 64, "the card's cores")] {
+        // SAFETY: rejected before anything runs.
+        let code = unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, TASK_UNION1, 4, buf.ptr(), 256) };
+        let msg = dev.launched("selftest", code).expect_err("rejected launch").to_string();
+        assert!(msg.contains(why), "{tasks} UNION1 tasks: {msg}");
+    }
+    q.sync().unwrap();
+}
+
+#[test]
+fn the_policy_budget_is_the_kernels_budget() {
+    assert_eq!(kernel_nram_budget(), NRAM_BUDGET);
+    let info = onnxruntime_ep_mlu::mlu::emulator::info().unwrap();
+    assert_eq!((info.nram_bytes - info.nram_reserved_bytes) as usize, NRAM_BUDGET);
+    assert!(info.emulated && info.arch.contains("MLU370"));
+}
