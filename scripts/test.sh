@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh machine: installs onnxruntime 1.31.1 into .venv, builds the
 # library, runs the Rust unit and integration tests (including the sessions driven through
-# the `ort` crate), the network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1), the
+# the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card), the
+# network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
 # Python session tests, and the main job.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +16,8 @@ cargo test --all-targets
 echo "== seed cases at network scale (release)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
     --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
+echo "== BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
+MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
 echo "== model fixtures are what the builder writes"
