@@ -315,3 +315,71 @@ mod get_indice_pairs {
         case(13, &sparse, scale(149_100, 30_000));
     }
 }
+
+// ------------------------------------------------------------ PsRoiPoolBackward
+
+mod psroipool_backward {
+    use super::*;
+    use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
+
+    /// bottom (n, h, w), pooled p, output_dim od, r rois, spatial scale s.
+    fn case(seed: u64, n: usize, h: usize, w: usize, p: usize, od: usize, r: usize, s: f32, odd_rois: bool) {
+        let op: PsRoiPoolBackward = descriptor(&HashMap::from([
+            ("pooled_height".to_string(), AttrValue::Int(p as i64)),
+            ("pooled_width".to_string(), AttrValue::Int(p as i64)),
+            ("spatial_scale".to_string(), AttrValue::Float(s)),
+            ("output_dim".to_string(), AttrValue::Int(od as i64)),
+        ]))
+        .unwrap();
+        let c = p * p * od;
+        let mut rng = Rng(seed);
+        let mut rois = Vec::with_capacity(r * 5);
+        for i in 0..r {
+            let (wf, hf) = (w as f32 / s, h as f32 / s);
+            let x1 = rng.f32() * wf * 0.7 + wf * 0.3 - 2.0;
+            let y1 = rng.f32() * hf * 0.7 + hf * 0.3 - 2.0;
+            let x2 = x1 + rng.f32().abs() * wf * 0.8;
+            let y2 = y1 + rng.f32().abs() * hf * 0.8;
+            let mut roi = [rng.below(n as u64) as f32 + 0.7, x1, y1, x2, y2];
+            if odd_rois {
+                match i % 6 {
+                    0 => roi[3] = x1 - 3.0,         // inverted
+                    1 => roi[1] = f32::NAN,         // non-finite: contributes nothing
+                    2 => roi[4] = f32::INFINITY,
+                    3 => roi[1] = -1e30,            // huge, finite
+                    _ => {}
+                }
+            }
+            rois.extend_from_slice(&roi);
+        }
+        let top = Tensor::f32([r, p, p, od], rng.f32s(r * c));
+        let map = Tensor::i32([r, p, p, od], (0..r * c).map(|_| rng.below(c as u64) as i32).collect());
+        let rois = Tensor::f32([r, 5], rois);
+        let shape = Tensor::i64([4], vec![n as i64, h as i64, w as i64, c as i64]);
+        let (cpu, mlu) = both(&op, &[Some(&top), Some(&rois), Some(&map), Some(&shape)]);
+        if r > 0 {
+            assert!(cpu[0].data.f32().unwrap().iter().any(|&v| v != 0.0), "the case must move some gradient");
+        }
+        assert_close(&cpu[0], &mlu[0], &format!("bottom_grad (r {r}, p {p}, od {od})"));
+    }
+
+    #[test]
+    fn small_random_cases() {
+        case(1, 1, 5, 6, 2, 3, 4, 1.0, false);
+        case(2, 2, 9, 7, 3, 5, 30, 0.5, true);
+        case(3, 3, 14, 14, 7, 2, 50, 1.0, true);
+        case(4, 2, 4, 4, 1, 1, 0, 1.0, false);
+    }
+
+    #[test]
+    fn seed_cases() {
+        case(5, 2, 14, 14, 7, 8, 320, 1.0, false);
+        case(6, 8, 14, 14, 3, 21, 493, 0.0625, false);
+    }
+
+    #[test]
+    fn output_dim_larger_than_nram() {
+        // 60000 > about 54.5K elements per NRAM tile: the seed's second case, in chunks.
+        case(7, 1, 8, 8, 1, 60_000, 4, 1.0, false);
+    }
+}

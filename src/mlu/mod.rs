@@ -135,6 +135,9 @@ kernels! {
     mluops_get_indice_pairs_pairs(task_dim: u32, task_type: i32, kernel_volume: i32, rows: i32, subm: i32,
         tile: i32, expand: *const i32, bitmap: *const i32, word_rank: *const i32, perm: *const i32,
         pairs: *mut i32, indice_num: *mut i32);
+    mluops_psroipool_backward(task_dim: u32, task_type: i32, rois_num: i32, pooled: i32, output_dim: i32,
+        height: i32, width: i32, channels: i32, spatial_scale: f32, bins_per_load: i32, deal: i32,
+        top_grad: *const f32, rois: *const f32, mapping_channel: *const i32, bottom_grad: *mut f32);
 }
 
 unsafe extern "C" {

@@ -11,6 +11,8 @@
 //! ph + pw edge computations, not ph * pw * output_dim. The inner loop runs over o for one
 //! pixel, i.e. inside one pixel's channel vector (cache-resident).
 
+pub mod mlu;
+
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut, pieces};
 use crate::schema::Attrs;
