@@ -383,3 +383,84 @@ mod psroipool_backward {
         case(7, 1, 8, 8, 1, 60_000, 4, 1.0, false);
     }
 }
+
+// ------------------------------------------------------------ DynamicScatterBackward
+
+mod dynamic_scatter_backward {
+    use super::*;
+    use onnxruntime_ep_mlu::ops::dynamic_scatter_backward::DynamicScatterBackward;
+
+    fn op(reduce: &str) -> DynamicScatterBackward {
+        descriptor(&HashMap::from([("reduce_type".to_string(), AttrValue::String(reduce.to_string()))])).unwrap()
+    }
+
+    /// N points into V of M voxel rows; features drawn from `levels` values (ties), with
+    /// NaN and signed zeros among them when `odd`.
+    fn case(seed: u64, n: usize, m: usize, v: usize, c: usize, levels: u64, odd: bool) {
+        let mut rng = Rng(seed);
+        let map: Vec<i32> = (0..n).map(|_| rng.int(-1, v as i64 - 1) as i32).collect();
+        let feats: Vec<f32> = (0..n * c)
+            .map(|_| {
+                let k = rng.below(levels);
+                match (odd, k) {
+                    (true, 0) => f32::NAN,
+                    (true, 1) => -0.0,
+                    (true, 2) => 0.0,
+                    _ => k as f32 * 0.25 - 1.0,
+                }
+            })
+            .collect();
+        // voxel_feats = per-voxel, per-channel max (NaN-ignoring, as a forward max pass
+        // would compare), NaN for a voxel whose points are all NaN in that channel.
+        let mut vox = vec![f32::NAN; m * c];
+        let mut count = vec![0i32; m];
+        for (i, &t) in map.iter().enumerate() {
+            if t < 0 {
+                continue;
+            }
+            count[t as usize] += 1;
+            for ch in 0..c {
+                let (f, slot) = (feats[i * c + ch], &mut vox[t as usize * c + ch]);
+                if slot.is_nan() || f > *slot {
+                    *slot = f;
+                }
+            }
+        }
+        let grad = rng.f32s(m * c);
+        let t = |s: [usize; 2], d: Vec<f32>| Tensor::f32(s, d);
+        let (g, f, vf) = (t([m, c], grad), t([n, c], feats), t([m, c], vox));
+        let (mp, cnt) = (Tensor::i32([n], map), Tensor::i32([m], count));
+        let vn = Tensor::i32([1], vec![v as i32]);
+        let (cpu, mlu) = both(&op("max"), &[Some(&g), Some(&f), Some(&vf), Some(&mp), Some(&cnt), Some(&vn)]);
+        assert_exact(&cpu[0], &mlu[0], &format!("grad_feats (n {n}, m {m}, v {v}, c {c})"));
+        assert!(cpu[0].data.f32().unwrap().iter().any(|&x| x != 0.0) || n == 0 || v == 0);
+    }
+
+    #[test]
+    fn small_random_cases_with_ties_nan_and_signed_zeros() {
+        case(1, 10, 4, 4, 3, 3, false);
+        case(2, 200, 30, 30, 33, 4, true);
+        case(3, 500, 60, 40, 7, 2, true);
+        case(4, 0, 5, 5, 4, 3, false);
+        case(5, 50, 5, 0, 4, 3, false);
+    }
+
+    #[test]
+    fn several_tiles_on_every_core() {
+        // C 128: about 250 points per tile; 5000 points span many tiles on all 8 cores.
+        case(6, 5000, 900, 800, 128, 5, true);
+    }
+
+    #[test]
+    fn mean_and_sum_are_declined() {
+        assert!(op("max").mlu_supported().is_ok());
+        assert!(op("mean").mlu_supported().unwrap_err().contains("max only"));
+        assert!(op("sum").mlu_supported().unwrap_err().contains("max only"));
+    }
+
+    #[test]
+    fn network_scale() {
+        // Seed scale N 17176, M 13743, C 128 (the same at full and reduced scale).
+        case(7, 17_176, 13_743, 13_743, 128, 16, false);
+    }
+}

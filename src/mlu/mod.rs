@@ -138,6 +138,10 @@ kernels! {
     mluops_psroipool_backward(task_dim: u32, task_type: i32, rois_num: i32, pooled: i32, output_dim: i32,
         height: i32, width: i32, channels: i32, spatial_scale: f32, bins_per_load: i32, deal: i32,
         top_grad: *const f32, rois: *const f32, mapping_channel: *const i32, bottom_grad: *mut f32);
+    mluops_dynamic_scatter_backward_max(task_dim: u32, task_type: i32, points: i32, voxels: i32, channels: i32,
+        padded: i32, tile_points: i32, tile_voxels: i32, fill_tile: i32,
+        grad_voxel_feats: *const f32, feats: *const f32, voxel_feats: *const f32, point2voxel_map: *const i32,
+        reduce_from: *mut i32, grad_feats: *mut f32);
 }
 
 unsafe extern "C" {

@@ -19,6 +19,8 @@
 //! loads in flight. Tasks own their scattered output rows through a CSR-ordered vector of
 //! row slices, so no unsafe code is needed.
 
+pub mod mlu;
+
 use super::Operator;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};

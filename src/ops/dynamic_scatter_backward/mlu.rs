@@ -1,0 +1,105 @@
+//! DynamicScatterBackward on the MLU: host policy for kernels/dynamic_scatter_backward
+//! (max mode only, as the seed design; the EP declines mean and sum).
+//!
+//! UNION1 over the card's cores for the three kernels (fill, index, scatter). Workspace:
+//! reduce_from, V * C int32. NRAM: kernel1 takes 4 + 20 * Cp bytes per point of its tile
+//! (Cp = C padded to 32), kernel2 8 * C bytes per voxel of its tile.
+
+use super::{DynamicScatterBackward, Reduce};
+use crate::error::{Error, Result};
+use crate::mlu::{self, Device, DeviceOutputs, MluOperator, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::Operator;
+use crate::tensor::Inputs;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// int32 per fill copy (a multiple of 32).
+const FILL_TILE: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub task_dim: u32,
+    pub padded: usize,
+    pub tile_points: usize,
+    pub tile_voxels: usize,
+}
+
+impl Policy {
+    /// `None` when one point's row does not fit in NRAM.
+    pub fn new(info: &mlu::DeviceInfo, c: usize) -> Option<Self> {
+        let padded = c.next_multiple_of(32);
+        let tile_points = (NRAM_BUDGET - 6 * 64) / (4 + 20 * padded);
+        let tile_voxels = (NRAM_BUDGET - 2 * 64) / (8 * c);
+        (tile_points > 0 && tile_voxels > 0).then_some(Policy {
+            task_dim: info.cores(),
+            padded,
+            tile_points,
+            tile_voxels,
+        })
+    }
+}
+
+impl MluOperator for DynamicScatterBackward {
+    fn mlu_supported(&self) -> std::result::Result<(), String> {
+        match self.reduce {
+            Reduce::Max => Ok(()),
+            _ => Err("reduce_type mean/sum: the MLU kernels implement max only (as the seed design)".into()),
+        }
+    }
+
+    fn mlu_compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        self.mlu_supported().map_err(|why| Error::Runtime(format!("{} on the MLU: {why}", Self::NAME)))?;
+        let (specs, plan) = self.plan(inputs)?;
+        let d = plan.dims;
+        let out = outputs.allocate(0, &specs[0])?;
+        // SAFETY: `out` was just allocated for N * C floats.
+        unsafe { device.zero_raw(out, d.n * d.c * 4)? };
+        if d.n * d.c == 0 || d.v == 0 {
+            return Ok(());
+        }
+        let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
+        let policy = Policy::new(&device.info, d.c);
+        let Some(p) = policy.filter(|_| !too_big) else {
+            return Err(Error::Runtime(format!(
+                "{}: N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows",
+                Self::NAME,
+                d.n,
+                d.v,
+                d.c
+            )));
+        };
+        let reduce_from = device.alloc(d.v * d.c * 4)?;
+        let i = mlu::i32_of;
+        // SAFETY: device buffers of the validated shapes and the workspace above; the
+        // launches only enqueue, and the queue is synchronised before the workspace drops.
+        let code = unsafe {
+            (device.kernels.mluops_dynamic_scatter_backward_max)(
+                queue.ptr(),
+                p.task_dim,
+                TASK_UNION1,
+                i("N", d.n)?,
+                i("V", d.v)?,
+                i("C", d.c)?,
+                i("Cp", p.padded)?,
+                i("tile_points", p.tile_points)?,
+                i("tile_voxels", p.tile_voxels)?,
+                i("fill_tile", FILL_TILE)?,
+                device_inputs[0].cast(),
+                device_inputs[1].cast(),
+                device_inputs[2].cast(),
+                device_inputs[3].cast(),
+                reduce_from.ptr(),
+                out.cast(),
+            )
+        };
+        device.launched("mluops_dynamic_scatter_backward_max", code)?;
+        queue.sync()
+    }
+}
