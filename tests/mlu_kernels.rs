@@ -464,3 +464,120 @@ mod dynamic_scatter_backward {
         case(7, 17_176, 13_743, 13_743, 128, 16, false);
     }
 }
+
+// ------------------------------------------------------------ bad input
+
+/// The device path validates exactly as the CPU path: the same contract error, nothing
+/// launched.
+mod bad_input {
+    use super::*;
+    use onnxruntime_ep_mlu::ops::three_interpolate_backward::ThreeInterpolateBackward;
+    use onnxruntime_ep_mlu::ops::voxel_pooling_forward::VoxelPoolingForward;
+
+    fn same_error<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>], rule: &str) {
+        let cpu = run(op, inputs, &Threads(2)).expect_err("CPU rejects").to_string();
+        let mlu = run_on_device(&device(), op, inputs).expect_err("MLU rejects").to_string();
+        assert_eq!(cpu, mlu);
+        assert!(mlu.contains(rule), "{mlu}");
+    }
+
+    #[test]
+    fn index_and_shape_rules() {
+        let ti: ThreeInterpolateBackward =
+            descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(4))])).unwrap();
+        let go = Tensor::f32([1, 2, 2], vec![1.0; 4]);
+        let w = Tensor::f32([1, 2, 3], vec![0.5; 6]);
+        let bad = Tensor::i32([1, 2, 3], vec![0, 1, 2, 3, 4, 0]);
+        same_error(&ti, &[Some(&go), Some(&bad), Some(&w)], "outside [0, m)");
+        let neg = Tensor::i32([1, 2, 3], vec![0, -1, 2, 3, 1, 0]);
+        same_error(&ti, &[Some(&go), Some(&neg), Some(&w)], "outside [0, m)");
+        // Seed boundary case 13: M = 0 with points is an error.
+        let ti0: ThreeInterpolateBackward =
+            descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(0))])).unwrap();
+        let zero = Tensor::i32([1, 2, 3], vec![0; 6]);
+        same_error(&ti0, &[Some(&go), Some(&zero), Some(&w)], "outside [0, m)");
+
+        let vp: VoxelPoolingForward =
+            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(vec![2, 2, 1]))])).unwrap();
+        let g = Tensor::i32([1, 2, 3], vec![0; 6]);
+        let f = Tensor::f32([1, 3, 2], vec![0.0; 6]);
+        same_error(&vp, &[Some(&g), Some(&f)], "input_features");
+    }
+
+    #[test]
+    fn seed_case_15_all_empty() {
+        let ti: ThreeInterpolateBackward =
+            descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(0))])).unwrap();
+        let e = |s: [usize; 3]| Tensor::f32(s, vec![]);
+        let idx = Tensor::i32([0, 0, 3], vec![]);
+        let (cpu, mlu) = both(&ti, &[Some(&e([0, 0, 0])), Some(&idx), Some(&e([0, 0, 3]))]);
+        assert_eq!(mlu[0].shape, vec![0, 0, 0]);
+        assert_eq!(cpu[0].shape, mlu[0].shape);
+    }
+}
+
+// ------------------------------------------------------------ fuzzing the index inputs
+
+mod fuzz {
+    use super::*;
+    use onnxruntime_ep_mlu::ops::get_indice_pairs::GetIndicePairs;
+    use onnxruntime_ep_mlu::ops::three_interpolate_backward::ThreeInterpolateBackward;
+    use proptest::prelude::*;
+
+    /// CPU and MLU agree: the same outputs, or the same error.
+    fn agree<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>], exact: bool) {
+        let cpu = run(op, inputs, &Threads(2));
+        let mlu = run_on_device(&device(), op, inputs);
+        match (cpu, mlu) {
+            (Ok(c), Ok(m)) => {
+                for (a, b) in c.iter().zip(&m) {
+                    assert_eq!(a.shape, b.shape);
+                    if exact { assert_exact(a, b, "fuzz") } else { assert_close(a, b, "fuzz") }
+                }
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+            (c, m) => panic!("CPU {:?} vs MLU {:?}", c.err(), m.err()),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn get_indice_pairs_random_sites(
+            seed in any::<u64>(), l in 0usize..60, k in 1i64..4, s in 1i64..3, subm in any::<bool>(), spill in 0u64..3,
+        ) {
+            let spatial = [4i64, 5, 6];
+            let p = if subm { (k - 1) / 2 } else { 1 };
+            let k = if subm { 2 * p + 1 } else { k };
+            let s = if subm { 1 } else { s };
+            let ints = |v: &[i64]| AttrValue::Ints(v.to_vec());
+            let op: GetIndicePairs = descriptor(&HashMap::from([
+                ("batch_size".to_string(), AttrValue::Int(2)),
+                ("spatial_shape".to_string(), ints(&spatial)),
+                ("kernel_size".to_string(), ints(&[k; 3])),
+                ("stride".to_string(), ints(&[s; 3])),
+                ("padding".to_string(), ints(&[p; 3])),
+                ("subm".to_string(), AttrValue::Int(subm as i64)),
+            ])).unwrap();
+            let mut rng = Rng(seed);
+            // Coordinates sometimes one past the shape or negative; duplicates happen.
+            let lim = [2i64, 4, 5, 6];
+            let rows: Vec<i32> = (0..l * 4)
+                .map(|i| rng.int(-(spill as i64 / 2), lim[i % 4] - 1 + (spill == 2) as i64) as i32)
+                .collect();
+            agree(&op, &[Some(&Tensor::i32([l, 4], rows))], true);
+        }
+
+        #[test]
+        fn three_interpolate_backward_random_indices(seed in any::<u64>(), n in 0usize..40, m in 0usize..20, bad in any::<bool>()) {
+            let op: ThreeInterpolateBackward = descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(m as i64))])).unwrap();
+            let mut rng = Rng(seed);
+            let hi = m as i64 - 1 + bad as i64;
+            let idx: Vec<i32> = (0..2 * n * 3).map(|_| rng.int(-(bad as i64), hi.max(0)) as i32).collect();
+            let go = Tensor::f32([2, 3, n], rng.f32s(6 * n));
+            let w = Tensor::f32([2, n, 3], rng.f32s(6 * n));
+            agree(&op, &[Some(&go), Some(&Tensor::i32([2, n, 3], idx)), Some(&w)], false);
+        }
+    }
+}
