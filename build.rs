@@ -51,7 +51,7 @@ fn main() {
         cncc.exists().then(|| {
             let lib = out_dir.join("libmluops_kernels_mlu.so");
             let status = Command::new(&cncc)
-                .args(["--bang-mlu-arch=mtp_372", "-O3", "-fPIC", "-shared", "-o"])
+                .args(["--bang-mlu-arch=mtp_372", "-O3", "-ffp-contract=off", "-fPIC", "-shared", "-o"])
                 .arg(&lib)
                 .args(&mlu)
                 .status()
