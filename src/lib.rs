@@ -1,8 +1,10 @@
 //! onnxruntime-ep-mlu: five MLU-OPS operators for ONNX Runtime, in the custom-op domain
-//! `mluops` (see schemas/ and OPERATORS.md). The crate root holds only the C entry points;
+//! `mluops` (see schemas/ and OPERATORS.md), and the `MLUExecutionProvider` plugin EP. The
+//! crate root holds only the C entry points;
 //! everything else lives in the modules below.
 
 pub mod cache;
+pub mod ep;
 pub mod error;
 pub mod ops;
 pub mod parallel;
@@ -11,7 +13,10 @@ pub mod tensor;
 pub mod mlu;
 pub mod ort;
 
-use ort_sys::{OrtApiBase, OrtSessionOptions, OrtStatusPtr};
+use ep::factory;
+use ort::ep_ffi::OrtEpFactory;
+use ort_sys::{OrtApiBase, OrtLogger, OrtSessionOptions, OrtStatusPtr};
+use std::ffi::c_char;
 
 /// Classic custom-op entry: registers the `mluops` domain (CPU kernels) with the session
 /// options. Called by `SessionOptions.register_custom_ops_library` and its C/Rust twins.
@@ -31,4 +36,54 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut OrtSessionOptions, api_
         // Without an API table no status can be built; null is the only answer left.
         Err(_) => OrtStatusPtr(std::ptr::null_mut()),
     }
+}
+
+/// Plugin-EP entry: creates the `MLUExecutionProvider` factory. Called by
+/// `register_execution_provider_library` and its C/Rust twins.
+///
+/// # Safety
+/// Called by ONNX Runtime with its API base, default logger and output array.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn CreateEpFactories(
+    _registered_name: *const c_char,
+    api_base: *const OrtApiBase,
+    default_logger: *const OrtLogger,
+    factories: *mut *mut OrtEpFactory,
+    max_factories: usize,
+    num_factories: *mut usize,
+) -> OrtStatusPtr {
+    let init = std::panic::catch_unwind(|| {
+        // SAFETY: api_base is the pointer ONNX Runtime passed to this entry point.
+        unsafe { ort::init(api_base) }
+    });
+    match init {
+        Ok(Ok(_)) => ort::guard("CreateEpFactories", || {
+            // SAFETY: a host that served API >= 24 has a valid version string.
+            let host = unsafe { std::ffi::CStr::from_ptr(((*api_base).GetVersionString)()) };
+            // SAFETY: the API table was obtained above.
+            if let Err(m) = unsafe { ep::init(host) } {
+                return ort::status(ort_sys::OrtErrorCode::ORT_FAIL, &m);
+            }
+            // SAFETY: the output arguments are ONNX Runtime's.
+            unsafe { factory::create(default_logger, factories, max_factories, num_factories) }
+        }),
+        Ok(Err(status)) => status,
+        Err(_) => OrtStatusPtr(std::ptr::null_mut()),
+    }
+}
+
+/// Plugin-EP entry: releases a factory made by [`CreateEpFactories`].
+///
+/// # Safety
+/// `factory` came from `CreateEpFactories` and is released once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut OrtEpFactory) -> OrtStatusPtr {
+    if factory.is_null() {
+        return OrtStatusPtr(std::ptr::null_mut());
+    }
+    ort::guard("ReleaseEpFactory", || {
+        // SAFETY: caller contract.
+        unsafe { factory::Factory::release(factory) };
+        OrtStatusPtr(std::ptr::null_mut())
+    })
 }

@@ -334,6 +334,38 @@ pub trait MluOperator: Operator {
     ) -> Result<()>;
 }
 
+/// A configured node whose kernels run on an MLU card: [`MluOperator`] with the type erased,
+/// what the execution provider holds per node.
+pub trait MluKernel: Send + Sync {
+    /// `Ok` when the BANG kernels support this node's configuration, else the reason.
+    fn supported(&self) -> std::result::Result<(), String>;
+    /// As [`MluOperator::mlu_compute`].
+    fn compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()>;
+}
+
+impl<O: MluOperator> MluKernel for O {
+    fn supported(&self) -> std::result::Result<(), String> {
+        self.mlu_supported()
+    }
+    fn compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        self.mlu_compute(device, queue, inputs, device_inputs, outputs)
+    }
+}
+
 /// A task dimension for `units` work items on a UNION1 launch: all cores of the card,
 /// fewer clusters when there is too little work.
 pub fn union1_tasks(info: &DeviceInfo, units: usize) -> u32 {

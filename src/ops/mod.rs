@@ -10,6 +10,7 @@ pub mod three_interpolate_backward;
 pub mod voxel_pooling_forward;
 
 use crate::error::{Error, Result};
+use crate::mlu::{MluKernel, MluOperator};
 use crate::parallel::Parallel;
 use crate::schema::{self, AttrValue, Attrs, Schema};
 use crate::tensor::{Inputs, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
@@ -55,18 +56,24 @@ impl<O: Operator> Kernel for O {
     }
 }
 
-/// Registry entry: how to build a node's kernel from its attributes.
+/// Registry entry: how to build a node's kernel from its attributes, for the CPU path and
+/// for the MLU path.
 pub struct OpEntry {
     pub name: &'static str,
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
+    pub create_mlu: fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>,
 }
 
 fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
     Ok(Box::new(O::from_attributes(attrs)?))
 }
 
+fn create_mlu<O: MluOperator>(attrs: &Attrs<'_>) -> Result<Box<dyn MluKernel>> {
+    Ok(Box::new(O::from_attributes(attrs)?))
+}
+
 macro_rules! entries {
-    ($($t:ty),*) => { &[$(OpEntry { name: <$t>::NAME, create: create::<$t> }),*] };
+    ($($t:ty),*) => { &[$(OpEntry { name: <$t>::NAME, create: create::<$t>, create_mlu: create_mlu::<$t> }),*] };
 }
 
 /// Every operator of the domain, in OPERATORS.md order.

@@ -89,8 +89,8 @@ unsafe extern "system" fn end_version(_: *const OrtCustomOp) -> c_int {
 }
 
 /// Attributes of a node, read through `KernelInfoGetAttribute*`.
-struct InfoAttributes {
-    info: *const OrtKernelInfo,
+pub(crate) struct InfoAttributes {
+    pub(crate) info: *const OrtKernelInfo,
 }
 
 /// ONNX Runtime reports an absent attribute with one of these messages (1.31.1: "No attribute

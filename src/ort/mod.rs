@@ -3,6 +3,7 @@
 //! kernels run the CPU operators of src/ops/.
 
 pub mod custom_op;
+pub mod ep_ffi;
 pub mod kernel;
 
 use crate::error::NodeError;

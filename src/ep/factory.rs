@@ -1,0 +1,434 @@
+//! The EP factory: finds the cards, describes them to ONNX Runtime as NPU hardware devices
+//! (vendor 0xCABC) with their memory info, creates EP instances, allocators and the data
+//! transfer, and serves the `mluops` custom-op domain (the schemas and CPU kernels).
+
+use super::kernel::{self, Registry};
+use super::memory::{self, Allocator, Transfer};
+use super::provider::Ep;
+use super::{EP_NAME, INFO, OPTION_PREFIX, VENDOR, VENDOR_ID, WARNING, ep_api, log, version};
+use crate::error::{Error, Result};
+use crate::mlu::{Device, cnrt, emulator};
+use crate::ort::ep_ffi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl};
+use crate::ort::{api, check, cstring, custom_op, guard, read_string, status};
+use ort_sys::{
+    OrtAllocator, OrtCustomOpDomain, OrtEpDevice, OrtErrorCode, OrtHardwareDevice, OrtHardwareDeviceType, OrtKeyValuePairs,
+    OrtLogger, OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
+};
+use std::ffi::{CString, c_char};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One card as ONNX Runtime sees it.
+struct Card {
+    id: u32,
+    device: Arc<Device>,
+    hardware: *mut OrtHardwareDevice,
+    memory_info: *mut OrtMemoryInfo,
+}
+
+/// `base` comes first so ONNX Runtime's `OrtEpFactory*` casts back.
+#[repr(C)]
+pub struct Factory {
+    base: OrtEpFactory,
+    name: CString,
+    vendor: CString,
+    version: CString,
+    cards: Vec<Card>,
+    transfer: Box<Transfer>,
+    registry: OnceLock<Registry>,
+    /// Serialises registry creation (OnceLock::get_or_try_init is unstable).
+    registry_lock: Mutex<()>,
+}
+
+fn this<'a>(f: *const OrtEpFactory) -> &'a Factory {
+    // SAFETY: the only OrtEpFactory we hand out is the first field of a boxed Factory that
+    // lives until ReleaseEpFactory.
+    unsafe { &*(f as *const Factory) }
+}
+
+fn ok() -> OrtStatusPtr {
+    OrtStatusPtr(std::ptr::null_mut())
+}
+
+/// Key/value pairs for device and EP metadata, released on drop.
+struct Pairs(*mut OrtKeyValuePairs);
+
+impl Pairs {
+    fn new(entries: &[(&str, String)]) -> Self {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        unsafe { (api().CreateKeyValuePairs)(&mut p) };
+        for (k, v) in entries {
+            let (k, v) = (cstring(k), cstring(v));
+            // SAFETY: p is live; ORT copies the strings.
+            unsafe { (api().AddKeyValuePair)(p, k.as_ptr(), v.as_ptr()) };
+        }
+        Pairs(p)
+    }
+}
+
+impl Drop for Pairs {
+    fn drop(&mut self) {
+        // SAFETY: created by CreateKeyValuePairs, released once.
+        unsafe { (api().ReleaseKeyValuePairs)(self.0) };
+    }
+}
+
+/// The cards this process can use: real ones through libcnrt, then the emulated card when
+/// `MLU_EP_EMULATE=1`.
+fn discover(logger: *const OrtLogger) -> Vec<(u32, Arc<Device>)> {
+    let mut cards = Vec::new();
+    match cnrt::devices() {
+        Ok(devices) => {
+            for (i, d) in devices.into_iter().enumerate() {
+                cards.push((i as u32, d));
+            }
+        }
+        Err(why) => log(logger, INFO, &format!("{EP_NAME}: no Cambricon MLU card in use: {why}")),
+    }
+    if std::env::var("MLU_EP_EMULATE").is_ok_and(|v| v == "1") {
+        match emulator::device() {
+            Ok(d) => cards.push((cards.len() as u32, d)),
+            Err(e) => log(logger, WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}")),
+        }
+    }
+    if cards.is_empty() {
+        log(logger, WARNING, &format!("{EP_NAME}: no MLU device (no libcnrt card, MLU_EP_EMULATE is not 1); the provider offers no device"));
+    }
+    cards
+}
+
+impl Factory {
+    pub fn new(logger: *const OrtLogger) -> Result<Box<Self>> {
+        let ep = ep_api();
+        let mut cards = Vec::new();
+        for (id, device) in discover(logger) {
+            let d = &device.info;
+            let metadata = Pairs::new(&[
+                ("architecture", d.arch.clone()),
+                ("emulated", d.emulated.to_string()),
+                ("nram_bytes", d.nram_bytes.to_string()),
+                ("clusters", d.clusters.to_string()),
+                ("cores_per_cluster", d.cores_per_cluster.to_string()),
+                ("Description", if d.emulated { "Cambricon MLU (emulated on the host)".into() } else { format!("Cambricon MLU {}", d.arch) }),
+            ]);
+            let vendor = cstring(VENDOR);
+            let mut hardware = std::ptr::null_mut();
+            // SAFETY: valid strings and out pointer; ORT copies the metadata.
+            check(unsafe {
+                (ep.CreateHardwareDevice)(OrtHardwareDeviceType::OrtHardwareDeviceType_NPU, VENDOR_ID, id, vendor.as_ptr(), metadata.0, &mut hardware)
+            })
+            .map_err(|m| Error::Runtime(format!("CreateHardwareDevice: {m}")))?;
+            let memory_info = match memory::memory_info(id) {
+                Ok(m) => m,
+                Err(e) => {
+                    // SAFETY: created just above, not handed out.
+                    unsafe { (ep.ReleaseHardwareDevice)(hardware) };
+                    return Err(e);
+                }
+            };
+            cards.push(Card { id, device, hardware, memory_info });
+        }
+        let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.device))).collect());
+        let base = OrtEpFactory {
+            ort_version_supported: version(),
+            GetName: Some(get_name),
+            GetVendor: Some(get_vendor),
+            GetSupportedDevices: Some(get_supported_devices),
+            CreateEp: Some(create_ep),
+            ReleaseEp: Some(release_ep),
+            GetVendorId: Some(get_vendor_id),
+            GetVersion: Some(get_version),
+            ValidateCompiledModelCompatibilityInfo: None,
+            CreateAllocator: Some(create_allocator),
+            ReleaseAllocator: Some(release_allocator),
+            CreateDataTransfer: Some(create_data_transfer),
+            IsStreamAware: Some(is_stream_aware),
+            CreateSyncStreamForDevice: Some(create_sync_stream),
+            GetHardwareDeviceIncompatibilityDetails: None,
+            CreateExternalResourceImporterForDevice: None,
+            GetNumCustomOpDomains: Some(get_num_domains),
+            GetCustomOpDomains: Some(get_domains),
+        };
+        Ok(Box::new(Factory {
+            base,
+            name: cstring(EP_NAME),
+            vendor: cstring(VENDOR),
+            version: cstring(env!("CARGO_PKG_VERSION")),
+            cards,
+            transfer,
+            registry: OnceLock::new(),
+            registry_lock: Mutex::new(()),
+        }))
+    }
+
+    pub fn into_raw(self: Box<Self>) -> *mut OrtEpFactory {
+        Box::into_raw(self).cast()
+    }
+
+    /// # Safety
+    /// `p` came from [`Factory::into_raw`] and is released once, after ONNX Runtime is done
+    /// with everything the factory created.
+    pub unsafe fn release(p: *mut OrtEpFactory) {
+        // SAFETY: caller contract.
+        drop(unsafe { Box::from_raw(p as *mut Factory) });
+    }
+
+    /// The kernel registry, built on first use and shared by every EP of this factory.
+    pub fn registry(&self) -> Result<*const OrtKernelRegistry> {
+        if let Some(r) = self.registry.get() {
+            return Ok(r.0);
+        }
+        let _guard = self.registry_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = self.registry.get() {
+            return Ok(r.0);
+        }
+        let r = kernel::registry()?;
+        Ok(self.registry.get_or_init(|| r).0)
+    }
+
+    /// The card an EP should use: the `device_id` option when given, else the selected
+    /// hardware device, else the first card.
+    fn pick(&self, devices: &[*const OrtHardwareDevice], options: *const OrtSessionOptions) -> Result<&Card> {
+        let key = format!("{OPTION_PREFIX}device_id");
+        if let Some(v) = session_entry(options, &key)? {
+            let id: u32 = v.trim().parse().map_err(|_| {
+                Error::attribute(format!("{EP_NAME} option device_id"), format!("'{v}' is not a device number"))
+            })?;
+            return self.cards.iter().find(|c| c.id == id).ok_or_else(|| {
+                let ids: Vec<u32> = self.cards.iter().map(|c| c.id).collect();
+                Error::attribute(format!("{EP_NAME} option device_id"), format!("no MLU card {id}; this process has cards {ids:?}"))
+            });
+        }
+        let selected = devices.iter().find_map(|&h| self.cards.iter().find(|c| c.hardware.cast_const() == h));
+        selected.or(self.cards.first()).ok_or_else(|| Error::Runtime(format!("{EP_NAME}: no MLU device")))
+    }
+}
+
+impl Drop for Factory {
+    fn drop(&mut self) {
+        // The registry references nothing below; drop it first.
+        self.registry.take();
+        let ep = ep_api();
+        for c in &self.cards {
+            // SAFETY: created in new, owned by the factory, released once.
+            unsafe {
+                (api().ReleaseMemoryInfo)(c.memory_info);
+                (ep.ReleaseHardwareDevice)(c.hardware);
+            }
+        }
+    }
+}
+
+/// A session configuration entry (`None` when unset).
+fn session_entry(options: *const OrtSessionOptions, key: &str) -> Result<Option<String>> {
+    if options.is_null() {
+        return Ok(None);
+    }
+    let k = cstring(key);
+    let mut has = 0;
+    // SAFETY: options is live during CreateEp; valid out pointer.
+    check(unsafe { (api().HasSessionConfigEntry)(options, k.as_ptr(), &mut has) }).map_err(Error::Runtime)?;
+    if has == 0 {
+        return Ok(None);
+    }
+    read_string(|buf, size| {
+        // SAFETY: as above; buf is null or holds *size bytes.
+        unsafe { (api().GetSessionConfigEntry)(options, k.as_ptr(), buf, size) }
+    })
+    .map(Some)
+    .map_err(Error::Runtime)
+}
+
+unsafe extern "system" fn get_name(f: *const OrtEpFactory) -> *const c_char {
+    this(f).name.as_ptr()
+}
+unsafe extern "system" fn get_vendor(f: *const OrtEpFactory) -> *const c_char {
+    this(f).vendor.as_ptr()
+}
+unsafe extern "system" fn get_vendor_id(_: *const OrtEpFactory) -> u32 {
+    VENDOR_ID
+}
+unsafe extern "system" fn get_version(f: *const OrtEpFactory) -> *const c_char {
+    this(f).version.as_ptr()
+}
+
+unsafe extern "system" fn get_supported_devices(
+    f: *mut OrtEpFactory,
+    _devices: *const *const OrtHardwareDevice,
+    _num_devices: usize,
+    ep_devices: *mut *mut OrtEpDevice,
+    max_ep_devices: usize,
+    num_ep_devices: *mut usize,
+) -> OrtStatusPtr {
+    let factory = this(f);
+    guard("MLUExecutionProvider GetSupportedDevices", || {
+        let ep = ep_api();
+        let mut n = 0usize;
+        // ORT's own device discovery does not find MLU cards: the factory reports the
+        // hardware devices it created for them.
+        for card in factory.cards.iter().take(max_ep_devices) {
+            let metadata = Pairs::new(&[("card", card.id.to_string())]);
+            let mut device = std::ptr::null_mut();
+            // SAFETY: f is this factory, card.hardware a live hardware device; ORT copies
+            // the metadata.
+            let s = unsafe { (ep.CreateEpDevice)(f, card.hardware, metadata.0, std::ptr::null(), &mut device) };
+            if !s.0.is_null() {
+                return s;
+            }
+            // SAFETY: device was just created; the memory info lives as long as the factory.
+            let s = unsafe { (ep.EpDevice_AddAllocatorInfo)(device, card.memory_info) };
+            if !s.0.is_null() {
+                // SAFETY: not handed to ORT yet.
+                unsafe { (ep.ReleaseEpDevice)(device) };
+                return s;
+            }
+            // SAFETY: ep_devices has max_ep_devices slots and n < max_ep_devices.
+            unsafe { *ep_devices.add(n) = device };
+            n += 1;
+        }
+        // SAFETY: ORT's out pointer.
+        unsafe { *num_ep_devices = n };
+        ok()
+    })
+}
+
+unsafe extern "system" fn create_ep(
+    f: *mut OrtEpFactory,
+    devices: *const *const OrtHardwareDevice,
+    _metadata: *const *const OrtKeyValuePairs,
+    num_devices: usize,
+    options: *const OrtSessionOptions,
+    logger: *const OrtLogger,
+    out: *mut *mut OrtEp,
+) -> OrtStatusPtr {
+    let factory = this(f);
+    guard("MLUExecutionProvider CreateEp", || {
+        let devices = if devices.is_null() || num_devices == 0 {
+            &[][..]
+        } else {
+            // SAFETY: ORT passes num_devices hardware devices.
+            unsafe { std::slice::from_raw_parts(devices, num_devices) }
+        };
+        match factory.pick(devices, options) {
+            Ok(card) => {
+                let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger);
+                // SAFETY: ORT's out pointer; released by release_ep.
+                unsafe { *out = ep.into_raw() };
+                ok()
+            }
+            Err(e) => status(
+                if e.is_invalid_argument() { OrtErrorCode::ORT_INVALID_ARGUMENT } else { OrtErrorCode::ORT_FAIL },
+                &e.to_string(),
+            ),
+        }
+    })
+}
+
+unsafe extern "system" fn release_ep(_: *mut OrtEpFactory, ep: *mut OrtEp) {
+    if ep.is_null() {
+        return;
+    }
+    // SAFETY: ep came from create_ep and ORT releases it once.
+    let _ = std::panic::catch_unwind(|| unsafe { Ep::release(ep) });
+}
+
+unsafe extern "system" fn create_allocator(
+    f: *mut OrtEpFactory,
+    info: *const OrtMemoryInfo,
+    _options: *const OrtKeyValuePairs,
+    out: *mut *mut OrtAllocator,
+) -> OrtStatusPtr {
+    let factory = this(f);
+    guard("MLUExecutionProvider CreateAllocator", || {
+        let ep = ep_api();
+        // SAFETY: info is a live memory info ORT passed in; ours live with the factory.
+        let wanted = unsafe { (ep.MemoryInfo_GetMemoryDevice)(info) };
+        let card = factory.cards.iter().find(|c| {
+            // SAFETY: as above.
+            c.memory_info.cast_const() == info || unsafe { (ep.MemoryDevice_AreEqual)((ep.MemoryInfo_GetMemoryDevice)(c.memory_info), wanted) }
+        });
+        match card {
+            Some(c) => {
+                // SAFETY: ORT's out pointer; released by release_allocator.
+                unsafe { *out = Allocator::new(c.memory_info, Arc::clone(&c.device)).into_raw() };
+                ok()
+            }
+            None => status(OrtErrorCode::ORT_INVALID_ARGUMENT, &format!("{EP_NAME}: CreateAllocator for a memory info that is not an MLU card's")),
+        }
+    })
+}
+
+unsafe extern "system" fn release_allocator(_: *mut OrtEpFactory, allocator: *mut OrtAllocator) {
+    if allocator.is_null() {
+        return;
+    }
+    // SAFETY: allocator came from create_allocator and ORT releases it once.
+    let _ = std::panic::catch_unwind(|| unsafe { Allocator::release(allocator) });
+}
+
+unsafe extern "system" fn create_data_transfer(f: *mut OrtEpFactory, out: *mut *mut OrtDataTransferImpl) -> OrtStatusPtr {
+    // SAFETY: ORT's out pointer; the transfer lives as long as the factory.
+    unsafe { *out = this(f).transfer.as_raw() };
+    ok()
+}
+
+unsafe extern "system" fn is_stream_aware(_: *const OrtEpFactory) -> bool {
+    false
+}
+
+unsafe extern "system" fn create_sync_stream(
+    _: *mut OrtEpFactory,
+    _: *const OrtMemoryDevice,
+    _: *const OrtKeyValuePairs,
+    out: *mut *mut OrtSyncStreamImpl,
+) -> OrtStatusPtr {
+    // SAFETY: ORT's out pointer. No streams: every kernel synchronises its own queue.
+    unsafe { *out = std::ptr::null_mut() };
+    ok()
+}
+
+unsafe extern "system" fn get_num_domains(_: *mut OrtEpFactory, count: *mut usize) -> OrtStatusPtr {
+    // SAFETY: ORT's out pointer.
+    unsafe { *count = 1 };
+    ok()
+}
+
+unsafe extern "system" fn get_domains(_: *mut OrtEpFactory, domains: *mut *mut OrtCustomOpDomain, count: usize) -> OrtStatusPtr {
+    guard("MLUExecutionProvider GetCustomOpDomains", || {
+        if count < 1 {
+            return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "GetCustomOpDomains: room for 0 domains, 1 needed");
+        }
+        match custom_op::domain() {
+            Ok(d) => {
+                // SAFETY: ORT passes room for `count` >= 1 domains.
+                unsafe { *domains = d };
+                ok()
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+/// The body of `CreateEpFactories`.
+///
+/// # Safety
+/// Arguments as ONNX Runtime passes them to `CreateEpFactories`.
+pub unsafe fn create(logger: *const OrtLogger, factories: *mut *mut OrtEpFactory, max: usize, num: *mut usize) -> OrtStatusPtr {
+    if factories.is_null() || num.is_null() {
+        return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: null output arguments");
+    }
+    if max < 1 {
+        return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: room for 0 factories, 1 needed");
+    }
+    match Factory::new(logger) {
+        Ok(f) => {
+            // SAFETY: checked non-null; room for at least one factory.
+            unsafe {
+                *factories = f.into_raw();
+                *num = 1;
+            }
+            ok()
+        }
+        Err(e) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME}: {e}")),
+    }
+}
