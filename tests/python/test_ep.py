@@ -1,0 +1,278 @@
+"""MLUExecutionProvider through onnxruntime 1.31.1 from Python, on the emulated MLU card
+(MLU_EP_EMULATE=1: the BANG kernels of kernels/ compiled for the host; no MLU hardware).
+
+Which node ran on which provider is read from the session's graph-assignment record
+(`session.record_ep_graph_assignment_info`), never inferred. Outputs are compared with the
+same model run on the CPU path (custom-op library only): index outputs exactly, float
+outputs in the contract's accumulating class."""
+
+from __future__ import annotations
+
+import os
+import resource
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import DOMAIN, IR_VERSION, OPSETS, REPO, assert_accumulating, build_model
+from reference import dsb_inputs, gip_sites, tib_reference
+
+EP = "MLUExecutionProvider"
+DEMO = REPO / "models" / "mluops_demo.onnx"
+DEMO_DATA = REPO / "models" / "mluops_demo.npz"
+
+
+@pytest.fixture(scope="module")
+def mlu_devices(mlu_lib: Path):
+    """Registers the library as an EP library once per process (the emulated card)."""
+    os.environ["MLU_EP_EMULATE"] = "1"
+    ort.set_default_logger_severity(3)
+    if not any(d.ep_name == EP for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library(EP, str(mlu_lib))
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
+    assert devices, "the EP library registered but reports no device"
+    return devices
+
+
+def options(lib: Path | None = None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if lib is not None:
+        so.register_custom_ops_library(str(lib))
+    return so
+
+
+def mlu_session(model, devices, provider_options=None) -> ort.InferenceSession:
+    so = options()
+    so.add_provider_for_devices(devices, provider_options or {})
+    return ort.InferenceSession(model, so)
+
+
+def cpu_session(model, lib: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(model, options(lib), providers=["CPUExecutionProvider"])
+
+
+def assignment(sess: ort.InferenceSession) -> dict[str, str]:
+    """node name -> provider, from the session's record."""
+    out = {}
+    for sub in sess.get_provider_graph_assignment_info():
+        for node in sub.get_nodes():
+            out[node.name] = sub.ep_name
+    return out
+
+
+def assert_same(mlu_outs, cpu_outs, names):
+    for name, a, b in zip(names, mlu_outs, cpu_outs):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{name}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
+        if np.issubdtype(a.dtype, np.integer):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        else:
+            assert_accumulating(a, b.astype(np.float64), name)
+
+
+def make_graph_model(nodes, inputs, outputs) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSETS], ir_version=IR_VERSION)
+    return model.SerializeToString()
+
+
+def vi(name, elem, shape=None):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+# ----------------------------------------------------------------------------- devices
+def test_emulated_card_is_an_npu_with_cambricon_vendor_id(mlu_devices):
+    (d,) = mlu_devices
+    assert d.ep_vendor == "Cambricon"
+    assert d.device.type == ort.OrtHardwareDeviceType.NPU
+    assert d.device.vendor_id == 0xCABC
+    meta = dict(d.device.metadata)
+    assert meta["emulated"] == "true"
+    assert meta["architecture"].startswith("MLU370")
+    assert int(meta["nram_bytes"]) == 768 * 1024
+
+
+# ----------------------------------------------------------------------------- the five operators
+def demo_feeds(sess):
+    data = np.load(DEMO_DATA)
+    return {i.name: data["in." + i.name] for i in sess.get_inputs()}
+
+
+def test_all_five_operators_run_on_the_mlu_and_match_the_cpu_path(mlu_devices, mlu_lib):
+    mlu = mlu_session(str(DEMO), mlu_devices)
+    cpu = cpu_session(str(DEMO), mlu_lib)
+    where = assignment(mlu)
+    mluops_nodes = ["voxel_pooling", "subm_rules", "down_rules", "fp_backward", "scatter_backward", "psroi_backward"]
+    for n in mluops_nodes:
+        assert where[n] == EP, f"{n} ran on {where.get(n)}"
+    assert where["relu_features"] == "CPUExecutionProvider"
+    assert where["bev_to_nchw"] == "CPUExecutionProvider"
+    feeds = demo_feeds(mlu)
+    names = [o.name for o in mlu.get_outputs()]
+    assert_same(mlu.run(None, feeds), cpu.run(None, feeds), names)
+
+
+def test_providers_list_with_register_custom_ops_library(mlu_devices, mlu_lib):
+    # providers=[...] does not register the EP's custom-op domain by itself: the user also
+    # calls register_custom_ops_library (README: the registration pitfall).
+    sess = ort.InferenceSession(str(DEMO), options(mlu_lib), providers=[EP, "CPUExecutionProvider"])
+    where = assignment(sess)
+    assert where["voxel_pooling"] == EP and where["psroi_backward"] == EP
+    cpu = cpu_session(str(DEMO), mlu_lib)
+    feeds = demo_feeds(sess)
+    assert_same(sess.run(None, feeds), cpu.run(None, feeds), [o.name for o in sess.get_outputs()])
+
+
+def test_providers_list_without_the_custom_op_library_fails_to_load_the_model(mlu_devices):
+    with pytest.raises(Exception, match="mluops"):
+        ort.InferenceSession(str(DEMO), options(), providers=[EP, "CPUExecutionProvider"])
+
+
+# ----------------------------------------------------------------------------- partitioning
+def test_declined_configurations_run_on_cpu_in_the_same_session(mlu_devices, mlu_lib):
+    rng = np.random.default_rng(3)
+    n, m, c = 60, 12, 5
+    nodes, feeds = [], {}
+    inputs = [vi("gvf", TensorProto.FLOAT, [m, c]), vi("feats", TensorProto.FLOAT, [n, c]), vi("vf", TensorProto.FLOAT, [m, c]),
+              vi("p2v", TensorProto.INT32, [n]), vi("count", TensorProto.INT32, [m]), vi("sites", TensorProto.INT32, None)]
+    ins = dsb_inputs(rng, n, m, c, "mean")
+    feeds.update(zip(["gvf", "feats", "vf", "p2v", "count"], ins.values()))
+    outputs = []
+    for mode in ["max", "mean", "sum"]:
+        nodes.append(helper.make_node("DynamicScatterBackward", ["gvf", "feats", "vf", "p2v", "count"], [f"g_{mode}"],
+                                      domain=DOMAIN, name=f"dsb_{mode}", reduce_type=mode))
+        outputs.append(vi(f"g_{mode}", TensorProto.FLOAT))
+    spatial = (4, 5, 6)
+    feeds["sites"] = gip_sites(rng, 2, spatial, 30)
+    for transpose in [0, 1]:
+        outs = [f"pairs_t{transpose}", f"out_t{transpose}", f"num_t{transpose}"]
+        nodes.append(helper.make_node("GetIndicePairs", ["sites"], outs, domain=DOMAIN, name=f"gip_t{transpose}",
+                                      batch_size=2, spatial_shape=list(spatial), kernel_size=[3, 3, 3], stride=[2, 2, 2],
+                                      padding=[1, 1, 1], transpose=transpose))
+        outputs += [vi(o, TensorProto.INT32) for o in outs]
+    model = make_graph_model(nodes, inputs, outputs)
+    mlu = mlu_session(model, mlu_devices)
+    where = assignment(mlu)
+    assert where["dsb_max"] == EP and where["gip_t0"] == EP
+    for n_ in ["dsb_mean", "dsb_sum", "gip_t1"]:
+        assert where[n_] == "CPUExecutionProvider", f"{n_} ran on {where.get(n_)}"
+    cpu = cpu_session(model, mlu_lib)
+    assert_same(mlu.run(None, feeds), cpu.run(None, feeds), [o.name for o in outputs])
+
+
+def test_mixed_graph_keeps_a_tensor_on_the_mlu_between_two_mlu_nodes(mlu_devices, mlu_lib):
+    # Relu (CPU) -> ThreeInterpolateBackward (MLU) -> ThreeInterpolateBackward (MLU) -> Abs (CPU)
+    rng = np.random.default_rng(5)
+    b, c, n1, m1, m2 = 2, 6, 40, 25, 9
+    feeds = {
+        "go": rng.standard_normal((b, c, n1)).astype(np.float32),
+        "idx1": rng.integers(0, m1, (b, n1, 3)).astype(np.int32),
+        "w1": rng.random((b, n1, 3)).astype(np.float32),
+        "idx2": rng.integers(0, m2, (b, m1, 3)).astype(np.int32),
+        "w2": rng.random((b, m1, 3)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Relu", ["go"], ["go_relu"], name="relu"),
+        helper.make_node("ThreeInterpolateBackward", ["go_relu", "idx1", "w1"], ["g1"], domain=DOMAIN, name="tib1", m=m1),
+        helper.make_node("ThreeInterpolateBackward", ["g1", "idx2", "w2"], ["g2"], domain=DOMAIN, name="tib2", m=m2),
+        helper.make_node("Neg", ["g2"], ["out"], name="neg"),
+    ]
+    inputs = [vi(k, TensorProto.FLOAT if v.dtype == np.float32 else TensorProto.INT32, list(v.shape)) for k, v in feeds.items()]
+    model = make_graph_model(nodes, inputs, [vi("out", TensorProto.FLOAT), vi("g1", TensorProto.FLOAT)])
+    mlu = mlu_session(model, mlu_devices)
+    where = assignment(mlu)
+    assert where["tib1"] == EP and where["tib2"] == EP
+    assert where["relu"] == "CPUExecutionProvider" and where["neg"] == "CPUExecutionProvider"
+    out, g1 = mlu.run(None, feeds)
+    expect_g1 = tib_reference(np.maximum(feeds["go"], 0), feeds["idx1"], feeds["w1"], m1)
+    assert_accumulating(g1, expect_g1, "g1")
+    assert_accumulating(out, -tib_reference(expect_g1.astype(np.float32), feeds["idx2"], feeds["w2"], m2), "out")
+    cpu_out, cpu_g1 = cpu_session(model, mlu_lib).run(None, feeds)
+    assert_accumulating(out, cpu_out.astype(np.float64), "out vs cpu")
+
+
+def test_float16_runs_on_the_mlu(mlu_devices, mlu_lib):
+    rng = np.random.default_rng(8)
+    feeds = {
+        "grad_output": rng.standard_normal((2, 4, 30)).astype(np.float16),
+        "indices": rng.integers(0, 11, (2, 30, 3)).astype(np.int32),
+        "weights": rng.random((2, 30, 3)).astype(np.float16),
+    }
+    spec = [(k, str(v.dtype), list(v.shape)) for k, v in feeds.items()]
+    model = build_model("ThreeInterpolateBackward", {"m": {"int": 11}}, spec, "tib_f16")
+    mlu = mlu_session(model, mlu_devices)
+    assert assignment(mlu)["tib_f16"] == EP
+    (got,) = mlu.run(None, feeds)
+    assert got.dtype == np.float16
+    ref = tib_reference(feeds["grad_output"].astype(np.float32), feeds["indices"], feeds["weights"].astype(np.float32), 11)
+    assert_accumulating(got, ref, "float16 on the MLU")
+
+
+# ----------------------------------------------------------------------------- errors and options
+def test_bad_index_on_the_mlu_gives_the_contract_error(mlu_devices):
+    feeds = {
+        "grad_output": np.ones((1, 2, 4), np.float32),
+        "indices": np.array([[[0, 1, 2], [0, 1, 5], [0, 0, 0], [1, 1, 1]]], np.int32),
+        "weights": np.ones((1, 4, 3), np.float32),
+    }
+    spec = [(k, str(v.dtype), list(v.shape)) for k, v in feeds.items()]
+    sess = mlu_session(build_model("ThreeInterpolateBackward", {"m": {"int": 5}}, spec, "tib_bad"), mlu_devices)
+    assert assignment(sess)["tib_bad"] == EP
+    with pytest.raises(Exception) as e:
+        sess.run(None, feeds)
+    msg = str(e.value)
+    assert "INVALID_ARGUMENT" in msg and "mluops.ThreeInterpolateBackward node 'tib_bad'" in msg and "indices" in msg, msg
+
+
+def test_device_id_option_selects_the_card_or_fails_clearly(mlu_devices, capfd):
+    assert assignment(mlu_session(str(DEMO), mlu_devices, {"device_id": "0"}))["voxel_pooling"] == EP
+    # The EP refuses to be created; onnxruntime's Python layer prints the error and falls
+    # back to CPU, so nothing may run on the MLU.
+    for value, message in [("7", "no MLU card 7; this process has cards [0]"), ("first", "'first' is not a device number")]:
+        capfd.readouterr()
+        sess = mlu_session(str(DEMO), mlu_devices, {"device_id": value})
+        captured = capfd.readouterr()
+        err = captured.out + captured.err
+        assert f"MLUExecutionProvider option device_id': {message}" in err, err
+        assert EP not in assignment(sess).values()
+
+
+# ----------------------------------------------------------------------------- lifetime and threads
+def rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def test_two_hundred_sessions_and_concurrent_runs(mlu_devices):
+    data = np.load(DEMO_DATA)
+    model = DEMO.read_bytes()
+    feeds = None
+    before = None
+    for i in range(200):
+        sess = mlu_session(model, mlu_devices)
+        if feeds is None:
+            feeds = {x.name: data["in." + x.name] for x in sess.get_inputs()}
+        sess.run(None, feeds)
+        del sess
+        if i == 49:
+            before = rss_kib()
+    grown = rss_kib() - before
+    assert grown < 64 * 1024, f"RSS grew by {grown} KiB over 150 sessions"
+    sess = mlu_session(model, mlu_devices)
+    expected = sess.run(None, feeds)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: sess.run(None, feeds), range(16)))
+    for outs in results:
+        for a, b in zip(outs, expected):
+            if np.issubdtype(a.dtype, np.integer):
+                np.testing.assert_array_equal(a, b)
+            else:
+                assert_accumulating(a, b.astype(np.float64), "concurrent run")
