@@ -1,7 +1,9 @@
-"""The main job: runs models/mluops_demo.onnx under onnxruntime with libonnxruntime_ep_mlu.so
-registered as a custom-op library, prints what ran, and checks every output against the
-golden outputs stored in models/mluops_demo.npz (computed by make_demo_data.py with the
-independent numpy references, not by this library).
+"""The main job: runs models/mluops_demo.onnx under onnxruntime with libonnxruntime_ep_mlu.so,
+first registered as a custom-op library (CPU kernels), then as the MLUExecutionProvider
+plugin EP on the emulated MLU card; prints which provider ran each node (from the session's
+assignment record) and checks every output against the golden outputs stored in
+models/mluops_demo.npz (computed by make_demo_data.py with the independent numpy
+references, not by this library).
 
 Usage: python models/run_demo.py [path/to/libonnxruntime_ep_mlu.so]
 """
@@ -24,29 +26,11 @@ EXACT = {"pos_memo", "subm_pairs", "subm_out", "subm_num", "down_pairs", "down_o
 TOL = 3e-3
 
 
-def main():
-    lib = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("MLU_EP_LIB")
-    if not lib or not os.path.exists(lib):
-        sys.exit(f"library not found: {lib!r} (pass the path to libonnxruntime_ep_mlu.so)")
-    model_path = os.path.join(HERE, "mluops_demo.onnx")
-    data = np.load(os.path.join(HERE, "mluops_demo.npz"))
-    model = onnx.load(model_path)
+EP = "MLUExecutionProvider"
 
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(lib)
-    sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
-    feeds = {i.name: data["in." + i.name] for i in sess.get_inputs()}
-    t0 = time.perf_counter()
-    outs = sess.run(None, feeds)
-    elapsed = time.perf_counter() - t0
 
-    print(f"onnxruntime {ort.__version__}, library {lib}")
-    print(f"model {os.path.relpath(model_path)}: {len(model.graph.node)} nodes, run in {elapsed * 1e3:.1f} ms on CPU")
-    print(f"{'node':<18} {'op':<34} {'outputs'}")
-    for n in model.graph.node:
-        op = f"{n.domain + '.' if n.domain else ''}{n.op_type}"
-        print(f"{n.name:<18} {op:<34} {', '.join(n.output)}")
-    print()
+def check(sess, outs, data):
+    """Prints one line per output against its golden; returns the number of failures."""
     print(f"{'output':<20} {'shape':<20} {'check':<14} {'result'}")
     failed = 0
     for meta, value in zip(sess.get_outputs(), outs):
@@ -62,9 +46,69 @@ def main():
         failed += not ok
         kind = "exact" if meta.name in EXACT else "accumulating"
         print(f"{meta.name:<20} {str(list(value.shape)):<20} {kind:<14} {'OK ' if ok else 'FAIL'} {detail}")
+    return failed
+
+
+def run(title, sess, model, data):
+    feeds = {i.name: data["in." + i.name] for i in sess.get_inputs()}
+    sess.run(None, feeds)  # first run: allocations
+    t0 = time.perf_counter()
+    outs = sess.run(None, feeds)
+    elapsed = time.perf_counter() - t0
+    where = {}
+    for sub in sess.get_provider_graph_assignment_info():
+        for node in sub.get_nodes():
+            where[node.name] = sub.ep_name
+    on_ep = sum(v == EP for v in where.values())
+    print(f"== {title}: {len(model.graph.node)} nodes, {on_ep} on {EP}, run in {elapsed * 1e3:.1f} ms")
+    print(f"{'node':<18} {'op':<34} {'provider':<22} {'outputs'}")
+    for n in model.graph.node:
+        op = f"{n.domain + '.' if n.domain else ''}{n.op_type}"
+        print(f"{n.name:<18} {op:<34} {where.get(n.name, '?'):<22} {', '.join(n.output)}")
+    print()
+    failed = check(sess, outs, data)
+    print()
+    return failed
+
+
+def main():
+    lib = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("MLU_EP_LIB")
+    if not lib or not os.path.exists(lib):
+        sys.exit(f"library not found: {lib!r} (pass the path to libonnxruntime_ep_mlu.so)")
+    lib = os.path.abspath(lib)  # register_execution_provider_library resolves relative paths elsewhere
+    model_path = os.path.join(HERE, "mluops_demo.onnx")
+    data = np.load(os.path.join(HERE, "mluops_demo.npz"))
+    model = onnx.load(model_path)
+    print(f"onnxruntime {ort.__version__}, library {lib}\n")
+
+    def options():
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        return so
+
+    # 1. The custom-op library alone: every mluops node on the CPU kernels.
+    so = options()
+    so.register_custom_ops_library(lib)
+    cpu = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    failed = run("CPU path (register_custom_ops_library)", cpu, model, data)
+
+    # 2. The plugin EP on the emulated MLU card (MLU_EP_EMULATE=1: the BANG kernels compiled
+    #    for the host; no MLU hardware is involved).
+    os.environ["MLU_EP_EMULATE"] = "1"
+    ort.register_execution_provider_library(EP, lib)
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
+    if not devices:
+        sys.exit(f"{EP} reports no device")
+    meta = dict(devices[0].device.metadata)
+    so = options()
+    so.add_provider_for_devices(devices, {})
+    mlu = ort.InferenceSession(model_path, so)
+    failed += run(f"{EP} on {meta.get('Description')} ({meta.get('architecture')})", mlu, model, data)
+
     if failed:
         sys.exit(f"{failed} output(s) differ from the goldens")
-    print("\nall outputs match the goldens")
+    print("all outputs match the goldens on both paths")
 
 
 if __name__ == "__main__":
