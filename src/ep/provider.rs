@@ -9,7 +9,7 @@ use crate::ops;
 use crate::ort::ep_ffi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelDef, OrtKernelRegistry};
 use crate::ort::{api, check, cstring, guard, status};
 use crate::schema::{self, AttrKind, AttrValue, AttributeSource, Attrs};
-use ort_sys::{OrtErrorCode, OrtGraph, OrtLogger, OrtNode, OrtOpAttr, OrtOpAttrType, OrtStatusPtr};
+use ort_sys::{OrtErrorCode, OrtGraph, OrtLogger, OrtNode, OrtOpAttr, OrtOpAttrType, OrtStatusPtr, OrtValueInfo};
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, Mutex};
 
@@ -113,9 +113,50 @@ impl Ep {
         let source = NodeAttributes { node };
         match (entry.create_mlu)(&Attrs::new(schema::get(op_type), &source)) {
             Err(e) => Some(format!("invalid attributes ({e}); the CPU kernel reports the error")),
-            Ok(kernel) => kernel.supported().err(),
+            Ok(kernel) => kernel.supported().err().or_else(|| match input_shapes(node) {
+                Ok(shapes) => kernel.supported_shapes(&self.device.info, &shapes).err(),
+                Err(m) => Some(format!("its input shapes cannot be read: {m}")),
+            }),
         }
     }
+}
+
+/// The node's input shapes as the graph declares them.
+fn input_shapes(node: *const OrtNode) -> std::result::Result<Vec<Option<Vec<Option<usize>>>>, String> {
+    let api = api();
+    let mut n = 0usize;
+    // SAFETY: node is live during GetCapability; valid out pointers throughout.
+    check(unsafe { (api.Node_GetNumInputs)(node, &mut n) })?;
+    let mut inputs: Vec<*const OrtValueInfo> = vec![std::ptr::null(); n];
+    // SAFETY: `inputs` holds n slots.
+    check(unsafe { (api.Node_GetInputs)(node, inputs.as_mut_ptr(), n) })?;
+    let mut shapes = Vec::with_capacity(n);
+    for v in inputs {
+        if v.is_null() {
+            shapes.push(None);
+            continue;
+        }
+        let mut type_info = std::ptr::null();
+        let mut tensor = std::ptr::null();
+        let mut rank = 0usize;
+        // SAFETY: v is a live value info of the node; the type info it returns is owned by
+        // the graph.
+        unsafe {
+            check((api.GetValueInfoTypeInfo)(v, &mut type_info))?;
+            check((api.CastTypeInfoToTensorInfo)(type_info, &mut tensor))?;
+        }
+        if tensor.is_null() {
+            shapes.push(None);
+            continue;
+        }
+        // SAFETY: tensor is a live shape info.
+        check(unsafe { (api.GetDimensionsCount)(tensor, &mut rank) })?;
+        let mut dims = vec![0i64; rank];
+        // SAFETY: dims holds rank values.
+        check(unsafe { (api.GetDimensions)(tensor, dims.as_mut_ptr(), rank) })?;
+        shapes.push(Some(dims.into_iter().map(|d| usize::try_from(d).ok()).collect()));
+    }
+    Ok(shapes)
 }
 
 unsafe extern "system" fn get_name(ep: *const OrtEp) -> *const c_char {

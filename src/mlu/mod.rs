@@ -320,6 +320,12 @@ pub trait MluOperator: Operator {
     /// declines such nodes, they run on CPU).
     fn mlu_supported(&self) -> std::result::Result<(), String>;
 
+    /// `Ok` unless the input shapes known before running (static dims) already exceed a
+    /// size limit of the kernels (int32 offsets, NRAM rows); else the reason.
+    fn mlu_supported_shapes(&self, _info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+        int32_inputs(shapes)
+    }
+
     /// Validates `inputs` (host views of the node's inputs) as the CPU path does, then
     /// enqueues the kernels on `queue` reading `device_inputs` (the same tensors on the
     /// device; null for absent or empty ones) and writing outputs allocated from `outputs`.
@@ -339,6 +345,8 @@ pub trait MluOperator: Operator {
 pub trait MluKernel: Send + Sync {
     /// `Ok` when the BANG kernels support this node's configuration, else the reason.
     fn supported(&self) -> std::result::Result<(), String>;
+    /// As [`MluOperator::mlu_supported_shapes`].
+    fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String>;
     /// As [`MluOperator::mlu_compute`].
     fn compute(
         &self,
@@ -354,6 +362,9 @@ impl<O: MluOperator> MluKernel for O {
     fn supported(&self) -> std::result::Result<(), String> {
         self.mlu_supported()
     }
+    fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+        self.mlu_supported_shapes(info, shapes)
+    }
     fn compute(
         &self,
         device: &Arc<Device>,
@@ -364,6 +375,25 @@ impl<O: MluOperator> MluKernel for O {
     ) -> Result<()> {
         self.mlu_compute(device, queue, inputs, device_inputs, outputs)
     }
+}
+
+/// The input shapes of a node as the graph declares them: `None` for an absent input,
+/// `None` for a symbolic dimension.
+pub type StaticShapes = [Option<Vec<Option<usize>>>];
+
+/// The element count of a fully static shape.
+pub fn static_numel(shape: &[Option<usize>]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| d.map(|d| a.saturating_mul(d)))
+}
+
+/// Every statically known input fits the kernels' int32 element offsets.
+pub fn int32_inputs(shapes: &StaticShapes) -> std::result::Result<(), String> {
+    for (i, s) in shapes.iter().enumerate() {
+        if let Some(n) = s.as_deref().and_then(static_numel).filter(|&n| n > i32::MAX as usize) {
+            return Err(format!("input {i} has {n} elements, beyond the MLU kernels' int32 offsets"));
+        }
+    }
+    Ok(())
 }
 
 /// A task dimension for `units` work items on a UNION1 launch: all cores of the card,

@@ -165,6 +165,28 @@ def test_declined_configurations_run_on_cpu_in_the_same_session(mlu_devices, mlu
     assert_same(mlu.run(None, feeds), cpu.run(None, feeds), [o.name for o in outputs])
 
 
+def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_lib):
+    # DynamicScatterBackward with C = 60000: one point's rows exceed the kernel's NRAM tile.
+    n, m, c = 3, 2, 60000
+    rng = np.random.default_rng(1)
+    feeds = {k: v for k, v in dsb_inputs(rng, n, m, c, "max").items()}
+    spec = [(k, str(v.dtype), list(v.shape)) for k, v in feeds.items()]
+    model = build_model("DynamicScatterBackward", {}, spec, "dsb_wide")
+    mlu = mlu_session(model, mlu_devices)
+    assert assignment(mlu)["dsb_wide"] == "CPUExecutionProvider"
+    np.testing.assert_array_equal(mlu.run(None, feeds)[0], cpu_session(model, mlu_lib).run(None, feeds)[0])
+    # The same node with a symbolic C is claimed (the limit is then checked at run time).
+    dyn = [(k, d, [None] * len(s)) for k, d, s in spec]
+    assert assignment(mlu_session(build_model("DynamicScatterBackward", {}, dyn, "dsb_dyn"), mlu_devices))["dsb_dyn"] == EP
+    # VoxelPoolingForward whose output B*ny*nx*C exceeds int32 offsets (session only: the
+    # output would be 16 GiB).
+    vspec = [("geom_xyz", "int32", [1, 8, 3]), ("input_features", "float32", [1, 8, 1024])]
+    big = build_model("VoxelPoolingForward", {"voxel_num": {"ints": [2048, 2048, 1]}}, vspec, "vpf_big")
+    assert assignment(mlu_session(big, mlu_devices))["vpf_big"] == "CPUExecutionProvider"
+    small = build_model("VoxelPoolingForward", {"voxel_num": {"ints": [64, 64, 1]}}, vspec, "vpf_small")
+    assert assignment(mlu_session(small, mlu_devices))["vpf_small"] == EP
+
+
 def test_mixed_graph_keeps_a_tensor_on_the_mlu_between_two_mlu_nodes(mlu_devices, mlu_lib):
     # Relu (CPU) -> ThreeInterpolateBackward (MLU) -> ThreeInterpolateBackward (MLU) -> Abs (CPU)
     rng = np.random.default_rng(5)

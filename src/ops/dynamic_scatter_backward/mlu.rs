@@ -51,6 +51,17 @@ impl MluOperator for DynamicScatterBackward {
         }
     }
 
+    fn mlu_supported_shapes(&self, info: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
+        mlu::int32_inputs(shapes)?;
+        // feats [N, C]: one point's rows must fit a kernel1 tile.
+        match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
+            Some(c) if c > 0 && Policy::new(info, c).is_none() => {
+                Err(format!("C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn mlu_compute(
         &self,
         device: &Arc<Device>,
