@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -95,6 +97,21 @@ def test_emulated_card_is_an_npu_with_cambricon_vendor_id(mlu_devices):
     assert meta["emulated"] == "true"
     assert meta["architecture"].startswith("MLU370")
     assert int(meta["nram_bytes"]) == 768 * 1024
+
+
+def test_without_a_card_or_the_emulator_the_ep_offers_no_device_and_says_why(mlu_lib):
+    # A fresh process: the factory reads MLU_EP_EMULATE when the library is registered.
+    code = (
+        "import onnxruntime as ort, sys\n"
+        f"ort.register_execution_provider_library('{EP}', {str(mlu_lib)!r})\n"
+        f"print(sum(d.ep_name == '{EP}' for d in ort.get_ep_devices()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLU_EP_EMULATE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+    lines = [line for line in out.stderr.splitlines() if "MLUExecutionProvider: no MLU device" in line]
+    assert len(lines) == 1, out.stderr
 
 
 # ----------------------------------------------------------------------------- the five operators
