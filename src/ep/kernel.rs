@@ -10,7 +10,7 @@ use crate::error::{Error, NodeError, Result};
 use crate::mlu::{Copy, DeviceOutputs, MluKernel};
 use crate::ops::{ALL, OpEntry};
 use crate::ort::custom_op::InfoAttributes;
-use crate::ort::ep_ffi::{OrtEp, OrtKernelDefBuilder, OrtKernelImpl, OrtKernelRegistry};
+use crate::ort::ep_ffi::{OrtEp, OrtKernelCreateFunc, OrtKernelDefBuilder, OrtKernelImpl, OrtKernelRegistry};
 use crate::ort::kernel::dtype_of;
 use crate::ort::{api, check, cstring, guard, node_status, read_string};
 use crate::schema::{self, Attrs, Schema};
@@ -46,76 +46,71 @@ fn ort(what: &str) -> impl FnOnce(String) -> Error + '_ {
     move |m| Error::Runtime(format!("{what}: {m}"))
 }
 
-/// Builds the registry: domain `mluops`, opset 1 and later, EP `MLUExecutionProvider`.
-/// No type constraints are added: the `mluops` schemas already fix each input's element
-/// type, and every type they allow has a BANG kernel (ThreeInterpolateBackward: float and
-/// float16).
-pub fn registry() -> Result<Registry> {
+/// Where a kernel wants one of its tensors in host memory.
+enum HostSide {
+    None,
+    Input0,
+    Output0,
+}
+
+/// Adds one kernel (opset 1 and later, EP `MLUExecutionProvider`) to the registry.
+fn add_kernel(
+    registry: &Registry,
+    op: &str,
+    domain: &str,
+    host: HostSide,
+    create: OrtKernelCreateFunc,
+    state: *mut c_void,
+) -> Result<()> {
     let ep = ep_api();
+    let mut b = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    check(unsafe { (ep.CreateKernelDefBuilder)(&mut b) }).map_err(ort("CreateKernelDefBuilder"))?;
+    let builder = Builder(b);
+    let (op, domain, ep_name) = (cstring(op), cstring(domain), cstring(EP_NAME));
+    let mut def = std::ptr::null_mut();
+    // SAFETY: the builder is live; the strings outlive the calls (ORT copies them).
+    unsafe {
+        check((ep.KernelDefBuilder_SetOperatorType)(builder.0, op.as_ptr())).map_err(ort("SetOperatorType"))?;
+        check((ep.KernelDefBuilder_SetDomain)(builder.0, domain.as_ptr())).map_err(ort("SetDomain"))?;
+        check((ep.KernelDefBuilder_SetSinceVersion)(builder.0, schema::OPSET_VERSION, i32::MAX))
+            .map_err(ort("SetSinceVersion"))?;
+        check((ep.KernelDefBuilder_SetExecutionProvider)(builder.0, ep_name.as_ptr())).map_err(ort("SetExecutionProvider"))?;
+        match host {
+            HostSide::None => {}
+            HostSide::Input0 => check((ep.KernelDefBuilder_SetInputMemType)(builder.0, 0, OrtMemType::OrtMemTypeCPUInput))
+                .map_err(ort("SetInputMemType"))?,
+            HostSide::Output0 => check((ep.KernelDefBuilder_SetOutputMemType)(builder.0, 0, OrtMemType::OrtMemTypeCPUOutput))
+                .map_err(ort("SetOutputMemType"))?,
+        }
+        check((ep.KernelDefBuilder_Build)(builder.0, &mut def)).map_err(ort("KernelDefBuilder_Build"))?;
+    }
+    // SAFETY: registry and def are live; `state` outlives the registry.
+    let added = check(unsafe { (ep.KernelRegistry_AddKernel)(registry.0, def, create, state) });
+    // SAFETY: the registry keeps its own reference to the definition.
+    unsafe { (ep.ReleaseKernelDef)(def) };
+    added.map_err(ort("KernelRegistry_AddKernel"))
+}
+
+/// Builds the registry: the five operators (domain `mluops`) and the copies ONNX Runtime
+/// inserts between CPU nodes and MLU nodes, which run as this EP's `MemcpyFromHost` /
+/// `MemcpyToHost` kernels (ONNX domain; host side declared as CPU memory). No type
+/// constraints are added: the `mluops` schemas already fix each input's element type, every
+/// type they allow has a BANG kernel (ThreeInterpolateBackward: float and float16), and the
+/// copies move bytes of any type.
+pub fn registry() -> Result<Registry> {
     let mut raw = std::ptr::null_mut();
     // SAFETY: valid out pointer.
-    check(unsafe { (ep.CreateKernelRegistry)(&mut raw) }).map_err(ort("CreateKernelRegistry"))?;
+    check(unsafe { (ep_api().CreateKernelRegistry)(&mut raw) }).map_err(ort("CreateKernelRegistry"))?;
     let registry = Registry(raw);
-    let (domain, ep_name) = (cstring(schema::DOMAIN), cstring(EP_NAME));
     for entry in ALL {
-        let mut b = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        check(unsafe { (ep.CreateKernelDefBuilder)(&mut b) }).map_err(ort("CreateKernelDefBuilder"))?;
-        let builder = Builder(b);
-        let op = cstring(entry.name);
-        let mut def = std::ptr::null_mut();
-        // SAFETY: the builder is live; the strings outlive the calls (ORT copies them).
-        unsafe {
-            check((ep.KernelDefBuilder_SetOperatorType)(builder.0, op.as_ptr())).map_err(ort("SetOperatorType"))?;
-            check((ep.KernelDefBuilder_SetDomain)(builder.0, domain.as_ptr())).map_err(ort("SetDomain"))?;
-            check((ep.KernelDefBuilder_SetSinceVersion)(builder.0, schema::OPSET_VERSION, i32::MAX))
-                .map_err(ort("SetSinceVersion"))?;
-            check((ep.KernelDefBuilder_SetExecutionProvider)(builder.0, ep_name.as_ptr()))
-                .map_err(ort("SetExecutionProvider"))?;
-            check((ep.KernelDefBuilder_Build)(builder.0, &mut def)).map_err(ort("KernelDefBuilder_Build"))?;
-        }
         let state = (entry as *const OpEntry).cast_mut().cast::<c_void>();
-        // SAFETY: registry and def are live; `state` is a 'static OpEntry.
-        let added = check(unsafe { (ep.KernelRegistry_AddKernel)(registry.0, def, create_kernel, state) });
-        // SAFETY: the registry keeps its own reference to the definition.
-        unsafe { (ep.ReleaseKernelDef)(def) };
-        added.map_err(ort("KernelRegistry_AddKernel"))?;
+        add_kernel(&registry, entry.name, schema::DOMAIN, HostSide::None, create_kernel, state)?;
     }
-    // The copies ONNX Runtime inserts between CPU nodes and MLU nodes run as this EP's
-    // MemcpyFromHost / MemcpyToHost kernels (ONNX domain): host side declared as CPU memory.
-    let onnx = cstring("");
-    for (op, to_device) in [("MemcpyFromHost", true), ("MemcpyToHost", false)] {
-        let mut b = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        check(unsafe { (ep.CreateKernelDefBuilder)(&mut b) }).map_err(ort("CreateKernelDefBuilder"))?;
-        let builder = Builder(b);
-        let name = cstring(op);
-        let mut def = std::ptr::null_mut();
-        // SAFETY: the builder is live; the strings outlive the calls (ORT copies them).
-        unsafe {
-            check((ep.KernelDefBuilder_SetOperatorType)(builder.0, name.as_ptr())).map_err(ort("SetOperatorType"))?;
-            check((ep.KernelDefBuilder_SetDomain)(builder.0, onnx.as_ptr())).map_err(ort("SetDomain"))?;
-            check((ep.KernelDefBuilder_SetSinceVersion)(builder.0, 1, i32::MAX)).map_err(ort("SetSinceVersion"))?;
-            check((ep.KernelDefBuilder_SetExecutionProvider)(builder.0, ep_name.as_ptr()))
-                .map_err(ort("SetExecutionProvider"))?;
-            if to_device {
-                check((ep.KernelDefBuilder_SetInputMemType)(builder.0, 0, OrtMemType::OrtMemTypeCPUInput))
-                    .map_err(ort("SetInputMemType"))?;
-            } else {
-                check((ep.KernelDefBuilder_SetOutputMemType)(builder.0, 0, OrtMemType::OrtMemTypeCPUOutput))
-                    .map_err(ort("SetOutputMemType"))?;
-            }
-            check((ep.KernelDefBuilder_Build)(builder.0, &mut def)).map_err(ort("KernelDefBuilder_Build"))?;
-        }
-        let state = if to_device { &TO_DEVICE } else { &TO_HOST };
-        // SAFETY: registry and def are live; `state` is a static.
-        let added = check(unsafe {
-            (ep.KernelRegistry_AddKernel)(registry.0, def, create_memcpy, (state as *const Copy).cast_mut().cast())
-        });
-        // SAFETY: the registry keeps its own reference to the definition.
-        unsafe { (ep.ReleaseKernelDef)(def) };
-        added.map_err(ort("KernelRegistry_AddKernel"))?;
-    }
+    let to_device = (&TO_DEVICE as *const Copy).cast_mut().cast::<c_void>();
+    add_kernel(&registry, "MemcpyFromHost", "", HostSide::Input0, create_memcpy, to_device)?;
+    let to_host = (&TO_HOST as *const Copy).cast_mut().cast::<c_void>();
+    add_kernel(&registry, "MemcpyToHost", "", HostSide::Output0, create_memcpy, to_host)?;
     Ok(registry)
 }
 
