@@ -5,7 +5,7 @@
 use super::kernel::{self, Registry};
 use super::memory::{self, Allocator, Transfer};
 use super::provider::Ep;
-use super::{EP_NAME, INFO, OPTION_PREFIX, VENDOR, VENDOR_ID, WARNING, ep_api, log, version};
+use super::{EP_NAME, INFO, OPTION_PREFIX, VENDOR, VENDOR_ID, WARNING, ep_api, version, Logger};
 use crate::error::{Error, Result};
 use crate::mlu::{Device, cnrt, emulator};
 use crate::ort::ep_ffi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl};
@@ -75,7 +75,7 @@ impl Drop for Pairs {
 
 /// The cards this process can use: real ones through libcnrt, then the emulated card when
 /// `MLU_EP_EMULATE=1`.
-fn discover(logger: *const OrtLogger) -> Vec<(u32, Arc<Device>)> {
+fn discover(logger: Logger) -> Vec<(u32, Arc<Device>)> {
     let mut cards = Vec::new();
     match cnrt::devices() {
         Ok(devices) => {
@@ -83,22 +83,22 @@ fn discover(logger: *const OrtLogger) -> Vec<(u32, Arc<Device>)> {
                 cards.push((i as u32, d));
             }
         }
-        Err(why) => log(logger, INFO, &format!("{EP_NAME}: no Cambricon MLU card in use: {why}")),
+        Err(why) => logger.log(INFO, &format!("{EP_NAME}: no Cambricon MLU card in use: {why}")),
     }
     if std::env::var("MLU_EP_EMULATE").is_ok_and(|v| v == "1") {
         match emulator::device() {
             Ok(d) => cards.push((cards.len() as u32, d)),
-            Err(e) => log(logger, WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}")),
+            Err(e) => logger.log(WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}")),
         }
     }
     if cards.is_empty() {
-        log(logger, WARNING, &format!("{EP_NAME}: no MLU device (no libcnrt card, MLU_EP_EMULATE is not 1); the provider offers no device"));
+        logger.log(WARNING, &format!("{EP_NAME}: no MLU device (no libcnrt card, MLU_EP_EMULATE is not 1); the provider offers no device"));
     }
     cards
 }
 
 impl Factory {
-    pub fn new(logger: *const OrtLogger) -> Result<Box<Self>> {
+    pub fn new(logger: Logger) -> Result<Box<Self>> {
         let ep = ep_api();
         let mut cards = Vec::new();
         for (id, device) in discover(logger) {
@@ -311,6 +311,8 @@ unsafe extern "system" fn create_ep(
         };
         match factory.pick(devices, options) {
             Ok(card) => {
+                // SAFETY: ORT's session logger, valid for the life of the EP created here.
+                let logger = unsafe { Logger::new(logger) };
                 let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger);
                 // SAFETY: ORT's out pointer; released by release_ep.
                 unsafe { *out = ep.into_raw() };
@@ -420,6 +422,8 @@ pub unsafe fn create(logger: *const OrtLogger, factories: *mut *mut OrtEpFactory
     if max < 1 {
         return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: room for 0 factories, 1 needed");
     }
+    // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives.
+    let logger = unsafe { Logger::new(logger) };
     match Factory::new(logger) {
         Ok(f) => {
             // SAFETY: checked non-null; room for at least one factory.

@@ -62,18 +62,37 @@ pub unsafe fn init(host_version: &CStr) -> Result<(), String> {
     Ok(())
 }
 
-/// Writes one line to an ONNX Runtime logger (nothing when there is none).
-pub fn log(logger: *const OrtLogger, level: OrtLoggingLevel, msg: &str) {
-    if logger.is_null() {
-        return;
+/// An ONNX Runtime logger (the factory's default logger or a session's), or none.
+#[derive(Clone, Copy)]
+pub struct Logger(*const OrtLogger);
+
+// SAFETY: ONNX Runtime loggers are thread-safe and only used through `Logger_LogMessage`.
+unsafe impl Send for Logger {}
+// SAFETY: as above.
+unsafe impl Sync for Logger {}
+
+impl Logger {
+    /// # Safety
+    /// `logger` is null or a live ONNX Runtime logger that outlives every copy of the result
+    /// (ORT's default logger lives as long as the environment, a session logger as long as the
+    /// EP created with it).
+    pub unsafe fn new(logger: *const OrtLogger) -> Self {
+        Logger(logger)
     }
-    let text = cstring(msg);
-    // SAFETY: logger is a live ORT logger (factory default logger or session logger); the
-    // strings are NUL-terminated and outlive the call.
-    let s = unsafe {
-        (api().Logger_LogMessage)(logger, level, text.as_ptr(), c"onnxruntime-ep-mlu".as_ptr(), 0, c"MLUExecutionProvider".as_ptr())
-    };
-    let _ = check(s);
+
+    /// Writes one line (nothing when there is no logger).
+    pub fn log(self, level: OrtLoggingLevel, msg: &str) {
+        if self.0.is_null() {
+            return;
+        }
+        let text = cstring(msg);
+        // SAFETY: a live ORT logger (the contract of `Logger::new`); the strings are
+        // NUL-terminated and outlive the call.
+        let s = unsafe {
+            (api().Logger_LogMessage)(self.0, level, text.as_ptr(), c"onnxruntime-ep-mlu".as_ptr(), 0, c"MLUExecutionProvider".as_ptr())
+        };
+        let _ = check(s);
+    }
 }
 
 pub use ort_sys::OrtLoggingLevel::{ORT_LOGGING_LEVEL_INFO as INFO, ORT_LOGGING_LEVEL_WARNING as WARNING};

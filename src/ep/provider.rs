@@ -2,14 +2,14 @@
 //! the queues its kernels launch on.
 
 use super::factory::Factory;
-use super::{EP_NAME, INFO, WARNING, ep_api, log, version};
+use super::{EP_NAME, INFO, WARNING, ep_api, version, Logger};
 use crate::error::Result;
 use crate::mlu::{Device, Queue};
 use crate::ops;
 use crate::ort::ep_ffi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelDef, OrtKernelRegistry};
 use crate::ort::{api, check, cstring, guard, status};
 use crate::schema::{self, AttrKind, AttrValue, AttributeSource, Attrs};
-use ort_sys::{OrtErrorCode, OrtGraph, OrtLogger, OrtNode, OrtOpAttr, OrtOpAttrType, OrtStatusPtr, OrtValueInfo};
+use ort_sys::{OrtErrorCode, OrtGraph, OrtNode, OrtOpAttr, OrtOpAttrType, OrtStatusPtr, OrtValueInfo};
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, Mutex};
 
@@ -21,11 +21,11 @@ pub struct Ep {
     factory: *const Factory,
     device: Arc<Device>,
     card: u32,
-    logger: *const OrtLogger,
+    logger: Logger,
     queues: Mutex<Vec<Queue>>,
 }
 
-// SAFETY: the raw pointers are ONNX Runtime objects (factory, logger) that outlive the EP
+// SAFETY: the raw pointer is the factory, which outlives the EP
 // and are only read; the queues are behind a mutex.
 unsafe impl Send for Ep {}
 // SAFETY: as above.
@@ -38,7 +38,7 @@ fn this<'a>(ep: *const OrtEp) -> &'a Ep {
 }
 
 impl Ep {
-    pub fn new(factory: *const Factory, device: Arc<Device>, card: u32, logger: *const OrtLogger) -> Box<Self> {
+    pub fn new(factory: *const Factory, device: Arc<Device>, card: u32, logger: Logger) -> Box<Self> {
         let base = OrtEp {
             ort_version_supported: version(),
             GetName: Some(get_name),
@@ -58,8 +58,7 @@ impl Ep {
         };
         let ep = Box::new(Ep { base, name: cstring(EP_NAME), factory, device, card, logger, queues: Mutex::new(Vec::new()) });
         let d = &ep.device.info;
-        log(
-            logger,
+        logger.log(
             INFO,
             &format!(
                 "{EP_NAME} created on card {card}: {} ({}), {} clusters x {} cores",
@@ -198,10 +197,9 @@ fn capability(ep: &Ep, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo)
             None => {
                 // SAFETY: info and node are live.
                 check(unsafe { (ep_api().EpGraphSupportInfo_AddSingleNode)(info, node) })?;
-                log(ep.logger, INFO, &format!("{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {}", ep.card));
+                ep.logger.log(INFO, &format!("{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {}", ep.card));
             }
-            Some(why) => log(
-                ep.logger,
+            Some(why) => ep.logger.log(
                 WARNING,
                 &format!("{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"),
             ),
