@@ -142,6 +142,10 @@ const SOURCES: &[(&str, &str)] = &[
     ("GetIndicePairs", include_str!("../schemas/get_indice_pairs.json")),
     ("VoxelPoolingForward", include_str!("../schemas/voxel_pooling_forward.json")),
     ("PsRoiPoolBackward", include_str!("../schemas/psroipool_backward.json")),
+    ("DynamicScatter", include_str!("../schemas/dynamic_scatter.json")),
+    ("IndiceConv", include_str!("../schemas/indice_conv.json")),
+    ("ThreeInterpolate", include_str!("../schemas/three_interpolate.json")),
+    ("PsRoiPool", include_str!("../schemas/psroipool.json")),
 ];
 
 /// All schemas, parsed once. A malformed schema file is a build defect caught by the

@@ -92,7 +92,7 @@ fn add_kernel(
     added.map_err(ort("KernelRegistry_AddKernel"))
 }
 
-/// Builds the registry: the five operators (domain `mluops`) and the copies ONNX Runtime
+/// Builds the registry: the operators that have BANG kernels (domain `mluops`) and the copies ONNX Runtime
 /// inserts between CPU nodes and MLU nodes, which run as this EP's `MemcpyFromHost` /
 /// `MemcpyToHost` kernels (ONNX domain; host side declared as CPU memory). No type
 /// constraints are added: the `mluops` schemas already fix each input's element type, every
@@ -103,7 +103,7 @@ pub fn registry() -> Result<Registry> {
     // SAFETY: valid out pointer.
     check(unsafe { (ep_api().CreateKernelRegistry)(&mut raw) }).map_err(ort("CreateKernelRegistry"))?;
     let registry = Registry(raw);
-    for entry in ALL {
+    for entry in ALL.iter().filter(|e| e.create_mlu.is_some()) {
         let state = (entry as *const OpEntry).cast_mut().cast::<c_void>();
         add_kernel(&registry, entry.name, schema::DOMAIN, HostSide::None, create_kernel, state)?;
     }
@@ -231,7 +231,10 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
             Err(e) => return fail(e),
         };
         let schema = schema::get(entry.name);
-        match (entry.create_mlu)(&Attrs::new(schema, &InfoAttributes { info })) {
+        let Some(create_mlu) = entry.create_mlu else {
+            return fail(Error::Runtime("no MLU kernel for this operator".into()));
+        };
+        match create_mlu(&Attrs::new(schema, &InfoAttributes { info })) {
             Ok(kernel) => {
                 let k = Box::new(NodeKernel {
                     base: kernel_impl(compute, release),

@@ -109,8 +109,11 @@ impl Ep {
         let Some(entry) = ops::entry(op_type) else {
             return Some("not an operator of this library".into());
         };
+        let Some(create_mlu) = entry.create_mlu else {
+            return Some("no MLU kernel for this operator (its CPU kernel runs it)".into());
+        };
         let source = NodeAttributes { node };
-        match (entry.create_mlu)(&Attrs::new(schema::get(op_type), &source)) {
+        match create_mlu(&Attrs::new(schema::get(op_type), &source)) {
             Err(e) => Some(format!("invalid attributes ({e}); the CPU kernel reports the error")),
             Ok(kernel) => kernel.supported().err().or_else(|| match input_shapes(node) {
                 Ok(shapes) => kernel.supported_shapes(&self.device.info, &shapes).err(),

@@ -1,11 +1,15 @@
-//! The five operators. Each module owns its descriptor (built from the node's attributes,
+//! The operators: the five of OPERATORS.md and their forward partners. Each module owns its descriptor (built from the node's attributes,
 //! with every attribute rule of OPERATORS.md checked), its input checks, and its CPU kernel.
 //! Hosts drive them through [`Operator`]: `from_attributes` once per node, then per run
 //! `plan` (validate everything, compute output shapes; nothing is written) and `execute`.
 
+pub mod dynamic_scatter;
 pub mod dynamic_scatter_backward;
 pub mod get_indice_pairs;
+pub mod indice_conv;
+pub mod psroipool;
 pub mod psroipool_backward;
+pub mod three_interpolate;
 pub mod three_interpolate_backward;
 pub mod voxel_pooling_forward;
 
@@ -56,12 +60,13 @@ impl<O: Operator> Kernel for O {
     }
 }
 
-/// Registry entry: how to build a node's kernel from its attributes, for the CPU path and
-/// for the MLU path.
+/// Registry entry: how to build a node's kernel from its attributes, for the CPU path and,
+/// for the operators that have BANG kernels, for the MLU path.
 pub struct OpEntry {
     pub name: &'static str,
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
-    pub create_mlu: fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>,
+    /// `None`: no MLU kernel; the EP declines the operator's nodes, which run on CPU.
+    pub create_mlu: Option<fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>>,
 }
 
 fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
@@ -72,18 +77,31 @@ fn create_mlu<O: MluOperator>(attrs: &Attrs<'_>) -> Result<Box<dyn MluKernel>> {
     Ok(Box::new(O::from_attributes(attrs)?))
 }
 
-macro_rules! entries {
-    ($($t:ty),*) => { &[$(OpEntry { name: <$t>::NAME, create: create::<$t>, create_mlu: create_mlu::<$t> }),*] };
+macro_rules! mlu {
+    ($t:ty) => {
+        OpEntry { name: <$t>::NAME, create: create::<$t>, create_mlu: Some(create_mlu::<$t>) }
+    };
 }
 
-/// Every operator of the domain, in OPERATORS.md order.
-pub const ALL: &[OpEntry] = entries!(
-    dynamic_scatter_backward::DynamicScatterBackward,
-    three_interpolate_backward::ThreeInterpolateBackward,
-    get_indice_pairs::GetIndicePairs,
-    voxel_pooling_forward::VoxelPoolingForward,
-    psroipool_backward::PsRoiPoolBackward
-);
+macro_rules! cpu_only {
+    ($t:ty) => {
+        OpEntry { name: <$t>::NAME, create: create::<$t>, create_mlu: None }
+    };
+}
+
+/// Every operator of the domain: the five of OPERATORS.md in its order, then the forward
+/// partners the models need (CPU kernels only).
+pub const ALL: &[OpEntry] = &[
+    mlu!(dynamic_scatter_backward::DynamicScatterBackward),
+    mlu!(three_interpolate_backward::ThreeInterpolateBackward),
+    mlu!(get_indice_pairs::GetIndicePairs),
+    mlu!(voxel_pooling_forward::VoxelPoolingForward),
+    mlu!(psroipool_backward::PsRoiPoolBackward),
+    cpu_only!(dynamic_scatter::DynamicScatter),
+    cpu_only!(indice_conv::IndiceConv),
+    cpu_only!(three_interpolate::ThreeInterpolate),
+    cpu_only!(psroipool::PsRoiPool),
+];
 
 pub fn entry(name: &str) -> Option<&'static OpEntry> {
     ALL.iter().find(|e| e.name == name)

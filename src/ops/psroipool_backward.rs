@@ -47,13 +47,13 @@ pub struct PsRoiPlan {
 
 /// A half-open pixel range of one bin edge pair, already clamped to the map.
 #[derive(Debug, Clone, Copy, Default)]
-struct Span {
-    start: usize,
-    end: usize,
+pub(super) struct Span {
+    pub(super) start: usize,
+    pub(super) end: usize,
 }
 
 impl Span {
-    fn len(self) -> usize {
+    pub(super) fn len(self) -> usize {
         self.end.saturating_sub(self.start)
     }
 }
@@ -91,14 +91,29 @@ impl PsRoiPoolBackward {
 
     /// The roi's batch if all five values are finite (then it must be checked against
     /// `batches`), `None` for a roi that contributes nothing.
-    fn finite_batch(roi: &[f32]) -> Option<f32> {
+    pub(super) fn finite_batch(roi: &[f32]) -> Option<f32> {
         roi.iter().all(|v| v.is_finite()).then(|| roi[0].trunc())
+    }
+
+    /// Every roi with finite values must name a batch in [0, batches) (input `index`).
+    pub(super) fn check_batches(inputs: &Inputs<'_>, index: usize, rois: &[f32], batches: usize) -> Result<()> {
+        for (k, roi) in rois.chunks_exact(5).enumerate() {
+            if let Some(b) = Self::finite_batch(roi) {
+                // Compared in f64: exact for every f32 and every realistic batch count.
+                if !(b >= 0.0 && f64::from(b) < batches as f64) {
+                    return Err(
+                        inputs.error(index, format!("roi {k}: batch_id {} (truncated {b}) outside [0, {batches})", roi[0]))
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Row and column spans of every bin of one roi, or `None` when the roi contributes
     /// nothing (non-finite start or bin size). Float32, each operation rounded (Rust never
     /// fuses), floor/ceil, then clamped to the map before conversion.
-    fn roi_spans(&self, roi: &[f32], height: usize, width: usize, rows: &mut [Span], cols: &mut [Span]) -> Option<()> {
+    pub(super) fn roi_spans(&self, roi: &[f32], height: usize, width: usize, rows: &mut [Span], cols: &mut [Span]) -> Option<()> {
         let scale = self.spatial_scale;
         // f32::round rounds half away from zero.
         let start_w = roi[1].round() * scale;
@@ -192,16 +207,7 @@ impl super::Operator for PsRoiPoolBackward {
             );
         }
         let (batches, height, width) = (dims[0], dims[1], dims[2]);
-        for (k, roi) in rois.data.chunks_exact(5).enumerate() {
-            if let Some(b) = Self::finite_batch(roi) {
-                // Compared in f64: exact for every f32 and every realistic batch count.
-                if !(b >= 0.0 && f64::from(b) < batches as f64) {
-                    return Err(
-                        inputs.error(1, format!("roi {k}: batch_id {} (truncated {b}) outside [0, {batches})", roi[0]))
-                    );
-                }
-            }
-        }
+        Self::check_batches(inputs, 1, rois.data, batches)?;
         // min/max first (vectorises); the offending position only on failure.
         let (lo, hi) = mapping.iter().fold((i32::MAX, i32::MIN), |(lo, hi), &c| (lo.min(c), hi.max(c)));
         if !mapping.is_empty() && (lo < 0 || hi as usize >= self.channels) {

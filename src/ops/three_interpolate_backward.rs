@@ -53,7 +53,7 @@ pub struct Dims {
 }
 
 /// float32 or float16, computed in float32.
-trait Real: OutElement {
+pub(super) trait Real: OutElement {
     /// Target points per transposed tile.
     const TILE: usize;
     /// The data as float32 without a copy, when it already is float32.
