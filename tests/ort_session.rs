@@ -540,6 +540,10 @@ table_tests! {
     "GetIndicePairs" => get_indice_pairs_error_rules_are_rejected, get_indice_pairs_valid_edges_run;
     "VoxelPoolingForward" => voxel_pooling_forward_error_rules_are_rejected, voxel_pooling_forward_valid_edges_run;
     "PsRoiPoolBackward" => psroipool_backward_error_rules_are_rejected, psroipool_backward_valid_edges_run;
+    "DynamicScatter" => dynamic_scatter_error_rules_are_rejected, dynamic_scatter_valid_edges_run;
+    "IndiceConv" => indice_conv_error_rules_are_rejected, indice_conv_valid_edges_run;
+    "ThreeInterpolate" => three_interpolate_error_rules_are_rejected, three_interpolate_valid_edges_run;
+    "PsRoiPool" => psroipool_error_rules_are_rejected, psroipool_valid_edges_run;
 }
 
 // ------------------------------------------------------------------------------ valid runs

@@ -26,7 +26,8 @@ fn names<T>(v: &[(String, Vec<DType>, T)]) -> Vec<&str> {
 #[test]
 fn every_operator_has_exactly_one_schema_in_domain_mluops() {
     let all = schema::all();
-    assert_eq!(all.len(), 5);
+    assert_eq!(all.len(), 9);
+    assert_eq!(ops::ALL.len(), 9);
     for e in ops::ALL {
         let s = schema::get(e.name);
         assert_eq!(s.domain, "mluops");
@@ -37,8 +38,89 @@ fn every_operator_has_exactly_one_schema_in_domain_mluops() {
     names.sort();
     assert_eq!(
         names,
-        ["DynamicScatterBackward", "GetIndicePairs", "PsRoiPoolBackward", "ThreeInterpolateBackward", "VoxelPoolingForward"]
+        [
+            "DynamicScatter",
+            "DynamicScatterBackward",
+            "GetIndicePairs",
+            "IndiceConv",
+            "PsRoiPool",
+            "PsRoiPoolBackward",
+            "ThreeInterpolate",
+            "ThreeInterpolateBackward",
+            "VoxelPoolingForward"
+        ]
     );
+}
+
+/// The five operators of OPERATORS.md have BANG kernels; the forward partners run on CPU
+/// only (the EP declines them).
+#[test]
+fn mlu_kernels_exist_for_the_five_contract_operators_only() {
+    let with_mlu: Vec<&str> = ops::ALL.iter().filter(|e| e.create_mlu.is_some()).map(|e| e.name).collect();
+    assert_eq!(
+        with_mlu,
+        ["DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"]
+    );
+}
+
+#[test]
+fn dynamic_scatter_matches_contract() {
+    use DType::*;
+    let (i, o) = io("DynamicScatter");
+    assert_eq!(i, [("feats".to_string(), vec![F32], false), ("coors".to_string(), vec![I32], false)]);
+    let outs: Vec<(&str, Vec<DType>)> = o.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    assert_eq!(
+        outs,
+        [
+            ("voxel_feats", vec![F32]),
+            ("voxel_coors", vec![I32]),
+            ("point2voxel_map", vec![I32]),
+            ("voxel_points_count", vec![I32]),
+            ("voxel_num", vec![I32])
+        ]
+    );
+    let a = schema::get("DynamicScatter").attribute("reduce_type").unwrap();
+    assert_eq!((a.kind, a.required, a.default_value()), (AttrKind::String, false, Some(AttrValue::String("max".into()))));
+}
+
+#[test]
+fn indice_conv_matches_contract() {
+    use DType::*;
+    let (i, o) = io("IndiceConv");
+    assert_eq!(names(&i), ["features", "filters", "indice_pairs", "indice_num", "out_indices", "bias"]);
+    let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
+    assert_eq!(types, [vec![F32], vec![F32], vec![I32], vec![I32], vec![I32], vec![F32]]);
+    assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [false, false, false, false, false, true]);
+    assert_eq!(o, [("output".to_string(), vec![F32])]);
+    let a = schema::get("IndiceConv").attribute("inverse").unwrap();
+    assert_eq!((a.kind, a.required, a.default_value()), (AttrKind::Int, false, Some(AttrValue::Int(0))));
+}
+
+#[test]
+fn three_interpolate_matches_contract() {
+    use DType::*;
+    let (i, o) = io("ThreeInterpolate");
+    assert_eq!(names(&i), ["features", "indices", "weights"]);
+    assert_eq!((i[0].1.clone(), i[1].1.clone(), i[2].1.clone()), (vec![F32, F16], vec![I32], vec![F32, F16]));
+    assert_eq!(o, [("output".to_string(), vec![F32, F16])]);
+    let s = schema::get("ThreeInterpolate");
+    assert!(s.attributes.is_empty());
+    assert_eq!(s.bindings().len(), 2);
+}
+
+#[test]
+fn psroipool_matches_contract() {
+    use DType::*;
+    let (i, o) = io("PsRoiPool");
+    assert_eq!(i, [("input".to_string(), vec![F32], false), ("rois".to_string(), vec![F32], false)]);
+    assert_eq!(o, [("output".to_string(), vec![F32]), ("mapping_channel".to_string(), vec![I32])]);
+    // The same attributes as the backward op, all required.
+    let (fwd, bwd) = (schema::get("PsRoiPool"), schema::get("PsRoiPoolBackward"));
+    assert_eq!(fwd.attributes.len(), 4);
+    for a in &fwd.attributes {
+        let b = bwd.attribute(&a.name).unwrap();
+        assert_eq!((a.kind, a.required), (b.kind, b.required), "{}", a.name);
+    }
 }
 
 #[test]
