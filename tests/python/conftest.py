@@ -48,7 +48,8 @@ ONNX_TYPE_NAMES = {
 
 def library_path() -> Path:
     env = os.environ.get("MLU_EP_LIB")
-    return Path(env) if env else REPO / "target" / "debug" / "libonnxruntime_ep_mlu.so"
+    # Absolute: onnxruntime resolves a relative EP library path against its own capi/ folder.
+    return Path(env).resolve() if env else REPO / "target" / "debug" / "libonnxruntime_ep_mlu.so"
 
 
 def load_schemas() -> dict:

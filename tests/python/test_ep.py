@@ -182,6 +182,56 @@ def test_declined_configurations_run_on_cpu_in_the_same_session(mlu_devices, mlu
     assert_same(mlu.run(None, feeds), cpu.run(None, feeds), [o.name for o in outputs])
 
 
+def test_forward_operators_without_mlu_kernels_run_on_cpu_between_mlu_nodes(mlu_devices, mlu_lib):
+    """DynamicScatter, IndiceConv, ThreeInterpolate and PsRoiPool have no BANG kernel: the EP
+    declines them, they run on CPU in the same session, and their outputs feed MLU nodes
+    (DynamicScatterBackward, PsRoiPoolBackward) and take MLU outputs (GetIndicePairs)."""
+    rng = np.random.default_rng(11)
+    F, I = TensorProto.FLOAT, TensorProto.INT32
+    n, c = 200, 6
+    feeds = {
+        "feats": rng.integers(-3, 4, (n, c)).astype(np.float32),
+        "coors": rng.integers(-1, 4, (n, 3)).astype(np.int32),
+        "sites": gip_sites(rng, 2, (4, 5, 6), 40),
+        "filters": rng.standard_normal((27, 3, 4)).astype(np.float32),
+        "tf": rng.standard_normal((2, 5, 16)).astype(np.float32),
+        "tidx": rng.integers(0, 16, (2, 9, 3)).astype(np.int32),
+        "tw": rng.random((2, 9, 3)).astype(np.float32),
+        "maps": rng.standard_normal((2, 8, 8, 3 * 3 * 2)).astype(np.float32),
+        "rois": np.array([[0, 0, 0, 5, 6], [1, 2, 1, 7, 7], [0, 3, 3, 3, 3]], np.float32),
+    }
+    feeds["site_feats"] = rng.standard_normal((len(feeds["sites"]), 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("DynamicScatter", ["feats", "coors"], ["vf", "vc", "p2v", "cnt", "vn"], domain=DOMAIN, name="ds"),
+        helper.make_node("Sin", ["vf"], ["gvf"], name="grad"),
+        helper.make_node("DynamicScatterBackward", ["gvf", "feats", "vf", "p2v", "cnt", "vn"], ["gfeats"], domain=DOMAIN,
+                         name="dsb"),
+        helper.make_node("GetIndicePairs", ["sites"], ["pairs", "out", "num"], domain=DOMAIN, name="gip", batch_size=2,
+                         spatial_shape=[4, 5, 6], kernel_size=[3, 3, 3], stride=[2, 2, 2], padding=[1, 1, 1]),
+        helper.make_node("IndiceConv", ["site_feats", "filters", "pairs", "num", "out"], ["conv"], domain=DOMAIN, name="conv"),
+        helper.make_node("ThreeInterpolate", ["tf", "tidx", "tw"], ["interp"], domain=DOMAIN, name="ti"),
+        helper.make_node("PsRoiPool", ["maps", "rois"], ["pooled", "mapping"], domain=DOMAIN, name="psroi", pooled_height=3,
+                         pooled_width=3, spatial_scale=1.0, output_dim=2),
+        helper.make_node("Shape", ["maps"], ["maps_shape"], name="shape"),
+        helper.make_node("PsRoiPoolBackward", ["pooled", "rois", "mapping", "maps_shape"], ["gmaps"], domain=DOMAIN,
+                         name="psroi_grad", pooled_height=3, pooled_width=3, spatial_scale=1.0, output_dim=2),
+    ]
+    inputs = [vi(k, I if v.dtype == np.int32 else F, list(v.shape)) for k, v in feeds.items()]
+    out_names = ["vf", "vc", "p2v", "cnt", "vn", "gfeats", "out", "conv", "interp", "pooled", "mapping", "gmaps"]
+    outputs = [vi(o, I if o in {"vc", "p2v", "cnt", "vn", "out", "mapping"} else F) for o in out_names]
+    model = make_graph_model(nodes, inputs, outputs)
+    mlu = mlu_session(model, mlu_devices)
+    where = assignment(mlu)
+    for node in ["ds", "conv", "ti", "psroi"]:
+        assert where[node] == "CPUExecutionProvider", f"{node} ran on {where.get(node)}"
+    for node in ["dsb", "gip", "psroi_grad"]:
+        assert where[node] == EP, f"{node} ran on {where.get(node)}"
+    got, want = mlu.run(None, feeds), cpu_session(model, mlu_lib).run(None, feeds)
+    assert_same(got, want, out_names)
+    # Not trivial: voxels formed, some points dropped, the convolution and the pooling produced values.
+    assert got[4][0] > 5 and (got[2] == -1).any() and np.abs(got[7]).sum() > 0 and np.abs(got[9]).sum() > 0
+
+
 def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_lib):
     # DynamicScatterBackward with C = 60000: one point's rows exceed the kernel's NRAM tile.
     n, m, c = 3, 2, 60000
