@@ -7,7 +7,7 @@
 //! the batch's indices and weights once per row block. No MLU kernel: the EP declines it.
 
 use super::Operator;
-use super::three_interpolate_backward::Real;
+use super::three_interpolate_backward::{Real, check_indices, float_dtype};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
@@ -36,14 +36,9 @@ pub struct Dims {
 
 impl ThreeInterpolate {
     fn dims(inputs: &Inputs<'_>) -> Result<Dims> {
-        match inputs.dtype(FEATURES) {
-            Some(DType::F32) => Self::dims_of::<f32>(inputs),
-            Some(DType::F16) => Self::dims_of::<f16>(inputs),
-            Some(other) => Err(inputs.error(
-                FEATURES,
-                format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name()),
-            )),
-            None => Err(inputs.error(FEATURES, "required input is missing")),
+        match float_dtype(inputs, FEATURES)? {
+            DType::F16 => Self::dims_of::<f16>(inputs),
+            _ => Self::dims_of::<f32>(inputs),
         }
     }
 
@@ -78,15 +73,7 @@ impl Operator for ThreeInterpolate {
     fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Dims)> {
         let d = Self::dims(inputs)?;
         let indices = inputs.get::<i32>(INDICES)?.data;
-        // A negative index wraps to a huge value, so one compare checks both bounds.
-        if let Some(p) = indices.iter().position(|&j| j as u32 as usize >= d.m) {
-            let (bn, k) = (p / 3, p % 3);
-            let (b, n) = (bn / d.n.max(1), bn % d.n.max(1));
-            return Err(inputs.error(
-                INDICES,
-                format!("indices[{b}, {n}, {k}] = {} is outside [0, M) with M = {} (features' last dimension)", indices[p], d.m),
-            ));
-        }
+        check_indices(inputs, INDICES, indices, d.n, d.m, "M")?;
         Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.n])], d))
     }
 

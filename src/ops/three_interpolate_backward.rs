@@ -93,14 +93,9 @@ impl Real for f16 {
 impl ThreeInterpolateBackward {
     /// Checks dtypes and shapes (not index values) and returns the sizes.
     fn dims(&self, inputs: &Inputs<'_>) -> Result<Dims> {
-        match inputs.dtype(GRAD_OUTPUT) {
-            Some(DType::F32) => self.dims_of::<f32>(inputs),
-            Some(DType::F16) => self.dims_of::<f16>(inputs),
-            Some(other) => Err(inputs.error(
-                GRAD_OUTPUT,
-                format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name()),
-            )),
-            None => Err(inputs.error(GRAD_OUTPUT, "required input is missing")),
+        match float_dtype(inputs, GRAD_OUTPUT)? {
+            DType::F16 => self.dims_of::<f16>(inputs),
+            _ => self.dims_of::<f32>(inputs),
         }
     }
 
@@ -143,15 +138,7 @@ impl Operator for ThreeInterpolateBackward {
     fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Dims)> {
         let d = self.dims(inputs)?;
         let indices = inputs.get::<i32>(INDICES)?.data;
-        // The only value rule. A negative index wraps to a huge usize, so one compare suffices.
-        if let Some(p) = indices.iter().position(|&j| j as u32 as usize >= d.m) {
-            let (bn, k) = (p / 3, p % 3);
-            let (b, n) = (bn / d.n.max(1), bn % d.n.max(1));
-            return Err(inputs.error(
-                INDICES,
-                format!("indices[{b}, {n}, {k}] = {} is outside [0, m) with m = {}", indices[p], d.m),
-            ));
-        }
+        check_indices(inputs, INDICES, indices, d.n, d.m, "m")?;
         Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])], d))
     }
 
@@ -163,6 +150,30 @@ impl Operator for ThreeInterpolateBackward {
         match d.dtype {
             DType::F16 => run::<f16>(&d, inputs, outputs, par),
             _ => run::<f32>(&d, inputs, outputs, par),
+        }
+    }
+}
+
+/// The element type T of input `i`: float32 or float16, else the contract error.
+pub(super) fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
+    match inputs.dtype(i) {
+        Some(t @ (DType::F32 | DType::F16)) => Ok(t),
+        Some(other) => {
+            Err(inputs.error(i, format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name())))
+        }
+        None => Err(inputs.error(i, "required input is missing")),
+    }
+}
+
+/// Every value of `indices` ([B, n, 3], input `i`) must lie in [0, m); `m_name` says where m
+/// comes from. A negative index wraps to a huge value, so one compare checks both bounds.
+pub(super) fn check_indices(inputs: &Inputs<'_>, i: usize, indices: &[i32], n: usize, m: usize, m_name: &str) -> Result<()> {
+    match indices.iter().position(|&j| j as u32 as usize >= m) {
+        None => Ok(()),
+        Some(p) => {
+            let (bn, k) = (p / 3, p % 3);
+            let (b, n) = (bn / n.max(1), bn % n.max(1));
+            Err(inputs.error(i, format!("indices[{b}, {n}, {k}] = {} is outside [0, {m_name}) with {m_name} = {m}", indices[p])))
         }
     }
 }
