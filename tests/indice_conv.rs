@@ -1,0 +1,1076 @@
+//! IndiceConv (spconv v1 / mmcv indice_conv) against its contract, the `doc` of
+//! schemas/indice_conv.json, through the Rust API.
+//!
+//! Two references, both written from the contract text alone and sharing no code with the
+//! kernel (accuracy class: accumulating, float64 sums):
+//! - the rulebook reference: output = bias, then for every k and j < indice_num[k],
+//!   output[dst] += features[src] @ filters[k], with the slots swapped when inverse = 1;
+//! - the dense reference: the rulebook comes from the crate's real GetIndicePairs op, and the
+//!   result is compared with a 3D convolution computed directly from the sparse sites
+//!   (out[o] = bias + sum over k of in[o*s - p + k*d] @ filters[k], with k = (kz*KH + ky)*KW + kx
+//!   and the input grid zero off the active sites), for submanifold, strided, dilated and
+//!   transposed convolutions and for inverse convolutions over a forward rulebook.
+//!
+//! The contract also makes the result bit-identical across runs and thread counts.
+
+// Reference helpers take the convolution's pieces as plain arguments.
+#![allow(clippy::too_many_arguments)]
+
+use onnxruntime_ep_mlu::error::Error;
+use onnxruntime_ep_mlu::ops::get_indice_pairs::GetIndicePairs;
+use onnxruntime_ep_mlu::ops::indice_conv::IndiceConv;
+use onnxruntime_ep_mlu::ops::{descriptor, run};
+use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
+use onnxruntime_ep_mlu::schema::AttrValue;
+use onnxruntime_ep_mlu::tensor::Tensor;
+use proptest::prelude::*;
+use std::collections::{BTreeSet, HashMap, HashSet};
+mod common;
+use common::{Rng, assert_accumulating};
+
+// ---------------------------------------------------------------- IndiceConv inputs
+
+/// The inputs of one IndiceConv node.
+#[derive(Debug, Clone)]
+struct Conv {
+    l: usize,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    p: usize,
+    num_out: usize,
+    features: Vec<f32>,
+    filters: Vec<f32>,
+    /// [K, 2, P]
+    pairs: Vec<i32>,
+    num: Vec<i32>,
+    /// out_indices' data (never read by the op: only its first dimension counts).
+    out_indices: Vec<i32>,
+    out_d: usize,
+    bias: Option<Vec<f32>>,
+}
+
+fn attrs(inverse: i64) -> HashMap<String, AttrValue> {
+    HashMap::from([("inverse".to_string(), AttrValue::Int(inverse))])
+}
+
+impl Conv {
+    fn tensors(&self) -> Vec<Tensor> {
+        let mut t = vec![
+            Tensor::f32([self.l, self.cin], self.features.clone()),
+            Tensor::f32([self.k, self.cin, self.cout], self.filters.clone()),
+            Tensor::i32([self.k, 2, self.p], self.pairs.clone()),
+            Tensor::i32([self.k], self.num.clone()),
+            Tensor::i32([self.num_out, self.out_d], self.out_indices.clone()),
+        ];
+        if let Some(b) = &self.bias {
+            t.push(Tensor::f32([self.cout], b.clone()));
+        }
+        t
+    }
+
+    fn run(&self, inverse: i64, par: &dyn Parallel) -> Result<Vec<f32>, Error> {
+        run_tensors(inverse, &self.tensors(), par).map(|out| {
+            assert_eq!(out.shape, vec![self.num_out, self.cout], "output shape [num_out, Cout]");
+            out.data.f32().expect("float32 output").to_vec()
+        })
+    }
+}
+
+fn run_tensors(inverse: i64, t: &[Tensor], par: &dyn Parallel) -> Result<Tensor, Error> {
+    let op: IndiceConv = descriptor(&attrs(inverse))?;
+    let mut inputs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
+    inputs.resize(6, None);
+    let mut out = run(&op, &inputs, par)?;
+    assert_eq!(out.len(), 1, "one output");
+    Ok(out.remove(0))
+}
+
+/// The rulebook reference: float64, straight from the contract's loop.
+fn reference(c: &Conv, inverse: bool) -> Vec<f64> {
+    let (cin, cout, p) = (c.cin, c.cout, c.p);
+    let mut out = vec![0f64; c.num_out * cout];
+    for row in out.chunks_mut(cout.max(1)) {
+        for (o, v) in row.iter_mut().enumerate() {
+            *v = c.bias.as_ref().map_or(0.0, |b| b[o] as f64);
+        }
+    }
+    for k in 0..c.k {
+        for j in 0..c.num[k] as usize {
+            let (a, b) = (c.pairs[(k * 2) * p + j] as usize, c.pairs[(k * 2 + 1) * p + j] as usize);
+            let (src, dst) = if inverse { (b, a) } else { (a, b) };
+            for ci in 0..cin {
+                let x = c.features[src * cin + ci] as f64;
+                for co in 0..cout {
+                    out[dst * cout + co] += x * c.filters[(k * cin + ci) * cout + co] as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// True when the contract makes these (well-shaped) inputs an error, with the tensors that
+/// may be named: indice_num outside [0, P], or a read pair outside its range.
+fn index_errors(c: &Conv, inverse: bool) -> (bool, bool) {
+    let (src_slot, dst_slot) = if inverse { (1, 0) } else { (0, 1) };
+    let mut num_bad = false;
+    let mut pair_bad = false;
+    for k in 0..c.k {
+        let n = c.num[k];
+        if n < 0 || n as usize > c.p {
+            num_bad = true;
+            continue;
+        }
+        for j in 0..n as usize {
+            let src = c.pairs[(k * 2 + src_slot) * c.p + j];
+            let dst = c.pairs[(k * 2 + dst_slot) * c.p + j];
+            if src < 0 || src as usize >= c.l || dst < 0 || dst as usize >= c.num_out {
+                pair_bad = true;
+            }
+        }
+    }
+    (num_bad, pair_bad)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn float(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.float()).collect()
+    }
+}
+
+/// Checks a run against the rulebook reference, with Serial, Threads(2) and Threads(3)
+/// bit-identical. Returns the output.
+fn check(c: &Conv, inverse: bool) -> Vec<f32> {
+    let inv = inverse as i64;
+    let first = c.run(inv, &Serial).expect("valid case runs");
+    assert_accumulating(&first, &reference(c, inverse), "output vs rulebook reference");
+    for par in [&Threads(2) as &dyn Parallel, &Threads(3), &Serial] {
+        let again = c.run(inv, par).expect("valid case runs");
+        assert_eq!(bits(&again), bits(&first), "bit-identical across runs and thread counts");
+    }
+    first
+}
+
+/// A random rulebook: every pair in range, `num` at most P, garbage in unused slots,
+/// repeated destinations (and sources) likely.
+fn random_conv(
+    rng: &mut Rng,
+    l: usize,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    p: usize,
+    num_out: usize,
+    bias: bool,
+) -> Conv {
+    let mut pairs = vec![0i32; k * 2 * p];
+    let mut num = vec![0i32; k];
+    for kk in 0..k {
+        let n = if l == 0 || num_out == 0 { 0 } else { rng.below(p + 1) };
+        num[kk] = n as i32;
+        for j in 0..p {
+            let (src, dst) = if j < n {
+                (rng.below(l) as i32, rng.below(num_out) as i32)
+            } else {
+                (-1 - rng.below(3) as i32, i32::MAX - rng.below(3) as i32)
+            };
+            pairs[(kk * 2) * p + j] = src;
+            pairs[(kk * 2 + 1) * p + j] = dst;
+        }
+    }
+    Conv {
+        l,
+        cin,
+        cout,
+        k,
+        p,
+        num_out,
+        features: rng.floats(l * cin),
+        filters: rng.floats(k * cin * cout),
+        pairs,
+        num,
+        out_indices: vec![i32::MIN; num_out * 4],
+        out_d: 4,
+        bias: bias.then(|| rng.floats(cout).iter().map(|x| x * 3.0).collect()),
+    }
+}
+
+/// Swaps the roles of the two slots: an inverse = 1 node over `c` equals an inverse = 0
+/// node over the swapped rulebook with L and num_out exchanged.
+fn swapped(c: &Conv, features: Vec<f32>, l: usize, num_out: usize) -> Conv {
+    let mut s = c.clone();
+    for k in 0..c.k {
+        for j in 0..c.p {
+            s.pairs.swap((k * 2) * c.p + j, (k * 2 + 1) * c.p + j);
+        }
+    }
+    s.features = features;
+    s.l = l;
+    s.num_out = num_out;
+    s.out_indices = vec![0; num_out * 4];
+    s
+}
+
+// ---------------------------------------------------------------- GetIndicePairs and the dense reference
+
+/// A sparse convolution configuration (valid for GetIndicePairs).
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    batch: i64,
+    spatial: [i64; 3],
+    kernel: [i64; 3],
+    stride: [i64; 3],
+    padding: [i64; 3],
+    dilation: [i64; 3],
+    output_padding: [i64; 3],
+    subm: bool,
+    transpose: bool,
+}
+
+impl Geometry {
+    fn new(batch: i64, spatial: [i64; 3], kernel: [i64; 3]) -> Self {
+        Geometry {
+            batch,
+            spatial,
+            kernel,
+            stride: [1; 3],
+            padding: [0; 3],
+            dilation: [1; 3],
+            output_padding: [0; 3],
+            subm: false,
+            transpose: false,
+        }
+    }
+    fn subm(batch: i64, spatial: [i64; 3], kernel: [i64; 3], dilation: [i64; 3]) -> Self {
+        let padding = [0, 1, 2].map(|a| dilation[a] * (kernel[a] - 1) / 2);
+        Geometry { padding, dilation, subm: true, ..Geometry::new(batch, spatial, kernel) }
+    }
+    fn volume(&self) -> usize {
+        self.kernel.iter().product::<i64>() as usize
+    }
+    fn out_size(&self, a: usize) -> i64 {
+        let (i, k, s, p, d, op) = (
+            self.spatial[a],
+            self.kernel[a],
+            self.stride[a],
+            self.padding[a],
+            self.dilation[a],
+            self.output_padding[a],
+        );
+        if self.subm {
+            i
+        } else if self.transpose {
+            (i - 1) * s - 2 * p + d * (k - 1) + op + 1
+        } else {
+            (i + 2 * p - d * (k - 1) - 1) / s + 1
+        }
+    }
+    fn map(&self) -> HashMap<String, AttrValue> {
+        let mut m = HashMap::from([
+            ("batch_size".to_string(), AttrValue::Int(self.batch)),
+            ("subm".to_string(), AttrValue::Int(self.subm as i64)),
+            ("transpose".to_string(), AttrValue::Int(self.transpose as i64)),
+        ]);
+        for (name, v) in [
+            ("spatial_shape", self.spatial),
+            ("kernel_size", self.kernel),
+            ("stride", self.stride),
+            ("padding", self.padding),
+            ("dilation", self.dilation),
+            ("output_padding", self.output_padding),
+        ] {
+            m.insert(name.to_string(), AttrValue::Ints(v.to_vec()));
+        }
+        m
+    }
+    /// The kernel offsets (kz, ky, kx) in the contract's order k = (kz*KH + ky)*KW + kx.
+    fn offsets(&self) -> Vec<[i64; 3]> {
+        let [kd, kh, kw] = self.kernel;
+        let mut v = Vec::new();
+        for kz in 0..kd {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    v.push([kz, ky, kx]);
+                }
+            }
+        }
+        v
+    }
+    /// The dense convolution's relation: the input coordinate on axis `a` read by output
+    /// coordinate `o` through tap `kk`, if inside the input.
+    fn input_of(&self, a: usize, o: i64, kk: i64) -> Option<i64> {
+        let (s, p, d) = (self.stride[a], self.padding[a], self.dilation[a]);
+        let i = if self.transpose {
+            // o = i*s - p + kk*d
+            let t = o + p - kk * d;
+            if t.rem_euclid(s) != 0 {
+                return None;
+            }
+            t.div_euclid(s)
+        } else {
+            o * s - p + kk * d
+        };
+        (0..self.spatial[a]).contains(&i).then_some(i)
+    }
+    /// The same relation read the other way: the output coordinate fed by input coordinate
+    /// `i` through tap `kk`, if inside the output.
+    fn output_of(&self, a: usize, i: i64, kk: i64) -> Option<i64> {
+        let (s, p, d) = (self.stride[a], self.padding[a], self.dilation[a]);
+        let o = if self.transpose {
+            i * s - p + kk * d
+        } else {
+            let t = i + p - kk * d;
+            if t.rem_euclid(s) != 0 {
+                return None;
+            }
+            t.div_euclid(s)
+        };
+        (0..self.out_size(a)).contains(&o).then_some(o)
+    }
+}
+
+/// GetIndicePairs' outputs: (indice_pairs [K, 2, L], out_indices [num_out, 4], indice_num [K]).
+struct Rulebook {
+    pairs: Tensor,
+    out_indices: Tensor,
+    num: Tensor,
+}
+
+fn get_indice_pairs(g: &Geometry, sites: &[[i32; 4]]) -> Rulebook {
+    let op: GetIndicePairs = descriptor(&g.map()).expect("valid GetIndicePairs attributes");
+    let indices = Tensor::i32([sites.len(), 4], sites.concat());
+    let mut out = run(&op, &[Some(&indices)], &Serial).expect("GetIndicePairs runs");
+    assert_eq!(out.len(), 3);
+    let num = out.pop().expect("indice_num");
+    let out_indices = out.pop().expect("out_indices");
+    let pairs = out.pop().expect("indice_pairs");
+    assert_eq!(pairs.shape, vec![g.volume(), 2, sites.len()]);
+    Rulebook { pairs, out_indices, num }
+}
+
+fn rows4(t: &Tensor) -> Vec<[i32; 4]> {
+    t.data.i32().expect("int32").chunks(4).map(|r| [r[0], r[1], r[2], r[3]]).collect()
+}
+
+/// IndiceConv inputs over a GetIndicePairs rulebook.
+fn conv_over(
+    rb: &Rulebook,
+    l: usize,
+    features: Vec<f32>,
+    filters: Vec<f32>,
+    cin: usize,
+    cout: usize,
+    bias: Option<Vec<f32>>,
+    num_out: usize,
+    out_indices: Vec<i32>,
+) -> Conv {
+    Conv {
+        l,
+        cin,
+        cout,
+        k: rb.pairs.shape[0],
+        p: rb.pairs.shape[2],
+        num_out,
+        features,
+        filters,
+        pairs: rb.pairs.data.i32().expect("int32").to_vec(),
+        num: rb.num.data.i32().expect("int32").to_vec(),
+        out_indices,
+        out_d: 4,
+        bias,
+    }
+}
+
+fn key(b: i64, c: [i64; 3]) -> [i64; 4] {
+    [b, c[0], c[1], c[2]]
+}
+
+/// Dense forward convolution at the given output sites: out[o] = bias + sum over taps k of
+/// grid[input_of(o, k)] @ filters[k], the grid holding the sum of the features of the input
+/// rows at each active site (zero elsewhere).
+fn dense_forward(
+    g: &Geometry,
+    sites: &[[i32; 4]],
+    x: &[f32],
+    filters: &[f32],
+    cin: usize,
+    cout: usize,
+    bias: Option<&[f32]>,
+    out_sites: &[[i32; 4]],
+) -> Vec<f64> {
+    let mut grid: HashMap<[i64; 4], Vec<f64>> = HashMap::new();
+    for (row, s) in sites.iter().enumerate() {
+        let cell = grid.entry(s.map(i64::from)).or_insert_with(|| vec![0.0; cin]);
+        for ci in 0..cin {
+            cell[ci] += x[row * cin + ci] as f64;
+        }
+    }
+    let offsets = g.offsets();
+    let mut out = Vec::with_capacity(out_sites.len() * cout);
+    for o in out_sites {
+        let mut acc: Vec<f64> = (0..cout).map(|co| bias.map_or(0.0, |b| b[co] as f64)).collect();
+        for (k, kk) in offsets.iter().enumerate() {
+            let i: Option<Vec<i64>> = (0..3).map(|a| g.input_of(a, o[a + 1] as i64, kk[a])).collect();
+            let Some(i) = i else { continue };
+            let Some(v) = grid.get(&key(o[0] as i64, [i[0], i[1], i[2]])) else { continue };
+            for ci in 0..cin {
+                for co in 0..cout {
+                    acc[co] += v[ci] * filters[(k * cin + ci) * cout + co] as f64;
+                }
+            }
+        }
+        out.extend(acc);
+    }
+    out
+}
+
+/// Dense inverse convolution: features y on the forward output sites, results at the forward
+/// input rows: out[i] = bias + sum over taps k of y[output_of(i, k)] @ filters[k].
+fn dense_inverse(
+    g: &Geometry,
+    in_sites: &[[i32; 4]],
+    out_sites: &[[i32; 4]],
+    y: &[f32],
+    filters: &[f32],
+    cin: usize,
+    cout: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f64> {
+    let rows: HashMap<[i64; 4], usize> = out_sites.iter().enumerate().map(|(r, s)| (s.map(i64::from), r)).collect();
+    assert_eq!(rows.len(), out_sites.len(), "output sites are unique");
+    let offsets = g.offsets();
+    let mut out = Vec::with_capacity(in_sites.len() * cout);
+    for s in in_sites {
+        let mut acc: Vec<f64> = (0..cout).map(|co| bias.map_or(0.0, |b| b[co] as f64)).collect();
+        for (k, kk) in offsets.iter().enumerate() {
+            let o: Option<Vec<i64>> = (0..3).map(|a| g.output_of(a, s[a + 1] as i64, kk[a])).collect();
+            let Some(o) = o else { continue };
+            let Some(&r) = rows.get(&key(s[0] as i64, [o[0], o[1], o[2]])) else { continue };
+            for ci in 0..cin {
+                for co in 0..cout {
+                    acc[co] += y[r * cin + ci] as f64 * filters[(k * cin + ci) * cout + co] as f64;
+                }
+            }
+        }
+        out.extend(acc);
+    }
+    out
+}
+
+/// The output sites a (non-subm) convolution must have: every output position with an
+/// active input under some tap, found by scanning the whole output grid.
+fn expected_out_sites(g: &Geometry, sites: &[[i32; 4]]) -> BTreeSet<[i32; 4]> {
+    let active: HashSet<[i64; 4]> = sites.iter().map(|s| s.map(i64::from)).collect();
+    let offsets = g.offsets();
+    let mut out = BTreeSet::new();
+    for b in 0..g.batch {
+        for z in 0..g.out_size(0) {
+            for y in 0..g.out_size(1) {
+                for x in 0..g.out_size(2) {
+                    let o = [z, y, x];
+                    let hit = offsets.iter().any(|kk| {
+                        let i: Option<Vec<i64>> = (0..3).map(|a| g.input_of(a, o[a], kk[a])).collect();
+                        i.is_some_and(|i| active.contains(&key(b, [i[0], i[1], i[2]])))
+                    });
+                    if hit {
+                        out.insert([b as i32, z as i32, y as i32, x as i32]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Random active sites; unique when `unique`, else with some repeated rows.
+fn random_sites(rng: &mut Rng, g: &Geometry, n: usize, unique: bool) -> Vec<[i32; 4]> {
+    let mut seen = HashSet::new();
+    let mut sites = Vec::new();
+    let capacity = (g.batch * g.spatial.iter().product::<i64>()) as usize;
+    while sites.len() < n.min(capacity) {
+        let s = [
+            rng.below(g.batch as usize) as i32,
+            rng.below(g.spatial[0] as usize) as i32,
+            rng.below(g.spatial[1] as usize) as i32,
+            rng.below(g.spatial[2] as usize) as i32,
+        ];
+        if seen.insert(s) || !unique {
+            sites.push(s);
+        }
+    }
+    if !unique && !sites.is_empty() {
+        for k in 0..sites.len() / 8 {
+            let s = sites[(k * 7) % sites.len()];
+            sites.push(s);
+        }
+    }
+    sites
+}
+
+/// Forward convolution through GetIndicePairs + IndiceConv, checked against both references
+/// and for thread-count independence; then the inverse convolution over the same rulebook.
+fn check_geometry(rng: &mut Rng, g: &Geometry, n_sites: usize, cin: usize, cout: usize, with_bias: bool) {
+    let sites = random_sites(rng, g, n_sites, g.subm);
+    let rb = get_indice_pairs(g, &sites);
+    let out_sites = rows4(&rb.out_indices);
+    let l = sites.len();
+    if g.subm {
+        assert_eq!(out_sites, sites, "subm: out_indices = indices");
+    } else {
+        let set: BTreeSet<[i32; 4]> = out_sites.iter().copied().collect();
+        assert_eq!(set.len(), out_sites.len(), "unique output sites");
+        assert_eq!(set, expected_out_sites(g, &sites), "output sites = positions with an active input");
+    }
+    let features = rng.floats(l * cin);
+    let filters = rng.floats(g.volume() * cin * cout);
+    let bias = with_bias.then(|| rng.floats(cout));
+    let conv = conv_over(
+        &rb,
+        l,
+        features.clone(),
+        filters.clone(),
+        cin,
+        cout,
+        bias.clone(),
+        out_sites.len(),
+        rb.out_indices.data.i32().expect("int32").to_vec(),
+    );
+    let what = format!("{g:?} L {l} Cin {cin} Cout {cout} bias {with_bias}");
+    let got = check(&conv, false);
+    let dense = dense_forward(g, &sites, &features, &filters, cin, cout, bias.as_deref(), &out_sites);
+    assert_accumulating(&got, &dense, &format!("forward vs dense convolution: {what}"));
+
+    // Inverse: features on the forward output rows, results on the forward input rows;
+    // out_indices is the forward input indices.
+    let y = rng.floats(out_sites.len() * cin);
+    let inv = Conv { l: out_sites.len(), features: y.clone(), num_out: l, out_indices: sites.concat(), ..conv.clone() };
+    let got = check(&inv, true);
+    let dense = dense_inverse(g, &sites, &out_sites, &y, &filters, cin, cout, bias.as_deref());
+    assert_accumulating(&got, &dense, &format!("inverse vs dense convolution: {what}"));
+    // And against an inverse = 0 node over the slot-swapped rulebook.
+    let plain = swapped(&conv, y, out_sites.len(), l);
+    assert_eq!(bits(&check(&plain, false)), bits(&got), "inverse = 1 equals the swapped rulebook");
+}
+
+// ---------------------------------------------------------------- semantics
+
+#[test]
+fn hand_computed_example_with_duplicate_destinations() {
+    // L 3, Cin 1, Cout 2, K 2, P 3, num_out 2; pairs of k 0: 0->1, 2->1, 1->1 (three sources
+    // into one row); k 1: 2->0 only (slot 2 unused, holds garbage).
+    let conv = Conv {
+        l: 3,
+        cin: 1,
+        cout: 2,
+        k: 2,
+        p: 3,
+        num_out: 2,
+        features: vec![1.0, 2.0, 4.0],
+        filters: vec![1.0, 10.0, 0.5, -1.0],
+        pairs: vec![0, 2, 1, 1, 1, 1, 2, -7, 99, 0, 12345, i32::MIN],
+        num: vec![3, 1],
+        out_indices: vec![0; 2 * 4],
+        out_d: 4,
+        bias: Some(vec![100.0, 200.0]),
+    };
+    let got = check(&conv, false);
+    // row 0: bias + 4*[0.5, -1] = [102, 196]; row 1: bias + (1+4+2)*[1, 10] = [107, 270].
+    assert_eq!(got, vec![102.0, 196.0, 107.0, 270.0]);
+    let no_bias = Conv { bias: None, ..conv.clone() };
+    assert_eq!(check(&no_bias, false), vec![2.0, -4.0, 7.0, 70.0]);
+}
+
+#[test]
+fn inverse_swaps_the_slots() {
+    // The same rulebook read backwards: gather slot 1, scatter to slot 0; L is now the
+    // number of rows slot 1 refers to (2), num_out those of slot 0 (3).
+    let conv = Conv {
+        l: 2,
+        cin: 1,
+        cout: 1,
+        k: 2,
+        p: 3,
+        num_out: 3,
+        features: vec![1.0, 10.0],
+        filters: vec![2.0, 3.0],
+        pairs: vec![0, 2, 1, 1, 1, 1, 2, -7, 99, 0, 12345, i32::MIN],
+        num: vec![3, 1],
+        out_indices: vec![0; 3],
+        out_d: 1,
+        bias: None,
+    };
+    // k 0 (w 2): 1->0, 1->2, 1->1 each 20; k 1 (w 3): 0->2 gives 3.
+    assert_eq!(check(&conv, true), vec![20.0, 20.0, 23.0]);
+    let mut rng = Rng(4);
+    for (l, num_out) in [(5, 9), (9, 5), (1, 30), (30, 1)] {
+        // Valid for inverse = 1: slot 1 < L, slot 0 < num_out.
+        let base = random_conv(&mut rng, num_out, 3, 4, 5, 7, l, true);
+        let inv = Conv { l, num_out, out_indices: vec![0; num_out * 4], features: rng.floats(l * 3), ..base.clone() };
+        let got = check(&inv, true);
+        let plain = swapped(&inv, inv.features.clone(), l, num_out);
+        assert_eq!(bits(&check(&plain, false)), bits(&got));
+    }
+}
+
+#[test]
+fn random_rulebooks_with_and_without_bias() {
+    let mut rng = Rng(7);
+    // (L, Cin, Cout, K, P, num_out)
+    for (l, cin, cout, k, p, num_out) in [
+        (1, 1, 1, 1, 1, 1),
+        (10, 3, 5, 27, 10, 12),
+        (40, 16, 8, 8, 40, 15),
+        (100, 5, 33, 3, 100, 7),
+        (7, 64, 2, 1, 50, 100),
+    ] {
+        for bias in [false, true] {
+            let conv = random_conv(&mut rng, l, cin, cout, k, p, num_out, bias);
+            check(&conv, false);
+        }
+    }
+}
+
+#[test]
+fn zero_size_dimensions() {
+    let mut rng = Rng(8);
+    // (L, Cin, Cout, K, P, num_out): each zero in turn.
+    for (l, cin, cout, k, p, num_out) in [
+        (0, 3, 4, 2, 0, 5),
+        (0, 3, 4, 2, 3, 5),
+        (4, 0, 3, 2, 4, 5),
+        (4, 3, 0, 2, 4, 5),
+        (4, 3, 2, 0, 4, 5),
+        (4, 3, 2, 2, 0, 5),
+        (4, 3, 2, 2, 4, 0),
+        (0, 0, 0, 0, 0, 0),
+    ] {
+        for bias in [false, true] {
+            let conv = random_conv(&mut rng, l, cin, cout, k, p, num_out, bias);
+            let got = check(&conv, false);
+            assert_eq!(got.len(), num_out * cout);
+            // No pair contributes anything readable when L, Cin, K or P is zero: output = bias.
+            if l == 0 || cin == 0 || k == 0 || p == 0 {
+                let want: Vec<f32> =
+                    (0..num_out * cout).map(|e| conv.bias.as_ref().map_or(0.0, |b| b[e % cout])).collect();
+                assert_eq!(got, want);
+            }
+        }
+    }
+}
+
+#[test]
+fn out_indices_values_are_not_read() {
+    let mut rng = Rng(9);
+    let conv = random_conv(&mut rng, 6, 2, 3, 4, 5, 7, true);
+    let base = check(&conv, false);
+    for (d, fill) in [(1, 0), (4, i32::MIN), (4, -1), (9, i32::MAX)] {
+        let other = Conv { out_d: d, out_indices: vec![fill; 7 * d], ..conv.clone() };
+        assert_eq!(bits(&check(&other, false)), bits(&base));
+    }
+}
+
+#[test]
+fn submanifold_convolutions_match_dense_reference() {
+    let mut rng = Rng(11);
+    check_geometry(&mut rng, &Geometry::subm(2, [6, 7, 5], [3, 3, 3], [1; 3]), 80, 3, 4, true);
+    check_geometry(&mut rng, &Geometry::subm(1, [8, 8, 8], [3, 3, 3], [1; 3]), 200, 4, 2, false);
+    check_geometry(&mut rng, &Geometry::subm(2, [7, 9, 6], [3, 3, 3], [2, 1, 2]), 90, 2, 3, true);
+    check_geometry(&mut rng, &Geometry::subm(1, [5, 6, 7], [5, 1, 3], [1; 3]), 60, 3, 3, true);
+    check_geometry(&mut rng, &Geometry::subm(3, [4, 4, 4], [1, 1, 1], [1; 3]), 30, 5, 2, false);
+    // Dense: every site active.
+    check_geometry(&mut rng, &Geometry::subm(1, [3, 3, 3], [3, 3, 3], [1; 3]), 27, 2, 2, true);
+}
+
+#[test]
+fn strided_convolutions_match_dense_reference() {
+    let mut rng = Rng(12);
+    let seed_like = Geometry { stride: [2; 3], padding: [0, 1, 1], ..Geometry::new(2, [9, 10, 11], [3, 3, 3]) };
+    check_geometry(&mut rng, &seed_like, 120, 3, 4, true);
+    check_geometry(&mut rng, &seed_like, 120, 2, 5, false);
+    let down = Geometry { stride: [2; 3], ..Geometry::new(1, [8, 6, 10], [2, 2, 2]) };
+    check_geometry(&mut rng, &down, 100, 4, 3, true);
+    let mixed = Geometry { stride: [1, 2, 3], padding: [1, 0, 2], ..Geometry::new(2, [5, 9, 11], [3, 2, 4]) };
+    check_geometry(&mut rng, &mixed, 80, 2, 2, true);
+    let plain = Geometry::new(1, [6, 6, 6], [3, 3, 3]);
+    check_geometry(&mut rng, &plain, 50, 3, 3, false);
+}
+
+#[test]
+fn dilated_and_transposed_convolutions_match_dense_reference() {
+    let mut rng = Rng(13);
+    let dilated = Geometry { dilation: [2, 1, 3], padding: [1, 1, 0], ..Geometry::new(2, [9, 7, 12], [3, 3, 3]) };
+    check_geometry(&mut rng, &dilated, 90, 3, 2, true);
+    let transposed = Geometry {
+        stride: [2; 3],
+        padding: [1; 3],
+        output_padding: [1, 0, 1],
+        transpose: true,
+        ..Geometry::new(1, [4, 5, 3], [3, 3, 3])
+    };
+    check_geometry(&mut rng, &transposed, 30, 2, 3, true);
+    let transposed = Geometry { stride: [2, 1, 2], transpose: true, ..Geometry::new(2, [3, 4, 4], [2, 3, 2]) };
+    check_geometry(&mut rng, &transposed, 25, 3, 2, false);
+}
+
+#[test]
+fn empty_site_lists() {
+    let mut rng = Rng(14);
+    check_geometry(&mut rng, &Geometry::subm(1, [4, 4, 4], [3, 3, 3], [1; 3]), 0, 3, 2, true);
+    let g = Geometry { stride: [2; 3], ..Geometry::new(1, [6, 6, 6], [3, 3, 3]) };
+    check_geometry(&mut rng, &g, 0, 3, 2, true);
+}
+
+#[test]
+fn bit_identical_across_thread_counts_and_runs() {
+    // Large enough for many tasks: a submanifold convolution on ~5000 sites, Cin 16, Cout 32.
+    let mut rng = Rng(15);
+    let g = Geometry::subm(2, [16, 16, 16], [3, 3, 3], [1; 3]);
+    let sites = random_sites(&mut rng, &g, 5000, true);
+    let rb = get_indice_pairs(&g, &sites);
+    let (cin, cout) = (16, 32);
+    let mut features = rng.floats(sites.len() * cin);
+    // Mixed magnitudes so that any change of summation order shows up.
+    for (k, v) in features.iter_mut().enumerate() {
+        *v *= [1.0, 1e-3, 1e3, 7.0][k % 4];
+    }
+    let conv = conv_over(
+        &rb,
+        sites.len(),
+        features,
+        rng.floats(27 * cin * cout),
+        cin,
+        cout,
+        Some(rng.floats(cout)),
+        sites.len(),
+        sites.concat(),
+    );
+    let first = check(&conv, false);
+    for par in [&Threads(2) as &dyn Parallel, &Threads(3), &Threads(2), &Serial] {
+        assert_eq!(bits(&conv.run(0, par).expect("runs")), bits(&first));
+    }
+    let inv = check(&conv, true);
+    for par in [&Threads(3) as &dyn Parallel, &Threads(2)] {
+        assert_eq!(bits(&conv.run(1, par).expect("runs")), bits(&inv));
+    }
+}
+
+// ---------------------------------------------------------------- errors (one per rule)
+
+/// L 4, Cin 3, Cout 2, K 3, P 5, num_out 6, bias; unused slots hold garbage.
+fn small() -> Conv {
+    random_conv(&mut Rng(77), 4, 3, 2, 3, 5, 6, true)
+}
+
+/// As `small`, with every slot used and valid for inverse = 0 (slot 0 < 4, slot 1 < 6).
+fn full_small() -> Conv {
+    let mut c = small();
+    c.num = vec![5; 3];
+    for k in 0..3 {
+        for j in 0..5 {
+            c.pairs[(k * 2) * 5 + j] = ((j + k) % 4) as i32;
+            c.pairs[(k * 2 + 1) * 5 + j] = ((2 * j + k) % 6) as i32;
+        }
+    }
+    c
+}
+
+/// Replaces input `slot` and expects an error naming `name`.
+/// A replaced tensor of another dtype must be reported as a dtype error, one of another
+/// shape as a shape error.
+fn expect_error(c: &Conv, inverse: i64, slot: usize, t: Tensor, name: &str) -> String {
+    let mut ts = c.tensors();
+    let rule = if std::mem::discriminant(&ts[slot].data) != std::mem::discriminant(&t.data) {
+        Some("dtype")
+    } else if ts[slot].shape != t.shape {
+        Some("shape")
+    } else {
+        None
+    };
+    ts[slot] = t;
+    let err = run_tensors(inverse, &ts, &Threads(2)).expect_err("contract says error");
+    let msg = format!("{err}");
+    assert!(err.is_invalid_argument(), "{msg}");
+    assert!(msg.contains(&format!("'{name}'")), "message should name {name}: {msg}");
+    if let Some(rule) = rule {
+        assert!(msg.contains(rule), "message should state the {rule} rule: {msg}");
+    }
+    msg
+}
+
+#[test]
+fn inverse_not_zero_or_one_is_error() {
+    for bad in [2, -1, i64::MAX] {
+        let e = descriptor::<IndiceConv>(&attrs(bad)).expect_err("inverse must be 0 or 1");
+        assert!(format!("{e}").contains("'inverse'"), "{e}");
+    }
+    let wrong = HashMap::from([("inverse".to_string(), AttrValue::Float(1.0))]);
+    let e = descriptor::<IndiceConv>(&wrong).expect_err("inverse is an int");
+    assert!(format!("{e}").contains("'inverse'"), "{e}");
+    // Default 0.
+    let op: IndiceConv = descriptor(&HashMap::new()).expect("inverse is optional");
+    let c = small();
+    let ts = c.tensors();
+    let refs: Vec<Option<&Tensor>> = ts.iter().map(Some).collect();
+    let got = run(&op, &refs, &Serial).expect("runs");
+    assert_eq!(got[0], run_tensors(0, &ts, &Serial).expect("runs"));
+}
+
+#[test]
+fn features_shape_or_dtype_mismatch_is_error() {
+    let c = small();
+    expect_error(&c, 0, 0, Tensor::f32([12], c.features.clone()), "features");
+    expect_error(&c, 0, 0, Tensor::f32([4, 3, 1], c.features.clone()), "features");
+    expect_error(&c, 0, 0, Tensor::i32([4, 3], vec![0; 12]), "features");
+    expect_error(&c, 0, 0, Tensor::f16([4, 3], vec![half::f16::ZERO; 12]), "features");
+}
+
+#[test]
+fn filters_shape_or_dtype_mismatch_is_error() {
+    let c = small(); // K 3, Cin 3, Cout 2
+    // Cin differs from features', rank 2, rank 4, dtype.
+    expect_error(&c, 0, 1, Tensor::f32([3, 2, 3], c.filters.clone()), "filters");
+    expect_error(&c, 0, 1, Tensor::f32([9, 2], c.filters.clone()), "filters");
+    expect_error(&c, 0, 1, Tensor::f32([3, 3, 2, 1], c.filters.clone()), "filters");
+    expect_error(&c, 0, 1, Tensor::i32([3, 3, 2], vec![0; 18]), "filters");
+}
+
+#[test]
+fn indice_pairs_shape_or_dtype_mismatch_is_error() {
+    let c = small(); // K 3, P 5
+    // K differs from filters' (either side), middle dimension not 2, rank, dtype.
+    for t in [
+        Tensor::i32([2, 2, 5], c.pairs[..20].to_vec()),
+        Tensor::i32([4, 2, 5], [c.pairs.clone(), vec![0; 10]].concat()),
+        Tensor::i32([3, 1, 10], c.pairs.clone()),
+        Tensor::i32([3, 3, 5], [c.pairs.clone(), vec![0; 15]].concat()),
+        Tensor::i32([6, 5], c.pairs.clone()),
+        Tensor::i64([3, 2, 5], vec![0; 30]),
+        Tensor::f32([3, 2, 5], vec![0.0; 30]),
+    ] {
+        expect_error(&c, 0, 2, t, "indice_pairs");
+    }
+}
+
+#[test]
+fn indice_num_shape_or_dtype_mismatch_is_error() {
+    let c = small();
+    for t in [
+        Tensor::i32([2], vec![0; 2]),
+        Tensor::i32([4], vec![0; 4]),
+        Tensor::i32([3, 1], vec![0; 3]),
+        Tensor::i32([], vec![0]),
+        Tensor::i64([3], vec![0; 3]),
+        Tensor::f32([3], vec![0.0; 3]),
+    ] {
+        expect_error(&c, 0, 3, t, "indice_num");
+    }
+}
+
+#[test]
+fn out_indices_not_rank_two_is_error() {
+    let c = small();
+    for t in [Tensor::i32([6], vec![0; 6]), Tensor::i32([6, 4, 1], vec![0; 24]), Tensor::i32([], vec![0])] {
+        let e = expect_error(&c, 0, 4, t, "out_indices");
+        assert!(e.contains("shape"), "{e}");
+    }
+    // out_indices is int32.
+    expect_error(&c, 0, 4, Tensor::f32([6, 4], vec![0.0; 24]), "out_indices");
+}
+
+#[test]
+fn bias_shape_or_dtype_mismatch_is_error() {
+    let c = small(); // Cout 2
+    for t in [
+        Tensor::f32([3], vec![0.0; 3]),
+        Tensor::f32([1], vec![0.0]),
+        Tensor::f32([1, 2], vec![0.0; 2]),
+        Tensor::f32([], vec![0.0]),
+        Tensor::i32([2], vec![0; 2]),
+    ] {
+        expect_error(&c, 0, 5, t, "bias");
+    }
+}
+
+#[test]
+fn missing_required_input_is_error() {
+    let c = small();
+    let ts = c.tensors();
+    let names = ["features", "filters", "indice_pairs", "indice_num", "out_indices"];
+    for (slot, name) in names.iter().enumerate() {
+        let inputs: Vec<Option<&Tensor>> = ts.iter().enumerate().map(|(k, t)| (k != slot).then_some(t)).collect();
+        let op: IndiceConv = descriptor(&attrs(0)).expect("valid");
+        let e = run(&op, &inputs, &Serial).expect_err("required input missing");
+        assert!(format!("{e}").contains(&format!("'{name}'")), "{e}");
+    }
+}
+
+#[test]
+fn indice_num_outside_zero_to_p_is_error() {
+    for inverse in [0, 1] {
+        for bad in [-1, 6, i32::MIN, i32::MAX] {
+            let mut c = small(); // P 5
+            if inverse == 1 {
+                c = Conv { l: 6, num_out: 4, features: vec![0.5; 18], out_indices: vec![0; 16], ..c };
+            }
+            c.num[1] = bad;
+            let e = expect_error(&c, inverse, 3, Tensor::i32([3], c.num.clone()), "indice_num");
+            assert!(e.contains(&bad.to_string()), "{e}");
+        }
+    }
+    // indice_num[k] = P is legal.
+    check(&full_small(), false);
+}
+
+#[test]
+fn source_row_outside_features_is_error() {
+    // inverse = 0: slot 0 is the source, in [0, L = 4).
+    check(&full_small(), false);
+    for bad in [-1, 4, 5, i32::MIN, i32::MAX] {
+        let mut c = full_small();
+        c.pairs[(2 * 2) * 5 + 1] = bad;
+        let e = expect_error(&c, 0, 2, Tensor::i32([3, 2, 5], c.pairs.clone()), "indice_pairs");
+        assert!(e.contains(&bad.to_string()), "{e}");
+    }
+    // A value valid as a destination (num_out 6) but not as a source (L 4).
+    let mut c = full_small();
+    c.pairs[0] = 5;
+    expect_error(&c, 0, 2, Tensor::i32([3, 2, 5], c.pairs.clone()), "indice_pairs");
+}
+
+#[test]
+fn destination_row_outside_output_is_error() {
+    // inverse = 0: slot 1 is the destination, in [0, num_out = 6).
+    for bad in [-1, 6, i32::MIN, i32::MAX] {
+        let mut c = full_small();
+        c.pairs[(2 + 1) * 5 + 4] = bad; // k 1, slot 1, j 4
+        let e = expect_error(&c, 0, 2, Tensor::i32([3, 2, 5], c.pairs.clone()), "indice_pairs");
+        assert!(e.contains(&bad.to_string()), "{e}");
+    }
+}
+
+#[test]
+fn inverse_checks_the_swapped_slots() {
+    // inverse = 1 with L 4, num_out 6: slot 1 is the source (< 4), slot 0 the destination (< 6).
+    let mut c = small();
+    c.num = vec![1, 0, 0];
+    c.pairs[0] = 5; // destination 5 < num_out: fine
+    c.pairs[5] = 3; // source 3 < L: fine
+    check(&c, true);
+    // Source 4 (= L) in slot 1: error, though valid as an inverse = 0 destination.
+    c.pairs[5] = 4;
+    expect_error(&c, 1, 2, Tensor::i32([3, 2, 5], c.pairs.clone()), "indice_pairs");
+    c.run(0, &Serial).expect_err("slot 0 = 5 is not a source row either");
+    // Destination 6 (= num_out) in slot 0.
+    c.pairs[5] = 0;
+    c.pairs[0] = 6;
+    expect_error(&c, 1, 2, Tensor::i32([3, 2, 5], c.pairs.clone()), "indice_pairs");
+}
+
+#[test]
+fn unused_slots_are_not_read() {
+    let mut c = small();
+    c.num = vec![2, 0, 1];
+    for k in 0..3 {
+        for j in 0..5 {
+            let used = (j as i32) < c.num[k];
+            let (s, d) = if used { ((j % 4) as i32, (j % 6) as i32) } else { (i32::MIN, i32::MAX) };
+            c.pairs[(k * 2) * 5 + j] = s;
+            c.pairs[(k * 2 + 1) * 5 + j] = d;
+        }
+    }
+    check(&c, false);
+}
+
+// ---------------------------------------------------------------- properties
+
+fn any_conv() -> impl Strategy<Value = (Conv, bool)> {
+    (0usize..4, 0usize..5, 0usize..5, 0usize..5, 0usize..3, 0usize..3, any::<bool>(), any::<bool>())
+        .prop_flat_map(|(k, p, l, num_out, cin, cout, inverse, bias)| {
+            let (src_limit, dst_limit) = (l as i32, num_out as i32);
+            let index = |limit: i32| {
+                prop_oneof![
+                    30 => 0..limit.max(1),
+                    2 => -3..limit + 3,
+                    1 => Just(i32::MIN),
+                    1 => Just(i32::MAX),
+                ]
+            };
+            // Slot 0 holds sources unless inverse, then destinations.
+            let (slot0, slot1) = if inverse { (dst_limit, src_limit) } else { (src_limit, dst_limit) };
+            let pi = p as i32;
+            let num = prop_oneof![20 => 0..=pi, 1 => -2..pi + 3, 1 => Just(i32::MIN), 1 => Just(i32::MAX)];
+            (
+                Just((k, p, l, num_out, cin, cout, inverse, bias)),
+                prop::collection::vec(index(slot0), k * p),
+                prop::collection::vec(index(slot1), k * p),
+                prop::collection::vec(num, k),
+                any::<u64>(),
+            )
+        })
+        .prop_map(|((k, p, l, num_out, cin, cout, inverse, bias), s0, s1, num, seed)| {
+            let mut rng = Rng(seed);
+            let mut pairs = Vec::with_capacity(k * 2 * p);
+            for kk in 0..k {
+                pairs.extend_from_slice(&s0[kk * p..(kk + 1) * p]);
+                pairs.extend_from_slice(&s1[kk * p..(kk + 1) * p]);
+            }
+            let conv = Conv {
+                l,
+                cin,
+                cout,
+                k,
+                p,
+                num_out,
+                features: rng.floats(l * cin),
+                filters: rng.floats(k * cin * cout),
+                pairs,
+                num,
+                out_indices: vec![-1; num_out * 2],
+                out_d: 2,
+                bias: bias.then(|| rng.floats(cout)),
+            };
+            (conv, inverse)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// Random indice_pairs / indice_num (out-of-range values, indice_num > P or < 0), both
+    /// directions: never a panic; an error naming the offending tensor exactly when the
+    /// contract says; otherwise the reference, bit-identical between Serial and Threads(2).
+    #[test]
+    fn random_rulebooks_follow_the_contract((conv, inverse) in any_conv()) {
+        let (num_bad, pair_bad) = index_errors(&conv, inverse);
+        match conv.run(inverse as i64, &Threads(2)) {
+            Ok(got) => {
+                prop_assert!(!num_bad && !pair_bad, "accepted an invalid rulebook: {:?}", conv);
+                assert_accumulating(&got, &reference(&conv, inverse), "output");
+                let serial = conv.run(inverse as i64, &Serial).expect("runs");
+                prop_assert_eq!(bits(&serial), bits(&got));
+            }
+            Err(e) => {
+                let msg = format!("{e}");
+                prop_assert!(num_bad || pair_bad, "rejected a valid rulebook: {}", msg);
+                let names_num = msg.contains("'indice_num'");
+                let names_pairs = msg.contains("'indice_pairs'");
+                match (num_bad, pair_bad) {
+                    (true, false) => prop_assert!(names_num, "{}", msg),
+                    (false, true) => prop_assert!(names_pairs, "{}", msg),
+                    _ => prop_assert!(names_num || names_pairs, "{}", msg),
+                }
+            }
+        }
+    }
+}
