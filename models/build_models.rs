@@ -2,10 +2,14 @@
 //! it instead verifies that the committed files are exactly what this builder produces.
 //! mluops_demo.onnx holds all five operators among standard ONNX nodes; its inputs and
 //! golden outputs (models/mluops_demo.npz) come from models/make_demo_data.py, computed
-//! with the independent numpy references of tests/python/reference.py.
+//! with the independent numpy references of tests/python/reference.py. The model zoo
+//! (models/zoo.rs: pointpillars, centerpoint, bevdepth, pointnet2_fp, rfcn_head) is written
+//! and checked alongside; its data comes from models/make_zoo_goldens.py.
 
 #[path = "onnx_builder.rs"]
 mod onnx_builder;
+#[path = "zoo.rs"]
+mod zoo;
 
 use onnx_builder::{Dim::*, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
 
@@ -103,17 +107,28 @@ pub fn demo() -> Graph {
 
 fn main() -> std::io::Result<()> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let path = dir.join("mluops_demo.onnx");
-    let bytes = demo().bytes();
-    if std::env::args().any(|a| a == "--check") {
-        if std::fs::read(&path)? != bytes {
-            eprintln!("{} differs from what models/build_models.rs builds: rerun it", path.display());
-            std::process::exit(1);
+    let check = std::env::args().any(|a| a == "--check");
+    // The demo, then the model zoo (models/zoo.rs).
+    let mut files = vec![("mluops_demo", demo())];
+    files.extend(zoo::all());
+    let mut stale = 0;
+    for (stem, graph) in files {
+        let path = dir.join(format!("{stem}.onnx"));
+        let bytes = graph.bytes();
+        if check {
+            if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+                eprintln!("{} differs from what models/build_models.rs builds: rerun it", path.display());
+                stale += 1;
+            } else {
+                println!("{} is up to date", path.display());
+            }
+        } else {
+            std::fs::write(&path, bytes)?;
+            println!("wrote {}", path.display());
         }
-        println!("{} is up to date", path.display());
-    } else {
-        std::fs::write(&path, bytes)?;
-        println!("wrote {}", path.display());
+    }
+    if stale > 0 {
+        std::process::exit(1);
     }
     Ok(())
 }

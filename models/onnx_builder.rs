@@ -110,6 +110,32 @@ impl Graph {
         self
     }
 
+    /// A float32 constant initializer, stored as little-endian `raw_data` (as exporters
+    /// write weights; `onnx.numpy_helper.to_array` reads it back bit for bit). `dims = []`
+    /// is a scalar.
+    pub fn initializer_f32(&mut self, name: &str, dims: &[i64], data: &[f32]) -> &mut Self {
+        assert_eq!(dims.iter().product::<i64>() as usize, data.len(), "initializer {name}: dims and data disagree");
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.dims = dims.to_vec();
+        t.data_type = DataType::FLOAT as i32;
+        t.raw_data = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.g.initializer.push(t);
+        self
+    }
+
+    /// An int32 constant initializer (`dims = []` is a scalar).
+    pub fn initializer_i32(&mut self, name: &str, dims: &[i64], data: &[i32]) -> &mut Self {
+        assert_eq!(dims.iter().product::<i64>() as usize, data.len(), "initializer {name}: dims and data disagree");
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.dims = dims.to_vec();
+        t.data_type = DataType::INT32 as i32;
+        t.int32_data = data.to_vec();
+        self.g.initializer.push(t);
+        self
+    }
+
     /// A node; `domain` is "" for standard ONNX ops, "mluops" for ours. An empty input
     /// name marks an absent optional input.
     pub fn node(

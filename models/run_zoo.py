@@ -1,0 +1,223 @@
+"""Model-level regression runner of the model zoo (models/zoo.rs): every model runs on the CPU
+path (the custom-op library registered with SessionOptions.register_custom_ops_library) and
+under the MLUExecutionProvider plugin EP on the emulated card (MLU_EP_EMULATE=1: the BANG
+kernels compiled for the host; no MLU hardware is involved). Every output is compared with
+its golden (models/<name>.npz, computed by make_zoo_goldens.py with independent numpy models,
+never by onnxruntime or this library) under its tolerance in models/zoo.json, and one line per
+model and provider is printed: nodes on the MLU / nodes ORT assigned (from the session's
+assignment record; the model's own node count in parentheses, ORT fuses or folds some), the
+worst output against its tolerance, and the run time.
+
+The EP declines the nodes it has no MLU kernel for (the forward partners DynamicScatter,
+IndiceConv, ThreeInterpolate, PsRoiPool; DynamicScatterBackward mean/sum; GetIndicePairs
+transpose): they run on ONNX Runtime's CPU provider inside the EP session, and the table
+lists them.
+
+Usage: python models/run_zoo.py [path/to/libonnxruntime_ep_mlu.so] [--models bevdepth,...]
+       [--providers cpu,mlu] [--repeat 5] [-v]
+The library defaults to $MLU_EP_LIB, else target/release/libonnxruntime_ep_mlu.so. Exits
+non-zero when any output of any model fails its tolerance or any session fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+from reference import accumulating_metrics
+
+EP = "MLUExecutionProvider"
+
+
+def compare(value: np.ndarray, golden: np.ndarray, tol: dict) -> tuple[float, str]:
+    """(error / tolerance, description): <= 1 passes. exact: 0 or inf by mismatch count."""
+    if value.shape != golden.shape:
+        return math.inf, f"shape {list(value.shape)} != golden {list(golden.shape)}"
+    if value.dtype != golden.dtype:
+        return math.inf, f"dtype {value.dtype} != golden {golden.dtype}"
+    if tol["class"] == "exact":
+        if np.issubdtype(value.dtype, np.floating):
+            same = (value == golden) | (np.isnan(value) & np.isnan(golden))
+        else:
+            same = value == golden
+        bad = int(value.size - np.count_nonzero(same))
+        if bad == 0:
+            return 0.0, "exact"
+        first = np.unravel_index(int(np.argmin(same.ravel())), value.shape) if value.ndim else ()
+        where = tuple(int(i) for i in first)
+        return (
+            math.inf,
+            f"{bad} of {value.size} differ (first at {list(where)}: {value[where]!s} vs golden {golden[where]!s})",
+        )
+    d1, d2 = accumulating_metrics(value, golden)
+    ratio = max(d1 / tol["diff1"], d2 / tol["diff2"])
+    if math.isnan(ratio):
+        ratio = math.inf
+    return ratio, f"diff1 {d1:.1e} diff2 {d2:.1e} (<= {tol['diff1']:.0e})"
+
+
+def assignment(sess) -> list[tuple[str, str, str, str]]:
+    """(provider, node name, domain, op_type) of every node ORT assigned."""
+    out = []
+    for sub in sess.get_provider_graph_assignment_info():
+        for node in sub.get_nodes():
+            out.append((sub.ep_name, node.name, node.domain, node.op_type))
+    return out
+
+
+def options() -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    return so
+
+
+def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbose):
+    """Runs one model on one provider; returns a result row (dict)."""
+    row = {"model": name, "provider": provider, "ok": False, "nodes": "-", "worst": "-", "ms": math.nan, "notes": []}
+    try:
+        t0 = time.perf_counter()
+        sess = make_session()
+        row["create_ms"] = (time.perf_counter() - t0) * 1e3
+        feeds = {i.name: data["in." + i.name] for i in sess.get_inputs()}
+        outs = sess.run(None, feeds)  # first run: allocations, thread pool warm-up
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            outs = sess.run(None, feeds)
+            times.append((time.perf_counter() - t0) * 1e3)
+        row["ms"] = statistics.median(times)
+    except Exception as e:  # noqa: BLE001 -- a failing session or run is a failed row, not the end of the run
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        row["worst"] = "ERROR"
+        row["notes"].append(f"{type(e).__name__}: {msg}")
+        if verbose:
+            traceback.print_exc()
+        return row
+
+    placed = assignment(sess)
+    on_mlu = sum(p == EP for p, *_ in placed)
+    row["nodes"] = f"{on_mlu}/{len(placed)} ({model_nodes})"
+    if provider != "CPU":
+        declined = sorted({op for p, _, dom, op in placed if dom == "mluops" and p != EP})
+        claimed = sorted({op for p, _, dom, op in placed if dom == "mluops" and p == EP})
+        row["notes"].append(f"on MLU: {', '.join(claimed) or 'none'}; mluops on CPU: {', '.join(declined) or 'none'}")
+
+    worst, worst_desc, failed = -1.0, "", []
+    for meta, value in zip(sess.get_outputs(), outs):
+        tol = spec["outputs"][meta.name]
+        ratio, desc = compare(value, data["out." + meta.name], tol)
+        if verbose:
+            print(
+                f"    {name:<13} {provider:<4} {meta.name:<20} {list(value.shape)!s:<18} {tol['class']:<12} {'OK  ' if ratio <= 1 else 'FAIL'} {desc}"
+            )
+        if ratio > 1:
+            failed.append(f"{meta.name}: {desc}")
+        if ratio > worst:
+            worst, worst_desc = ratio, f"{meta.name}: {desc}"
+    missing = set(spec["outputs"]) - {m.name for m in sess.get_outputs()}
+    if missing:
+        failed.append(f"outputs missing from the session: {sorted(missing)}")
+    row["worst"] = worst_desc
+    row["notes"] = [f"also FAIL {f}" for f in failed if f != worst_desc] + row["notes"]
+    row["ok"] = not failed
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("lib", nargs="?", default=None, help="libonnxruntime_ep_mlu.so")
+    ap.add_argument("--models", default=None, help="comma-separated subset (default: all of zoo.json)")
+    ap.add_argument("--providers", default="cpu,mlu", help="cpu, mlu or both (default)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per session (median reported)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per output")
+    args = ap.parse_args()
+
+    lib = (
+        args.lib or os.environ.get("MLU_EP_LIB") or os.path.join(REPO, "target", "release", "libonnxruntime_ep_mlu.so")
+    )
+    if not os.path.exists(lib):
+        sys.exit(f"library not found: {lib!r} (pass the path to libonnxruntime_ep_mlu.so)")
+    lib = os.path.abspath(lib)  # register_execution_provider_library resolves relative paths elsewhere
+    with open(os.path.join(HERE, "zoo.json")) as f:
+        zoo = json.load(f)["models"]
+    names = list(zoo) if args.models is None else [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in zoo]
+    if unknown:
+        sys.exit(f"unknown model(s) {unknown}; known: {list(zoo)}")
+    providers = [p for p in args.providers.split(",") if p]
+    if not providers or any(p not in ("cpu", "mlu") for p in providers):
+        sys.exit(f"--providers takes cpu and/or mlu, got {args.providers!r}")
+
+    print(f"onnxruntime {ort.__version__}, library {lib}")
+    devices = []
+    if "mlu" in providers:
+        # The factory reads MLU_EP_EMULATE when the library is registered.
+        os.environ["MLU_EP_EMULATE"] = "1"
+        ort.register_execution_provider_library(EP, lib)
+        devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
+        if not devices:
+            sys.exit(f"{EP} reports no device")
+        meta = dict(devices[0].device.metadata)
+        print(
+            f"{EP}: {len(devices)} device(s), {meta.get('Description', '?')} ({meta.get('architecture', '?')}, emulated={meta.get('emulated', '?')})"
+        )
+    print()
+
+    rows = []
+    for name in names:
+        spec = zoo[name]
+        model_path = os.path.join(HERE, spec["model"])
+        data = np.load(os.path.join(HERE, spec["data"]))
+        model_nodes = len(onnx.load(model_path, load_external_data=False).graph.node)
+
+        def cpu_session(model_path=model_path):
+            so = options()
+            so.register_custom_ops_library(lib)
+            return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+
+        def mlu_session(model_path=model_path):
+            so = options()
+            so.add_provider_for_devices(devices, {})
+            return ort.InferenceSession(model_path, so)
+
+        for p in providers:
+            title, make = ("CPU", cpu_session) if p == "cpu" else ("MLU", mlu_session)
+            rows.append(run_one(name, title, make, spec, data, model_nodes, args.repeat, args.verbose))
+
+    print()
+    header = f"{'model':<13} {'provider':<9} {'MLU/assigned (model)':<21} {'ms':>8}  {'result':<6} worst output against its tolerance"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ms = f"{r['ms']:.1f}" if not math.isnan(r["ms"]) else "-"
+        print(
+            f"{r['model']:<13} {r['provider']:<9} {r['nodes']:<21} {ms:>8}  {'OK' if r['ok'] else 'FAIL':<6} {r['worst']}"
+        )
+        for note in r["notes"]:
+            print(f"{'':<13} {'':<9} {'':<21} {'':>8}  {'':<6} {note}")
+    failed = [r for r in rows if not r["ok"]]
+    print()
+    if failed:
+        print(
+            f"{len(failed)} of {len(rows)} model runs FAILED: {', '.join(r['model'] + '/' + r['provider'] for r in failed)}"
+        )
+        sys.exit(1)
+    print(f"all {len(rows)} model runs match their goldens")
+
+
+if __name__ == "__main__":
+    main()
