@@ -3,7 +3,7 @@
 # library, runs the Rust unit and integration tests (including the sessions driven through
 # the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card), the
 # network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
-# Python session tests, and the main job.
+# Python session and export tests, the model-zoo regression runner, and the main job.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -22,5 +22,9 @@ echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
 echo "== model fixtures are what the builder writes"
 cargo run --quiet --example build_models -- --check
+echo "== model goldens are what the independent numpy models compute"
+"$VENV/bin/python" models/make_zoo_goldens.py --check
+echo "== model-level regression suite (CPU and emulated MLU provider)"
+"$VENV/bin/python" models/run_zoo.py "$MLU_EP_LIB"
 echo "== main job"
 "$VENV/bin/python" models/run_demo.py "$MLU_EP_LIB"

@@ -1,0 +1,203 @@
+"""Find and register ``libonnxruntime_ep_mlu.so`` with ONNX Runtime.
+
+The library is both a custom-op library (the ``mluops`` ONNX domain, CPU kernels) and the
+``MLUExecutionProvider`` plugin execution provider. This module needs only the standard
+library until a function that talks to ONNX Runtime is called; the PyTorch front end is the
+separate submodule :mod:`onnxruntime_ep_mlu.torch` (the only part that needs torch).
+
+Typical use::
+
+    import onnxruntime as ort
+    import onnxruntime_ep_mlu as mlu
+
+    sess = ort.InferenceSession("model.onnx", mlu.session_options())      # CPU kernels
+    sess = ort.InferenceSession("model.onnx", mlu.session_options(with_ep=True))  # MLU
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DOMAIN",
+    "EP_NAME",
+    "LIBRARY_NAME",
+    "OPSET_VERSION",
+    "get_devices",
+    "get_ep_name",
+    "get_library_path",
+    "library_candidates",
+    "node_assignment",
+    "register_execution_provider",
+    "session_options",
+]
+
+#: ONNX domain of the operators, and its opset version.
+DOMAIN = "mluops"
+OPSET_VERSION = 1
+#: Name under which the library registers its execution provider.
+EP_NAME = "MLUExecutionProvider"
+#: File name of the library.
+LIBRARY_NAME = "libonnxruntime_ep_mlu.so"
+#: Environment variable that names the library explicitly.
+ENV_LIBRARY = "MLU_EP_LIB"
+#: Environment variable read by the library when it is registered as an EP: "1" adds the
+#: emulated MLU370 card.
+ENV_EMULATE = "MLU_EP_EMULATE"
+#: Session config entry that makes a session record which provider ran each node.
+RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def get_ep_name() -> str:
+    """The execution provider's name, ``"MLUExecutionProvider"``."""
+    return EP_NAME
+
+
+def _repo_root() -> Path | None:
+    """The source checkout this package sits in (``<repo>/python/onnxruntime_ep_mlu``), if
+    any: true when it is imported from the repository or installed editable."""
+    root = _PACKAGE_DIR.parent.parent
+    return root if (root / "Cargo.toml").is_file() else None
+
+
+def library_candidates() -> list[Path]:
+    """Where :func:`get_library_path` looks when ``MLU_EP_LIB`` is not set, in order: a
+    library shipped inside the package, then the repository's release and debug builds."""
+    out = [_PACKAGE_DIR / LIBRARY_NAME]
+    root = _repo_root()
+    if root is not None:
+        out += [root / "target" / "release" / LIBRARY_NAME, root / "target" / "debug" / LIBRARY_NAME]
+    return out
+
+
+def get_library_path() -> str:
+    """Absolute path of ``libonnxruntime_ep_mlu.so``.
+
+    ``MLU_EP_LIB`` when set (it must name an existing file); otherwise the first existing
+    file of :func:`library_candidates`. Absolute because ONNX Runtime resolves a relative
+    EP library path against its own folder.
+
+    Raises FileNotFoundError when there is no library.
+    """
+    env = os.environ.get(ENV_LIBRARY)
+    if env:
+        path = Path(env).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"{ENV_LIBRARY}={env!r} does not name a file ({path} not found)")
+        return str(path)
+    candidates = library_candidates()
+    for path in candidates:
+        if path.is_file():
+            return str(path)
+    looked = ", ".join(str(p) for p in candidates)
+    root = _repo_root()
+    hint = (
+        f"build it with `cargo build --release --lib` in {root}, or set {ENV_LIBRARY} to the library's path"
+        if root is not None
+        else f"this installed package ships no library and is not in the repository: set {ENV_LIBRARY} to the "
+        "library's path, or install the package from the repository (pip install -e python)"
+    )
+    raise FileNotFoundError(f"{LIBRARY_NAME} not found ({ENV_LIBRARY} is not set; looked at {looked}): {hint}")
+
+
+def session_options(
+    with_ep: bool = False,
+    *,
+    provider_options: dict[str, str] | None = None,
+    record_assignment: bool = False,
+    emulate: bool | None = None,
+    library: str | None = None,
+):
+    """``onnxruntime.SessionOptions`` that can load models with ``mluops`` nodes.
+
+    - ``with_ep=False``: registers the custom-op library; every node runs on CPU.
+    - ``with_ep=True``: registers the library as the MLUExecutionProvider (once per
+      process, see :func:`register_execution_provider`) and adds its devices; the
+      ``mluops`` nodes the MLU kernels support run on the card, the rest on CPU. This also
+      registers the ``mluops`` domain. Raises RuntimeError when there is no MLU device.
+
+    ``provider_options`` go to the EP (e.g. ``{"device_id": "0"}``); ``record_assignment``
+    makes the session record node placement (read it with :func:`node_assignment`);
+    ``emulate`` is passed to :func:`register_execution_provider`; ``library`` overrides
+    :func:`get_library_path`.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if record_assignment:
+        so.add_session_config_entry(RECORD_ASSIGNMENT, "1")
+    if with_ep:
+        devices = register_execution_provider(library, emulate=emulate)
+        if not devices:
+            raise RuntimeError(
+                f"{EP_NAME} offers no device: no MLU card was found; set {ENV_EMULATE}=1 before the "
+                "library is registered (or pass emulate=True) to use the emulated card"
+            )
+        so.add_provider_for_devices(devices, dict(provider_options or {}))
+    else:
+        if provider_options:
+            raise ValueError("provider_options need with_ep=True")
+        so.register_custom_ops_library(library or get_library_path())
+    return so
+
+
+_registered_library: str | None = None
+
+
+def get_devices() -> list:
+    """The ``OrtEpDevice``\\ s of the MLUExecutionProvider known to ONNX Runtime (empty
+    before registration or without a card)."""
+    import onnxruntime as ort
+
+    return [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+
+
+def register_execution_provider(library: str | None = None, *, emulate: bool | None = None) -> list:
+    """Registers the library with ``onnxruntime.register_execution_provider_library`` under
+    :func:`get_ep_name` and returns its devices (``ep_device.ep_name == get_ep_name()``).
+
+    ONNX Runtime keeps a registration for the life of the process, so this registers at
+    most once: when the EP already has devices, or this function registered it before,
+    the current devices are returned. The library reads ``MLU_EP_EMULATE`` when it is
+    registered: ``emulate=True`` sets it to ``"1"`` first (``False`` removes it); asking
+    for the emulated card after an unemulated registration raises RuntimeError.
+    """
+    global _registered_library
+    import onnxruntime as ort
+
+    if emulate is not None:
+        if emulate:
+            os.environ[ENV_EMULATE] = "1"
+        else:
+            os.environ.pop(ENV_EMULATE, None)
+    devices = get_devices()
+    if not devices and _registered_library is None:
+        path = library or get_library_path()
+        try:
+            ort.register_execution_provider_library(EP_NAME, path)
+        except Exception as e:  # registered by other code of this process: keep that one
+            if "already registered" not in str(e):
+                raise
+        _registered_library = path
+        devices = get_devices()
+    if emulate and not any(dict(d.device.metadata).get("emulated") == "true" for d in devices):
+        raise RuntimeError(
+            f"{EP_NAME} was registered in this process before {ENV_EMULATE}=1 was set; "
+            "the emulated card can only be added by the first registration"
+        )
+    return devices
+
+
+def node_assignment(session) -> dict[str, str]:
+    """``{node name: provider}`` of a session created with ``record_assignment=True`` (the
+    session config entry ``session.record_ep_graph_assignment_info`` = ``"1"``)."""
+    out = {}
+    for sub in session.get_provider_graph_assignment_info():
+        for node in sub.get_nodes():
+            out[node.name] = sub.ep_name
+    return out
