@@ -13,45 +13,14 @@ use onnxruntime_ep_mlu::ops::psroipool::PsRoiPool;
 use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
-use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
-use std::collections::HashMap;
 mod common;
+use common::psroi::Attrs;
 use common::{Rng, assert_accumulating};
 
 // ---------------------------------------------------------------- helpers
 
-#[derive(Debug, Clone, Copy)]
-struct Attrs {
-    ph: i64,
-    pw: i64,
-    scale: f32,
-    od: i64,
-}
-
-impl Attrs {
-    fn square(p: i64, scale: f32, od: i64) -> Self {
-        Attrs { ph: p, pw: p, scale, od }
-    }
-    fn map(self) -> HashMap<String, AttrValue> {
-        HashMap::from([
-            ("pooled_height".to_string(), AttrValue::Int(self.ph)),
-            ("pooled_width".to_string(), AttrValue::Int(self.pw)),
-            ("spatial_scale".to_string(), AttrValue::Float(self.scale)),
-            ("output_dim".to_string(), AttrValue::Int(self.od)),
-        ])
-    }
-    fn op(self) -> PsRoiPool {
-        descriptor(&self.map()).expect("valid attributes")
-    }
-    fn channels(self) -> usize {
-        (self.ph * self.pw * self.od) as usize
-    }
-    fn per_roi(self) -> usize {
-        self.channels()
-    }
-}
 
 /// Inputs: input [batches, height, width, channels] (NHWC), rois [R, 5].
 #[derive(Debug, Clone)]
@@ -316,7 +285,7 @@ fn mapping_channel_is_always_o_ph_plus_i_pw_plus_j() {
     case.rois[10..15].copy_from_slice(&[0.0, 100.0, 100.0, 120.0, 120.0]);
     let (out, mapping) = check(&case, a, &Threads(2));
     assert_eq!(mapping, expected_mapping(4, a));
-    let per = a.per_roi();
+    let per = a.channels();
     assert!(out[per..3 * per].iter().all(|&v| v == 0.0));
 }
 
@@ -612,7 +581,7 @@ fn non_finite_batch_id_is_not_an_error() {
         let mut c = case.clone();
         c.rois[5] = b;
         let (out, _) = check(&c, a, &Serial);
-        let per = a.per_roi();
+        let per = a.channels();
         assert!(out[per..2 * per].iter().all(|&v| v == 0.0));
     }
 }
@@ -623,7 +592,7 @@ fn input_shape_mismatch_is_error() {
     let (_, rois) = case.tensors();
     for shape in [vec![2, 6, 72], vec![2, 6, 6, 12, 1], vec![432]] {
         let x = Tensor::f32(shape, vec![0.0; 432]);
-        let e = run(&a.op(), &[Some(&x), Some(&rois)], &Serial).expect_err("bad input rank");
+        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&rois)], &Serial).expect_err("bad input rank");
         let text = format!("{e}");
         assert!(text.contains("'input'") && text.contains("shape"), "{text}");
     }
@@ -635,7 +604,7 @@ fn rois_shape_mismatch_is_error() {
     let (x, _) = case.tensors();
     for (shape, len) in [(vec![3, 4], 12), (vec![3, 6], 18), (vec![15], 15), (vec![3, 5, 1], 15), (vec![5, 3], 15)] {
         let rois = Tensor::f32(shape, vec![0.0; len]);
-        let e = run(&a.op(), &[Some(&x), Some(&rois)], &Serial).expect_err("bad rois shape");
+        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&rois)], &Serial).expect_err("bad rois shape");
         let text = format!("{e}");
         assert!(text.contains("'rois'") && text.contains("shape"), "{text}");
     }
@@ -654,7 +623,7 @@ fn dtype_mismatch_is_error() {
         (x.clone(), Tensor::f16([3, 5], vec![half::f16::ZERO; 15]), "'rois'"),
     ];
     for (x, r, name) in bad_inputs {
-        let e = run(&a.op(), &[Some(&x), Some(&r)], &Serial).expect_err("dtype mismatch");
+        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&r)], &Serial).expect_err("dtype mismatch");
         let text = format!("{e}");
         assert!(text.contains(name) && text.contains("dtype"), "{text}");
     }
@@ -664,9 +633,9 @@ fn dtype_mismatch_is_error() {
 fn missing_input_is_error() {
     let (case, a) = small();
     let (x, r) = case.tensors();
-    let e = run(&a.op(), &[Some(&x), None], &Serial).expect_err("rois required");
+    let e = run(&a.op::<PsRoiPool>(), &[Some(&x), None], &Serial).expect_err("rois required");
     assert!(format!("{e}").contains("'rois'"), "{e}");
-    let e = run(&a.op(), &[None, Some(&r)], &Serial).expect_err("input required");
+    let e = run(&a.op::<PsRoiPool>(), &[None, Some(&r)], &Serial).expect_err("input required");
     assert!(format!("{e}").contains("'input'"), "{e}");
 }
 

@@ -6,43 +6,14 @@
 use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
-use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
-use std::collections::HashMap;
 mod common;
+use common::psroi::Attrs;
 use common::{Rng, assert_accumulating};
 
 // ---------------------------------------------------------------- helpers
 
-#[derive(Debug, Clone, Copy)]
-struct Attrs {
-    ph: i64,
-    pw: i64,
-    scale: f32,
-    od: i64,
-}
-
-impl Attrs {
-    fn square(p: i64, scale: f32, od: i64) -> Self {
-        Attrs { ph: p, pw: p, scale, od }
-    }
-    fn map(self) -> HashMap<String, AttrValue> {
-        HashMap::from([
-            ("pooled_height".to_string(), AttrValue::Int(self.ph)),
-            ("pooled_width".to_string(), AttrValue::Int(self.pw)),
-            ("spatial_scale".to_string(), AttrValue::Float(self.scale)),
-            ("output_dim".to_string(), AttrValue::Int(self.od)),
-        ])
-    }
-    fn op(self) -> PsRoiPoolBackward {
-        descriptor(&self.map()).expect("valid attributes")
-    }
-    /// Channels of bottom_grad the contract requires (for valid attributes).
-    fn channels(self) -> i64 {
-        self.ph * self.pw * self.od
-    }
-}
 
 /// Inputs in the contract's order.
 #[derive(Debug, Clone)]
@@ -161,7 +132,7 @@ impl Rng {
 /// Random rois inside an image of `img` pixels (the map is img * scale), fractional batch
 /// ids, and random mapping_channel values.
 fn random_case(rng: &mut Rng, r: usize, a: Attrs, bottom: [usize; 4], img: f32) -> Case {
-    let n = r * a.channels() as usize;
+    let n = r * a.channels();
     let channels = bottom[3] as u64;
     let top = (0..n).map(|_| rng.unit() * 2.0 - 1.0).collect();
     let mapping = (0..n).map(|_| rng.below(channels) as i32).collect();
@@ -228,7 +199,7 @@ fn golden_case0_reproduced_exactly() {
     let f32s = |t: &str| data(t).iter().map(|x| x.as_f64().expect("number") as f32).collect::<Vec<_>>();
     let top = f32s("top_grad");
     let case = Case {
-        r: top.len() / a.channels() as usize,
+        r: top.len() / a.channels(),
         top,
         rois: f32s("rois"),
         mapping: data("mapping_channel").iter().map(|x| x.as_i64().expect("int") as i32).collect(),
@@ -532,7 +503,7 @@ fn bottom_shape_not_four_values_is_error() {
     let t = case.tensors(a);
     let shape2d = Tensor::i64([2, 2], vec![2, 6, 6, 12]);
     let e =
-        run(&a.op(), &[Some(&t[0]), Some(&t[1]), Some(&t[2]), Some(&shape2d)], &Serial).expect_err("2-D bottom_shape");
+        run(&a.op::<PsRoiPoolBackward>(), &[Some(&t[0]), Some(&t[1]), Some(&t[2]), Some(&shape2d)], &Serial).expect_err("2-D bottom_shape");
     assert!(e.to_string().contains("bottom_shape"), "{e}");
 }
 
@@ -603,7 +574,7 @@ fn top_grad_shape_mismatch_is_error() {
         Tensor::f32([2, 3, 2, 3], vec![0.0; 36]),
         Tensor::f32([2, 12], vec![0.0; 24]),
     ] {
-        let e = run(&a.op(), &[Some(&top), Some(&t[1]), Some(&t[2]), Some(&t[3])], &Serial).expect_err("bad top_grad");
+        let e = run(&a.op::<PsRoiPoolBackward>(), &[Some(&top), Some(&t[1]), Some(&t[2]), Some(&t[3])], &Serial).expect_err("bad top_grad");
         assert!(e.to_string().contains("top_grad"), "{e}");
     }
 }
@@ -615,7 +586,7 @@ fn rois_shape_mismatch_is_error() {
     for rois in
         [Tensor::f32([3, 5], vec![0.0; 15]), Tensor::f32([2, 4], vec![0.0; 8]), Tensor::f32([10], vec![0.0; 10])]
     {
-        let e = run(&a.op(), &[Some(&t[0]), Some(&rois), Some(&t[2]), Some(&t[3])], &Serial).expect_err("bad rois");
+        let e = run(&a.op::<PsRoiPoolBackward>(), &[Some(&t[0]), Some(&rois), Some(&t[2]), Some(&t[3])], &Serial).expect_err("bad rois");
         assert!(e.to_string().contains("rois"), "{e}");
     }
 }
@@ -626,7 +597,7 @@ fn mapping_channel_shape_mismatch_is_error() {
     let t = case.tensors(a);
     for m in [Tensor::i32([1, 2, 2, 3], vec![0; 12]), Tensor::i32([2, 2, 2, 2], vec![0; 16])] {
         let e =
-            run(&a.op(), &[Some(&t[0]), Some(&t[1]), Some(&m), Some(&t[3])], &Serial).expect_err("bad mapping_channel");
+            run(&a.op::<PsRoiPoolBackward>(), &[Some(&t[0]), Some(&t[1]), Some(&m), Some(&t[3])], &Serial).expect_err("bad mapping_channel");
         assert!(e.to_string().contains("mapping_channel"), "{e}");
     }
 }
@@ -635,7 +606,7 @@ fn mapping_channel_shape_mismatch_is_error() {
 fn dtype_mismatch_is_error() {
     let (case, a) = small();
     let t = case.tensors(a);
-    let op = a.op();
+    let op = a.op::<PsRoiPoolBackward>();
     let top_i = Tensor::i32([2, 2, 2, 3], vec![0; 24]);
     let rois_i = Tensor::i32([2, 5], vec![0; 10]);
     let map_f = Tensor::f32([2, 2, 2, 3], vec![0.0; 24]);
@@ -709,7 +680,7 @@ fn contract_accepts(a: Attrs, case: &Case) -> bool {
         return false;
     }
     let s = &case.bottom_shape;
-    if s.len() != 4 || s.iter().any(|&d| d < 0) || s[3] != a.channels() {
+    if s.len() != 4 || s.iter().any(|&d| d < 0) || s[3] != a.channels() as i64 {
         return false;
     }
     let batch_ok = case.rois.chunks(5).all(|roi| {

@@ -3,6 +3,8 @@
 //! test file, independent of the kernels and of each other.
 #![allow(dead_code)]
 
+pub mod psroi;
+
 /// splitmix64: small, seedable, good enough for test data. Test files add the
 /// conveniences they need in their own `impl Rng` blocks.
 pub struct Rng(pub u64);

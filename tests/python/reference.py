@@ -183,38 +183,49 @@ def _round_half_away(x: np.float32) -> np.float32:
     return F32(math.copysign(math.floor(abs(v) + 0.5), v))
 
 
+def psroi_bins(roi, ph, pw, scale, height, width):
+    """The bins of one roi as (batch, [(i, j, hs, he, ws, we)]), computed in float32 one
+    rounded operation at a time; None for a roi with a non-finite value or overflow."""
+    if not np.all(np.isfinite(roi)):
+        return None
+    scale = F32(scale)
+    one, tenth = F32(1), F32(0.1)
+    b = int(np.trunc(roi[0]))
+    start_w = _round_half_away(roi[1]) * scale
+    start_h = _round_half_away(roi[2]) * scale
+    end_w = (_round_half_away(roi[3]) + one) * scale
+    end_h = (_round_half_away(roi[4]) + one) * scale
+    roi_w = max(end_w - start_w, tenth)
+    roi_h = max(end_h - start_h, tenth)
+    bin_w, bin_h = roi_w / F32(pw), roi_h / F32(ph)
+    if not all(np.isfinite(v) for v in (start_w, start_h, bin_w, bin_h)):
+        return None
+    bins = []
+    for i in range(ph):
+        hs = int(min(max(np.floor(F32(i) * bin_h + start_h), 0), height))
+        he = int(min(max(np.ceil(F32(i + 1) * bin_h + start_h), 0), height))
+        for j in range(pw):
+            ws = int(min(max(np.floor(F32(j) * bin_w + start_w), 0), width))
+            we = int(min(max(np.ceil(F32(j + 1) * bin_w + start_w), 0), width))
+            bins.append((i, j, hs, he, ws, we))
+    return b, bins
+
+
 def prp_reference(top_grad, rois, mapping, bottom_shape, ph, pw, scale, od):
     nb, h, w, ch = (int(v) for v in bottom_shape)
     out = np.zeros((nb, h, w, ch), np.float64)
-    scale = F32(scale)
-    one, tenth = F32(1), F32(0.1)
     for r in range(rois.shape[0]):
-        roi = rois[r]
-        if not np.all(np.isfinite(roi)):
+        got = psroi_bins(rois[r], ph, pw, scale, h, w)
+        if got is None:
             continue
-        b = int(np.trunc(roi[0]))
-        start_w = _round_half_away(roi[1]) * scale
-        start_h = _round_half_away(roi[2]) * scale
-        end_w = (_round_half_away(roi[3]) + one) * scale
-        end_h = (_round_half_away(roi[4]) + one) * scale
-        roi_w = max(end_w - start_w, tenth)
-        roi_h = max(end_h - start_h, tenth)
-        bin_w, bin_h = roi_w / F32(pw), roi_h / F32(ph)
-        if not all(np.isfinite(v) for v in (start_w, start_h, bin_w, bin_h)):
-            continue
-        for i in range(ph):
-            hs = min(max(np.floor(F32(i) * bin_h + start_h), 0), h)
-            he = min(max(np.ceil(F32(i + 1) * bin_h + start_h), 0), h)
-            for j in range(pw):
-                ws = min(max(np.floor(F32(j) * bin_w + start_w), 0), w)
-                we = min(max(np.ceil(F32(j + 1) * bin_w + start_w), 0), w)
-                hs_, he_, ws_, we_ = int(hs), int(he), int(ws), int(we)
-                if he_ <= hs_ or we_ <= ws_:
-                    continue
-                area = (he_ - hs_) * (we_ - ws_)
-                for o in range(od):
-                    c = mapping[r, i, j, o]
-                    out[b, hs_:he_, ws_:we_, c] += float(top_grad[r, i, j, o]) / area
+        b, bins = got
+        for i, j, hs, he, ws, we in bins:
+            if he <= hs or we <= ws:
+                continue
+            area = (he - hs) * (we - ws)
+            for o in range(od):
+                c = mapping[r, i, j, o]
+                out[b, hs:he, ws:we, c] += float(top_grad[r, i, j, o]) / area
     return out
 
 

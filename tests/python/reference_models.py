@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
-from reference import _round_half_away
+from reference import psroi_bins
 
 F32 = np.float32
 F64 = np.float64
@@ -121,34 +121,6 @@ def three_interpolate_reference(features, indices, weights):
 
 
 # ----------------------------------------------------------------------------- PsRoiPool
-def psroi_bins(roi, ph, pw, scale, height, width):
-    """The bins of one roi as (batch, [(i, j, hs, he, ws, we)]), computed in float32 one
-    rounded operation at a time; None for a roi with a non-finite value or overflow."""
-    if not np.all(np.isfinite(roi)):
-        return None
-    scale = F32(scale)
-    one, tenth = F32(1), F32(0.1)
-    b = int(np.trunc(roi[0]))
-    start_w = _round_half_away(roi[1]) * scale
-    start_h = _round_half_away(roi[2]) * scale
-    end_w = (_round_half_away(roi[3]) + one) * scale
-    end_h = (_round_half_away(roi[4]) + one) * scale
-    roi_w = max(end_w - start_w, tenth)
-    roi_h = max(end_h - start_h, tenth)
-    bin_w, bin_h = roi_w / F32(pw), roi_h / F32(ph)
-    if not all(np.isfinite(v) for v in (start_w, start_h, bin_w, bin_h)):
-        return None
-    bins = []
-    for i in range(ph):
-        hs = int(min(max(np.floor(F32(i) * bin_h + start_h), 0), height))
-        he = int(min(max(np.ceil(F32(i + 1) * bin_h + start_h), 0), height))
-        for j in range(pw):
-            ws = int(min(max(np.floor(F32(j) * bin_w + start_w), 0), width))
-            we = int(min(max(np.ceil(F32(j + 1) * bin_w + start_w), 0), width))
-            bins.append((i, j, hs, he, ws, we))
-    return b, bins
-
-
 def psroipool_reference(inp, rois, ph, pw, scale, od):
     """R-FCN position-sensitive RoI pooling forward (NHWC): float64 output [R, ph, pw, od] and
     int32 mapping_channel."""
