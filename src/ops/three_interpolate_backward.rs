@@ -227,19 +227,76 @@ fn split<T: Real, const L: usize>(
         };
         let rows = part.len() / d.m;
         #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: the CPU supports AVX2 (checked at run time by has_avx2).
-            return unsafe { batch_channels_avx2::<T, L>(d, go, b, first..first + rows, idx, w, part) };
+        if let Some(avx2) = Avx2::detect() {
+            return avx2.batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part);
         }
-        batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part);
+        batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose);
     });
 }
 
-/// [`batch_channels`] compiled with AVX2, so the lane loops use 8-wide vectors. Products and
-/// sums are still separate IEEE operations in the same order (no FMA: that feature is not
-/// enabled), so the result is bit-identical to the baseline build.
+/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`.
+trait Transpose: Copy {
+    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]);
+}
+
+/// The portable transpose: one element at a time.
+#[derive(Clone, Copy)]
+struct ScalarTranspose;
+
+impl Transpose for ScalarTranspose {
+    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
+        scalar_transpose(rows, 0..nt, tile, 0);
+    }
+}
+
+/// `tile[n][lane0 + r] = rows[r][n]` for n in `points`.
+#[inline(always)]
+fn scalar_transpose<const L: usize>(rows: &[&[f32]], points: std::ops::Range<usize>, tile: &mut [[f32; L]], lane0: usize) {
+    for (r, src) in rows.iter().enumerate() {
+        let (Some(src), Some(tile)) = (src.get(points.clone()), tile.get_mut(points.clone())) else { continue };
+        for (t, &g) in tile.iter_mut().zip(src) {
+            if let Some(x) = t.get_mut(lane0 + r) {
+                *x = g;
+            }
+        }
+    }
+}
+
+/// Proof that this CPU has AVX2: only [`Avx2::detect`] makes one.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2(());
+
+#[cfg(target_arch = "x86_64")]
+impl Avx2 {
+    fn detect() -> Option<Self> {
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")).then_some(Avx2(()))
+    }
+
+    /// [`batch_channels`] compiled with AVX2: the lane loops use 8-wide vectors and the tiles
+    /// are transposed 8 x 8 in registers. Products and sums are still separate IEEE
+    /// operations in the same order (no FMA: that feature is not enabled), so the result is
+    /// bit-identical to the baseline build.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_channels<T: Real, const L: usize>(
+        self,
+        d: &Dims,
+        go: &[T],
+        b: usize,
+        channels: std::ops::Range<usize>,
+        idx: &[i32],
+        w: &[T],
+        part: &mut [T],
+    ) {
+        // SAFETY: `self` exists only when the CPU supports AVX2.
+        unsafe { batch_channels_avx2::<T, L>(d, go, b, channels, idx, w, part, self) }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 fn batch_channels_avx2<T: Real, const L: usize>(
     d: &Dims,
     go: &[T],
@@ -248,19 +305,76 @@ fn batch_channels_avx2<T: Real, const L: usize>(
     idx: &[i32],
     w: &[T],
     part: &mut [T],
+    avx2: Avx2,
 ) {
-    batch_channels::<T, L>(d, go, b, channels, idx, w, part)
+    batch_channels::<T, L>(d, go, b, channels, idx, w, part, avx2)
 }
 
 #[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
+impl Transpose for Avx2 {
+    #[inline(always)]
+    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
+        let full = nt - nt % 8;
+        let mut lane0 = 0;
+        for group in rows.chunks(8) {
+            if let (Ok(group), true) = (<&[&[f32]; 8]>::try_from(group), lane0 + 8 <= L) {
+                for p0 in (0..full).step_by(8) {
+                    // SAFETY: `self` exists only when the CPU supports AVX2.
+                    unsafe { transpose8x8(group, p0, tile, lane0) };
+                }
+                scalar_transpose(group, full..nt, tile, lane0);
+            } else {
+                scalar_transpose(group, 0..nt, tile, lane0);
+            }
+            lane0 += 8;
+        }
+    }
+}
+
+/// `tile[p0 + q][lane0 + r] = rows[r][p0 + q]` for q, r in 0..8, through registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose8x8<const L: usize>(rows: &[&[f32]; 8], p0: usize, tile: &mut [[f32; L]], lane0: usize) {
+    use std::arch::x86_64::*;
+    let load = |r: usize| {
+        let src = &rows[r][p0..p0 + 8];
+        // SAFETY: `src` holds exactly 8 floats (the slice above is bounds-checked).
+        unsafe { _mm256_loadu_ps(src.as_ptr()) }
+    };
+    let (r0, r1, r2, r3) = (load(0), load(1), load(2), load(3));
+    let (r4, r5, r6, r7) = (load(4), load(5), load(6), load(7));
+    // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
+    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+    let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+    // Point q of rows 0-3 in the low half and point q + 4 in the high half.
+    let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+    let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+    let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+    let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+    let columns = [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ];
+    for (q, column) in columns.into_iter().enumerate() {
+        let dst = &mut tile[p0 + q][lane0..lane0 + 8];
+        // SAFETY: `dst` holds exactly 8 floats (the slice above is bounds-checked).
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), column) };
+    }
 }
 
 /// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
 /// weights.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn batch_channels<T: Real, const L: usize>(
     d: &Dims,
     go: &[T],
@@ -269,6 +383,7 @@ fn batch_channels<T: Real, const L: usize>(
     idx: &[i32],
     w: &[T],
     part: &mut [T],
+    tr: impl Transpose,
 ) {
     let (n, m) = (d.n, d.m);
     let mut widened = Vec::new();
@@ -282,7 +397,9 @@ fn batch_channels<T: Real, const L: usize>(
     };
     let mut acc = vec![[0f32; L]; m];
     let mut tile = vec![[0f32; L]; T::TILE.min(n)];
-    let mut row = vec![0f32; T::TILE.min(n).max(m)];
+    let mut row = vec![0f32; m];
+    // float16 tiles are widened here first: L rows of T::TILE points.
+    let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f32; L * T::TILE.min(n)] };
     let mut c0 = channels.start;
     while c0 < channels.end {
         let lanes = L.min(channels.end - c0);
@@ -292,20 +409,23 @@ fn batch_channels<T: Real, const L: usize>(
             let nt = T::TILE.min(n - n0);
             // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
             // stale values; their accumulators are never stored.
-            for lane in 0..lanes {
+            let mut rows: [&[f32]; L] = [&[]; L];
+            let mut staged = stage.chunks_exact_mut(T::TILE.min(n));
+            for (lane, dst) in rows.iter_mut().take(lanes).enumerate() {
                 let start = ((b * d.c + c0 + lane) * n) + n0;
                 let Some(src) = go.get(start..start + nt) else { continue };
-                let src: &[f32] = match T::as_f32(src) {
+                *dst = match T::as_f32(src) {
                     Some(s) => s,
-                    None => {
-                        T::widen(src, &mut row[..nt]);
-                        &row[..nt]
-                    }
+                    None => match staged.next() {
+                        Some(row) => {
+                            T::widen(src, &mut row[..nt]);
+                            &row[..nt]
+                        }
+                        None => continue,
+                    },
                 };
-                for (t, &g) in tile.iter_mut().zip(src) {
-                    t[lane] = g;
-                }
             }
+            tr.transpose(&rows[..lanes], nt, &mut tile[..nt]);
             let terms = n0 * 3..(n0 + nt) * 3;
             if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
                 accumulate(&mut acc, &tile[..nt], js, ws);
@@ -324,16 +444,22 @@ fn batch_channels<T: Real, const L: usize>(
     }
 }
 
-/// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order.
+/// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so
+/// the AVX2 build vectorises it with 8-wide registers.
+#[inline(always)]
 fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i32], w: &[f32]) {
-    for ((g, js), ws) in tile.iter().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
+    for ((&g, js), ws) in tile.iter().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
         for (&j, &wk) in js.iter().zip(ws) {
             // Indices were validated by `plan`; an out-of-range one is skipped, not a panic.
             let Some(a) = acc.get_mut(j as u32 as usize) else { continue };
-            for (x, &gl) in a.iter_mut().zip(g) {
+            // Whole rows as values: the compiler need not fear that `a` aliases `g`, so the
+            // lanes become one vector operation each.
+            let mut row = *a;
+            for (x, gl) in row.iter_mut().zip(g) {
                 // Separate multiply and add (no FMA): the contract's rounding.
                 *x += gl * wk;
             }
+            *a = row;
         }
     }
 }
@@ -347,9 +473,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_and_baseline_builds_agree_bit_for_bit() {
-        if !has_avx2() {
-            return;
-        }
+        let Some(avx2) = Avx2::detect() else { return };
         let d = Dims { b: 1, c: 37, n: 301, m: 53, dtype: DType::F32 };
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
@@ -362,12 +486,22 @@ mod tests {
         let idx: Vec<i32> = (0..d.n * 3).map(|_| (next() % d.m as u64) as i32).collect();
         let w: Vec<f32> = (0..d.n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();
         let mut base = vec![f32::NAN; d.c * d.m];
-        let mut avx2 = vec![f32::NAN; d.c * d.m];
-        batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base);
-        // SAFETY: AVX2 support was checked above.
-        unsafe { batch_channels_avx2::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2) };
+        let mut avx2_out = vec![f32::NAN; d.c * d.m];
+        batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose);
+        avx2.batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&base), bits(&avx2));
+        assert_eq!(bits(&base), bits(&avx2_out));
+        // float16: widened tiles, same rule.
+        let d16 = Dims { dtype: DType::F16, ..d };
+        let go16: Vec<f16> = go.iter().map(|&x| f16::from_f32(x)).collect();
+        let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
+        let mut base16 = vec![f16::NAN; d.c * d.m];
+        let mut avx2_16 = vec![f16::NAN; d.c * d.m];
+        batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose);
+        avx2.batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16);
+        let bits16 = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits16(&base16), bits16(&avx2_16));
+        assert!(base16.iter().all(|x| x.is_finite()));
         assert!(base.iter().all(|x| x.is_finite()));
     }
 }
