@@ -31,8 +31,13 @@ const LANES: usize = 16;
 const FEW_LANES: usize = 4;
 /// Target points per transposed tile, tuned on the seed case 7: short tiles suit float32;
 /// float16 widens each tile row with one call, whose fixed cost favours longer rows.
-const TILE_F32: usize = 24;
+const TILE_F32: usize = 64;
 const TILE_F16: usize = 64;
+/// Accumulator bytes (M rows of L lanes) that stay in a 32 KiB L1 data cache next to the
+/// tiles; more rows than this take 8 lanes.
+const L1_ACC_BYTES: usize = 24 * 1024;
+/// Tiles ahead that the rows of grad_output are prefetched.
+const PREFETCH_AHEAD: usize = 2;
 /// Multiply-adds (or output elements) per parallel task.
 const GRAIN: usize = 32 * 1024;
 
@@ -190,7 +195,8 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
         return Ok(());
     }
     match d.c {
-        c if c >= LANES => split::<T, LANES>(d, go, indices, weights, out, par),
+        c if c >= LANES && d.m * LANES * 4 <= L1_ACC_BYTES => split::<T, LANES>(d, go, indices, weights, out, par),
+        c if c >= 8 => split::<T, 8>(d, go, indices, weights, out, par),
         c if c >= FEW_LANES => split::<T, FEW_LANES>(d, go, indices, weights, out, par),
         _ => split::<T, 1>(d, go, indices, weights, out, par),
     }
@@ -232,6 +238,24 @@ fn split<T: Real, const L: usize>(
         }
         batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose);
     });
+}
+
+/// Asks the CPU to bring the cache lines of one tile row (T::TILE elements from `data`'s
+/// start) closer; a hint only.
+#[inline(always)]
+fn prefetch<T: Real>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = T::TILE.min(data.len()) * size_of::<T>();
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults or changes memory; the address lies inside
+            // `data` (offset < its length in bytes).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().cast::<i8>().add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`.
@@ -332,10 +356,13 @@ impl Transpose for Avx2 {
 }
 
 /// `tile[p0 + q][lane0 + r] = rows[r][p0 + q]` for q, r in 0..8, through registers.
+///
+/// # Safety
+/// The CPU must support AVX2. Not a `target_feature` function so that it inlines into
+/// [`batch_channels_avx2`], whose AVX2 context the intrinsics then inline into.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-fn transpose8x8<const L: usize>(rows: &[&[f32]; 8], p0: usize, tile: &mut [[f32; L]], lane0: usize) {
+#[inline(always)]
+unsafe fn transpose8x8<const L: usize>(rows: &[&[f32]; 8], p0: usize, tile: &mut [[f32; L]], lane0: usize) {
     use std::arch::x86_64::*;
     let load = |r: usize| {
         let src = &rows[r][p0..p0 + 8];
@@ -345,25 +372,28 @@ fn transpose8x8<const L: usize>(rows: &[&[f32]; 8], p0: usize, tile: &mut [[f32;
     let (r0, r1, r2, r3) = (load(0), load(1), load(2), load(3));
     let (r4, r5, r6, r7) = (load(4), load(5), load(6), load(7));
     // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
-    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
-    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
-    let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
-    let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
-    // Point q of rows 0-3 in the low half and point q + 4 in the high half.
-    let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
-    let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
-    let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
-    let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
-    let columns = [
-        _mm256_permute2f128_ps::<0x20>(u0, u4),
-        _mm256_permute2f128_ps::<0x20>(u1, u5),
-        _mm256_permute2f128_ps::<0x20>(u2, u6),
-        _mm256_permute2f128_ps::<0x20>(u3, u7),
-        _mm256_permute2f128_ps::<0x31>(u0, u4),
-        _mm256_permute2f128_ps::<0x31>(u1, u5),
-        _mm256_permute2f128_ps::<0x31>(u2, u6),
-        _mm256_permute2f128_ps::<0x31>(u3, u7),
-    ];
+    // SAFETY (this block): the caller guarantees AVX2.
+    let columns = unsafe {
+        let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+        let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+        let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+        // Point q of rows 0-3 in the low half and point q + 4 in the high half.
+        let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+        let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+        let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+        let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    };
     for (q, column) in columns.into_iter().enumerate() {
         let dst = &mut tile[p0 + q][lane0..lane0 + 8];
         // SAFETY: `dst` holds exactly 8 floats (the slice above is bounds-checked).
@@ -413,6 +443,11 @@ fn batch_channels<T: Real, const L: usize>(
             let mut staged = stage.chunks_exact_mut(T::TILE.min(n));
             for (lane, dst) in rows.iter_mut().take(lanes).enumerate() {
                 let start = ((b * d.c + c0 + lane) * n) + n0;
+                // The L rows are L separate streams, more than the hardware prefetcher
+                // follows: ask for this row's next tiles now.
+                if let Some(ahead) = go.get(start + PREFETCH_AHEAD * T::TILE..) {
+                    prefetch(ahead);
+                }
                 let Some(src) = go.get(start..start + nt) else { continue };
                 *dst = match T::as_f32(src) {
                     Some(s) => s,
@@ -468,8 +503,9 @@ fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i3
 mod tests {
     use super::*;
 
-    /// The AVX2 build of the inner kernel must give the same bits as the baseline build
-    /// (the tests elsewhere run whichever one this CPU selects).
+    /// The AVX2 build of the inner kernel (register transposes, 8-wide vectors) must give the
+    /// same bits as the baseline build, for every lane count (the tests elsewhere run
+    /// whichever one this CPU and shape select).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_and_baseline_builds_agree_bit_for_bit() {
@@ -491,6 +527,13 @@ mod tests {
         avx2.batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&base), bits(&avx2_out));
+        // 8 lanes (large M) and 4: the same sums in the same order, so the same bits.
+        let mut eight = vec![f32::NAN; d.c * d.m];
+        avx2.batch_channels::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight);
+        assert_eq!(bits(&base), bits(&eight));
+        let mut four = vec![f32::NAN; d.c * d.m];
+        batch_channels::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose);
+        assert_eq!(bits(&base), bits(&four));
         // float16: widened tiles, same rule.
         let d16 = Dims { dtype: DType::F16, ..d };
         let go16: Vec<f16> = go.iter().map(|&x| f16::from_f32(x)).collect();
