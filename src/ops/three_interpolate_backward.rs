@@ -3,7 +3,7 @@
 //! `grad_features[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k]`.
 //!
 //! Each task owns whole output rows (one batch, a block of channels), so no two tasks touch
-//! the same accumulator. Inside a task, L channels (16, or 4 or 1 when C is small) are
+//! the same accumulator. Inside a task, L channels (16; 8 when M rows of 16 would not fit L1; 4 or 1 when C is small) are
 //! processed together: a tile of grad_output is transposed to [n][lane] so each (n, k) term
 //! is one short vector multiply-add into accumulator row `indices[b, n, k]` (kept as
 //! [m][lane], cache-resident for the seed sizes).
