@@ -60,13 +60,16 @@ impl<O: Operator> Kernel for O {
     }
 }
 
+/// Builds a node's MLU kernel from its attributes.
+pub type CreateMlu = fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>;
+
 /// Registry entry: how to build a node's kernel from its attributes, for the CPU path and,
 /// for the operators that have BANG kernels, for the MLU path.
 pub struct OpEntry {
     pub name: &'static str,
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
     /// `None`: no MLU kernel; the EP declines the operator's nodes, which run on CPU.
-    pub create_mlu: Option<fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>>,
+    pub create_mlu: Option<CreateMlu>,
 }
 
 fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
