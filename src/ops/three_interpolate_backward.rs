@@ -234,7 +234,8 @@ fn split<T: Real, const L: usize>(
         let rows = part.len() / d.m;
         #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = Avx2::detect() {
-            return avx2.batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part);
+            // SAFETY: an `Avx2` exists only when the CPU supports AVX2.
+            return unsafe { batch_channels_avx2::<T, L>(d, go, b, first..first + rows, idx, w, part, avx2) };
         }
         batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose);
     });
@@ -297,27 +298,12 @@ impl Avx2 {
         static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")).then_some(Avx2(()))
     }
-
-    /// [`batch_channels`] compiled with AVX2: the lane loops use 8-wide vectors and the tiles
-    /// are transposed 8 x 8 in registers. Products and sums are still separate IEEE
-    /// operations in the same order (no FMA: that feature is not enabled), so the result is
-    /// bit-identical to the baseline build.
-    #[allow(clippy::too_many_arguments)]
-    fn batch_channels<T: Real, const L: usize>(
-        self,
-        d: &Dims,
-        go: &[T],
-        b: usize,
-        channels: std::ops::Range<usize>,
-        idx: &[i32],
-        w: &[T],
-        part: &mut [T],
-    ) {
-        // SAFETY: `self` exists only when the CPU supports AVX2.
-        unsafe { batch_channels_avx2::<T, L>(d, go, b, channels, idx, w, part, self) }
-    }
 }
 
+/// [`batch_channels`] compiled with AVX2: the lane loops use 8-wide vectors and the tiles
+/// are transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
+/// in the same order (no FMA: that feature is not enabled), so the result is bit-identical
+/// to the baseline build. Callers hold an [`Avx2`], which proves the feature.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
@@ -524,12 +510,13 @@ mod tests {
         let mut base = vec![f32::NAN; d.c * d.m];
         let mut avx2_out = vec![f32::NAN; d.c * d.m];
         batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose);
-        avx2.batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out);
+        // SAFETY (each call below): an `Avx2` exists only when the CPU supports AVX2.
+        unsafe { batch_channels_avx2::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out, avx2) };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&base), bits(&avx2_out));
         // 8 lanes (large M) and 4: the same sums in the same order, so the same bits.
         let mut eight = vec![f32::NAN; d.c * d.m];
-        avx2.batch_channels::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight);
+        unsafe { batch_channels_avx2::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight, avx2) };
         assert_eq!(bits(&base), bits(&eight));
         let mut four = vec![f32::NAN; d.c * d.m];
         batch_channels::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose);
@@ -541,7 +528,7 @@ mod tests {
         let mut base16 = vec![f16::NAN; d.c * d.m];
         let mut avx2_16 = vec![f16::NAN; d.c * d.m];
         batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose);
-        avx2.batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16);
+        unsafe { batch_channels_avx2::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16, avx2) };
         let bits16 = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits16(&base16), bits16(&avx2_16));
         assert!(base16.iter().all(|x| x.is_finite()));
