@@ -16,7 +16,7 @@ use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 mod common;
-use common::{Rng, assert_accumulating};
+use common::{Rng, assert_accumulating, canon};
 
 // ---------------------------------------------------------------- helpers
 
@@ -133,22 +133,6 @@ fn reference(case: &Case) -> Reference {
         }
     }
     r
-}
-
-/// Bits with +0 == -0 and every NaN alike (the contract does not say which zero a max of
-/// +0 and -0 is, nor which NaN payload a sum carries).
-fn canon(v: &[f32]) -> Vec<u32> {
-    v.iter()
-        .map(|&x| {
-            if x == 0.0 {
-                0
-            } else if x.is_nan() {
-                f32::NAN.to_bits()
-            } else {
-                x.to_bits()
-            }
-        })
-        .collect()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -17,7 +17,7 @@ use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 mod common;
 use common::psroi::Attrs;
-use common::{Rng, assert_accumulating};
+use common::{Rng, assert_accumulating, canon};
 
 // ---------------------------------------------------------------- helpers
 
@@ -130,21 +130,6 @@ fn reference(case: &Case, a: Attrs) -> Reference {
         }
     }
     r
-}
-
-/// Bits with +0 == -0 and every NaN alike.
-fn canon(v: &[f32]) -> Vec<u32> {
-    v.iter()
-        .map(|&x| {
-            if x == 0.0 {
-                0
-            } else if x.is_nan() {
-                f32::NAN.to_bits()
-            } else {
-                x.to_bits()
-            }
-        })
-        .collect()
 }
 
 fn check(case: &Case, a: Attrs, par: &dyn Parallel) -> (Vec<f32>, Vec<i32>) {

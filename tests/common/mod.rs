@@ -46,3 +46,19 @@ pub fn assert_accumulating(got: &[f32], want: &[f64], what: &str) {
     let (diff1, diff2) = (d1 / n1, (d2 / n2).sqrt());
     assert!(diff1 <= 3e-3 && diff2 <= 3e-3, "{what}: diff1 {diff1:e} diff2 {diff2:e}");
 }
+
+/// Bits with +0 == -0 and every NaN alike, for comparing outputs where the contract does
+/// not say which zero a max of +0 and -0 is, nor which NaN payload a sum carries.
+pub fn canon(v: &[f32]) -> Vec<u32> {
+    v.iter()
+        .map(|&x| {
+            if x == 0.0 {
+                0
+            } else if x.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                x.to_bits()
+            }
+        })
+        .collect()
+}
