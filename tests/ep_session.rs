@@ -29,7 +29,7 @@ use std::ffi::{CStr, CString, c_char};
 use std::path::{Path, PathBuf};
 use std::sync::{Once, OnceLock};
 mod common;
-use common::{Rng, assert_accumulating};
+use common::{Rng, assert_accumulating, library};
 
 #[path = "../models/onnx_builder.rs"]
 mod onnx_builder;
@@ -87,30 +87,6 @@ fn emulate() {
         // touches the environment, and std's own env accesses are serialised by std.
         unsafe { std::env::set_var("MLU_EP_EMULATE", "1") };
     });
-}
-
-fn library() -> PathBuf {
-    let lib = match std::env::var_os("MLU_EP_LIB") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            // As tests/ort_session.rs: the test runs as target/<profile>/deps/ep_session-<hash>;
-            // `cargo test` builds the cdylib next to it, `cargo build --lib` uplifts it to
-            // target/<profile>/.
-            let exe = std::env::current_exe().expect("current_exe");
-            let dir = exe.parent().expect("test executable has a directory");
-            let beside = dir.join("libonnxruntime_ep_mlu.so");
-            match (beside.is_file(), dir.ends_with("deps"), dir.parent()) {
-                (false, true, Some(profile)) => profile.join("libonnxruntime_ep_mlu.so"),
-                _ => beside,
-            }
-        }
-    };
-    assert!(
-        lib.is_file(),
-        "library under test not found at {} (build it with `cargo build --lib`, or set MLU_EP_LIB)",
-        lib.display()
-    );
-    lib
 }
 
 struct Fixture {

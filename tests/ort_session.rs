@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 mod common;
-use common::Rng;
+use common::{Rng, library};
 
 #[path = "../models/onnx_builder.rs"]
 mod onnx_builder;
@@ -47,31 +47,6 @@ fn environment() -> &'static Environment {
             .build()
             .unwrap_or_else(|e| panic!("cannot create the ONNX Runtime environment: {e}"))
     })
-}
-
-fn library() -> PathBuf {
-    let lib = match std::env::var_os("MLU_EP_LIB") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            // The test runs as target/<profile>/deps/ort_session-<hash>. `cargo test` builds the
-            // cdylib right next to it (deps/) but uplifts it to target/<profile>/ only on
-            // `cargo build`, so the copy in deps/ is the one built with this test; the uplifted
-            // one is the fallback.
-            let exe = std::env::current_exe().expect("current_exe");
-            let dir = exe.parent().expect("test executable has a directory");
-            let beside = dir.join("libonnxruntime_ep_mlu.so");
-            match (beside.is_file(), dir.ends_with("deps"), dir.parent()) {
-                (false, true, Some(profile)) => profile.join("libonnxruntime_ep_mlu.so"),
-                _ => beside,
-            }
-        }
-    };
-    assert!(
-        lib.is_file(),
-        "library under test not found at {} (build it with `cargo build --lib`, or set MLU_EP_LIB)",
-        lib.display()
-    );
-    lib
 }
 
 fn repo() -> PathBuf {

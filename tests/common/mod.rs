@@ -5,6 +5,8 @@
 
 pub mod psroi;
 
+use std::path::PathBuf;
+
 /// splitmix64: small, seedable, good enough for test data. Test files add the
 /// conveniences they need in their own `impl Rng` blocks.
 pub struct Rng(pub u64);
@@ -61,4 +63,31 @@ pub fn canon(v: &[f32]) -> Vec<u32> {
             }
         })
         .collect()
+}
+
+/// The libonnxruntime_ep_mlu.so the session tests load: MLU_EP_LIB when set, else the one
+/// cargo built with this test.
+pub fn library() -> PathBuf {
+    let lib = match std::env::var_os("MLU_EP_LIB") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            // The test runs as target/<profile>/deps/<test>-<hash>. `cargo test` builds the
+            // cdylib right next to it (deps/) but uplifts it to target/<profile>/ only on
+            // `cargo build`, so the copy in deps/ is the one built with this test; the uplifted
+            // one is the fallback.
+            let exe = std::env::current_exe().expect("current_exe");
+            let dir = exe.parent().expect("test executable has a directory");
+            let beside = dir.join("libonnxruntime_ep_mlu.so");
+            match (beside.is_file(), dir.ends_with("deps"), dir.parent()) {
+                (false, true, Some(profile)) => profile.join("libonnxruntime_ep_mlu.so"),
+                _ => beside,
+            }
+        }
+    };
+    assert!(
+        lib.is_file(),
+        "library under test not found at {} (build it with `cargo build --lib`, or set MLU_EP_LIB)",
+        lib.display()
+    );
+    lib
 }
