@@ -14,14 +14,16 @@
 //!    it matches and the channel is not taken yet (then it is), and +0 elsewhere.
 //!
 //! Each large tensor is touched once: voxel_feats and grad_voxel_feats are read in order,
-//! the feats rows of a voxel's points are gathered and its grad_feats rows written at their
-//! scattered places. The gather copies a batch of rows at a time, which keeps many rows'
-//! loads in flight. Tasks own their scattered output rows through a CSR-ordered vector of
-//! row slices, so no unsafe code is needed.
+//! the feats rows of a voxel's points are gathered (prefetched a few points ahead, so
+//! several rows load at once) and its grad_feats rows written at their scattered places
+//! with non-temporal stores (built in L1, then streamed to memory without the
+//! read-for-ownership a plain store to an uncached row pays). Tasks own their scattered
+//! output rows through a CSR-ordered vector of row slices, so no unsafe code is needed.
 
 pub mod mlu;
 
 use super::Operator;
+use crate::cache;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
@@ -274,22 +276,26 @@ fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
     let c = x.dims.c;
     let rows = rows_per_task(c);
     for_each_chunk_mut(par, out, rows * c, |t, chunk| {
+        let mut quotient = vec![0f32; if mean { c } else { 0 }];
         for (r, dst) in chunk.chunks_exact_mut(c).enumerate() {
             let i = t * rows + r;
             let row = x.map.get(i).and_then(|&value| usize::try_from(value).ok());
             let src = row.and_then(|row| row_of(x.grad_voxel_feats, row, c));
+            // Output rows are written once, in order: streamed past the cache.
             match (row, src) {
                 (Some(row), Some(src)) if mean => {
                     // Divide (not multiply by a reciprocal): the contract's float32 division.
                     let d = x.count.get(row).copied().unwrap_or(0) as f32;
-                    for (o, &g) in dst.iter_mut().zip(src) {
+                    for (o, &g) in quotient.iter_mut().zip(src) {
                         *o = g / d;
                     }
+                    cache::copy_stream(dst, &quotient);
                 }
-                (_, Some(src)) => dst.copy_from_slice(src),
+                (_, Some(src)) => cache::copy_stream(dst, src),
                 _ => dst.fill(0.0),
             }
         }
+        cache::stream_fence();
     });
 }
 
@@ -338,45 +344,48 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
     });
 }
 
-/// Feature rows gathered at a time.
-const BATCH: usize = 16;
+/// Points ahead whose feature rows are prefetched.
+const AHEAD: usize = 4;
 
 /// Writes the output rows of the points of `voxels`; `part` holds those rows in CSR order.
 fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Option<&mut [f32]>]) {
     let c = x.dims.c;
     let (Some(&base), Some(&end)) = (csr.offsets.get(voxels.start), csr.offsets.get(voxels.end)) else { return };
+    let feats_row = |p: usize| csr.order.get(p).and_then(|&i| row_of(x.feats, i, c));
     // Per channel, all ones once an earlier point of the current voxel took the gradient.
     let mut taken = vec![0u32; c];
-    let mut scratch = vec![0f32; BATCH * c];
+    let mut row = vec![0f32; c];
     let mut vx = voxels.start;
     let (mut vrow, mut grow): (&[f32], &[f32]) = (&[], &[]);
-    let mut p0 = base;
-    while p0 < end {
-        let batch = p0..(p0 + BATCH).min(end);
-        // The points of a voxel are scattered over feats: gathering a batch of rows with
-        // plain copies first keeps many rows' loads in flight instead of one.
-        for (slot, p) in scratch.chunks_exact_mut(c).zip(batch.clone()) {
-            if let Some(src) = csr.order.get(p).and_then(|&i| row_of(x.feats, i, c)) {
-                slot.copy_from_slice(src);
-            }
+    let prefetch = |p: usize| {
+        if let Some(src) = feats_row(p) {
+            cache::prefetch_read(src);
         }
-        for (frow, p) in scratch.chunks_exact(c).zip(batch.clone()) {
-            // Move to the voxel owning position p (skipping empty voxels); its first point
-            // starts with no channel taken.
-            while csr.offsets.get(vx + 1).is_some_and(|&next| next <= p) {
-                vx += 1;
-            }
-            if csr.offsets.get(vx) == Some(&p) {
-                taken.fill(0);
-                vrow = row_of(x.voxel_feats, vx, c).unwrap_or(&[]);
-                grow = row_of(x.grad_voxel_feats, vx, c).unwrap_or(&[]);
-            }
-            if let Some(Some(dst)) = part.get_mut(p - base) {
-                first_matches(dst, &mut taken, frow, vrow, grow);
-            }
+    };
+    (base..end.min(base + AHEAD)).for_each(prefetch);
+    for p in base..end {
+        // The points of a voxel are scattered over feats: the row AHEAD positions on starts
+        // loading now, so several rows' loads are in flight instead of one.
+        if p + AHEAD < end {
+            prefetch(p + AHEAD);
         }
-        p0 = batch.end;
+        // Move to the voxel owning position p (skipping empty voxels); its first point
+        // starts with no channel taken.
+        while csr.offsets.get(vx + 1).is_some_and(|&next| next <= p) {
+            vx += 1;
+        }
+        if csr.offsets.get(vx) == Some(&p) {
+            taken.fill(0);
+            vrow = row_of(x.voxel_feats, vx, c).unwrap_or(&[]);
+            grow = row_of(x.grad_voxel_feats, vx, c).unwrap_or(&[]);
+        }
+        if let (Some(Some(dst)), Some(frow)) = (part.get_mut(p - base), feats_row(p)) {
+            // Built in L1, then streamed out: the scattered output rows are never read.
+            first_matches(&mut row, &mut taken, frow, vrow, grow);
+            cache::copy_stream(dst, &row);
+        }
     }
+    cache::stream_fence();
 }
 
 /// For one point: `dst[k] = g[k]` where `f[k] == v[k]` and channel k is not taken yet (then
