@@ -35,9 +35,10 @@ pub fn prefetch_read(data: &[f32]) {
     let _ = data;
 }
 
-/// Copies `src` into `dst` (same length) with non-temporal stores where `dst` is 16-byte
-/// aligned: output rows written once go to memory without first being read into the cache
-/// (no read-for-ownership), which halves the traffic of a scattered or streamed output.
+/// Copies `src` into `dst` (same length, else it panics as `copy_from_slice` does) with
+/// non-temporal stores where `dst` is 16-byte aligned: output rows written once go to
+/// memory without first being read into the cache (no read-for-ownership), which halves
+/// the traffic of a scattered or streamed output.
 /// The caller must call [`stream_fence`] before other threads read `dst`.
 #[inline]
 pub fn copy_stream(dst: &mut [f32], src: &[f32]) {
@@ -67,4 +68,37 @@ pub fn stream_fence() {
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_stream_copies_every_length_and_alignment() {
+        let src: Vec<f32> = (0..67).map(|i| i as f32 - 0.5).collect();
+        for offset in 0..5 {
+            for len in 0..60 {
+                let mut buf = vec![f32::NAN; 72];
+                copy_stream(&mut buf[offset..offset + len], &src[..len]);
+                stream_fence();
+                assert_eq!(&buf[offset..offset + len], &src[..len], "offset {offset} len {len}");
+                // Nothing outside the destination is touched.
+                assert!(buf[..offset].iter().chain(&buf[offset + len..]).all(|v| v.is_nan()));
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic]
+    fn copy_stream_rejects_a_length_mismatch() {
+        copy_stream(&mut [0.0; 4], &[1.0; 3]);
+    }
+
+    #[test]
+    fn prefetches_accept_any_slice() {
+        prefetch_read(&[]);
+        prefetch_read(&[1.0; 33]);
+        prefetch_stream(&[1.0; 33], 100);
+    }
 }

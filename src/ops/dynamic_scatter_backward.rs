@@ -308,12 +308,14 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
 
     // Dropped points (map -1) get zero rows; every other row is written by the voxel pass.
     let rows = rows_per_task(c);
+    let zeros = vec![0f32; c];
     for_each_chunk_mut(par, out, rows * c, |t, chunk| {
         for (r, dst) in chunk.chunks_exact_mut(c).enumerate() {
             if csr.pos.get(t * rows + r).is_none_or(|&p| p >= total) {
-                dst.fill(0.0);
+                cache::copy_stream(dst, &zeros);
             }
         }
+        cache::stream_fence();
     });
 
     // The output rows in CSR order: then the rows of a block of voxels form one contiguous
