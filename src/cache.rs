@@ -35,6 +35,22 @@ pub fn prefetch_read(data: &[f32]) {
     let _ = data;
 }
 
+/// Outputs at least this large are written with non-temporal stores ([`copy_out`]): they
+/// would not stay cached until their consumer reads them anyway. Smaller ones are written
+/// through the cache, where the next node finds them.
+pub const STREAM_MIN_BYTES: usize = 4 << 20;
+
+/// Whether an output of `len` floats is large enough to stream (see [`STREAM_MIN_BYTES`]).
+pub fn worth_streaming(len: usize) -> bool {
+    len.saturating_mul(size_of::<f32>()) >= STREAM_MIN_BYTES
+}
+
+/// `dst.copy_from_slice(src)`, with [`copy_stream`] when `stream` is set.
+#[inline]
+pub fn copy_out(dst: &mut [f32], src: &[f32], stream: bool) {
+    if stream { copy_stream(dst, src) } else { dst.copy_from_slice(src) }
+}
+
 /// Copies `src` into `dst` (same length, else it panics as `copy_from_slice` does) with
 /// non-temporal stores where `dst` is 16-byte aligned: output rows written once go to
 /// memory without first being read into the cache (no read-for-ownership), which halves

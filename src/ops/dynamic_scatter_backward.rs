@@ -16,8 +16,9 @@
 //! Each large tensor is touched once: voxel_feats and grad_voxel_feats are read in order,
 //! the feats rows of a voxel's points are gathered (prefetched a few points ahead, so
 //! several rows load at once) and its grad_feats rows written at their scattered places
-//! with non-temporal stores (built in L1, then streamed to memory without the
-//! read-for-ownership a plain store to an uncached row pays). Tasks own their scattered
+//! (built in L1, then copied out; an output of `cache::STREAM_MIN_BYTES` or more goes with
+//! non-temporal stores, without the read-for-ownership a plain store to an uncached row
+//! pays, which was the largest single cost at seed scale). Tasks own their scattered
 //! output rows through a CSR-ordered vector of row slices, so no unsafe code is needed.
 
 pub mod mlu;
@@ -274,6 +275,7 @@ fn row_of(data: &[f32], row: usize, c: usize) -> Option<&[f32]> {
 /// `sum` and `mean`: each point copies (or divides) its voxel's gradient row.
 fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
     let c = x.dims.c;
+    let stream = cache::worth_streaming(out.len());
     let rows = rows_per_task(c);
     for_each_chunk_mut(par, out, rows * c, |t, chunk| {
         let mut quotient = vec![0f32; if mean { c } else { 0 }];
@@ -281,7 +283,7 @@ fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
             let i = t * rows + r;
             let row = x.map.get(i).and_then(|&value| usize::try_from(value).ok());
             let src = row.and_then(|row| row_of(x.grad_voxel_feats, row, c));
-            // Output rows are written once, in order: streamed past the cache.
+            // Output rows are written once, in order: streamed past the cache when large.
             match (row, src) {
                 (Some(row), Some(src)) if mean => {
                     // Divide (not multiply by a reciprocal): the contract's float32 division.
@@ -289,9 +291,9 @@ fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
                     for (o, &g) in quotient.iter_mut().zip(src) {
                         *o = g / d;
                     }
-                    cache::copy_stream(dst, &quotient);
+                    cache::copy_out(dst, &quotient, stream);
                 }
-                (_, Some(src)) => cache::copy_stream(dst, src),
+                (_, Some(src)) => cache::copy_out(dst, src, stream),
                 _ => dst.fill(0.0),
             }
         }
@@ -304,6 +306,7 @@ fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
 /// that matches there.
 fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
     let Dims { c, v, .. } = x.dims;
+    let stream = cache::worth_streaming(out.len());
     let total = csr.order.len();
 
     // Dropped points (map -1) get zero rows; every other row is written by the voxel pass.
@@ -312,7 +315,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
     for_each_chunk_mut(par, out, rows * c, |t, chunk| {
         for (r, dst) in chunk.chunks_exact_mut(c).enumerate() {
             if csr.pos.get(t * rows + r).is_none_or(|&p| p >= total) {
-                cache::copy_stream(dst, &zeros);
+                cache::copy_out(dst, &zeros, stream);
             }
         }
         cache::stream_fence();
@@ -342,7 +345,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
     first_voxel.push(v);
     let bounds: Vec<usize> = first_voxel.iter().map(|&vx| csr.offsets.get(vx).copied().unwrap_or(total)).collect();
     for_each_part_mut(par, &mut slots, &bounds, |t, part| {
-        voxel_block(x, csr, first_voxel[t]..first_voxel[t + 1], part);
+        voxel_block(x, csr, first_voxel[t]..first_voxel[t + 1], part, stream);
     });
 }
 
@@ -350,7 +353,8 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
 const AHEAD: usize = 4;
 
 /// Writes the output rows of the points of `voxels`; `part` holds those rows in CSR order.
-fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Option<&mut [f32]>]) {
+/// `stream`: write them with non-temporal stores.
+fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Option<&mut [f32]>], stream: bool) {
     let c = x.dims.c;
     let (Some(&base), Some(&end)) = (csr.offsets.get(voxels.start), csr.offsets.get(voxels.end)) else { return };
     let feats_row = |p: usize| csr.order.get(p).and_then(|&i| row_of(x.feats, i, c));
