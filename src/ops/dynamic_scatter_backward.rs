@@ -388,7 +388,7 @@ fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Optio
         if let (Some(Some(dst)), Some(frow)) = (part.get_mut(p - base), feats_row(p)) {
             // Built in L1, then streamed out: the scattered output rows are never read.
             first_matches(&mut row, &mut taken, frow, vrow, grow);
-            cache::copy_stream(dst, &row);
+            cache::copy_out(dst, &row, stream);
         }
     }
     cache::stream_fence();
