@@ -386,7 +386,7 @@ fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Optio
             grow = row_of(x.grad_voxel_feats, vx, c).unwrap_or(&[]);
         }
         if let (Some(Some(dst)), Some(frow)) = (part.get_mut(p - base), feats_row(p)) {
-            // Built in L1, then streamed out: the scattered output rows are never read.
+            // Built in L1, then copied out (streamed when large: these rows are never read).
             first_matches(&mut row, &mut taken, frow, vrow, grow);
             cache::copy_out(dst, &row, stream);
         }
