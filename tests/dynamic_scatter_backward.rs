@@ -389,6 +389,26 @@ fn random_shapes_every_reduce_mode() {
     }
 }
 
+/// Outputs of 4 MiB or more are written with streaming stores (`cache::STREAM_MIN_BYTES`).
+/// With C = 33 the output rows alternate between 16-byte aligned (streamed) and unaligned
+/// (plain stores): every mode must still give the reference's bits, dropped points and
+/// garbage rows >= V included.
+#[test]
+fn streamed_output_with_odd_channels() {
+    let mut rng = Rng(33);
+    let (n, m, c) = (40_000, 20_000, 33);
+    assert!(n * c * 4 >= onnxruntime_ep_mlu::cache::STREAM_MIN_BYTES, "the case must take the streaming path");
+    for reduce in ["max", "mean", "sum"] {
+        let mut case = random_case(&mut rng, n, m, c, Some(m - 7), 0.05, 0.05);
+        if reduce == "mean" {
+            for x in case.count.iter_mut().take(m - 7) {
+                *x = (*x).max(1);
+            }
+        }
+        check_against_reference(&case, reduce);
+    }
+}
+
 #[test]
 fn default_reduce_type_is_max() {
     let op = descriptor::<DynamicScatterBackward>(&attrs(None)).expect("default");
