@@ -119,20 +119,30 @@ impl Parallel for Pool {
     }
 }
 
-/// Copy bandwidth (bytes read + bytes written per second) of a 512 MiB buffer on `threads`.
-fn copy_bandwidth(threads: usize) -> f64 {
-    let len = 512 << 20;
-    let src = vec![1u8; len];
-    let mut dst = vec![0u8; len];
-    let part = len / threads;
-    let t = best(|| {
-        std::thread::scope(|s| {
-            for (d, c) in dst.chunks_mut(part).zip(src.chunks(part)) {
-                s.spawn(move || d.copy_from_slice(c));
-            }
-        })
-    });
-    2.0 * len as f64 / t.as_secs_f64()
+/// The bandwidth reference: a 512 MiB streaming copy, cut in two halves run as two tasks.
+/// 512 MiB runs from and to memory (smaller copies measured slower here: 64 MiB gave
+/// 24-27 GB/s where 512 MiB gave 37, so the larger is the stricter reference).
+struct StreamCopy {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl StreamCopy {
+    const LEN: usize = 512 << 20;
+
+    fn new() -> Self {
+        StreamCopy { src: vec![1u8; Self::LEN], dst: vec![0u8; Self::LEN] }
+    }
+
+    fn run(&mut self, par: &dyn Parallel) {
+        let (src, half) = (&self.src, Self::LEN / 2);
+        for_each_chunk_mut(par, &mut self.dst, half, |t, d| d.copy_from_slice(&src[t * half..][..d.len()]));
+    }
+
+    /// Bytes read plus bytes written per second, for a copy that took `t`.
+    fn bandwidth(t: Duration) -> f64 {
+        2.0 * Self::LEN as f64 / t.as_secs_f64()
+    }
 }
 
 /// splitmix64.
@@ -508,8 +518,10 @@ fn main() {
         .and_then(|p| ort::init_from(&p).map_err(|e| e.to_string()))
         .and_then(|b| b.with_name("bench").build().map_err(|e| e.to_string()));
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let bw1 = copy_bandwidth(1);
-    let bw2 = copy_bandwidth(2);
+    let (pool1, pool2) = (Pool::new(1), Pool::new(2));
+    let mut copy = StreamCopy::new();
+    let bw1 = StreamCopy::bandwidth(best(|| copy.run(&pool1)));
+    let bw2 = StreamCopy::bandwidth(best(|| copy.run(&pool2)));
     println!(
         "copy bandwidth (read + write, 512 MiB): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s; each row's \"copy GB/s\" is the same 2-thread copy timed in turn with that row",
         bw1 / 1e9,
@@ -538,15 +550,8 @@ fn main() {
         "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | kernel 1T ms | 1->2 speedup (kernel) | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let (pool1, pool2) = (Pool::new(1), Pool::new(2));
-    // The bandwidth each case is compared with: a streaming copy on the same 2-thread pool,
-    // timed in turn with the case's variants, so both see the same state of the machine.
-    // 512 MiB each way, as the first line's: the copy runs from and to memory (smaller copies
-    // measured slower here: 64 MiB gave 24-27 GB/s where 512 MiB gave 37, so the larger is
-    // the stricter reference).
-    let copy_len = 512 << 20;
-    let copy_src = vec![1u8; copy_len];
-    let mut copy_dst = vec![0u8; copy_len];
+    // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
+    // case's variants, so both see the same state of the machine.
     let flush = Flush::new();
     for build in builders {
         let case = build(&mut rng);
@@ -573,15 +578,11 @@ fn main() {
         let times = {
             let (mut k1, mut k2) = (|| k.run(&case, &pool1), || k.run(&case, &pool2));
             let (mut o1, mut o2) = (|| in_ort(&mut ort1), || in_ort(&mut ort2));
-            let mut copy = || {
-                for_each_chunk_mut(&pool2, &mut copy_dst, copy_len / 2, |t, d| {
-                    d.copy_from_slice(&copy_src[t * copy_len / 2..][..d.len()])
-                })
-            };
-            best_interleaved(&mut [&mut k1, &mut k2, &mut o1, &mut o2, &mut copy], &mut || flush.run())
+            let mut c2 = || copy.run(&pool2);
+            best_interleaved(&mut [&mut k1, &mut k2, &mut o1, &mut o2, &mut c2], &mut || flush.run())
         };
         let [t1, t2, o1, o2, tc] = times[..] else { unreachable!("five variants") };
-        let bw = 2.0 * copy_len as f64 / tc.as_secs_f64();
+        let bw = StreamCopy::bandwidth(tc);
         // Extra memory: the peak during one run beyond inputs and outputs (both already live).
         let before = LIVE.load(Relaxed);
         PEAK.store(before, Relaxed);

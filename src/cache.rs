@@ -6,15 +6,7 @@
 #[inline]
 pub fn prefetch_stream(data: &[f32], len: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_NTA, _mm_prefetch};
-        let row = &data[..len.min(data.len())];
-        for line in row.chunks(16) {
-            // SAFETY: prefetch never faults and has no architectural effect; the pointer comes
-            // from a live slice. SSE is part of the x86-64 baseline.
-            unsafe { _mm_prefetch::<_MM_HINT_NTA>(line.as_ptr().cast()) };
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_NTA }>(&data[..len.min(data.len())]);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (data, len);
 }
@@ -24,15 +16,20 @@ pub fn prefetch_stream(data: &[f32], len: usize) {
 #[inline]
 pub fn prefetch_read(data: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        for line in data.chunks(16) {
-            // SAFETY: as in `prefetch_stream`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// One prefetch with hint `HINT` per 64-byte line of `data`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32>(data: &[f32]) {
+    for line in data.chunks(16) {
+        // SAFETY: prefetch never faults and has no architectural effect; the pointer comes
+        // from a live slice. SSE is part of the x86-64 baseline.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast()) };
+    }
 }
 
 /// Outputs at least this large are written with non-temporal stores ([`copy_out`]): they
