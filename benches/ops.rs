@@ -145,6 +145,56 @@ impl StreamCopy {
     }
 }
 
+/// The memory floor of one case: the case's input bytes read and its output bytes written
+/// as sequential streams (outputs of 4 MiB or more with non-temporal stores, as the kernels
+/// write them), cut in two halves run as two tasks, reads and writes interleaved in slices
+/// so that both are in flight together. No kernel that reads every input and writes every
+/// output once can beat it on this machine; with no output it measures the read-only
+/// bandwidth.
+struct StreamFloor {
+    src: Vec<f32>,
+    dst: Vec<f32>,
+}
+
+impl StreamFloor {
+    /// Slices per task: reads and writes alternate at this granularity.
+    const SLICES: usize = 64;
+
+    fn new(read_bytes: usize, write_bytes: usize) -> Self {
+        StreamFloor { src: vec![1.0; read_bytes / 4], dst: vec![0.0; write_bytes / 4] }
+    }
+
+    fn run(&mut self, par: &dyn Parallel) {
+        use onnxruntime_ep_mlu::cache::{copy_out, stream_fence, worth_streaming};
+        let (src, stream) = (&self.src, worth_streaming(self.dst.len()));
+        let half = self.dst.len() / 2;
+        let (d0, d1) = self.dst.split_at_mut(half);
+        let outs = [std::sync::Mutex::new(d0), std::sync::Mutex::new(d1)];
+        let fill = [2f32; 1024];
+        let write = |w: &mut [f32]| w.chunks_mut(fill.len()).for_each(|w| copy_out(w, &fill[..w.len()], stream));
+        par.run(2, &|t| {
+            let Ok(mut out) = outs[t].lock() else { return };
+            let input = &src[t * (src.len() / 2)..if t == 0 { src.len() / 2 } else { src.len() }];
+            let (rs, wlen) = (input.len().div_ceil(Self::SLICES).max(1), out.len());
+            let ws = wlen.div_ceil(Self::SLICES).max(1);
+            let mut acc = [0f32; 16];
+            for k in 0..Self::SLICES {
+                for c in input.get(k * rs..((k + 1) * rs).min(input.len())).unwrap_or(&[]).chunks(16) {
+                    acc.iter_mut().zip(c).for_each(|(a, &x)| *a += x);
+                }
+                write(out.get_mut(k * ws..((k + 1) * ws).min(wlen)).unwrap_or(&mut []));
+            }
+            stream_fence();
+            std::hint::black_box(acc);
+        });
+    }
+
+    /// Bytes read plus bytes written per second, for a run that took `t`.
+    fn bandwidth(&self, t: Duration) -> f64 {
+        4.0 * (self.src.len() + self.dst.len()) as f64 / t.as_secs_f64()
+    }
+}
+
 /// splitmix64.
 struct Rng(u64);
 impl Rng {
@@ -522,10 +572,18 @@ fn main() {
     let mut copy = StreamCopy::new();
     let bw1 = StreamCopy::bandwidth(best(|| copy.run(&pool1)));
     let bw2 = StreamCopy::bandwidth(best(|| copy.run(&pool2)));
+    let mut read = StreamFloor::new(StreamCopy::LEN, 0);
+    let (r1, r2) = (best(|| read.run(&pool1)), best(|| read.run(&pool2)));
+    let (read1, read2) = (read.bandwidth(r1), read.bandwidth(r2));
+    drop(read);
     println!(
         "copy bandwidth (read + write, 512 MiB): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s; each row's \"copy GB/s\" is the same 2-thread copy timed in turn with that row",
         bw1 / 1e9,
         bw2 / 1e9
+    );
+    println!("read-only stream (512 MiB): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s", read1 / 1e9, read2 / 1e9);
+    println!(
+        "floor: each row's inputs read and outputs written as sequential streams by 2 threads (non-temporal stores from 4 MiB), timed in turn with that row; % of floor = floor time / kernel 2T time"
     );
     println!("ORT columns: {lib} registered in onnxruntime sessions (ORT_DYLIB_PATH) with 1 and 2 intra-op threads");
     println!("kernel columns: the kernel called directly on a persistent pool of 1 or 2 threads");
@@ -547,9 +605,9 @@ fn main() {
         Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];
     println!(
-        "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | kernel 1T ms | 1->2 speedup (kernel) | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees |"
+        "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
     // case's variants, so both see the same state of the machine.
     let flush = Flush::new();
@@ -559,6 +617,8 @@ fn main() {
             continue;
         }
         let k = Kernel::new(&case);
+        let read_bytes: usize = case.inputs.iter().map(|(_, t)| bytes_of(t)).sum();
+        let mut floor = StreamFloor::new(read_bytes, case.bytes - read_bytes);
         let sessions = |threads| {
             env.as_ref()
                 .map_err(Clone::clone)
@@ -579,9 +639,11 @@ fn main() {
             let (mut k1, mut k2) = (|| k.run(&case, &pool1), || k.run(&case, &pool2));
             let (mut o1, mut o2) = (|| in_ort(&mut ort1), || in_ort(&mut ort2));
             let mut c2 = || copy.run(&pool2);
-            best_interleaved(&mut [&mut k1, &mut k2, &mut o1, &mut o2, &mut c2], &mut || flush.run())
+            let mut f2 = || floor.run(&pool2);
+            best_interleaved(&mut [&mut k1, &mut k2, &mut o1, &mut o2, &mut c2, &mut f2], &mut || flush.run())
         };
-        let [t1, t2, o1, o2, tc] = times[..] else { unreachable!("five variants") };
+        drop(floor);
+        let [t1, t2, o1, o2, tc, tf] = times[..] else { unreachable!("six variants") };
         let bw = StreamCopy::bandwidth(tc);
         // Extra memory: the peak during one run beyond inputs and outputs (both already live).
         let before = LIVE.load(Relaxed);
@@ -606,7 +668,7 @@ fn main() {
             (format!("error: {}", failure.unwrap_or_default()), "-".into(), "-".into())
         };
         println!(
-            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.0}% | {:.2} | {:.2}x | {} | {} | {} | {:.1} | {:.1}x | {:.1} | {} |",
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2}x | {} | {} | {} | {:.1} | {:.1}x | {:.1} | {} |",
             case.op,
             case.shapes,
             case.bytes as f64 / 1e6,
@@ -614,6 +676,8 @@ fn main() {
             gbs / 1e9,
             bw / 1e9,
             gbs / bw * 100.0,
+            ms(tf),
+            tf.as_secs_f64() / t2.as_secs_f64() * 100.0,
             ms(t1),
             t1.as_secs_f64() / t2.as_secs_f64(),
             ort_ms,

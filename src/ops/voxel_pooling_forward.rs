@@ -34,10 +34,8 @@ use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 const POS_CHUNK_POINTS: usize = 1 << 14;
 /// Minimum work (feature elements added or zeroed) of a summation task.
 const SUM_GRAIN: usize = 1 << 16;
-/// How far ahead of the summation the feature rows are prefetched, in points.
-const PREFETCH_ROWS: usize = 8;
-/// How far ahead of the summation the output rows are prefetched, in points.
-const PREFETCH_CELLS: usize = 8;
+/// How far ahead of the summation the feature and output rows are prefetched, in points.
+const PREFETCH_AHEAD: usize = 8;
 /// Each task of a batch rescans the batch's pos_memo; past this many tasks the rescans
 /// cost more than the extra cores bring.
 const MAX_TASKS_PER_BATCH: usize = 16;
@@ -213,12 +211,15 @@ impl VoxelPoolingForward {
             // pos_memo is (b, y, x) with y < ny, x < nx, or -1 for invalid points.
             let cell_of = |m: &[i32]| (m[0] >= 0).then(|| m[1] as usize * self.nx + m[2] as usize);
             for (i, (m, f)) in memo.chunks_exact(3).zip(feats.chunks_exact(channels)).enumerate() {
-                crate::cache::prefetch_stream(feats.get((i + PREFETCH_ROWS) * channels..).unwrap_or(&[]), channels);
-                // The output row a later point adds to: its cell is random in a grid larger
-                // than L2, so without this each point waits for that row's latency.
-                if let Some(cell) = memo.get((i + PREFETCH_CELLS) * 3..(i + PREFETCH_CELLS + 1) * 3).and_then(cell_of)
+                // The rows of the point PREFETCH_AHEAD places on, if it is this task's: its
+                // feature row (streamed, so it does not evict the grid) and its output row,
+                // whose cell is random in a grid larger than L2. Without this each point
+                // waits for both rows' latency.
+                if let Some(cell) = memo.get((i + PREFETCH_AHEAD) * 3..(i + PREFETCH_AHEAD + 1) * 3).and_then(cell_of)
                     && (lo..hi).contains(&cell)
                 {
+                    let ahead = (i + PREFETCH_AHEAD) * channels;
+                    crate::cache::prefetch_stream(feats.get(ahead..).unwrap_or(&[]), channels);
                     crate::cache::prefetch_read(part.get((cell - lo) * channels..(cell - lo + 1) * channels).unwrap_or(&[]));
                 }
                 let Some(cell) = cell_of(m) else { continue };
