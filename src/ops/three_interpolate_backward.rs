@@ -327,63 +327,65 @@ impl Transpose for Avx2 {
         let full = nt - nt % 8;
         let mut lane0 = 0;
         for group in rows.chunks(8) {
-            if let (Ok(group), true) = (<&[&[f32]; 8]>::try_from(group), lane0 + 8 <= L) {
-                for p0 in (0..full).step_by(8) {
-                    // SAFETY: `self` exists only when the CPU supports AVX2.
-                    unsafe { transpose8x8(group, p0, tile, lane0) };
+            match <&[&[f32]; 8]>::try_from(group) {
+                // Whole 8 x 8 blocks through registers: only when every row holds `full`
+                // points, the tile `full` rows and its rows 8 lanes from lane0 on.
+                Ok(group) if lane0 + 8 <= L && tile.len() >= full && group.iter().all(|r| r.len() >= full) => {
+                    // SAFETY: `self` exists only when the CPU supports AVX2; the bounds the
+                    // function requires were checked just above.
+                    unsafe { transpose_blocks(group, full, tile, lane0) };
+                    scalar_transpose(group, full..nt, tile, lane0);
                 }
-                scalar_transpose(group, full..nt, tile, lane0);
-            } else {
-                scalar_transpose(group, 0..nt, tile, lane0);
+                _ => scalar_transpose(group, 0..nt, tile, lane0),
             }
             lane0 += 8;
         }
     }
 }
 
-/// `tile[p0 + q][lane0 + r] = rows[r][p0 + q]` for q, r in 0..8, through registers.
+/// `tile[p][lane0 + r] = rows[r][p]` for p in 0..full (a multiple of 8) and r in 0..8,
+/// 8 x 8 blocks at a time through registers.
 ///
 /// # Safety
-/// The CPU must support AVX2. Not a `target_feature` function so that it inlines into
-/// [`batch_channels_avx2`], whose AVX2 context the intrinsics then inline into.
+/// The CPU must support AVX2; every row must hold at least `full` floats, `tile` at least
+/// `full` rows, and `lane0 + 8 <= L`. Not a `target_feature` function so that it inlines
+/// into [`batch_channels_avx2`], whose AVX2 context the intrinsics then inline into.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn transpose8x8<const L: usize>(rows: &[&[f32]; 8], p0: usize, tile: &mut [[f32; L]], lane0: usize) {
+unsafe fn transpose_blocks<const L: usize>(rows: &[&[f32]; 8], full: usize, tile: &mut [[f32; L]], lane0: usize) {
     use std::arch::x86_64::*;
-    let load = |r: usize| {
-        let src = &rows[r][p0..p0 + 8];
-        // SAFETY: `src` holds exactly 8 floats (the slice above is bounds-checked).
-        unsafe { _mm256_loadu_ps(src.as_ptr()) }
-    };
-    let (r0, r1, r2, r3) = (load(0), load(1), load(2), load(3));
-    let (r4, r5, r6, r7) = (load(4), load(5), load(6), load(7));
-    // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
-    // SAFETY (this block): the caller guarantees AVX2.
-    let columns = unsafe {
-        let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
-        let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
-        let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
-        let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
-        // Point q of rows 0-3 in the low half and point q + 4 in the high half.
-        let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
-        let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
-        let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
-        let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
-        [
-            _mm256_permute2f128_ps::<0x20>(u0, u4),
-            _mm256_permute2f128_ps::<0x20>(u1, u5),
-            _mm256_permute2f128_ps::<0x20>(u2, u6),
-            _mm256_permute2f128_ps::<0x20>(u3, u7),
-            _mm256_permute2f128_ps::<0x31>(u0, u4),
-            _mm256_permute2f128_ps::<0x31>(u1, u5),
-            _mm256_permute2f128_ps::<0x31>(u2, u6),
-            _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ]
-    };
-    for (q, column) in columns.into_iter().enumerate() {
-        let dst = &mut tile[p0 + q][lane0..lane0 + 8];
-        // SAFETY: `dst` holds exactly 8 floats (the slice above is bounds-checked).
-        unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), column) };
+    let src = rows.map(<[f32]>::as_ptr);
+    let dst = tile.as_mut_ptr().cast::<f32>();
+    for p0 in (0..full).step_by(8) {
+        // SAFETY (this block): AVX2 and the bounds are the caller's guarantee: the loads
+        // read rows[r][p0..p0 + 8] with p0 + 8 <= full, the stores write
+        // tile[p0 + q][lane0..lane0 + 8] with p0 + q < full and lane0 + 8 <= L.
+        unsafe {
+            let [r0, r1, r2, r3, r4, r5, r6, r7] = src.map(|row| _mm256_loadu_ps(row.add(p0)));
+            // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
+            let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+            let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+            let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+            let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+            // Point q of rows 0-3 in the low half and point q + 4 in the high half.
+            let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+            let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+            let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+            let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+            let columns = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            for (q, column) in columns.into_iter().enumerate() {
+                _mm256_storeu_ps(dst.add((p0 + q) * L + lane0), column);
+            }
+        }
     }
 }
 
