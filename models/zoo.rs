@@ -210,7 +210,7 @@ pub fn pointpillars() -> Graph {
     let scale: Vec<f32> = (0..C)
         .map(|_| {
             let k = 1 + (rng.next_u64() % 7) as i64;
-            (if rng.next_u64() % 2 == 0 { k } else { -k }) as f32 / 4.0
+            (if rng.next_u64().is_multiple_of(2) { k } else { -k }) as f32 / 4.0
         })
         .collect();
     g.initializer_f32("grad_scale", &[C], &scale).initializer_f32(

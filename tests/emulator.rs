@@ -142,7 +142,7 @@ fn cycle_transpose_conversion_and_copy_intrinsics() {
     let v: Vec<f32> = (0..N).map(|i| 1.0 + i as f32 * 0.000_37 - 0.01).chain(std::iter::empty()).collect();
     let got = run_f32("half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
     assert!((0..N).all(|i| got[i] == half::f16::from_f32(v[i]).to_f32()), "half rounding");
-    let got = run_f32("strided_copy", 4, N, 0, 0.0, &a, &a, &vec![0.0; N / 2]);
+    let got = run_f32("strided_copy", 4, N, 0, 0.0, &a, &a, &[0.0; N / 2]);
     assert!((0..N / 2).all(|i| got[i] == a[2 * i]));
 }
 

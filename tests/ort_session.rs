@@ -262,12 +262,11 @@ impl Schema {
             }
             let (_, allowed) = constraints.iter().find(|(t, _)| t == type_str).expect("constraint");
             for formal in self.json["inputs"].as_array().unwrap() {
-                if formal["type_str"] == type_str {
-                    if let Some((_, t)) = inputs.iter().find(|(n, _)| formal["name"] == n.as_str()) {
-                        if allowed.contains(&t.dtype) {
-                            return t.dtype;
-                        }
-                    }
+                if formal["type_str"] == type_str
+                    && let Some((_, t)) = inputs.iter().find(|(n, _)| formal["name"] == n.as_str())
+                    && allowed.contains(&t.dtype)
+                {
+                    return t.dtype;
                 }
             }
             allowed[0]

@@ -722,10 +722,10 @@ proptest! {
         let channels = (want_channels + channel_delta).max(0);
         let mut bottom_shape = vec![batches, height, width, channels, 1];
         bottom_shape.truncate(shape_len);
-        if let Some(k) = negative_dim {
-            if k < bottom_shape.len() {
-                bottom_shape[k] = -1;
-            }
+        if let Some(k) = negative_dim
+            && k < bottom_shape.len()
+        {
+            bottom_shape[k] = -1;
         }
         let mut rois = Vec::new();
         for k in 0..r {

@@ -171,10 +171,11 @@ impl Transfer {
         {
             return Side::Host;
         }
-        if kind == OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_NPU && vendor == VENDOR_ID {
-            if let Some(i) = self.cards.iter().position(|(cid, _)| *cid == id) {
-                return Side::Card(i);
-            }
+        if kind == OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_NPU
+            && vendor == VENDOR_ID
+            && let Some(i) = self.cards.iter().position(|(cid, _)| *cid == id)
+        {
+            return Side::Card(i);
         }
         Side::Other
     }

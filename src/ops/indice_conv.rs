@@ -72,10 +72,10 @@ impl Operator for IndiceConv {
             return Err(inputs.error(OUT_INDICES, format!("expected shape [num_out, D], got {:?}", out_indices.shape)));
         }
         let rows = out_indices.shape[0];
-        if let Some(bias) = inputs.get_optional::<f32>(BIAS)? {
-            if bias.shape != [cout] {
-                return Err(inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {:?}", bias.shape)));
-            }
+        if let Some(bias) = inputs.get_optional::<f32>(BIAS)?
+            && bias.shape != [cout]
+        {
+            return Err(inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {:?}", bias.shape)));
         }
         let numel = rows.checked_mul(cout).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
         if numel.is_none() {

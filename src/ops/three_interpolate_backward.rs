@@ -413,8 +413,10 @@ fn batch_channels<T: Real, const L: usize>(
             &widened
         }
     };
-    let mut acc = vec![[0f32; L]; m];
-    let mut tile = vec![[0f32; L]; T::TILE.min(n)];
+    let mut acc_buf = Vec::new();
+    let acc = line_aligned_rows::<L>(&mut acc_buf, m);
+    let mut tile_buf = Vec::new();
+    let tile = line_aligned_rows::<L>(&mut tile_buf, T::TILE.min(n));
     let mut row = vec![0f32; m];
     // float16 tiles are widened here first: L rows of T::TILE points.
     let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f32; L * T::TILE.min(n)] };
@@ -451,20 +453,31 @@ fn batch_channels<T: Real, const L: usize>(
             tr.transpose(&rows[..lanes], nt, &mut tile[..nt]);
             let terms = n0 * 3..(n0 + nt) * 3;
             if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
-                accumulate(&mut acc, &tile[..nt], js, ws);
+                accumulate(acc, &tile[..nt], js, ws);
             }
             n0 += nt;
         }
         for lane in 0..lanes {
             let start = (c0 - channels.start + lane) * m;
             let Some(dst) = part.get_mut(start..start + m) else { continue };
-            for (r, a) in row[..m].iter_mut().zip(&acc) {
+            for (r, a) in row[..m].iter_mut().zip(acc.iter()) {
                 *r = a[lane];
             }
             T::narrow(&row[..m], dst);
         }
         c0 += lanes;
     }
+}
+
+/// `rows` zeroed rows of L floats carved out of `buf`, starting on a 64-byte boundary: a
+/// row's vector loads and stores then never straddle two cache lines (a heap block is only
+/// 16-byte aligned, which would split every other 32-byte access of a 64-byte row).
+fn line_aligned_rows<const L: usize>(buf: &mut Vec<f32>, rows: usize) -> &mut [[f32; L]] {
+    const LINE_FLOATS: usize = 64 / size_of::<f32>();
+    buf.clear();
+    buf.resize(rows * L + LINE_FLOATS, 0.0);
+    let skip = buf.as_ptr().align_offset(64).min(LINE_FLOATS);
+    buf[skip..skip + rows * L].as_chunks_mut::<L>().0
 }
 
 /// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so
