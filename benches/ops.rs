@@ -395,8 +395,9 @@ fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
     }
 }
 
-fn voxel_pooling_forward(rng: &mut Rng) -> Case {
-    let (b, n, c) = (2usize, 473_088usize, 80usize);
+/// BEVDepth's voxel pooling: B 2 is the seed scale, B 1 its inference batch.
+fn voxel_pooling_forward(rng: &mut Rng, b: usize) -> Case {
+    let (n, c) = (473_088usize, 80usize);
     let (nx, ny, nz) = (128i32, 128i32, 1i32);
     // BEV frustum points: ~97% land inside the grid.
     let geom: Vec<i32> = (0..b * n)
@@ -600,7 +601,8 @@ fn main() {
         Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128])),
         Box::new(|r| get_indice_pairs(r, true)),
         Box::new(|r| get_indice_pairs(r, false)),
-        Box::new(voxel_pooling_forward),
+        Box::new(|r| voxel_pooling_forward(r, 2)),
+        Box::new(|r| voxel_pooling_forward(r, 1)),
         Box::new(|r| psroipool_backward(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
         Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];

@@ -237,7 +237,8 @@ fn bit_identical_across_thread_counts_and_runs() {
     let mut rng = Rng(99);
     // Features with mixed magnitudes so that any change of summation order shows up.
     let voxel_num = [16, 8, 2];
-    for (b, n, c) in [(2, 5000, 7), (1, 20000, 8), (3, 1000, 33)] {
+    // (1, 20000, 64): one batch with enough work to be cut into point chunks.
+    for (b, n, c) in [(2, 5000, 7), (1, 20000, 8), (3, 1000, 33), (1, 20000, 64)] {
         let mut case = random_case(&mut rng, b, n, c, voxel_num);
         for (k, v) in case.feats.iter_mut().enumerate() {
             *v *= [1.0, 1e-4, 1e4, 3.3][k % 4];
@@ -262,6 +263,17 @@ fn seed_scale_reduced() {
     let voxel_num = [128, 128, 1];
     let case = random_case(&mut rng, 2, 20000, 80, voxel_num);
     check(&case, voxel_num, &Threads(2));
+}
+
+#[test]
+fn one_batch_in_point_chunks() {
+    // One batch (BEVDepth inference) with enough work to be cut into point chunks that add
+    // into grids of their own, summed at the end.
+    let mut rng = Rng(2025);
+    let voxel_num = [32, 32, 1];
+    let case = random_case(&mut rng, 1, 40000, 48, voxel_num);
+    check(&case, voxel_num, &Threads(2));
+    check(&case, voxel_num, &Serial);
 }
 
 #[test]
