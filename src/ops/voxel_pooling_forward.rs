@@ -282,7 +282,7 @@ impl VoxelPoolingForward {
         let cell_of = |i: usize| {
             let m = memo.get(i * 3..i * 3 + 3)?;
             let cell = (m[0] >= 0).then(|| m[1] as usize * self.nx + m[2] as usize)?;
-            (lo..hi).contains(&cell).then_some(cell - lo)
+            (lo..hi).contains(&cell).then(|| cell - lo)
         };
         let end = part.points.end;
         for i in part.points.clone() {
