@@ -15,7 +15,7 @@ mod onnx_builder;
 
 use onnx_builder::{Dim, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
 use onnxruntime_ep_mlu::ops::{self, OwnedOutputs};
-use onnxruntime_ep_mlu::parallel::{Parallel, for_each_chunk_mut};
+use onnxruntime_ep_mlu::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut};
 use onnxruntime_ep_mlu::schema::{self, AttrValue, Attrs};
 use onnxruntime_ep_mlu::tensor::{Inputs, OwnedData, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -168,14 +168,13 @@ impl StreamFloor {
     fn run(&mut self, par: &dyn Parallel) {
         use onnxruntime_ep_mlu::cache::{copy_out, stream_fence, worth_streaming};
         let (src, stream) = (&self.src, worth_streaming(self.dst.len()));
-        let half = self.dst.len() / 2;
-        let (d0, d1) = self.dst.split_at_mut(half);
-        let outs = [std::sync::Mutex::new(d0), std::sync::Mutex::new(d1)];
+        let halves = |len: usize| [0, len / 2, len];
+        let (reads, writes) = (halves(src.len()), halves(self.dst.len()));
         let fill = [2f32; 1024];
         let write = |w: &mut [f32]| w.chunks_mut(fill.len()).for_each(|w| copy_out(w, &fill[..w.len()], stream));
-        par.run(2, &|t| {
-            let Ok(mut out) = outs[t].lock() else { return };
-            let input = &src[t * (src.len() / 2)..if t == 0 { src.len() / 2 } else { src.len() }];
+        // Two tasks, each with its half of the reads and of the writes (either may be empty).
+        for_each_part_mut(par, &mut self.dst, &writes, |t, out| {
+            let input = &src[reads[t]..reads[t + 1]];
             let (rs, wlen) = (input.len().div_ceil(Self::SLICES).max(1), out.len());
             let ws = wlen.div_ceil(Self::SLICES).max(1);
             let mut acc = [0f32; 16];

@@ -235,7 +235,8 @@ impl VoxelPoolingForward {
             for w in cuts[b].windows(2) {
                 let (rows, tail) = rest.split_at_mut((w[1] - w[0]) * channels);
                 let points = chunk * chunk_len..((chunk + 1) * chunk_len).min(points);
-                parts.push(Part { batch: b, points, first_cell: w[0], rows });
+                // Scratch grids start zeroed (`vec!`); the output's rows hold whatever was there.
+                parts.push(Part { batch: b, points, first_cell: w[0], zeroed: chunk > 0, rows });
                 rest = tail;
             }
         }
@@ -272,11 +273,13 @@ impl VoxelPoolingForward {
         if scratch.saturating_mul(size_of::<f32>()) > MAX_SCRATCH_BYTES { 1 } else { chunks }
     }
 
-    /// Zeroes `part.rows` and adds to them the rows of its points that fall in its cells.
-    /// `memo` and `feats` are the batch's.
+    /// Zeroes `part.rows` (unless they already are) and adds to them the rows of its points
+    /// that fall in its cells. `memo` and `feats` are the batch's.
     fn add_points(&self, part: &mut Part<'_>, memo: &[i32], feats: &[f32], channels: usize) {
         let rows = &mut *part.rows;
-        rows.fill(0.0);
+        if !part.zeroed {
+            rows.fill(0.0);
+        }
         let (lo, hi) = (part.first_cell, part.first_cell + rows.len() / channels.max(1));
         // pos_memo is (b, y, x) with y < ny, x < nx, or -1 for invalid points.
         let cell_of = |i: usize| {
@@ -345,6 +348,8 @@ struct Part<'a> {
     batch: usize,
     points: std::ops::Range<usize>,
     first_cell: usize,
+    /// `rows` are all +0 already (a fresh scratch grid).
+    zeroed: bool,
     rows: &'a mut [f32],
 }
 
