@@ -72,8 +72,8 @@ fn best(mut f: impl FnMut()) -> Duration {
 /// that the machine's slow phases (it is shared) hit all of them alike: their ratios are
 /// then far steadier than those of separately timed blocks. `flush` runs, untimed, before
 /// every timed run, so that each variant starts with the same (cold) caches whatever ran
-/// before it.
-fn best_interleaved(variants: &mut [&mut dyn FnMut()], flush: &mut dyn FnMut()) -> Vec<Duration> {
+/// before it. Also returns the number of rounds.
+fn best_interleaved(variants: &mut [&mut dyn FnMut()], flush: &mut dyn FnMut()) -> (Vec<Duration>, usize) {
     variants.iter_mut().for_each(|f| f());
     let mut bests = vec![Duration::MAX; variants.len()];
     let start = Instant::now();
@@ -85,7 +85,7 @@ fn best_interleaved(variants: &mut [&mut dyn FnMut()], flush: &mut dyn FnMut()) 
         }
         rounds += 1;
     }
-    bests
+    (bests, rounds)
 }
 
 /// Reads a buffer twice the size of the last-level cache (32 MiB here), which evicts
@@ -523,6 +523,29 @@ impl OrtRun {
     }
 }
 
+/// onnxruntime's own cost per run, outside any kernel: a one-node model (the built-in
+/// Identity on one float) in a session configured as the bench's (2 intra-op threads, no
+/// spinning). Returns the best and the median of 300 runs.
+fn ort_fixed_cost(env: &ort::environment::Environment) -> ort::Result<(Duration, Duration)> {
+    let mut g = Graph::new("fixed");
+    g.input("x", Elem::FLOAT, Some(&[Dim::Fixed(1)]));
+    g.node("identity", "Identity", "", &["x"], &["y"], Vec::new());
+    g.output("y", Elem::FLOAT, None);
+    let mut session = ort::session::Session::builder(env)?
+        .with_intra_threads(2)?
+        .with_intra_op_spinning(false)?
+        .commit_from_memory(&g.bytes())?;
+    let x = ort_tensor(&Tensor::f32([1], vec![1.0]))?;
+    let mut runs = Vec::with_capacity(300);
+    for _ in 0..300 {
+        let t = Instant::now();
+        session.run(vec![("x", &x)]).map(drop)?;
+        runs.push(t.elapsed());
+    }
+    runs.sort();
+    Ok((runs[0], runs[runs.len() / 2]))
+}
+
 /// The kernel called directly. Output buffers are reused across runs (as ONNX Runtime's
 /// arena does), so the times are the kernel's, not the first-touch page faults of fresh
 /// allocations.
@@ -587,6 +610,14 @@ fn main() {
         "floor: each row's inputs read and outputs written as sequential streams by 2 threads (non-temporal stores from 4 MiB), timed in turn with that row; % of floor = floor time / kernel 2T time"
     );
     println!("ORT columns: {lib} registered in onnxruntime sessions (ORT_DYLIB_PATH) with 1 and 2 intra-op threads");
+    match env.as_ref().map_err(Clone::clone).and_then(|env| ort_fixed_cost(env).map_err(|e| e.to_string())) {
+        Ok((best, median)) => println!(
+            "onnxruntime's own cost per run (a one-node Identity model on 1 float, same session options): best {:.0} us, median {:.0} us",
+            best.as_secs_f64() * 1e6,
+            median.as_secs_f64() * 1e6
+        ),
+        Err(e) => println!("onnxruntime's own cost per run: not measured ({e})"),
+    }
     println!("kernel columns: the kernel called directly on a persistent pool of 1 or 2 threads");
     println!(
         "times: the best run of each variant, the variants timed in turn, each after reading 64 MiB (cold caches; >= {REPEATS} rounds, about {} s per case)\n",
@@ -607,9 +638,9 @@ fn main() {
         Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];
     println!(
-        "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees |"
+        "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees | rounds |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
     // case's variants, so both see the same state of the machine.
     let flush = Flush::new();
@@ -645,6 +676,7 @@ fn main() {
             best_interleaved(&mut [&mut k1, &mut k2, &mut o1, &mut o2, &mut c2, &mut f2], &mut || flush.run())
         };
         drop(floor);
+        let (times, rounds) = times;
         let [t1, t2, o1, o2, tc, tf] = times[..] else { unreachable!("six variants") };
         let bw = StreamCopy::bandwidth(tc);
         // Extra memory: the peak during one run beyond inputs and outputs (both already live).
@@ -670,7 +702,7 @@ fn main() {
             (format!("error: {}", failure.unwrap_or_default()), "-".into(), "-".into())
         };
         println!(
-            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2}x | {} | {} | {} | {:.1} | {:.1}x | {:.1} | {} |",
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2}x | {} | {} | {} | {:.1} | {:.1}x | {:.1} | {} | {} |",
             case.op,
             case.shapes,
             case.bytes as f64 / 1e6,
@@ -691,7 +723,8 @@ fn main() {
             match agrees {
                 Ok(()) => "yes".to_string(),
                 Err(e) => format!("NO: {e}"),
-            }
+            },
+            rounds
         );
     }
 }
