@@ -231,8 +231,11 @@ struct Case {
     shapes: String,
     attrs: HashMap<String, AttrValue>,
     inputs: Vec<(&'static str, Tensor)>,
-    /// Minimal traffic: every input read once, every output written once.
+    /// Minimal traffic: every input byte the operator needs read once, every output written
+    /// once.
     bytes: usize,
+    /// Input bytes the operator never needs (the features of points outside the grid).
+    unread: usize,
     naive: Naive,
     /// The contract's accuracy class: exact (bit-identical) or accumulating.
     exact: bool,
@@ -313,6 +316,7 @@ fn dynamic_scatter_backward(rng: &mut Rng) -> Case {
         attrs: attrs(&[("reduce_type", AttrValue::String("max".into()))]),
         inputs,
         bytes,
+        unread: 0,
         naive: Box::new(move || {
             vec![OwnedData::F32(naive::dynamic_scatter_backward_max(f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]), i32s(&ins[3]), c))]
         }),
@@ -337,6 +341,7 @@ fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4]) -> Case {
         attrs: attrs(&[("m", AttrValue::Int(m as i64))]),
         inputs,
         bytes,
+        unread: 0,
         naive: Box::new(move || {
             vec![OwnedData::F32(naive::three_interpolate_backward(f32s(&ins[0]), i32s(&ins[1]), f32s(&ins[2]), [b, c, n, m]))]
         }),
@@ -387,6 +392,7 @@ fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
         inputs,
         // indices read; pairs, out_indices (bounded by L here) and counts written.
         bytes: l * 16 + k * 2 * l * 4 + l * 16 + k * 4,
+        unread: 0,
         naive: Box::new(move || {
             let (pairs, outs, num) = naive::get_indice_pairs(i32s(&ins[0]), spatial, [3; 3], stride, pad, subm);
             vec![OwnedData::I32(pairs), OwnedData::I32(outs), OwnedData::I32(num)]
@@ -396,22 +402,72 @@ fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
 }
 
 /// BEVDepth's voxel pooling: B 2 is the seed scale, B 1 its inference batch.
-fn voxel_pooling_forward(rng: &mut Rng, b: usize) -> Case {
+/// Where the points of a VoxelPoolingForward row land in the 128 x 128 x 1 grid.
+#[derive(Clone, Copy)]
+enum Geometry {
+    /// Uniformly random cells (about 97% inside the grid): no locality at all, the worst case.
+    Uniform,
+    /// BEVDepth's frustum, in its point order: 6 cameras x 112 depth bins (2-58 m) x 16 x 44
+    /// feature pixels, each pixel's ray cast into a 0.8 m grid over [-51.2, 51.2) m. Points
+    /// next to each other in memory (neighbouring pixels, same depth) land in nearby cells.
+    Frustum,
+}
+
+/// The (x, y, z) cell of every point of one batch in BEVDepth's frustum (see `Geometry`).
+fn frustum_cells(rng: &mut Rng) -> Vec<i32> {
+    let (cams, depths, h, w) = (6, 112, 16, 44);
+    let mut cells = Vec::with_capacity(cams * depths * h * w * 3);
+    // Each camera's yaw jitters a little, as calibrations do.
+    let yaws: Vec<f32> = (0..cams).map(|k| k as f32 * std::f32::consts::TAU / cams as f32 + rng.unit() * 0.05).collect();
+    for &yaw in &yaws {
+        for d in 0..depths {
+            let depth = 2.0 + 0.5 * d as f32;
+            for row in 0..h {
+                // About 30 degrees of elevation, the camera 1.5 m above ground.
+                let z = 1.5 - depth * ((row as f32 / (h - 1) as f32 - 0.5) * 0.52).tan();
+                for col in 0..w {
+                    // About 70 degrees of azimuth per camera.
+                    let az = yaw + (col as f32 / (w - 1) as f32 - 0.5) * 1.22;
+                    let (x, y) = (depth * az.cos(), depth * az.sin());
+                    cells.extend([((x + 51.2) / 0.8).floor() as i32, ((y + 51.2) / 0.8).floor() as i32, ((z + 5.0) / 8.0).floor() as i32]);
+                }
+            }
+        }
+    }
+    cells
+}
+
+fn voxel_pooling_forward(rng: &mut Rng, b: usize, geometry: Geometry) -> Case {
     let (n, c) = (473_088usize, 80usize);
     let (nx, ny, nz) = (128i32, 128i32, 1i32);
-    // BEV frustum points: ~97% land inside the grid.
-    let geom: Vec<i32> = (0..b * n)
-        .flat_map(|_| [rng.below(132) as i32 - 2, rng.below(132) as i32 - 2, (rng.below(50) == 0) as i32])
-        .collect();
+    let geom: Vec<i32> = match geometry {
+        Geometry::Uniform => (0..b * n)
+            .flat_map(|_| [rng.below(132) as i32 - 2, rng.below(132) as i32 - 2, (rng.below(50) == 0) as i32])
+            .collect(),
+        Geometry::Frustum => (0..b).flat_map(|_| frustum_cells(rng)).collect(),
+    };
+    debug_assert_eq!(geom.len(), b * n * 3);
+    let outside = geom
+        .chunks_exact(3)
+        .filter(|p| !(0..nx).contains(&p[0]) || !(0..ny).contains(&p[1]) || !(0..nz).contains(&p[2]))
+        .count();
+    let unread = outside * c * 4;
     let inputs = vec![("geom_xyz", Tensor::i32([b, n, 3], geom)), ("input_features", Tensor::f32([b, n, c], rng.floats(b * n * c)))];
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * (nx * ny) as usize * c * 4 + b * n * 12;
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - unread + b * (nx * ny) as usize * c * 4 + b * n * 12;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     Case {
         op: "VoxelPoolingForward",
-        shapes: format!("B {b} N {n} C {c} grid {nx}x{ny}x{nz}"),
+        shapes: format!(
+            "B {b} N {n} C {c} grid {nx}x{ny}x{nz}{}",
+            match geometry {
+                Geometry::Uniform => "",
+                Geometry::Frustum => " frustum",
+            }
+        ),
         attrs: attrs(&[("voxel_num", AttrValue::Ints(vec![nx as i64, ny as i64, nz as i64]))]),
         inputs,
         bytes,
+        unread,
         naive: Box::new(move || vec![OwnedData::F32(naive::voxel_pooling_forward(i32s(&ins[0]), f32s(&ins[1]), [b, n, c], [nx, ny, nz]))]),
         exact: false,
     }
@@ -447,6 +503,7 @@ fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom:
         ]),
         inputs,
         bytes,
+        unread: 0,
         naive: Box::new(move || {
             vec![OwnedData::F32(naive::psroipool_backward(f32s(&ins[0]), f32s(&ins[1]), i32s(&ins[2]), bottom, pooled, od, scale))]
         }),
@@ -632,8 +689,9 @@ fn main() {
         Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128])),
         Box::new(|r| get_indice_pairs(r, true)),
         Box::new(|r| get_indice_pairs(r, false)),
-        Box::new(|r| voxel_pooling_forward(r, 2)),
-        Box::new(|r| voxel_pooling_forward(r, 1)),
+        Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Uniform)),
+        Box::new(|r| voxel_pooling_forward(r, 1, Geometry::Uniform)),
+        Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Frustum)),
         Box::new(|r| psroipool_backward(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
         Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];
@@ -650,7 +708,7 @@ fn main() {
             continue;
         }
         let k = Kernel::new(&case);
-        let read_bytes: usize = case.inputs.iter().map(|(_, t)| bytes_of(t)).sum();
+        let read_bytes: usize = case.inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - case.unread;
         let mut floor = StreamFloor::new(read_bytes, case.bytes - read_bytes);
         let sessions = |threads| {
             env.as_ref()
