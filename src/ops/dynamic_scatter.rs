@@ -54,7 +54,7 @@ impl Operator for DynamicScatter {
         Ok(DynamicScatter { reduce })
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Voxels)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Voxels)> {
         let feats = inputs.get_shaped::<f32>(FEATS, &[None, None], "[N, C]")?;
         let (n, c) = (feats.shape[0], feats.shape[1]);
         let coors = inputs.get_shaped::<i32>(COORS, &[Some(n), None], &format!("[N, D] (N = {n} of feats)"))?;

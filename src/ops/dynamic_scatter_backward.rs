@@ -229,7 +229,7 @@ impl Operator for DynamicScatterBackward {
         Ok(DynamicScatterBackward { reduce })
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Plan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
         let x = views(inputs)?;
         let csr = scan_map(inputs, &x, self.reduce)?;
         let spec = OutputSpec::new(DType::F32, [x.dims.n, x.dims.c]);

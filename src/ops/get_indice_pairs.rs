@@ -6,12 +6,16 @@
 //! memory ever depends on the spatial volume. `u64` keys when the fields fit, `u128`
 //! otherwise (each field is at most 31 bits).
 //!
-//! Conv / transpose (`plan`, serial because `plan` has no thread pool):
-//! 1. For each input row, per axis, list the (kernel tap, output coordinate) pairs that the
-//!    contract's formula accepts (at most k per axis), and emit the cross product as
-//!    (row, output key) into one bucket per kernel offset. Rows are visited in order, so each
-//!    bucket is ascending by input row.
-//! 2. LSD radix sort of all emitted keys, dedup: the sorted unique output sites.
+//! Conv / transpose (`plan`, on the node's thread pool: the output site count is the output
+//! shape, so this is where most of the work is):
+//! 1. Blocks of consecutive input rows, in parallel: for each row, per axis, list the
+//!    (kernel tap, output coordinate) pairs that the contract's formula accepts (at most k per
+//!    axis), and emit the cross product as (row, output key) into one bucket per kernel
+//!    offset. Rows are visited in order, so each block's buckets, taken block after block,
+//!    are ascending by input row.
+//! 2. The key space is cut at key prefixes into ranges of about equal emitted counts; each
+//!    range's keys are gathered, LSD radix sorted and deduplicated in parallel. The ranges in
+//!    order are the sorted unique output sites, whatever the cut.
 //!
 //! `execute` (parallel, one task per kernel offset) looks every emitted key up in the unique
 //! sites (a 16-bit prefix table narrows each binary search to a handful of keys).
@@ -30,7 +34,7 @@ pub mod mlu;
 
 use super::Operator;
 use crate::error::{Error, Result};
-use crate::parallel::{Parallel, for_each_chunk_mut};
+use crate::parallel::{Parallel, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,6 +48,12 @@ const AXIS: [&str; DIM_NB] = ["0 (D, z)", "1 (H, y)", "2 (W, x)"];
 const INDICES: usize = 0;
 /// Output rows decoded per task.
 const GRAIN: usize = 64 * 1024;
+/// Input rows per emission task of a conv rulebook.
+const EMIT_ROWS: usize = 32 * 1024;
+/// Emitted keys per sorting task of a conv rulebook.
+const SORT_KEYS: usize = 256 * 1024;
+/// Bits of the key prefix at which the sort is cut between tasks.
+const SPLIT_BITS: u32 = 12;
 
 /// The sparse-convolution descriptor (the seed's `mluOpSparseConvolutionStruct`), validated.
 /// Per-axis arrays are in (D, H, W) order.
@@ -346,9 +356,23 @@ impl AxisMap {
 /// each row's output site; and the sorted unique output sites.
 struct ConvBook<K> {
     layout: Layout,
+    /// What each block of input rows emitted, in row order.
+    blocks: Vec<Emitted<K>>,
+    sites: SortedSites<K>,
+}
+
+/// What one block of consecutive input rows emits: per kernel offset, its rows (ascending)
+/// and the key of each row's output site; and how many keys fall under each key prefix.
+struct Emitted<K> {
     rows: Vec<Vec<u32>>,
     keys: Vec<Vec<K>>,
-    sites: SortedSites<K>,
+    prefixes: Vec<usize>,
+}
+
+impl<K> Emitted<K> {
+    fn empty() -> Self {
+        Emitted { rows: Vec::new(), keys: Vec::new(), prefixes: Vec::new() }
+    }
 }
 
 /// Subm rulebook: the input sites sorted by key (unique), with their rows.
@@ -428,42 +452,106 @@ impl GetIndicePairs {
         Ok(max)
     }
 
-    fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32) -> ConvBook<K> {
+    fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> ConvBook<K> {
+        self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS)
+    }
+
+    /// The conv rulebook, built in parallel: blocks of `emit_rows` input rows emit their
+    /// pairs, then the key space is cut (at key prefixes) into ranges of about `sort_keys`
+    /// emitted keys, each sorted and deduplicated on its own; the ranges in order are the
+    /// sorted unique sites. The result does not depend on either size.
+    fn conv_book_in<K: Key>(
+        &self,
+        data: &[i32],
+        max_batch: u32,
+        par: &dyn Parallel,
+        emit_rows: usize,
+        sort_keys: usize,
+    ) -> ConvBook<K> {
         let o = self.output_space;
         // Output coordinates are < output_space <= i32::MAX.
         let layout = Layout::new([max_batch, (o[0] - 1) as u32, (o[1] - 1) as u32, (o[2] - 1) as u32]);
         let maps: [AxisMap; DIM_NB] = std::array::from_fn(|a| AxisMap::new(self, a));
         let kernel_volume = self.kernel_volume();
         let (kh, kw) = (self.filter_space[1] as usize, self.filter_space[2] as usize);
-        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); kernel_volume];
-        let mut keys: Vec<Vec<K>> = vec![Vec::new(); kernel_volume];
-        let mut reach: [Vec<(u32, u32)>; DIM_NB] = Default::default();
-        'rows: for (r, row) in rows4(data).enumerate() {
-            for a in 0..DIM_NB {
-                maps[a].reach(row[a + 1], &mut reach[a]);
-                if reach[a].is_empty() {
-                    continue 'rows;
+        let prefix_bits = layout.bits.min(SPLIT_BITS);
+        let (shift, prefix_mask) = (layout.bits - prefix_bits, (1usize << prefix_bits) - 1);
+        let emit = |first: usize, block: &[i32]| {
+            let mut e = Emitted {
+                rows: vec![Vec::new(); kernel_volume],
+                keys: vec![Vec::new(); kernel_volume],
+                prefixes: vec![0; prefix_mask + 1],
+            };
+            let mut reach: [Vec<(u32, u32)>; DIM_NB] = Default::default();
+            'rows: for (r, row) in rows4(block).enumerate() {
+                for a in 0..DIM_NB {
+                    maps[a].reach(row[a + 1], &mut reach[a]);
+                    if reach[a].is_empty() {
+                        continue 'rows;
+                    }
                 }
-            }
-            for &(kz, oz) in &reach[0] {
-                for &(ky, oy) in &reach[1] {
-                    let base = (kz as usize * kh + ky as usize) * kw;
-                    for &(kx, ox) in &reach[2] {
-                        let k = base + kx as usize;
-                        let key = K::pack(&layout, [row[0] as u32, oz, oy, ox]);
-                        if let (Some(rs), Some(ks)) = (rows.get_mut(k), keys.get_mut(k)) {
-                            // r < L <= i32::MAX (checked in plan).
-                            rs.push(r as u32);
-                            ks.push(key);
+                for &(kz, oz) in &reach[0] {
+                    for &(ky, oy) in &reach[1] {
+                        let base = (kz as usize * kh + ky as usize) * kw;
+                        for &(kx, ox) in &reach[2] {
+                            let k = base + kx as usize;
+                            let key = K::pack(&layout, [row[0] as u32, oz, oy, ox]);
+                            if let (Some(rs), Some(ks), Some(n)) =
+                                (e.rows.get_mut(k), e.keys.get_mut(k), e.prefixes.get_mut(key.digit(shift, prefix_mask)))
+                            {
+                                // first + r < L <= i32::MAX (checked in plan).
+                                rs.push((first + r) as u32);
+                                ks.push(key);
+                                *n += 1;
+                            }
                         }
                     }
                 }
             }
+            e
+        };
+        let mut blocks: Vec<Emitted<K>> = Vec::new();
+        blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);
+        let block_len = (data.len() / 4).div_ceil(blocks.len()) * 4;
+        for_each_chunk_mut(par, &mut blocks, 1, |b, slot| {
+            if let (Some(e), Some(rows)) = (slot.first_mut(), data.chunks(block_len.max(4)).nth(b)) {
+                *e = emit(b * block_len / 4, rows);
+            }
+        });
+
+        // Key ranges of about `sort_keys` emitted keys each, cut at prefix boundaries.
+        let mut counts = vec![0usize; prefix_mask + 1];
+        for e in &blocks {
+            for (c, n) in counts.iter_mut().zip(&e.prefixes) {
+                *c += n;
+            }
         }
-        let mut all: Vec<K> = keys.concat();
-        radix_sort(&mut all, layout.bits, |&k| k);
-        all.dedup();
-        ConvBook { sites: SortedSites::new(all, layout.bits), layout, rows, keys }
+        let total: usize = counts.iter().sum();
+        let tasks = pieces(total, sort_keys);
+        let mut cuts = vec![0usize];
+        let mut seen = 0;
+        for (prefix, c) in counts.iter().enumerate() {
+            seen += c;
+            if cuts.len() < tasks && seen * tasks >= total * cuts.len() {
+                cuts.push(prefix + 1);
+            }
+        }
+        cuts.push(prefix_mask + 1);
+        cuts.dedup();
+        let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];
+        for_each_chunk_mut(par, &mut ranges, 1, |t, slot| {
+            let (Some(out), Some(&lo), Some(&hi)) = (slot.first_mut(), cuts.get(t), cuts.get(t + 1)) else { return };
+            let mut keys = Vec::with_capacity(counts.get(lo..hi).map_or(0, |c| c.iter().sum()));
+            for e in &blocks {
+                for ks in &e.keys {
+                    keys.extend(ks.iter().filter(|k| (lo..hi).contains(&k.digit(shift, prefix_mask))));
+                }
+            }
+            radix_sort(&mut keys, layout.bits, |&k| k);
+            keys.dedup();
+            *out = keys;
+        });
+        ConvBook { sites: SortedSites::new(ranges.concat(), layout.bits), layout, blocks }
     }
 
     fn subm_book<K: Key>(&self, inputs: &Inputs<'_>, data: &[i32], max: [u32; 4]) -> Result<SubmBook<K>> {
@@ -505,21 +593,25 @@ impl GetIndicePairs {
 fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32]) -> bool {
     let l = chunk.len() / 2;
     let (ins, outs) = chunk.split_at_mut(l);
-    let (Some(rows), Some(keys)) = (book.rows.get(k), book.keys.get(k)) else { return false };
+    let mut n = 0;
     let mut ok = true;
-    for ((i, o), (&r, &key)) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)) {
-        *i = r as i32;
-        *o = match book.sites.find(key) {
-            // Positions are < num_out <= K * L <= i32::MAX.
-            Some(p) => p as i32,
-            None => {
-                ok = false;
-                -1
-            }
-        };
+    for e in &book.blocks {
+        let (Some(rows), Some(keys)) = (e.rows.get(k), e.keys.get(k)) else { return false };
+        let (Some(ins), Some(outs)) = (ins.get_mut(n..), outs.get_mut(n..)) else { return false };
+        for ((i, o), (&r, &key)) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)) {
+            *i = r as i32;
+            *o = match book.sites.find(key) {
+                // Positions are < num_out <= K * L <= i32::MAX.
+                Some(p) => p as i32,
+                None => {
+                    ok = false;
+                    -1
+                }
+            };
+        }
+        n += rows.len();
     }
     // Each row has at most one pair per offset, so n <= L.
-    let n = rows.len();
     ins.get_mut(n..).unwrap_or_default().fill(-1);
     outs.get_mut(n..).unwrap_or_default().fill(-1);
     ok && n <= l
@@ -605,8 +697,9 @@ fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mut [i32], nu
     if missing.load(Ordering::Relaxed) {
         return Err(Error::Runtime("GetIndicePairs: an output site is missing from its own rulebook".into()));
     }
-    for (n, rows) in num.iter_mut().zip(&book.rows) {
-        *n = rows.len() as i32;
+    for (k, n) in num.iter_mut().enumerate() {
+        // At most L per offset (conv_offset checked it).
+        *n = book.blocks.iter().map(|e| e.rows.get(k).map_or(0, Vec::len)).sum::<usize>() as i32;
     }
     for_each_chunk_mut(par, out, 4 * GRAIN, |t, chunk| {
         let keys = book.sites.keys.get(t * GRAIN..).unwrap_or(&[]);
@@ -760,7 +853,7 @@ impl Operator for GetIndicePairs {
         Ok(op)
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Plan)> {
+    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
         let (l, k, max) = self.validate(inputs)?;
         let v = inputs.get::<i32>(INDICES)?;
         let (num_out, book) = if l == 0 {
@@ -777,10 +870,10 @@ impl Operator for GetIndicePairs {
             let o = self.output_space.map(|o| (o - 1) as u32);
             let wide = Layout::new([max[0], o[0], o[1], o[2]]).bits > u64::BITS;
             let (n, book) = if wide {
-                let b = self.conv_book::<u128>(v.data, max[0]);
+                let b = self.conv_book::<u128>(v.data, max[0], par);
                 (b.sites.keys.len(), Book::Conv128(b))
             } else {
-                let b = self.conv_book::<u64>(v.data, max[0]);
+                let b = self.conv_book::<u64>(v.data, max[0], par);
                 (b.sites.keys.len(), Book::Conv64(b))
             };
             (n, Some(book))
@@ -1042,6 +1135,46 @@ mod tests {
         want.sort_by_key(|x| x.0);
         radix_sort(&mut v, 16, |x| x.0);
         assert_eq!(v, want);
+    }
+
+    /// Conv and transposed conv rulebooks (unique sites, and every offset's pairs) come out
+    /// the same whatever the emission block and sort range sizes and the thread count.
+    #[test]
+    fn conv_book_is_the_same_for_any_block_and_range_size() {
+        use crate::parallel::{Serial, Threads};
+        let conv = with(&[("stride", ints(&[2, 1, 2])), ("padding", ints(&[1, 0, 1]))]);
+        let transpose = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[2, 2, 1]))]);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut below = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n) as i32
+        };
+        // Random rows, duplicates included (legal outside subm).
+        let data: Vec<i32> = (0..700).flat_map(|_| [below(2), below(5), below(6), below(7)]).collect();
+        let pairs = |op: &GetIndicePairs, book: &ConvBook<u64>| {
+            let l = data.len() / 4;
+            let mut out = vec![0i32; op.kernel_volume() * 2 * l];
+            for (k, chunk) in out.chunks_exact_mut(2 * l).enumerate() {
+                assert!(conv_offset(book, k, chunk));
+            }
+            out
+        };
+        for attrs in [conv, transpose] {
+            let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
+            let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX);
+            assert_eq!(whole.blocks.len(), 1);
+            let want = pairs(&op, &whole);
+            assert!(whole.sites.keys.windows(2).all(|w| w[0] < w[1]));
+            for (emit_rows, sort_keys) in [(1, 1), (7, 3), (64, 50), (699, 1000)] {
+                for threads in 1..=3 {
+                    let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys);
+                    assert_eq!(book.sites.keys, whole.sites.keys, "blocks of {emit_rows}, ranges of {sort_keys}");
+                    assert_eq!(pairs(&op, &book), want, "blocks of {emit_rows}, ranges of {sort_keys}");
+                }
+            }
+        }
     }
 
     #[test]

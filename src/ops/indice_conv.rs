@@ -58,7 +58,7 @@ impl Operator for IndiceConv {
         }
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Rules)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Rules)> {
         let features = inputs.get_shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")?;
         let (l, cin) = (features.shape[0], features.shape[1]);
         let filters =

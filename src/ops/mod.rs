@@ -30,7 +30,9 @@ pub trait Operator: Sized + Send + Sync + 'static {
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self>;
 
     /// Checks the inputs against the contract and returns the output specs. Writes nothing.
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Self::Plan)>;
+    /// `par` is the node's thread pool, for operators whose output shapes take real work to
+    /// find (GetIndicePairs' unique output sites).
+    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Self::Plan)>;
 
     /// Fills the outputs allocated with the planned specs.
     fn execute(&self, plan: Self::Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel)
@@ -54,7 +56,7 @@ pub trait Kernel: Send + Sync {
 
 impl<O: Operator> Kernel for O {
     fn compute(&self, inputs: &Inputs<'_>, host: &mut dyn OutputHost, par: &dyn Parallel) -> Result<()> {
-        let (specs, plan) = self.plan(inputs)?;
+        let (specs, plan) = self.plan(inputs, par)?;
         let mut outputs = host.allocate(&specs)?;
         self.execute(plan, inputs, &mut outputs, par)
     }

@@ -44,7 +44,7 @@ impl Operator for PsRoiPool {
         <PsRoiPoolBackward as Operator>::from_attributes(attrs).map(PsRoiPool)
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Plan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
         let d = &self.0;
         let input = inputs.get_shaped::<f32>(0, &[None, None, None, None], "[batches, height, width, channels]")?;
         let &[batches, height, width, channels] = input.shape else { unreachable!("rank checked") };

@@ -158,7 +158,7 @@ fn floor_clamped(v: f32, limit: usize) -> usize {
     if limit <= EXACT_F32_LIMIT {
         return clamp_f32(v, limit) as u32 as usize;
     }
-    if !(v > 0.0) {
+    if v.is_nan() || v <= 0.0 {
         0
     } else if f64::from(v) >= limit as f64 {
         limit
@@ -176,7 +176,7 @@ fn ceil_clamped(v: f32, limit: usize) -> usize {
         let t = v as u32;
         return (t + u32::from((t as f32) < v)) as usize;
     }
-    let v = if !(v > 0.0) {
+    let v = if v.is_nan() || v <= 0.0 {
         0.0
     } else if f64::from(v) >= limit as f64 {
         return limit;
@@ -201,7 +201,7 @@ impl super::Operator for PsRoiPoolBackward {
         )
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, PsRoiPlan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, PsRoiPlan)> {
         let (p, od) = (Some(self.pooled), Some(self.output_dim));
         let top = inputs.get_shaped::<f32>(0, &[None, p, p, od], "[R, pooled_height, pooled_width, output_dim]")?;
         let r = top.shape[0];

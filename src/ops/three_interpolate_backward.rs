@@ -140,7 +140,7 @@ impl Operator for ThreeInterpolateBackward {
         Ok(ThreeInterpolateBackward { m })
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, Dims)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let d = self.dims(inputs)?;
         let indices = inputs.get::<i32>(INDICES)?.data;
         check_indices(inputs, INDICES, indices, d.n, d.m, "m")?;

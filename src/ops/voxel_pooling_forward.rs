@@ -105,7 +105,7 @@ impl super::Operator for VoxelPoolingForward {
         Self::new(attrs.ints_n::<3>("voxel_num")?)
     }
 
-    fn plan(&self, inputs: &Inputs<'_>) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
         let geom = inputs.get_shaped::<i32>(0, &[None, None, Some(3)], "[B, N, 3]")?;
         let (batches, points) = (geom.shape[0], geom.shape[1]);
         let feats =

@@ -71,7 +71,8 @@ impl MluOperator for DynamicScatterBackward {
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         self.mlu_supported().map_err(|why| Error::Runtime(format!("{} on the MLU: {why}", Self::NAME)))?;
-        let (specs, plan) = self.plan(inputs)?;
+        // The host part of the MLU path runs on the calling thread.
+        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
         let d = plan.dims;
         let out = outputs.allocate(0, &specs[0])?;
         // SAFETY: `out` was just allocated for N * C floats.

@@ -51,7 +51,8 @@ impl MluOperator for PsRoiPoolBackward {
         device_inputs: &[*const c_void],
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let (specs, plan) = self.plan(inputs)?;
+        // The host part of the MLU path runs on the calling thread.
+        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
         let out_len = specs[0].numel();
         let out = outputs.allocate(0, &specs[0])?;
         // SAFETY: `out` was just allocated for `out_len` floats.

@@ -58,7 +58,8 @@ impl MluOperator for ThreeInterpolateBackward {
         device_inputs: &[*const c_void],
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let (specs, d) = self.plan(inputs)?;
+        // The host part of the MLU path runs on the calling thread.
+        let (specs, d) = self.plan(inputs, &crate::parallel::Serial)?;
         let out = outputs.allocate(0, &specs[0])?;
         if d.b * d.c * d.m == 0 {
             return Ok(());

@@ -63,7 +63,8 @@ impl MluOperator for VoxelPoolingForward {
         device_inputs: &[*const c_void],
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let (specs, plan) = self.plan(inputs)?;
+        // The host part of the MLU path runs on the calling thread.
+        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
