@@ -283,8 +283,7 @@ fn check(out: &[Tensor], want: &[OwnedData], exact: bool) -> Result<(), String> 
     Ok(())
 }
 
-fn dynamic_scatter_backward(rng: &mut Rng) -> Case {
-    let (n, m, c) = (17176usize, 13743usize, 128usize);
+fn dynamic_scatter_backward(rng: &mut Rng, [n, m, c]: [usize; 3]) -> Case {
     // Every voxel holds at least one point; 1% of points are dropped.
     let mut map: Vec<i32> = (0..n).map(|i| if i < m { i as i32 } else { rng.below(m as u64) as i32 }).collect();
     for i in (1..n).rev() {
@@ -580,29 +579,6 @@ impl OrtRun {
     }
 }
 
-/// onnxruntime's own cost per run, outside any kernel: a one-node model (the built-in
-/// Identity on one float) in a session configured as the bench's (2 intra-op threads, no
-/// spinning). Returns the best and the median of 300 runs.
-fn ort_fixed_cost(env: &ort::environment::Environment) -> ort::Result<(Duration, Duration)> {
-    let mut g = Graph::new("fixed");
-    g.input("x", Elem::FLOAT, Some(&[Dim::Fixed(1)]));
-    g.node("identity", "Identity", "", &["x"], &["y"], Vec::new());
-    g.output("y", Elem::FLOAT, None);
-    let mut session = ort::session::Session::builder(env)?
-        .with_intra_threads(2)?
-        .with_intra_op_spinning(false)?
-        .commit_from_memory(&g.bytes())?;
-    let x = ort_tensor(&Tensor::f32([1], vec![1.0]))?;
-    let mut runs = Vec::with_capacity(300);
-    for _ in 0..300 {
-        let t = Instant::now();
-        session.run(vec![("x", &x)]).map(drop)?;
-        runs.push(t.elapsed());
-    }
-    runs.sort();
-    Ok((runs[0], runs[runs.len() / 2]))
-}
-
 /// The kernel called directly. Output buffers are reused across runs (as ONNX Runtime's
 /// arena does), so the times are the kernel's, not the first-touch page faults of fresh
 /// allocations.
@@ -628,6 +604,46 @@ impl Kernel {
     fn outputs(&self) -> Vec<Tensor> {
         std::mem::take(&mut *self.host.borrow_mut()).into_tensors()
     }
+}
+
+/// The fixed cost of a session run, from cold caches like the table's runs: medians of 200
+/// runs each, the variants in turn, `flush` before every run:
+/// - onnxruntime alone: a one-node model of the built-in Identity on one float;
+/// - a custom node: DynamicScatterBackward on one point and one channel in a session;
+/// - the same node's kernel called directly.
+///
+/// All in one thread (sessions with one intra-op thread), so no pool wake-up is counted.
+fn session_run_cost(
+    env: &ort::environment::Environment,
+    lib: &str,
+    flush: &Flush,
+) -> ort::Result<[Duration; 3]> {
+    let mut g = Graph::new("identity");
+    g.input("x", Elem::FLOAT, Some(&[Dim::Fixed(1)]));
+    g.node("identity", "Identity", "", &["x"], &["y"], Vec::new());
+    g.output("y", Elem::FLOAT, None);
+    let mut identity = ort::session::Session::builder(env)?.with_intra_threads(1)?.commit_from_memory(&g.bytes())?;
+    let x = ort_tensor(&Tensor::f32([1], vec![1.0]))?;
+    let case = dynamic_scatter_backward(&mut Rng(1), [1, 1, 1]);
+    let mut node = OrtRun::new(env, &case, lib, 1)?;
+    let kernel = Kernel::new(&case);
+    let mut runs = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..200 {
+        flush.run();
+        let t = Instant::now();
+        identity.run(vec![("x", &x)]).map(drop)?;
+        runs[0].push(t.elapsed());
+        flush.run();
+        let t = Instant::now();
+        node.run()?;
+        runs[1].push(t.elapsed());
+        flush.run();
+        runs[2].push(time(&mut || kernel.run(&case, &Serial)));
+    }
+    Ok(runs.map(|mut r| {
+        r.sort();
+        r[r.len() / 2]
+    }))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -669,15 +685,18 @@ fn main() {
         "floor: each row's inputs read and outputs written as sequential streams by 2 threads (non-temporal stores from 4 MiB), timed in turn with that row; % of floor = floor time / kernel 2T time"
     );
     println!("ORT columns: {lib} registered in onnxruntime sessions (ORT_DYLIB_PATH) with 1 and 2 intra-op threads");
-    match env.as_ref().map_err(Clone::clone).and_then(|env| ort_fixed_cost(env).map_err(|e| e.to_string())) {
-        Ok((best, median)) => println!(
-            "onnxruntime's own cost per run (a one-node Identity model on 1 float, same session options): best {:.0} us, median {:.0} us",
-            best.as_secs_f64() * 1e6,
-            median.as_secs_f64() * 1e6
-        ),
-        Err(e) => println!("onnxruntime's own cost per run: not measured ({e})"),
-    }
     println!("kernel columns: the kernel called directly, on the calling thread (1T) or a persistent pool of 2 threads (2T)");
+    let flush = Flush::new();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    match env.as_ref().map_err(Clone::clone).and_then(|env| session_run_cost(env, &lib, &flush).map_err(|e| e.to_string())) {
+        Ok([identity, node, direct]) => println!(
+            "fixed cost of a session run, from cold caches (medians of 200, 1 thread): onnxruntime alone (an Identity node) {:.0} us; a custom node (DynamicScatterBackward, 1 point x 1 channel) {:.0} us in a session, {:.0} us called directly",
+            us(identity),
+            us(node),
+            us(direct)
+        ),
+        Err(e) => println!("fixed cost of a session run: not measured ({e})"),
+    }
     println!(
         "times: the best run of each variant, the variants timed in turn, each after reading 64 MiB (cold caches; >= {REPEATS} rounds, about {} s per case)\n",
         CASE_BUDGET.as_secs_f64()
@@ -685,7 +704,7 @@ fn main() {
 
     let mut rng = Rng(2026);
     let builders: Vec<CaseBuilder> = vec![
-        Box::new(dynamic_scatter_backward),
+        Box::new(|r| dynamic_scatter_backward(r, [17176, 13743, 128])),
         Box::new(|r| three_interpolate_backward(r, [16, 128, 4096, 1024])),
         Box::new(|r| three_interpolate_backward(r, [16, 1024, 4096, 128])),
         Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128])),
@@ -703,7 +722,6 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
     // case's variants, so both see the same state of the machine.
-    let flush = Flush::new();
     for build in builders {
         let case = build(&mut rng);
         if filter.as_deref().is_some_and(|f| !case.op.contains(f)) {
