@@ -144,7 +144,7 @@ const EXACT_F32_LIMIT: usize = 1 << 24;
 /// `v` clamped to [0, limit] in f32 (NaN gives 0), without branches: the edges of random
 /// rois mispredicted about once each. `limit` must be at most `EXACT_F32_LIMIT`.
 fn clamp_f32(v: f32, limit: usize) -> f32 {
-    // maxss returns its second operand when the first is NaN.
+    // NaN compares false, so it becomes 0 (the selects compile to maxss/minss).
     let v = if v > 0.0 { v } else { 0.0 };
     let l = limit as f32;
     if v < l { v } else { l }
