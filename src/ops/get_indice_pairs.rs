@@ -1177,6 +1177,93 @@ mod tests {
         }
     }
 
+    /// Wide (u128) keys: the same rulebook with and without cuts.
+    #[test]
+    fn wide_key_conv_book_is_the_same_for_any_cut() {
+        use crate::parallel::{Serial, Threads};
+        let big = 1i64 << 22;
+        let op = descriptor::<GetIndicePairs>(&with(&[("spatial_shape", ints(&[big, big, big]))])).unwrap();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut below = move |n: i64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as i32
+        };
+        // Clusters, so that neighbouring sites share output sites.
+        let data: Vec<i32> = (0..300)
+            .flat_map(|i| {
+                let c = [below(2), below(big - 8), below(big - 8), below(big - 8)];
+                [c[0], c[1] + i % 3, c[2] + below(3), c[3] + below(3)]
+            })
+            .collect();
+        let layout = Layout::new([1, big as u32 - 3, big as u32 - 3, big as u32 - 3]);
+        assert!(layout.bits > u64::BITS);
+        let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX);
+        for (emit_rows, sort_keys) in [(1, 1), (13, 40)] {
+            let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys);
+            assert_eq!(book.sites.keys, whole.sites.keys);
+            for k in 0..op.kernel_volume() {
+                let rows = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.rows[k].clone()).collect::<Vec<_>>();
+                let keys = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.keys[k].clone()).collect::<Vec<_>>();
+                assert_eq!(rows(&book), rows(&whole));
+                assert_eq!(keys(&book), keys(&whole));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Random conv and transposed-conv geometries: cutting the rulebook into blocks and
+        /// sort ranges (on 2 threads) never changes it.
+        #[test]
+        fn prop_conv_book_does_not_depend_on_the_cut(
+            spatial in proptest::array::uniform3(1i64..9),
+            kernel in proptest::array::uniform3(1i64..5),
+            stride in proptest::array::uniform3(1i64..4),
+            padding in proptest::array::uniform3(0i64..3),
+            dilate in proptest::array::uniform3(1i64..3),
+            transpose in proptest::bool::ANY,
+            rows in proptest::collection::vec(proptest::array::uniform4(0u32..1000), 0..150),
+            emit_rows in 1usize..20,
+            sort_keys in 1usize..60,
+        ) {
+            use crate::parallel::{Serial, Threads};
+            // Dilation only where the stride is 1, and never with transpose (contract rules).
+            let dilation: Vec<i64> = (0..3).map(|a| if stride[a] > 1 || transpose { 1 } else { dilate[a] }).collect();
+            let attrs = with(&[
+                ("spatial_shape", ints(&spatial)),
+                ("kernel_size", ints(&kernel)),
+                ("stride", ints(&stride)),
+                ("padding", ints(&padding)),
+                ("dilation", ints(&dilation)),
+                ("transpose", AttrValue::Int(i64::from(transpose))),
+            ]);
+            // Geometries without a valid output size are attribute errors, tested elsewhere.
+            let Ok(op) = descriptor::<GetIndicePairs>(&attrs) else { return Ok(()) };
+            let data: Vec<i32> = rows
+                .iter()
+                .flat_map(|r| [r[0] % 2, r[1] % spatial[0] as u32, r[2] % spatial[1] as u32, r[3] % spatial[2] as u32])
+                .map(|v| v as i32)
+                .collect();
+            if data.is_empty() {
+                return Ok(());
+            }
+            let max_batch = data.chunks_exact(4).map(|r| r[0] as u32).max().unwrap_or(0);
+            let whole = op.conv_book_in::<u64>(&data, max_batch, &Serial, usize::MAX, usize::MAX);
+            let book = op.conv_book_in::<u64>(&data, max_batch, &Threads(2), emit_rows, sort_keys);
+            proptest::prop_assert_eq!(&book.sites.keys, &whole.sites.keys);
+            let l = data.len() / 4;
+            for k in 0..op.kernel_volume() {
+                let (mut a, mut b) = (vec![0i32; 2 * l], vec![0i32; 2 * l]);
+                proptest::prop_assert!(conv_offset(&book, k, &mut a));
+                proptest::prop_assert!(conv_offset(&whole, k, &mut b));
+                proptest::prop_assert_eq!(a, b);
+            }
+        }
+    }
+
     #[test]
     fn sorted_sites_find_every_key() {
         let keys: Vec<u64> = (0..3000u64).map(|i| i * i * 7).collect();
