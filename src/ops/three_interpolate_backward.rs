@@ -63,10 +63,6 @@ pub(super) trait Real: OutElement {
     const TILE: usize;
     /// The data as float32 without a copy, when it already is float32.
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
-    /// The data as float16, when it is float16 (converted by the kernel's own converters).
-    fn as_f16(s: &[Self]) -> Option<&[f16]>;
-    /// The same, writable.
-    fn as_f16_mut(s: &mut [Self]) -> Option<&mut [f16]>;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` into `dst` (same length).
@@ -77,12 +73,6 @@ impl Real for f32 {
     const TILE: usize = TILE_F32;
     fn as_f32(s: &[f32]) -> Option<&[f32]> {
         Some(s)
-    }
-    fn as_f16(_: &[f32]) -> Option<&[f16]> {
-        None
-    }
-    fn as_f16_mut(_: &mut [f32]) -> Option<&mut [f16]> {
-        None
     }
     fn widen(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
@@ -97,17 +87,79 @@ impl Real for f16 {
     fn as_f32(_: &[f16]) -> Option<&[f32]> {
         None
     }
-    fn as_f16(s: &[f16]) -> Option<&[f16]> {
-        Some(s)
-    }
-    fn as_f16_mut(s: &mut [f16]) -> Option<&mut [f16]> {
-        Some(s)
-    }
     fn widen(src: &[f16], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() {
+            // SAFETY: the CPU supports F16C (detected just above).
+            return unsafe { widen_f16c(src, dst) };
+        }
         src.convert_to_f32_slice(dst);
     }
     fn narrow(src: &[f32], dst: &mut [f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() {
+            // SAFETY: the CPU supports F16C (detected just above).
+            return unsafe { narrow_f16c(src, dst) };
+        }
         dst.convert_from_f32_slice(src);
+    }
+}
+
+/// Whether this CPU converts float16 in hardware (F16C).
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c"))
+}
+
+/// `dst[i] = src[i]` as float32, 8 values per instruction. The half crate's slice
+/// conversion calls a function per 8 values and returns them through memory, which took 45%
+/// of a float16 ThreeInterpolateBackward run. Exact, NaN payloads included (the same bits
+/// as the half crate, tested).
+///
+/// # Safety
+/// The CPU must support F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+    by_eights(src, dst, f16::to_f32, |s, d| {
+        // SAFETY: F16C is the caller's guarantee; the load reads the 16 bytes of `s` (8 f16
+        // values, unaligned load), the store writes the 8 floats of `d`.
+        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>()))) }
+    });
+}
+
+/// `dst[i] = src[i]` rounded to float16 (to nearest even), as [`widen_f16c`] the other way.
+///
+/// # Safety
+/// The CPU must support F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
+    by_eights(src, dst, f16::from_f32, |s, d| {
+        // SAFETY: F16C is the caller's guarantee; the load reads the 8 floats of `s`, the
+        // store writes the 16 bytes of `d` (8 f16 values, unaligned store).
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+            _mm_storeu_si128(d.as_mut_ptr().cast::<__m128i>(), h);
+        }
+    });
+}
+
+/// `dst[i] = one(src[i])`, whole blocks of 8 through `eight` (inlined into the caller, whose
+/// target features its closure shares).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn by_eights<S: Copy, D>(src: &[S], dst: &mut [D], one: impl Fn(S) -> D, eight: impl Fn(&[S], &mut [D])) {
+    let mut d8 = dst.chunks_exact_mut(8);
+    let mut s8 = src.chunks_exact(8);
+    for (d, s) in d8.by_ref().zip(s8.by_ref()) {
+        eight(s, d);
+    }
+    for (d, &s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+        *d = one(s);
     }
 }
 
@@ -275,21 +327,9 @@ fn prefetch<T: Real>(data: &[T]) {
     let _ = data;
 }
 
-/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`,
-/// and widens float16 rows and weights first.
+/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`.
 trait Transpose: Copy {
     fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]);
-
-    /// `dst[i] = src[i]` as float32 (the lengths match). Exact, NaN payloads included, so
-    /// every implementation gives the same bits.
-    fn widen_f16(self, src: &[f16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-
-    /// `dst[i] = src[i]` rounded to float16, to nearest even (the lengths match).
-    fn narrow_f16(self, src: &[f32], dst: &mut [f16]) {
-        dst.convert_from_f32_slice(src);
-    }
 }
 
 /// The portable transpose: one element at a time.
@@ -315,8 +355,7 @@ fn scalar_transpose<const L: usize>(rows: &[&[f32]], points: std::ops::Range<usi
     }
 }
 
-/// Proof that this CPU has AVX2 and F16C (every AVX2 CPU made has both): only
-/// [`Avx2::detect`] makes one.
+/// Proof that this CPU has AVX2: only [`Avx2::detect`] makes one.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Avx2(());
@@ -325,18 +364,16 @@ struct Avx2(());
 impl Avx2 {
     fn detect() -> Option<Self> {
         static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c"))
-            .then_some(Avx2(()))
+        AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")).then_some(Avx2(()))
     }
 }
 
-/// [`batch_channels`] compiled with AVX2 and F16C: the lane loops use 8-wide vectors, the
-/// tiles are transposed 8 x 8 in registers and float16 rows are widened 8 at a time inline.
-/// Products and sums are still separate IEEE operations in the same order (no FMA: that
-/// feature is not enabled), so the result is bit-identical to the baseline build. Callers
-/// hold an [`Avx2`], which proves the features.
+/// [`batch_channels`] compiled with AVX2: the lane loops use 8-wide vectors and the tiles
+/// are transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
+/// in the same order (no FMA: that feature is not enabled), so the result is bit-identical
+/// to the baseline build. Callers hold an [`Avx2`], which proves the feature.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 fn batch_channels_avx2<T: Real, const L: usize>(
     d: &Dims,
@@ -353,42 +390,6 @@ fn batch_channels_avx2<T: Real, const L: usize>(
 
 #[cfg(target_arch = "x86_64")]
 impl Transpose for Avx2 {
-    /// 8 values per instruction, inline: the half crate's slice conversion calls a function
-    /// per 8 values and returns them through memory, which took 45% of a float16 run.
-    #[inline(always)]
-    fn widen_f16(self, src: &[f16], dst: &mut [f32]) {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
-        let mut d8 = dst.chunks_exact_mut(8);
-        let mut s8 = src.chunks_exact(8);
-        for (d, s) in d8.by_ref().zip(s8.by_ref()) {
-            // SAFETY: `self` proves AVX2 and F16C; the load reads the 16 bytes of `s` (8
-            // f16 values, unaligned load), the store writes the 8 floats of `d`.
-            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>()))) };
-        }
-        for (d, s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
-            *d = s.to_f32();
-        }
-    }
-
-    /// As `widen_f16`, the other way.
-    #[inline(always)]
-    fn narrow_f16(self, src: &[f32], dst: &mut [f16]) {
-        use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
-        let mut d8 = dst.chunks_exact_mut(8);
-        let mut s8 = src.chunks_exact(8);
-        for (d, s) in d8.by_ref().zip(s8.by_ref()) {
-            // SAFETY: `self` proves AVX2 and F16C; the load reads the 8 floats of `s`, the
-            // store writes the 16 bytes of `d` (8 f16 values, unaligned store).
-            unsafe {
-                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
-                _mm_storeu_si128(d.as_mut_ptr().cast::<__m128i>(), h);
-            }
-        }
-        for (d, s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
-            *d = f16::from_f32(*s);
-        }
-    }
-
     #[inline(always)]
     fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
         let full = nt - nt % 8;
@@ -476,10 +477,7 @@ fn batch_channels<T: Real, const L: usize>(
         Some(w) => w,
         None => {
             widened.resize(w.len(), 0.0);
-            match T::as_f16(w) {
-                Some(h) => tr.widen_f16(h, &mut widened),
-                None => T::widen(w, &mut widened),
-            }
+            T::widen(w, &mut widened);
             &widened
         }
     };
@@ -513,10 +511,7 @@ fn batch_channels<T: Real, const L: usize>(
                     Some(s) => s,
                     None => match staged.next() {
                         Some(row) => {
-                            match T::as_f16(src) {
-                                Some(h) => tr.widen_f16(h, &mut row[..nt]),
-                                None => T::widen(src, &mut row[..nt]),
-                            }
+                            T::widen(src, &mut row[..nt]);
                             &row[..nt]
                         }
                         None => continue,
@@ -536,10 +531,7 @@ fn batch_channels<T: Real, const L: usize>(
             for (r, a) in row[..m].iter_mut().zip(acc.iter()) {
                 *r = a[lane];
             }
-            match T::as_f16_mut(dst) {
-                Some(h) => tr.narrow_f16(&row[..m], h),
-                None => T::narrow(&row[..m], dst),
-            }
+            T::narrow(&row[..m], dst);
         }
         c0 += lanes;
     }
@@ -580,17 +572,19 @@ fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i3
 mod tests {
     use super::*;
 
-    /// The inline F16C conversions give the half crate's bits (the baseline build's): every
-    /// float16 widened, and float32 values of every kind (ties, subnormals, overflow, NaN
-    /// payloads) narrowed, at every length mod 8.
+    /// The F16C conversions give the half crate's bits: every float16 widened, and float32
+    /// values of every kind (ties, subnormals, overflow, NaN payloads) narrowed, at lengths
+    /// that are and are not multiples of 8.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn inline_float16_conversions_match_the_half_crate() {
-        let Some(avx2) = Avx2::detect() else { return };
+    fn f16c_conversions_match_the_half_crate() {
+        if !has_f16c() {
+            return;
+        }
         let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
         for len in [all.len(), all.len() - 3, 7, 0] {
             let mut got = vec![0f32; len];
-            avx2.widen_f16(&all[..len], &mut got);
+            <f16 as Real>::widen(&all[..len], &mut got);
             let want: Vec<u32> = all[..len].iter().map(|h| h.to_f32().to_bits()).collect();
             assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
         }
@@ -608,7 +602,7 @@ mod tests {
         values.extend([65504.0, 65519.99, 65520.0, 1e-8, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001)]);
         for len in [values.len(), values.len() - 5, 3] {
             let mut got = vec![f16::ZERO; len];
-            avx2.narrow_f16(&values[..len], &mut got);
+            <f16 as Real>::narrow(&values[..len], &mut got);
             let want: Vec<u16> = values[..len].iter().map(|&x| f16::from_f32(x).to_bits()).collect();
             assert_eq!(got.iter().map(|h| h.to_bits()).collect::<Vec<_>>(), want);
         }
