@@ -13,6 +13,7 @@ mod naive;
 #[path = "../models/onnx_builder.rs"]
 mod onnx_builder;
 
+use half::f16;
 use onnx_builder::{Dim, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
 use onnxruntime_ep_mlu::ops::{self, OwnedOutputs};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, for_each_chunk_mut, for_each_part_mut};
@@ -250,6 +251,14 @@ fn bytes_of(t: &Tensor) -> usize {
     }
 }
 
+/// A float tensor's values as float32 (float16 widened).
+fn widened(t: &Tensor) -> Vec<f32> {
+    match &t.data {
+        OwnedData::F16(v) => v.iter().map(|h| h.to_f32()).collect(),
+        _ => f32s(t).to_vec(),
+    }
+}
+
 fn f32s(t: &Tensor) -> &[f32] {
     t.data.f32().expect("float32 tensor")
 }
@@ -276,6 +285,10 @@ fn check(out: &[Tensor], want: &[OwnedData], exact: bool) -> Result<(), String> 
                 }
             }
             (OwnedData::F32(a), OwnedData::F32(b)) => agree(a, b).map_err(|e| format!("output {k} {e}"))?,
+            (OwnedData::F16(a), OwnedData::F16(b)) => {
+                let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
+                agree(&wide(a), &wide(b)).map_err(|e| format!("output {k} {e}"))?
+            }
             (OwnedData::I32(a), OwnedData::I32(b)) if a == b => {}
             _ => return Err(format!("output {k} differs")),
         }
@@ -323,26 +336,29 @@ fn dynamic_scatter_backward(rng: &mut Rng, [n, m, c]: [usize; 3]) -> Case {
     }
 }
 
-fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4]) -> Case {
+/// `half`: float16 grad_output, weights and output (accumulated in float32, as the contract
+/// says; the naive loop does the same on the widened values).
+fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: bool) -> Case {
     let go = rng.floats(b * c * n);
     let idx: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m as u64) as i32).collect();
     let w: Vec<f32> = (0..b * n * 3).map(|_| rng.unit().abs()).collect();
-    let inputs = vec![
-        ("grad_output", Tensor::f32([b, c, n], go)),
-        ("indices", Tensor::i32([b, n, 3], idx)),
-        ("weights", Tensor::f32([b, n, 3], w)),
-    ];
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * m * 4;
+    let float = |shape: [usize; 3], v: Vec<f32>| {
+        if half { Tensor::f16(shape, v.into_iter().map(f16::from_f32).collect()) } else { Tensor::f32(shape, v) }
+    };
+    let inputs =
+        vec![("grad_output", float([b, c, n], go)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * m * if half { 2 } else { 4 };
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     Case {
         op: "ThreeInterpolateBackward",
-        shapes: format!("f32 B {b} C {c} N {n} M {m}"),
+        shapes: format!("{} B {b} C {c} N {n} M {m}", if half { "f16" } else { "f32" }),
         attrs: attrs(&[("m", AttrValue::Int(m as i64))]),
         inputs,
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            vec![OwnedData::F32(naive::three_interpolate_backward(f32s(&ins[0]), i32s(&ins[1]), f32s(&ins[2]), [b, c, n, m]))]
+            let sum = naive::three_interpolate_backward(&widened(&ins[0]), i32s(&ins[1]), &widened(&ins[2]), [b, c, n, m]);
+            vec![if half { OwnedData::F16(sum.into_iter().map(f16::from_f32).collect()) } else { OwnedData::F32(sum) }]
         }),
         exact: false,
     }
@@ -532,8 +548,7 @@ fn ort_tensor(t: &Tensor) -> ort::Result<ort::value::DynTensor> {
     let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
     Ok(match &t.data {
         OwnedData::F32(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
-        // No float16 case is benchmarked through onnxruntime.
-        OwnedData::F16(_) => return Err(ort::Error::new("float16 feeds are not supported by this bench")),
+        OwnedData::F16(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
         OwnedData::I32(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
         OwnedData::I64(v) => ort::value::Tensor::from_array((shape, v.clone()))?.upcast(),
     })
@@ -557,9 +572,10 @@ impl OrtRun {
         let names: Vec<&str> = case.inputs.iter().map(|(n, _)| *n).collect();
         let outputs: Vec<&str> = schema.outputs.iter().map(|o| o.name.as_str()).collect();
         g.node("bench", case.op, "mluops", &names, &outputs, case.attrs.iter().map(|(k, v)| attribute(k, v)).collect());
+        // Every benchmarked output type is fixed (int32) or follows the first input's T.
+        let float = case.inputs.first().map_or(Elem::FLOAT, |(_, t)| elem(t));
         for o in &schema.outputs {
-            // Every benchmarked output type is fixed or follows float32 inputs.
-            let elem = if o.type_str == "tensor(int32)" { Elem::INT32 } else { Elem::FLOAT };
+            let elem = if o.type_str == "tensor(int32)" { Elem::INT32 } else { float };
             g.output(&o.name, elem, None);
         }
         let session = ort::session::Session::builder(env)?
@@ -705,9 +721,10 @@ fn main() {
     let mut rng = Rng(2026);
     let builders: Vec<CaseBuilder> = vec![
         Box::new(|r| dynamic_scatter_backward(r, [17176, 13743, 128])),
-        Box::new(|r| three_interpolate_backward(r, [16, 128, 4096, 1024])),
-        Box::new(|r| three_interpolate_backward(r, [16, 1024, 4096, 128])),
-        Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128])),
+        Box::new(|r| three_interpolate_backward(r, [16, 128, 4096, 1024], false)),
+        Box::new(|r| three_interpolate_backward(r, [16, 1024, 4096, 128], false)),
+        Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128], false)),
+        Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128], true)),
         Box::new(|r| get_indice_pairs(r, true)),
         Box::new(|r| get_indice_pairs(r, false)),
         Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Uniform)),
