@@ -572,8 +572,8 @@ impl OrtRun {
         let names: Vec<&str> = case.inputs.iter().map(|(n, _)| *n).collect();
         let outputs: Vec<&str> = schema.outputs.iter().map(|o| o.name.as_str()).collect();
         g.node("bench", case.op, "mluops", &names, &outputs, case.attrs.iter().map(|(k, v)| attribute(k, v)).collect());
-        // Every benchmarked output type is fixed (int32) or follows the first input's T.
-        let float = case.inputs.first().map_or(Elem::FLOAT, |(_, t)| elem(t));
+        // Every benchmarked output type is fixed (int32) or follows the first float input's T.
+        let float = case.inputs.iter().map(|(_, t)| elem(t)).find(|&e| e == Elem::FLOAT16).unwrap_or(Elem::FLOAT);
         for o in &schema.outputs {
             let elem = if o.type_str == "tensor(int32)" { Elem::INT32 } else { float };
             g.output(&o.name, elem, None);
