@@ -252,10 +252,11 @@ fn bytes_of(t: &Tensor) -> usize {
 }
 
 /// A float tensor's values as float32 (float16 widened).
-fn widened(t: &Tensor) -> Vec<f32> {
-    match &t.data {
+fn widened(d: &OwnedData) -> Vec<f32> {
+    match d {
         OwnedData::F16(v) => v.iter().map(|h| h.to_f32()).collect(),
-        _ => f32s(t).to_vec(),
+        OwnedData::F32(v) => v.clone(),
+        _ => panic!("expected a float tensor"),
     }
 }
 
@@ -285,9 +286,8 @@ fn check(out: &[Tensor], want: &[OwnedData], exact: bool) -> Result<(), String> 
                 }
             }
             (OwnedData::F32(a), OwnedData::F32(b)) => agree(a, b).map_err(|e| format!("output {k} {e}"))?,
-            (OwnedData::F16(a), OwnedData::F16(b)) => {
-                let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
-                agree(&wide(a), &wide(b)).map_err(|e| format!("output {k} {e}"))?
+            (a @ OwnedData::F16(_), b @ OwnedData::F16(_)) => {
+                agree(&widened(a), &widened(b)).map_err(|e| format!("output {k} {e}"))?
             }
             (OwnedData::I32(a), OwnedData::I32(b)) if a == b => {}
             _ => return Err(format!("output {k} differs")),
@@ -357,7 +357,7 @@ fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: boo
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            let sum = naive::three_interpolate_backward(&widened(&ins[0]), i32s(&ins[1]), &widened(&ins[2]), [b, c, n, m]);
+            let sum = naive::three_interpolate_backward(&widened(&ins[0].data), i32s(&ins[1]), &widened(&ins[2].data), [b, c, n, m]);
             vec![if half { OwnedData::F16(sum.into_iter().map(f16::from_f32).collect()) } else { OwnedData::F32(sum) }]
         }),
         exact: false,

@@ -121,6 +121,25 @@ pub fn for_each_part_mut<T: Send>(
     });
 }
 
+/// Cuts a run of weighted items into at most `parts` consecutive pieces of about equal
+/// weight. Returns the piece boundaries as item indices, increasing from 0 to the item count
+/// (empty pieces dropped): a piece ends after the item whose cumulative weight first reaches
+/// k / parts of the total. A function of the weights alone, like [`pieces`].
+pub fn balanced_cuts(weights: impl Iterator<Item = u64> + Clone, parts: usize) -> Vec<usize> {
+    let total: u128 = weights.clone().map(u128::from).sum();
+    let (mut cuts, mut done, mut items) = (vec![0], 0u128, 0);
+    for (i, w) in weights.enumerate() {
+        done += u128::from(w);
+        items = i + 1;
+        if cuts.len() < parts && done * parts as u128 >= total * cuts.len() as u128 {
+            cuts.push(items);
+        }
+    }
+    cuts.push(items);
+    cuts.dedup();
+    cuts
+}
+
 /// Number of pieces to cut `work` units into so that each piece has at least `grain` units
 /// (at least one piece). Independent of the thread count, so results that depend on the
 /// split stay the same whatever the pool size.
@@ -131,6 +150,16 @@ pub fn pieces(work: usize, grain: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn balanced_cuts_split_the_weight_evenly() {
+        assert_eq!(balanced_cuts([1u64, 1, 1, 1].into_iter(), 2), [0, 2, 4]);
+        assert_eq!(balanced_cuts([5u64, 0, 0, 1, 1, 1].into_iter(), 2), [0, 1, 6]);
+        // More parts than items, zero weights, one part, no items.
+        assert_eq!(balanced_cuts([0u64, 0, 0].into_iter(), 5), [0, 1, 2, 3]);
+        assert_eq!(balanced_cuts([3u64, 4].into_iter(), 1), [0, 2]);
+        assert_eq!(balanced_cuts(std::iter::empty::<u64>(), 3), [0]);
+    }
 
     #[test]
     fn chunks_cover_everything_once() {

@@ -34,7 +34,7 @@ pub mod mlu;
 
 use super::Operator;
 use crate::error::{Error, Result};
-use crate::parallel::{Parallel, for_each_chunk_mut, pieces};
+use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -526,18 +526,7 @@ impl GetIndicePairs {
                 *c += n;
             }
         }
-        let total: usize = counts.iter().sum();
-        let tasks = pieces(total, sort_keys);
-        let mut cuts = vec![0usize];
-        let mut seen = 0;
-        for (prefix, c) in counts.iter().enumerate() {
-            seen += c;
-            if cuts.len() < tasks && seen * tasks >= total * cuts.len() {
-                cuts.push(prefix + 1);
-            }
-        }
-        cuts.push(prefix_mask + 1);
-        cuts.dedup();
+        let cuts = balanced_cuts(counts.iter().map(|&c| c as u64), pieces(counts.iter().sum(), sort_keys));
         let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];
         for_each_chunk_mut(par, &mut ranges, 1, |t, slot| {
             let (Some(out), Some(&lo), Some(&hi)) = (slot.first_mut(), cuts.get(t), cuts.get(t + 1)) else { return };

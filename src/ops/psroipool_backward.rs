@@ -14,7 +14,7 @@
 pub mod mlu;
 
 use crate::error::{Error, Result};
-use crate::parallel::{Parallel, for_each_part_mut, pieces};
+use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
@@ -339,16 +339,8 @@ impl super::Operator for PsRoiPoolBackward {
             .collect();
         let total: f64 = weights.iter().sum();
         let tasks = pieces((total / GRAIN).ceil() as usize, 1).min(MAX_TASKS).min(total_rows);
-        let mut cuts = vec![0usize];
-        let mut done = 0.0;
-        for (g, w) in weights.iter().enumerate() {
-            done += w;
-            if cuts.len() < tasks && done * tasks as f64 >= total * cuts.len() as f64 {
-                cuts.push((g + 1) * row_len);
-            }
-        }
-        cuts.push(out.len());
-        cuts.dedup();
+        // The weights are whole numbers below 2^53, exact in f64 and u64.
+        let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), tasks).iter().map(|&g| g * row_len).collect();
 
         let ctx = Ctx {
             op: self,

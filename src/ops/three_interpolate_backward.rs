@@ -108,8 +108,8 @@ impl Real for f16 {
 /// Whether this CPU converts float16 in hardware (F16C).
 #[cfg(target_arch = "x86_64")]
 fn has_f16c() -> bool {
-    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c"))
+    // std caches the CPU's features after the first query.
+    std::arch::is_x86_feature_detected!("f16c")
 }
 
 /// `dst[i] = src[i]` as float32, 8 values per instruction. The half crate's slice
@@ -363,8 +363,8 @@ struct Avx2(());
 #[cfg(target_arch = "x86_64")]
 impl Avx2 {
     fn detect() -> Option<Self> {
-        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")).then_some(Avx2(()))
+        // std caches the CPU's features after the first query.
+        std::arch::is_x86_feature_detected!("avx2").then_some(Avx2(()))
     }
 }
 

@@ -32,7 +32,7 @@
 pub mod mlu;
 
 use crate::error::{Error, Result};
-use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
+use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
@@ -322,23 +322,7 @@ impl VoxelPoolingForward {
                 }
             }
         });
-        counts
-            .chunks_exact(cells)
-            .map(|counts| {
-                let total: usize = counts.iter().sum::<usize>() + cells;
-                let (mut cuts, mut done) = (vec![0], 0usize);
-                for (c, &n) in counts.iter().enumerate() {
-                    done += n + 1;
-                    // Cut after the cell whose cumulative work reaches the next k / per_batch.
-                    if cuts.len() < per_batch && done as u128 * per_batch as u128 >= total as u128 * cuts.len() as u128 {
-                        cuts.push(c + 1);
-                    }
-                }
-                cuts.push(cells);
-                cuts.dedup();
-                cuts
-            })
-            .collect()
+        counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().map(|&n| n as u64 + 1), per_batch)).collect()
     }
 }
 
