@@ -34,6 +34,7 @@ fn device() -> Arc<Device> {
 }
 
 /// Scalar definition of the element-wise ops (1/0 for comparisons and logic).
+#[allow(clippy::too_many_arguments)]
 fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
     name: &str, x: T, y: T, s: T, one: T, add: fn(T, T) -> T, sub: fn(T, T) -> T, mul: fn(T, T) -> T,
 ) -> Option<T> {
@@ -68,6 +69,7 @@ fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_f32(name: &str, tasks: u32, n: usize, m: usize, s: f32, a: &[f32], b: &[f32], out0: &[f32]) -> Vec<f32> {
     let dev = device();
     let (da, db, dout) = (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
@@ -83,6 +85,7 @@ fn run_f32(name: &str, tasks: u32, n: usize, m: usize, s: f32, a: &[f32], b: &[f
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_i32(name: &str, tasks: u32, n: usize, m: usize, s: i32, a: &[i32], b: &[i32], out0: &[i32]) -> Vec<i32> {
     let dev = device();
     let (da, db, dout) = (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());

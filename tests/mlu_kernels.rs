@@ -323,6 +323,7 @@ mod psroipool_backward {
     use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
 
     /// bottom (n, h, w), pooled p, output_dim od, r rois, spatial scale s.
+    #[allow(clippy::too_many_arguments)]
     fn case(seed: u64, n: usize, h: usize, w: usize, p: usize, od: usize, r: usize, s: f32, odd_rois: bool) {
         let op: PsRoiPoolBackward = descriptor(&HashMap::from([
             ("pooled_height".to_string(), AttrValue::Int(p as i64)),
