@@ -121,17 +121,20 @@ pub fn for_each_part_mut<T: Send>(
     });
 }
 
-/// Cuts a run of weighted items into at most `parts` consecutive pieces of about equal
-/// weight. Returns the piece boundaries as item indices, increasing from 0 to the item count
-/// (empty pieces dropped): a piece ends after the item whose cumulative weight first reaches
-/// k / parts of the total. A function of the weights alone, like [`pieces`].
+/// Cuts a run of weighted items into at most `parts` consecutive pieces (at least one) of
+/// about equal weight. Returns the piece boundaries as item indices, increasing from 0 to the
+/// item count (empty pieces dropped): a piece ends after the item whose cumulative weight
+/// first reaches k / parts of the total. A function of the weights alone, like [`pieces`].
+/// Exact while items * parts < 2^64 (sums are in u128, and more parts than items are
+/// pointless, so `parts` is first cut to the item count).
 pub fn balanced_cuts(weights: impl Iterator<Item = u64> + Clone, parts: usize) -> Vec<usize> {
-    let total: u128 = weights.clone().map(u128::from).sum();
+    let (total, n) = weights.clone().fold((0u128, 0usize), |(t, n), w| (t + u128::from(w), n + 1));
+    let parts = parts.clamp(1, n.max(1));
     let (mut cuts, mut done, mut items) = (vec![0], 0u128, 0);
     for (i, w) in weights.enumerate() {
         done += u128::from(w);
         items = i + 1;
-        if cuts.len() < parts && done * parts as u128 >= total * cuts.len() as u128 {
+        if cuts.len() < parts && done.saturating_mul(parts as u128) >= total.saturating_mul(cuts.len() as u128) {
             cuts.push(items);
         }
     }
@@ -158,6 +161,11 @@ mod tests {
         // More parts than items, zero weights, one part, no items.
         assert_eq!(balanced_cuts([0u64, 0, 0].into_iter(), 5), [0, 1, 2, 3]);
         assert_eq!(balanced_cuts([3u64, 4].into_iter(), 1), [0, 2]);
+        // No parts still makes one piece; extreme weights and part counts do not overflow.
+        assert_eq!(balanced_cuts([3u64, 4].into_iter(), 0), [0, 2]);
+        assert_eq!(balanced_cuts([u64::MAX, u64::MAX].into_iter(), usize::MAX), [0, 1, 2]);
+        assert_eq!(balanced_cuts([u64::MAX; 4].into_iter(), 2), [0, 2, 4]);
+        assert_eq!(balanced_cuts(std::iter::empty(), 3), [0]);
         assert_eq!(balanced_cuts(std::iter::empty::<u64>(), 3), [0]);
     }
 

@@ -12,13 +12,15 @@
 //!    (kernel tap, output coordinate) pairs that the contract's formula accepts (at most k per
 //!    axis), and emit the cross product as (row, output key) into one bucket per kernel
 //!    offset. Rows are visited in order, so each block's buckets, taken block after block,
-//!    are ascending by input row.
+//!    are ascending by input row. Each block also keeps a copy of its keys grouped by key
+//!    prefix (a counting sort), so that step 2 reads every key once.
 //! 2. The key space is cut at key prefixes into ranges of about equal emitted counts; each
-//!    range's keys are gathered, LSD radix sorted and deduplicated in parallel. The ranges in
-//!    order are the sorted unique output sites, whatever the cut.
+//!    range gathers its prefixes' groups from every block, then LSD radix sorts and
+//!    deduplicates them, in parallel. The ranges in order are the sorted unique output
+//!    sites, whatever the cut. The grouped copies are dropped before `execute`.
 //!
 //! `execute` (parallel, one task per kernel offset) looks every emitted key up in the unique
-//! sites (a 16-bit prefix table narrows each binary search to a handful of keys).
+//! sites (a table of key prefixes, about one per site, narrows each binary search to a key or two).
 //!
 //! Subm: `plan` radix-sorts (key, row) and rejects duplicates. `execute` runs one task per
 //! (kz, ky): it walks the sorted sites once, and for each site searches the x window of its
@@ -241,8 +243,10 @@ fn radix_sort<T: Copy, K: Key>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K)
     }
 }
 
-/// Sorted unique keys with a table of where each 16-bit key prefix starts, so a lookup is
-/// one table read and a binary search over the few keys sharing the prefix.
+/// Sorted unique keys with a table of where each key prefix starts, so a lookup is one table
+/// read and a binary search over the few keys sharing the prefix. The prefix has about
+/// log2(keys) bits (at least 16, at most the key's): one to two keys per prefix on average,
+/// and a table of at most half the keys' own size.
 struct SortedSites<K> {
     keys: Vec<K>,
     shift: u32,
@@ -251,7 +255,7 @@ struct SortedSites<K> {
 
 impl<K: Key> SortedSites<K> {
     fn new(keys: Vec<K>, bits: u32) -> Self {
-        let top = bits.min(16);
+        let top = bits.min(keys.len().checked_ilog2().unwrap_or(0).max(16));
         let shift = bits - top;
         let buckets = 1usize << top;
         let mut starts = Vec::with_capacity(buckets + 1);
@@ -362,16 +366,24 @@ struct ConvBook<K> {
 }
 
 /// What one block of consecutive input rows emits: per kernel offset, its rows (ascending)
-/// and the key of each row's output site; and how many keys fall under each key prefix.
+/// and the key of each row's output site. Until the sites are sorted, also the same keys
+/// grouped by key prefix: prefix p's keys are `by_prefix[starts[p]..starts[p + 1]]`.
 struct Emitted<K> {
     rows: Vec<Vec<u32>>,
     keys: Vec<Vec<K>>,
-    prefixes: Vec<usize>,
+    by_prefix: Vec<K>,
+    starts: Vec<usize>,
 }
 
 impl<K> Emitted<K> {
     fn empty() -> Self {
-        Emitted { rows: Vec::new(), keys: Vec::new(), prefixes: Vec::new() }
+        Emitted { rows: Vec::new(), keys: Vec::new(), by_prefix: Vec::new(), starts: Vec::new() }
+    }
+
+    /// The keys under prefixes `prefixes` (empty if out of range).
+    fn keys_under(&self, prefixes: std::ops::Range<usize>) -> &[K] {
+        let span = self.starts.get(prefixes.start).zip(self.starts.get(prefixes.end));
+        span.and_then(|(&a, &b)| self.by_prefix.get(a..b)).unwrap_or_default()
     }
 }
 
@@ -480,7 +492,8 @@ impl GetIndicePairs {
             let mut e = Emitted {
                 rows: vec![Vec::new(); kernel_volume],
                 keys: vec![Vec::new(); kernel_volume],
-                prefixes: vec![0; prefix_mask + 1],
+                by_prefix: Vec::new(),
+                starts: vec![0; prefix_mask + 2],
             };
             let mut reach: [Vec<(u32, u32)>; DIM_NB] = Default::default();
             'rows: for (r, row) in rows4(block).enumerate() {
@@ -497,7 +510,7 @@ impl GetIndicePairs {
                             let k = base + kx as usize;
                             let key = K::pack(&layout, [row[0] as u32, oz, oy, ox]);
                             if let (Some(rs), Some(ks), Some(n)) =
-                                (e.rows.get_mut(k), e.keys.get_mut(k), e.prefixes.get_mut(key.digit(shift, prefix_mask)))
+                                (e.rows.get_mut(k), e.keys.get_mut(k), e.starts.get_mut(key.digit(shift, prefix_mask) + 1))
                             {
                                 // first + r < L <= i32::MAX (checked in plan).
                                 rs.push((first + r) as u32);
@@ -506,6 +519,21 @@ impl GetIndicePairs {
                             }
                         }
                     }
+                }
+            }
+            // Group the keys by prefix: starts[p + 1] holds prefix p's count until here.
+            for p in 1..e.starts.len() {
+                e.starts[p] += e.starts[p - 1];
+            }
+            let mut next = e.starts.clone();
+            let Some(&first_key) = e.keys.iter().flatten().next() else { return e };
+            e.by_prefix = vec![first_key; e.starts.last().copied().unwrap_or(0)];
+            for &key in e.keys.iter().flatten() {
+                if let Some(at) = next.get_mut(key.digit(shift, prefix_mask)) {
+                    if let Some(slot) = e.by_prefix.get_mut(*at) {
+                        *slot = key;
+                    }
+                    *at += 1;
                 }
             }
             e
@@ -522,8 +550,8 @@ impl GetIndicePairs {
         // Key ranges of about `sort_keys` emitted keys each, cut at prefix boundaries.
         let mut counts = vec![0usize; prefix_mask + 1];
         for e in &blocks {
-            for (c, n) in counts.iter_mut().zip(&e.prefixes) {
-                *c += n;
+            for (c, w) in counts.iter_mut().zip(e.starts.windows(2)) {
+                *c += w[1] - w[0];
             }
         }
         let cuts = balanced_cuts(counts.iter().map(|&c| c as u64), pieces(counts.iter().sum(), sort_keys));
@@ -532,14 +560,15 @@ impl GetIndicePairs {
             let (Some(out), Some(&lo), Some(&hi)) = (slot.first_mut(), cuts.get(t), cuts.get(t + 1)) else { return };
             let mut keys = Vec::with_capacity(counts.get(lo..hi).map_or(0, |c| c.iter().sum()));
             for e in &blocks {
-                for ks in &e.keys {
-                    keys.extend(ks.iter().filter(|k| (lo..hi).contains(&k.digit(shift, prefix_mask))));
-                }
+                keys.extend_from_slice(e.keys_under(lo..hi));
             }
             radix_sort(&mut keys, layout.bits, |&k| k);
             keys.dedup();
             *out = keys;
         });
+        for e in &mut blocks {
+            e.by_prefix = Vec::new();
+        }
         ConvBook { sites: SortedSites::new(ranges.concat(), layout.bits), layout, blocks }
     }
 
@@ -1126,6 +1155,34 @@ mod tests {
         assert_eq!(v, want);
     }
 
+    /// Lookups in sorted sites find every present key at its position and no absent key,
+    /// with prefix tables of 16 bits (few keys), of log2(keys) bits (many keys, clustered
+    /// or spread) and of the key's full width.
+    #[test]
+    fn sorted_sites_find_exactly_the_present_keys() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for (n, bits, spread) in [(1000, 40, 40), (300_000, 40, 40), (300_000, 40, 22), (300_000, 18, 18), (0, 30, 30)] {
+            let mask = (1u64 << spread) - 1;
+            let mut keys: Vec<u64> = (0..n).map(|_| next() & mask & !1).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let sites = SortedSites::new(keys.clone(), bits);
+            // One table entry per key at most (beyond the 16-bit minimum): the memory bound.
+            assert!(sites.starts.len() - 1 <= keys.len().max(1 << 16), "{} entries for {} keys", sites.starts.len(), keys.len());
+            for (p, &k) in keys.iter().enumerate() {
+                assert_eq!(sites.find(k), Some(p), "key {k:#x} of {n}, {bits} bits");
+                // Present keys are even, so k + 1 is absent.
+                assert_eq!(sites.find(k + 1), None, "absent key {:#x} of {n}, {bits} bits", k + 1);
+            }
+        }
+    }
+
     /// Conv and transposed conv rulebooks (unique sites, and every offset's pairs) come out
     /// the same whatever the emission block and sort range sizes and the thread count.
     #[test]
@@ -1251,16 +1308,5 @@ mod tests {
                 proptest::prop_assert_eq!(a, b);
             }
         }
-    }
-
-    #[test]
-    fn sorted_sites_find_every_key() {
-        let keys: Vec<u64> = (0..3000u64).map(|i| i * i * 7).collect();
-        let bits = 64 - keys[keys.len() - 1].leading_zeros();
-        let s = SortedSites::new(keys.clone(), bits);
-        for (i, &k) in keys.iter().enumerate() {
-            assert_eq!(s.find(k), Some(i));
-        }
-        assert_eq!(s.find(8), None);
     }
 }

@@ -90,7 +90,7 @@ impl Real for f16 {
     fn widen(src: &[f16], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if has_f16c() {
-            // SAFETY: the CPU supports F16C (detected just above).
+            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
             return unsafe { widen_f16c(src, dst) };
         }
         src.convert_to_f32_slice(dst);
@@ -98,18 +98,20 @@ impl Real for f16 {
     fn narrow(src: &[f32], dst: &mut [f16]) {
         #[cfg(target_arch = "x86_64")]
         if has_f16c() {
-            // SAFETY: the CPU supports F16C (detected just above).
+            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
             return unsafe { narrow_f16c(src, dst) };
         }
         dst.convert_from_f32_slice(src);
     }
 }
 
-/// Whether this CPU converts float16 in hardware (F16C).
+/// Whether this CPU converts float16 in hardware (F16C) and the OS lets it (AVX state).
 #[cfg(target_arch = "x86_64")]
 fn has_f16c() -> bool {
-    // std caches the CPU's features after the first query.
-    std::arch::is_x86_feature_detected!("f16c")
+    // std caches the CPU's features after the first query. The F16C instructions are
+    // VEX-encoded and use ymm registers: they also need the OS to have enabled AVX state,
+    // which std reports with "avx" but not with "f16c".
+    std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
 }
 
 /// `dst[i] = src[i]` as float32, 8 values per instruction. The half crate's slice
@@ -118,14 +120,14 @@ fn has_f16c() -> bool {
 /// as the half crate, tested).
 ///
 /// # Safety
-/// The CPU must support F16C.
+/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "f16c")]
 unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
     by_eights(src, dst, f16::to_f32, |s, d| {
-        // SAFETY: F16C is the caller's guarantee; the load reads the 16 bytes of `s` (8 f16
-        // values, unaligned load), the store writes the 8 floats of `d`.
+        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 16
+        // bytes of `s` (8 f16 values, unaligned load), the store writes the 8 floats of `d`.
         unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>()))) }
     });
 }
@@ -133,14 +135,14 @@ unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
 /// `dst[i] = src[i]` rounded to float16 (to nearest even), as [`widen_f16c`] the other way.
 ///
 /// # Safety
-/// The CPU must support F16C.
+/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "f16c")]
 unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
     use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
     by_eights(src, dst, f16::from_f32, |s, d| {
-        // SAFETY: F16C is the caller's guarantee; the load reads the 8 floats of `s`, the
-        // store writes the 16 bytes of `d` (8 f16 values, unaligned store).
+        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 8
+        // floats of `s`, the store writes the 16 bytes of `d` (8 f16 values, unaligned store).
         unsafe {
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
             _mm_storeu_si128(d.as_mut_ptr().cast::<__m128i>(), h);
@@ -149,10 +151,13 @@ unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
 }
 
 /// `dst[i] = one(src[i])`, whole blocks of 8 through `eight` (inlined into the caller, whose
-/// target features its closure shares).
+/// target features its closure shares). The slices must be equally long, as for the half
+/// crate's conversions (a mismatch is a bug: it panics rather than leave `dst` partly
+/// unwritten).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn by_eights<S: Copy, D>(src: &[S], dst: &mut [D], one: impl Fn(S) -> D, eight: impl Fn(&[S], &mut [D])) {
+    assert_eq!(src.len(), dst.len(), "float16 conversion between slices of different lengths");
     let mut d8 = dst.chunks_exact_mut(8);
     let mut s8 = src.chunks_exact(8);
     for (d, s) in d8.by_ref().zip(s8.by_ref()) {
