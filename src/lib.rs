@@ -10,6 +10,8 @@ pub mod ops;
 pub mod parallel;
 pub mod schema;
 pub mod tensor;
+#[cfg(test)]
+mod test_rng;
 pub mod mlu;
 pub mod ort;
 

@@ -1160,13 +1160,7 @@ mod tests {
     /// or spread) and of the key's full width.
     #[test]
     fn sorted_sites_find_exactly_the_present_keys() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
         for (n, bits, spread) in [(1000, 40, 40), (300_000, 40, 40), (300_000, 40, 22), (300_000, 18, 18), (0, 30, 30)] {
             let mask = (1u64 << spread) - 1;
             let mut keys: Vec<u64> = (0..n).map(|_| next() & mask & !1).collect();
@@ -1190,13 +1184,8 @@ mod tests {
         use crate::parallel::{Serial, Threads};
         let conv = with(&[("stride", ints(&[2, 1, 2])), ("padding", ints(&[1, 0, 1]))]);
         let transpose = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[2, 2, 1]))]);
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut below = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n) as i32
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
+        let mut below = move |n: u64| (next() % n) as i32;
         // Random rows, duplicates included (legal outside subm).
         let data: Vec<i32> = (0..700).flat_map(|_| [below(2), below(5), below(6), below(7)]).collect();
         let pairs = |op: &GetIndicePairs, book: &ConvBook<u64>| {
@@ -1229,13 +1218,8 @@ mod tests {
         use crate::parallel::{Serial, Threads};
         let big = 1i64 << 22;
         let op = descriptor::<GetIndicePairs>(&with(&[("spatial_shape", ints(&[big, big, big]))])).unwrap();
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut below = move |n: i64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as i32
-        };
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
+        let mut below = move |n: i64| (next() % n as u64) as i32;
         // Clusters, so that neighbouring sites share output sites.
         let data: Vec<i32> = (0..300)
             .flat_map(|i| {

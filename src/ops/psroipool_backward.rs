@@ -482,12 +482,9 @@ mod tests {
             }
         }
         // Random bit patterns, and random values in the usual range.
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
         for k in 0..200_000 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let bits = (state >> 32) as u32;
+            let bits = (next() >> 32) as u32;
             values.push(if k % 2 == 0 { f32::from_bits(bits) } else { (bits as f32 / u32::MAX as f32) * 40.0 - 10.0 });
         }
         for &v in &values {

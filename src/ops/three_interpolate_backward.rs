@@ -593,15 +593,8 @@ mod tests {
             let want: Vec<u32> = all[..len].iter().map(|h| h.to_f32().to_bits()).collect();
             assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
         }
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut values: Vec<f32> = (0..100_000)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                f32::from_bits((state >> 32) as u32)
-            })
-            .collect();
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
+        let mut values: Vec<f32> = (0..100_000).map(|_| f32::from_bits((next() >> 32) as u32)).collect();
         // Halfway between neighbouring float16 values, around the subnormal and overflow edges.
         values.extend((0..=u16::MAX).map(|b| f32::from_bits(f16::from_bits(b).to_f32().to_bits() + (1 << 12))));
         values.extend([65504.0, 65519.99, 65520.0, 1e-8, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001)]);
@@ -621,13 +614,7 @@ mod tests {
     fn avx2_and_baseline_builds_agree_bit_for_bit() {
         let Some(avx2) = Avx2::detect() else { return };
         let d = Dims { b: 1, c: 37, n: 301, m: 53, dtype: DType::F32 };
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
         let go: Vec<f32> = (0..d.c * d.n).map(|_| (next() % 20001) as f32 * 1.3e-4 - 1.3).collect();
         let idx: Vec<i32> = (0..d.n * 3).map(|_| (next() % d.m as u64) as i32).collect();
         let w: Vec<f32> = (0..d.n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();

@@ -355,13 +355,7 @@ mod tests {
     fn any_split_gives_the_same_bits() {
         let op = VoxelPoolingForward::new([5, 4, 2]).expect("valid grid");
         let (batches, points, channels) = (2usize, 300usize, 3usize);
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_f491_4f6c_dd1d);
         let geom: Vec<i32> = (0..batches * points * 3).map(|_| (next() % 8) as i32 - 1).collect();
         // Mixed magnitudes, so that any other order of the sums changes bits.
         let feats: Vec<f32> = (0..batches * points * channels)
