@@ -56,6 +56,8 @@ const EMIT_ROWS: usize = 32 * 1024;
 const SORT_KEYS: usize = 256 * 1024;
 /// Bits of the key prefix at which the sort is cut between tasks.
 const SPLIT_BITS: u32 = 12;
+/// Pairs ahead of a site lookup that its table entry (twice this) and keys are prefetched.
+const LOOKUP_AHEAD: usize = 8;
 
 /// The sparse-convolution descriptor (the seed's `mluOpSparseConvolutionStruct`), validated.
 /// Per-axis arrays are in (D, H, W) order.
@@ -268,6 +270,22 @@ impl<K: Key> SortedSites<K> {
             starts.push(pos as u32);
         }
         SortedSites { keys, shift, starts }
+    }
+
+    /// First step of a lookup ahead of time: hints the CPU to fetch `key`'s table entry.
+    fn prefetch_entry(&self, key: K) {
+        if let Some(entry) = self.starts.get(key.digit(self.shift, usize::MAX)) {
+            crate::cache::prefetch_item(entry);
+        }
+    }
+
+    /// Second step (after [`Self::prefetch_entry`]): reads the table entry and hints the CPU
+    /// to fetch the first key of `key`'s prefix.
+    fn prefetch_keys(&self, key: K) {
+        let first = self.starts.get(key.digit(self.shift, usize::MAX)).and_then(|&lo| self.keys.get(lo as usize));
+        if let Some(first) = first {
+            crate::cache::prefetch_item(first);
+        }
     }
 
     fn find(&self, key: K) -> Option<usize> {
@@ -616,7 +634,15 @@ fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32]) -> bool 
     for e in &book.blocks {
         let (Some(rows), Some(keys)) = (e.rows.get(k), e.keys.get(k)) else { return false };
         let (Some(ins), Some(outs)) = (ins.get_mut(n..), outs.get_mut(n..)) else { return false };
-        for ((i, o), (&r, &key)) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)) {
+        for (p, ((i, o), (&r, &key))) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)).enumerate() {
+            // The keys come in row order, so lookups land anywhere in the sites: fetch the
+            // table entry LOOKUP_AHEAD * 2 pairs ahead and the keys it points to LOOKUP_AHEAD.
+            if let Some(&ahead) = keys.get(p + 2 * LOOKUP_AHEAD) {
+                book.sites.prefetch_entry(ahead);
+            }
+            if let Some(&ahead) = keys.get(p + LOOKUP_AHEAD) {
+                book.sites.prefetch_keys(ahead);
+            }
             *i = r as i32;
             *o = match book.sites.find(key) {
                 // Positions are < num_out <= K * L <= i32::MAX.
