@@ -324,7 +324,7 @@ impl AttributeSource for NodeAttributes {
             AttrKind::Float => {
                 AttrValue::Float(f32::from_ne_bytes(bytes.get(..4).ok_or("empty float attribute")?.try_into().expect("4 bytes")))
             }
-            AttrKind::String => AttrValue::String(String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()),
+            AttrKind::String => AttrValue::String(crate::ort::attribute_text(bytes)?),
         }))
     }
 }

@@ -116,14 +116,35 @@ pub fn read_string(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr
     check(call(std::ptr::null_mut(), &mut size))?;
     let mut buf = vec![0u8; size.max(1)];
     check(call(buf.as_mut_ptr().cast(), &mut size))?;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    buf.truncate(end);
-    String::from_utf8(buf).map_err(|e| e.to_string())
+    buf.truncate(size);
+    attribute_text(buf)
+}
+
+/// An attribute string's bytes (one terminating NUL allowed) as text. A NUL before the end
+/// is an error: cutting the string there would accept a value the attribute does not hold.
+pub fn attribute_text(mut bytes: Vec<u8>) -> Result<String, String> {
+    if bytes.last() == Some(&0) {
+        bytes.pop();
+    }
+    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+        return Err(format!("the string holds a NUL byte at offset {at} of {}", bytes.len()));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("the string is not UTF-8: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attribute_text_takes_one_terminating_nul_and_rejects_inner_ones() {
+        assert_eq!(attribute_text(b"mean\0".to_vec()), Ok("mean".to_string()));
+        assert_eq!(attribute_text(b"mean".to_vec()), Ok("mean".to_string()));
+        assert_eq!(attribute_text(Vec::new()), Ok(String::new()));
+        assert!(attribute_text(b"mean\0junk\0".to_vec()).unwrap_err().contains("NUL byte at offset 4"));
+        assert!(attribute_text(b"mean\0\0".to_vec()).is_err());
+        assert!(attribute_text(vec![0xff, 0]).unwrap_err().contains("UTF-8"));
+    }
     use std::mem::MaybeUninit;
     use std::sync::Mutex;
 

@@ -252,6 +252,15 @@ def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_l
     assert assignment(mlu_session(big, mlu_devices))["vpf_big"] == "CPUExecutionProvider"
     small = build_model("VoxelPoolingForward", {"voxel_num": {"ints": [64, 64, 1]}}, vspec, "vpf_small")
     assert assignment(mlu_session(small, mlu_devices))["vpf_small"] == EP
+    # A grid size beyond the kernel's int32 arguments (the output itself is small).
+    deep = build_model("VoxelPoolingForward", {"voxel_num": {"ints": [4, 4, 2**33]}}, vspec, "vpf_deep")
+    assert assignment(mlu_session(deep, mlu_devices))["vpf_deep"] == "CPUExecutionProvider"
+    # ThreeInterpolateBackward whose output B*C*m exceeds int32 offsets (session only).
+    tspec = [("go", "float32", [2, 1024, 4]), ("idx", "int32", [2, 4, 3]), ("w", "float32", [2, 4, 3])]
+    wide = build_model("ThreeInterpolateBackward", {"m": {"int": 2**20 + 1}}, tspec, "tib_wide")
+    assert assignment(mlu_session(wide, mlu_devices))["tib_wide"] == "CPUExecutionProvider"
+    narrow = build_model("ThreeInterpolateBackward", {"m": {"int": 2**20 - 1}}, tspec, "tib_narrow")
+    assert assignment(mlu_session(narrow, mlu_devices))["tib_narrow"] == EP
 
 
 def test_mixed_graph_keeps_a_tensor_on_the_mlu_between_two_mlu_nodes(mlu_devices, mlu_lib):

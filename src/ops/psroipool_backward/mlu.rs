@@ -54,19 +54,20 @@ impl MluOperator for PsRoiPoolBackward {
         // The host part of the MLU path runs on the calling thread.
         let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
         let out_len = specs[0].numel();
-        let out = outputs.allocate(0, &specs[0])?;
-        // SAFETY: `out` was just allocated for `out_len` floats.
-        unsafe { device.zero_raw(out, out_len * 4)? };
         let bins = plan.rois * self.pooled * self.pooled;
-        if out_len == 0 || bins * self.output_dim == 0 {
-            return Ok(());
-        }
+        // Checked before allocating: a node that cannot run should not take device memory.
         if out_len > i32::MAX as usize || bins * self.output_dim > i32::MAX as usize {
             return Err(Error::Runtime(format!(
                 "{}: {out_len} output or {} top_grad elements exceed the MLU kernel's int32 offsets",
                 Self::NAME,
                 bins * self.output_dim
             )));
+        }
+        let out = outputs.allocate(0, &specs[0])?;
+        // SAFETY: `out` was just allocated for `out_len` floats.
+        unsafe { device.zero_raw(out, out_len * 4)? };
+        if out_len == 0 || bins * self.output_dim == 0 {
+            return Ok(());
         }
         let p = Policy::new(&device.info, self.output_dim, bins);
         let i = mlu::i32_of;

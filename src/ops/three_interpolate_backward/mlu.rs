@@ -50,6 +50,19 @@ impl MluOperator for ThreeInterpolateBackward {
         Ok(())
     }
 
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
+        mlu::int32_inputs(shapes)?;
+        // grad_output [B, C, N] -> output B * C * m, addressed with int32 offsets.
+        let dims = shapes.first().and_then(|s| s.as_ref());
+        if let Some((Some(b), Some(c))) = dims.and_then(|d| Some((*d.first()?, *d.get(1)?))) {
+            let out = b.saturating_mul(c).saturating_mul(self.m);
+            if out > i32::MAX as usize {
+                return Err(format!("the output's B*C*m = {out} elements exceed the MLU kernel's int32 offsets"));
+            }
+        }
+        Ok(())
+    }
+
     fn mlu_compute(
         &self,
         device: &Arc<Device>,
@@ -60,10 +73,6 @@ impl MluOperator for ThreeInterpolateBackward {
     ) -> Result<()> {
         // The host part of the MLU path runs on the calling thread.
         let (specs, d) = self.plan(inputs, &crate::parallel::Serial)?;
-        let out = outputs.allocate(0, &specs[0])?;
-        if d.b * d.c * d.m == 0 {
-            return Ok(());
-        }
         // The kernel's offsets are int32 products of these sizes.
         if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
             return Err(Error::Runtime(format!(
@@ -74,6 +83,10 @@ impl MluOperator for ThreeInterpolateBackward {
                 d.n,
                 d.m
             )));
+        }
+        let out = outputs.allocate(0, &specs[0])?;
+        if d.b * d.c * d.m == 0 {
+            return Ok(());
         }
         let p = Policy::new(&device.info, &d);
         let i = mlu::i32_of;

@@ -39,7 +39,11 @@ impl Policy {
 
 impl MluOperator for VoxelPoolingForward {
     fn mlu_supported(&self) -> std::result::Result<(), String> {
-        Ok(())
+        // The kernel takes the grid as int32 values.
+        match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
+            Some((axis, n)) => Err(format!("num_voxel_{axis} = {n} exceeds the MLU kernel's int32 grid sizes")),
+            None => Ok(()),
+        }
     }
 
     fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
