@@ -9,6 +9,7 @@ pub mod error;
 pub mod ops;
 pub mod parallel;
 pub mod schema;
+pub mod scratch;
 pub mod tensor;
 #[cfg(test)]
 mod test_rng;

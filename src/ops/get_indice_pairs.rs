@@ -38,6 +38,7 @@ use super::Operator;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;
+use crate::scratch::{self, FirstError};
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -212,14 +213,16 @@ key_impl!(u128);
 const DIGIT_BITS: u32 = 11;
 
 /// Stable LSD radix sort of `v` by the low `bits` bits of `key`.
-fn radix_sort<T: Copy, K: Key>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K) {
+fn radix_sort<T: Copy, K: Key>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K) -> Result<()> {
     if v.len() <= 256 {
         // Small inputs: the histograms would cost more than the sort (also stable).
         v.sort_by_key(|t| key(t));
-        return;
+        return Ok(());
     }
     let mask = (1usize << DIGIT_BITS) - 1;
-    let mut buf: Vec<T> = v.clone();
+    let mut buf: Vec<T> = Vec::new();
+    scratch::reserve(&mut buf, v.len(), "the radix sort's second buffer")?;
+    buf.extend_from_slice(v);
     let mut shift = 0;
     while shift < bits {
         let mut starts = vec![0usize; mask + 1];
@@ -243,6 +246,7 @@ fn radix_sort<T: Copy, K: Key>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K)
         }
         shift += DIGIT_BITS;
     }
+    Ok(())
 }
 
 /// Sorted unique keys with a table of where each key prefix starts, so a lookup is one table
@@ -256,11 +260,12 @@ struct SortedSites<K> {
 }
 
 impl<K: Key> SortedSites<K> {
-    fn new(keys: Vec<K>, bits: u32) -> Self {
+    fn new(keys: Vec<K>, bits: u32) -> Result<Self> {
         let top = bits.min(keys.len().checked_ilog2().unwrap_or(0).max(16));
         let shift = bits - top;
         let buckets = 1usize << top;
-        let mut starts = Vec::with_capacity(buckets + 1);
+        let mut starts = Vec::new();
+        scratch::reserve(&mut starts, buckets + 1, "the output sites' prefix table")?;
         let mut pos = 0usize;
         for b in 0..=buckets {
             while pos < keys.len() && keys[pos].digit(shift, usize::MAX) < b {
@@ -269,7 +274,7 @@ impl<K: Key> SortedSites<K> {
             // keys.len() <= K * L <= i32::MAX, checked in plan.
             starts.push(pos as u32);
         }
-        SortedSites { keys, shift, starts }
+        Ok(SortedSites { keys, shift, starts })
     }
 
     /// First step of a lookup ahead of time: hints the CPU to fetch `key`'s table entry.
@@ -482,7 +487,7 @@ impl GetIndicePairs {
         Ok(max)
     }
 
-    fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> ConvBook<K> {
+    fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> Result<ConvBook<K>> {
         self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS)
     }
 
@@ -497,7 +502,7 @@ impl GetIndicePairs {
         par: &dyn Parallel,
         emit_rows: usize,
         sort_keys: usize,
-    ) -> ConvBook<K> {
+    ) -> Result<ConvBook<K>> {
         let o = self.output_space;
         // Output coordinates are < output_space <= i32::MAX.
         let layout = Layout::new([max_batch, (o[0] - 1) as u32, (o[1] - 1) as u32, (o[2] - 1) as u32]);
@@ -506,7 +511,10 @@ impl GetIndicePairs {
         let (kh, kw) = (self.filter_space[1] as usize, self.filter_space[2] as usize);
         let prefix_bits = layout.bits.min(SPLIT_BITS);
         let (shift, prefix_mask) = (layout.bits - prefix_bits, (1usize << prefix_bits) - 1);
-        let emit = |first: usize, block: &[i32]| {
+        // The pairs a block emits are only known by emitting them (up to K per row): their
+        // buffers grow without the allocator's abort when memory runs out.
+        const PAIRS: &str = "the conv rulebook's pairs";
+        let emit = |first: usize, block: &[i32]| -> Result<Emitted<K>> {
             let mut e = Emitted {
                 rows: vec![Vec::new(); kernel_volume],
                 keys: vec![Vec::new(); kernel_volume],
@@ -531,8 +539,8 @@ impl GetIndicePairs {
                                 (e.rows.get_mut(k), e.keys.get_mut(k), e.starts.get_mut(key.digit(shift, prefix_mask) + 1))
                             {
                                 // first + r < L <= i32::MAX (checked in plan).
-                                rs.push((first + r) as u32);
-                                ks.push(key);
+                                scratch::push(rs, (first + r) as u32, PAIRS)?;
+                                scratch::push(ks, key, PAIRS)?;
                                 *n += 1;
                             }
                         }
@@ -544,8 +552,8 @@ impl GetIndicePairs {
                 e.starts[p] += e.starts[p - 1];
             }
             let mut next = e.starts.clone();
-            let Some(&first_key) = e.keys.iter().flatten().next() else { return e };
-            e.by_prefix = vec![first_key; e.starts.last().copied().unwrap_or(0)];
+            let Some(&first_key) = e.keys.iter().flatten().next() else { return Ok(e) };
+            e.by_prefix = scratch::filled(e.starts.last().copied().unwrap_or(0), first_key, PAIRS)?;
             for &key in e.keys.iter().flatten() {
                 if let Some(at) = next.get_mut(key.digit(shift, prefix_mask)) {
                     if let Some(slot) = e.by_prefix.get_mut(*at) {
@@ -554,16 +562,18 @@ impl GetIndicePairs {
                     *at += 1;
                 }
             }
-            e
+            Ok(e)
         };
         let mut blocks: Vec<Emitted<K>> = Vec::new();
         blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);
         let block_len = (data.len() / 4).div_ceil(blocks.len()) * 4;
+        let errors = FirstError::default();
         for_each_chunk_mut(par, &mut blocks, 1, |b, slot| {
             if let (Some(e), Some(rows)) = (slot.first_mut(), data.chunks(block_len.max(4)).nth(b)) {
-                *e = emit(b * block_len / 4, rows);
+                errors.record(emit(b * block_len / 4, rows).map(|emitted| *e = emitted));
             }
         });
+        errors.into_result()?;
 
         // Key ranges of about `sort_keys` emitted keys each, cut at prefix boundaries.
         let mut counts = vec![0usize; prefix_mask + 1];
@@ -574,20 +584,31 @@ impl GetIndicePairs {
         }
         let cuts = balanced_cuts(counts.iter().map(|&c| c as u64), pieces(counts.iter().sum(), sort_keys));
         let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];
+        let errors = FirstError::default();
         for_each_chunk_mut(par, &mut ranges, 1, |t, slot| {
             let (Some(out), Some(&lo), Some(&hi)) = (slot.first_mut(), cuts.get(t), cuts.get(t + 1)) else { return };
-            let mut keys = Vec::with_capacity(counts.get(lo..hi).map_or(0, |c| c.iter().sum()));
-            for e in &blocks {
-                keys.extend_from_slice(e.keys_under(lo..hi));
-            }
-            radix_sort(&mut keys, layout.bits, |&k| k);
-            keys.dedup();
-            *out = keys;
+            errors.record((|| {
+                let mut keys = Vec::new();
+                scratch::reserve(&mut keys, counts.get(lo..hi).map_or(0, |c| c.iter().sum()), "the output sites' keys")?;
+                for e in &blocks {
+                    keys.extend_from_slice(e.keys_under(lo..hi));
+                }
+                radix_sort(&mut keys, layout.bits, |&k| k)?;
+                keys.dedup();
+                *out = keys;
+                Ok(())
+            })());
         });
+        errors.into_result()?;
         for e in &mut blocks {
             e.by_prefix = Vec::new();
         }
-        ConvBook { sites: SortedSites::new(ranges.concat(), layout.bits), layout, blocks }
+        let mut sites = Vec::new();
+        scratch::reserve(&mut sites, ranges.iter().map(Vec::len).sum(), "the output sites' keys")?;
+        for range in ranges {
+            sites.extend_from_slice(&range);
+        }
+        Ok(ConvBook { sites: SortedSites::new(sites, layout.bits)?, layout, blocks })
     }
 
     fn subm_book<K: Key>(&self, inputs: &Inputs<'_>, data: &[i32], max: [u32; 4]) -> Result<SubmBook<K>> {
@@ -595,7 +616,7 @@ impl GetIndicePairs {
         let mut sites: Vec<(K, u32)> =
             rows4(data).enumerate().map(|(r, row)| (K::pack(&layout, row.map(|v| v as u32)), r as u32)).collect();
         // Stable: equal sites keep ascending rows, so a duplicate is reported by its rows.
-        radix_sort(&mut sites, layout.bits, |s| s.0);
+        radix_sort(&mut sites, layout.bits, |s| s.0)?;
         if let Some(w) = sites.windows(2).find(|w| w[0].0 == w[1].0) {
             let (a, b) = (w[0].1 as usize, w[1].1 as usize);
             let site: Vec<i32> = data.get(a * 4..a * 4 + 4).map_or_else(Vec::new, <[i32]>::to_vec);
@@ -914,10 +935,10 @@ impl Operator for GetIndicePairs {
             let o = self.output_space.map(|o| (o - 1) as u32);
             let wide = Layout::new([max[0], o[0], o[1], o[2]]).bits > u64::BITS;
             let (n, book) = if wide {
-                let b = self.conv_book::<u128>(v.data, max[0], par);
+                let b = self.conv_book::<u128>(v.data, max[0], par)?;
                 (b.sites.keys.len(), Book::Conv128(b))
             } else {
-                let b = self.conv_book::<u64>(v.data, max[0], par);
+                let b = self.conv_book::<u64>(v.data, max[0], par)?;
                 (b.sites.keys.len(), Book::Conv64(b))
             };
             (n, Some(book))
@@ -1177,7 +1198,7 @@ mod tests {
             .collect();
         let mut want = v.clone();
         want.sort_by_key(|x| x.0);
-        radix_sort(&mut v, 16, |x| x.0);
+        radix_sort(&mut v, 16, |x| x.0).unwrap();
         assert_eq!(v, want);
     }
 
@@ -1192,7 +1213,7 @@ mod tests {
             let mut keys: Vec<u64> = (0..n).map(|_| next() & mask & !1).collect();
             keys.sort_unstable();
             keys.dedup();
-            let sites = SortedSites::new(keys.clone(), bits);
+            let sites = SortedSites::new(keys.clone(), bits).unwrap();
             // One table entry per key at most (beyond the 16-bit minimum): the memory bound.
             assert!(sites.starts.len() - 1 <= keys.len().max(1 << 16), "{} entries for {} keys", sites.starts.len(), keys.len());
             for (p, &k) in keys.iter().enumerate() {
@@ -1224,13 +1245,13 @@ mod tests {
         };
         for attrs in [conv, transpose] {
             let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
-            let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX);
+            let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX).unwrap();
             assert_eq!(whole.blocks.len(), 1);
             let want = pairs(&op, &whole);
             assert!(whole.sites.keys.windows(2).all(|w| w[0] < w[1]));
             for (emit_rows, sort_keys) in [(1, 1), (7, 3), (64, 50), (699, 1000)] {
                 for threads in 1..=3 {
-                    let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys);
+                    let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys).unwrap();
                     assert_eq!(book.sites.keys, whole.sites.keys, "blocks of {emit_rows}, ranges of {sort_keys}");
                     assert_eq!(pairs(&op, &book), want, "blocks of {emit_rows}, ranges of {sort_keys}");
                 }
@@ -1255,9 +1276,9 @@ mod tests {
             .collect();
         let layout = Layout::new([1, big as u32 - 3, big as u32 - 3, big as u32 - 3]);
         assert!(layout.bits > u64::BITS);
-        let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX);
+        let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX).unwrap();
         for (emit_rows, sort_keys) in [(1, 1), (13, 40)] {
-            let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys);
+            let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys).unwrap();
             assert_eq!(book.sites.keys, whole.sites.keys);
             for k in 0..op.kernel_volume() {
                 let rows = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.rows[k].clone()).collect::<Vec<_>>();
@@ -1307,8 +1328,8 @@ mod tests {
                 return Ok(());
             }
             let max_batch = data.chunks_exact(4).map(|r| r[0] as u32).max().unwrap_or(0);
-            let whole = op.conv_book_in::<u64>(&data, max_batch, &Serial, usize::MAX, usize::MAX);
-            let book = op.conv_book_in::<u64>(&data, max_batch, &Threads(2), emit_rows, sort_keys);
+            let whole = op.conv_book_in::<u64>(&data, max_batch, &Serial, usize::MAX, usize::MAX).unwrap();
+            let book = op.conv_book_in::<u64>(&data, max_batch, &Threads(2), emit_rows, sort_keys).unwrap();
             proptest::prop_assert_eq!(&book.sites.keys, &whole.sites.keys);
             let l = data.len() / 4;
             for k in 0..op.kernel_volume() {

@@ -15,6 +15,7 @@ pub mod mlu;
 use super::Operator;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
+use crate::scratch::{self, FirstError};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutElement, OutputSpec, Outputs};
 use half::f16;
@@ -273,7 +274,6 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
         c if c >= FEW_LANES => split::<T, FEW_LANES>(d, go, indices, weights, out, par),
         _ => split::<T, 1>(d, go, indices, weights, out, par),
     }
-    Ok(())
 }
 
 /// Splits the output into tasks of whole (batch, channel block) rows and runs them.
@@ -284,7 +284,7 @@ fn split<T: Real, const L: usize>(
     weights: &[T],
     out: &mut [T],
     par: &dyn Parallel,
-) {
+) -> Result<()> {
     // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
     let per_block = L.saturating_mul(d.n.saturating_mul(3).saturating_add(d.m));
     let channels = (GRAIN.div_ceil(per_block) * L).min(d.c);
@@ -296,6 +296,7 @@ fn split<T: Real, const L: usize>(
         }
     }
     bounds.push(out.len());
+    let errors = FirstError::default();
     for_each_part_mut(par, out, &bounds, |task, part| {
         let (b, t) = (task / per_batch, task % per_batch);
         let first = t * channels;
@@ -308,10 +309,11 @@ fn split<T: Real, const L: usize>(
         #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = Avx2::detect() {
             // SAFETY: an `Avx2` exists only when the CPU supports AVX2.
-            return unsafe { batch_channels_avx2::<T, L>(d, go, b, first..first + rows, idx, w, part, avx2) };
+            return errors.record(unsafe { batch_channels_avx2::<T, L>(d, go, b, first..first + rows, idx, w, part, avx2) });
         }
-        batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose);
+        errors.record(batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose));
     });
+    errors.into_result()
 }
 
 /// Asks the CPU to bring the cache lines of one tile row (T::TILE elements from `data`'s
@@ -389,7 +391,7 @@ fn batch_channels_avx2<T: Real, const L: usize>(
     w: &[T],
     part: &mut [T],
     avx2: Avx2,
-) {
+) -> Result<()> {
     batch_channels::<T, L>(d, go, b, channels, idx, w, part, avx2)
 }
 
@@ -475,22 +477,25 @@ fn batch_channels<T: Real, const L: usize>(
     w: &[T],
     part: &mut [T],
     tr: impl Transpose,
-) {
+) -> Result<()> {
     let (n, m) = (d.n, d.m);
-    let mut widened = Vec::new();
+    let widened;
     let w: &[f32] = match T::as_f32(w) {
         Some(w) => w,
         None => {
-            widened.resize(w.len(), 0.0);
-            T::widen(w, &mut widened);
+            let mut v = scratch::filled(w.len(), 0.0, "the widened float16 weights of a batch")?;
+            T::widen(w, &mut v);
+            widened = v;
             &widened
         }
     };
+    // The accumulators (m rows of L lanes) and one output row take memory in proportion
+    // to m, which only the input's attribute bounds.
     let mut acc_buf = Vec::new();
-    let acc = line_aligned_rows::<L>(&mut acc_buf, m);
+    let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
     let mut tile_buf = Vec::new();
-    let tile = line_aligned_rows::<L>(&mut tile_buf, T::TILE.min(n));
-    let mut row = vec![0f32; m];
+    let tile = line_aligned_rows::<L>(&mut tile_buf, T::TILE.min(n))?;
+    let mut row = scratch::filled(m, 0f32, "an output row of m floats")?;
     // float16 tiles are widened here first: L rows of T::TILE points.
     let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f32; L * T::TILE.min(n)] };
     let mut c0 = channels.start;
@@ -540,17 +545,17 @@ fn batch_channels<T: Real, const L: usize>(
         }
         c0 += lanes;
     }
+    Ok(())
 }
 
 /// `rows` zeroed rows of L floats carved out of `buf`, starting on a 64-byte boundary: a
 /// row's vector loads and stores then never straddle two cache lines (a heap block is only
 /// 16-byte aligned, which would split every other 32-byte access of a 64-byte row).
-fn line_aligned_rows<const L: usize>(buf: &mut Vec<f32>, rows: usize) -> &mut [[f32; L]] {
+fn line_aligned_rows<const L: usize>(buf: &mut Vec<f32>, rows: usize) -> Result<&mut [[f32; L]]> {
     const LINE_FLOATS: usize = 64 / size_of::<f32>();
-    buf.clear();
-    buf.resize(rows * L + LINE_FLOATS, 0.0);
+    *buf = scratch::filled(rows * L + LINE_FLOATS, 0.0, "the accumulator rows of a task")?;
     let skip = buf.as_ptr().align_offset(64).min(LINE_FLOATS);
-    buf[skip..skip + rows * L].as_chunks_mut::<L>().0
+    Ok(buf[skip..skip + rows * L].as_chunks_mut::<L>().0)
 }
 
 /// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so
@@ -620,17 +625,17 @@ mod tests {
         let w: Vec<f32> = (0..d.n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();
         let mut base = vec![f32::NAN; d.c * d.m];
         let mut avx2_out = vec![f32::NAN; d.c * d.m];
-        batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose);
+        batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose).unwrap();
         // SAFETY (each call below): an `Avx2` exists only when the CPU supports AVX2.
-        unsafe { batch_channels_avx2::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out, avx2) };
+        unsafe { batch_channels_avx2::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out, avx2).unwrap() };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&base), bits(&avx2_out));
         // 8 lanes (large M) and 4: the same sums in the same order, so the same bits.
         let mut eight = vec![f32::NAN; d.c * d.m];
-        unsafe { batch_channels_avx2::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight, avx2) };
+        unsafe { batch_channels_avx2::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight, avx2).unwrap() };
         assert_eq!(bits(&base), bits(&eight));
         let mut four = vec![f32::NAN; d.c * d.m];
-        batch_channels::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose);
+        batch_channels::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose).unwrap();
         assert_eq!(bits(&base), bits(&four));
         // float16: widened tiles, same rule.
         let d16 = Dims { dtype: DType::F16, ..d };
@@ -638,8 +643,8 @@ mod tests {
         let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
         let mut base16 = vec![f16::NAN; d.c * d.m];
         let mut avx2_16 = vec![f16::NAN; d.c * d.m];
-        batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose);
-        unsafe { batch_channels_avx2::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16, avx2) };
+        batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose).unwrap();
+        unsafe { batch_channels_avx2::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16, avx2).unwrap() };
         let bits16 = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits16(&base16), bits16(&avx2_16));
         assert!(base16.iter().all(|x| x.is_finite()));

@@ -34,6 +34,7 @@ pub mod mlu;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
+use crate::scratch;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 /// Points per `pos_memo` task: ~48K int32 written per task, coarse enough to amortise
@@ -156,7 +157,7 @@ impl super::Operator for VoxelPoolingForward {
         }
         self.write_pos_memo(geom, points, pos_memo, par);
         if !out.is_empty() {
-            self.sum_cells(pos_memo, feats, points, channels, out, par);
+            self.sum_cells(pos_memo, feats, points, channels, out, par)?;
         }
         Ok(())
     }
@@ -196,7 +197,7 @@ impl VoxelPoolingForward {
     /// points in order and adds the rows of those in its range. A cell's value is thus
     /// (0 + its chunk-0 points in point order) + (0 + its chunk-1 points ...) + ..., the
     /// same bits whatever the cell ranges, the thread count or the machine.
-    fn sum_cells(&self, pos_memo: &[i32], feats: &[f32], points: usize, channels: usize, out: &mut [f32], par: &dyn Parallel) {
+    fn sum_cells(&self, pos_memo: &[i32], feats: &[f32], points: usize, channels: usize, out: &mut [f32], par: &dyn Parallel) -> Result<()> {
         let (cells, batches) = (self.cells, out.len() / (self.cells * channels));
         let chunks = self.point_chunks(batches, points, channels);
         // Cell ranges per grid: enough tasks to occupy the machine's cores. Each task scans
@@ -204,7 +205,7 @@ impl VoxelPoolingForward {
         // more than that (and coarse).
         let work = (points.div_ceil(chunks) + cells) * channels;
         let ranges = cores().div_ceil(batches * chunks).min(MAX_TASKS_PER_BATCH).min(pieces(work, SUM_GRAIN));
-        self.sum_grids(pos_memo, feats, points, channels, out, [chunks, ranges], par);
+        self.sum_grids(pos_memo, feats, points, channels, out, [chunks, ranges], par)
     }
 
     /// `sum_cells` with `chunks` point chunks per batch and up to `ranges` cell ranges per grid.
@@ -218,15 +219,15 @@ impl VoxelPoolingForward {
         out: &mut [f32],
         [chunks, ranges]: [usize; 2],
         par: &dyn Parallel,
-    ) {
+    ) -> Result<()> {
         let (cells, grid) = (self.cells, self.cells * channels);
         let batches = out.len() / grid;
         let chunks = chunks.clamp(1, points.max(1));
         let chunk_len = points.div_ceil(chunks);
         let ranges = ranges.clamp(1, cells);
         let cuts: Vec<Vec<usize>> =
-            if ranges == 1 { vec![vec![0, cells]; batches] } else { self.balanced_cuts(pos_memo, points, batches, ranges, par) };
-        let mut scratch = vec![0f32; (chunks - 1) * batches * grid];
+            if ranges == 1 { vec![vec![0, cells]; batches] } else { self.balanced_cuts(pos_memo, points, batches, ranges, par)? };
+        let mut scratch = scratch::filled((chunks - 1) * batches * grid, 0f32, "the grids of the extra point chunks")?;
         // (batch, chunk, grid) of every grid: the output's, then the scratch grids.
         let grids = out.chunks_mut(grid).enumerate().map(|(b, g)| (b, 0, g));
         let grids = grids.chain(scratch.chunks_mut(grid).enumerate().map(|(i, g)| (i / (chunks - 1).max(1), 1 + i % (chunks - 1).max(1), g)));
@@ -235,7 +236,7 @@ impl VoxelPoolingForward {
             for w in cuts[b].windows(2) {
                 let (rows, tail) = rest.split_at_mut((w[1] - w[0]) * channels);
                 let points = chunk * chunk_len..((chunk + 1) * chunk_len).min(points);
-                // Scratch grids start zeroed (`vec!`); the output's rows hold whatever was there.
+                // Scratch grids start zeroed; the output's rows hold whatever was there.
                 parts.push(Part { batch: b, points, first_cell: w[0], zeroed: chunk > 0, rows });
                 rest = tail;
             }
@@ -261,6 +262,7 @@ impl VoxelPoolingForward {
                 }
             });
         }
+        Ok(())
     }
 
     /// Number of point chunks per batch: up to MIN_GRIDS grids in all when batches are
@@ -312,17 +314,27 @@ impl VoxelPoolingForward {
     /// Cuts each batch's cells into `per_batch` contiguous ranges of about equal work
     /// (one row zeroed plus one row added per point), using a per-cell point count.
     /// Returns each batch's cut positions, from 0 to the cell count.
-    fn balanced_cuts(&self, pos_memo: &[i32], points: usize, batches: usize, per_batch: usize, par: &dyn Parallel) -> Vec<Vec<usize>> {
+    /// The counts are u32 (saturating: they only weigh the cut), a quarter of the output
+    /// for C = 1 and less for more channels.
+    fn balanced_cuts(
+        &self,
+        pos_memo: &[i32],
+        points: usize,
+        batches: usize,
+        per_batch: usize,
+        par: &dyn Parallel,
+    ) -> Result<Vec<Vec<usize>>> {
         let cells = self.cells;
-        let mut counts = vec![0usize; batches * cells];
+        let mut counts = scratch::filled(batches * cells, 0u32, "the per-cell point counts")?;
         for_each_chunk_mut(par, &mut counts, cells, |b, counts| {
             for m in pos_memo[b * points * 3..(b + 1) * points * 3].chunks_exact(3) {
                 if m[0] >= 0 {
-                    counts[m[1] as usize * self.nx + m[2] as usize] += 1;
+                    let n = &mut counts[m[1] as usize * self.nx + m[2] as usize];
+                    *n = n.saturating_add(1);
                 }
             }
         });
-        counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().map(|&n| n as u64 + 1), per_batch)).collect()
+        Ok(counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().map(|&n| u64::from(n) + 1), per_batch)).collect())
     }
 }
 
@@ -390,7 +402,7 @@ mod tests {
             for ranges in [1, 2, 3, 7, 20, 1000] {
                 for par in [&Serial as &dyn Parallel, &Threads(2), &Threads(5)] {
                     let mut out = vec![f32::NAN; batches * op.cells * channels];
-                    op.sum_grids(&memo, &feats, points, channels, &mut out, [chunks, ranges], par);
+                    op.sum_grids(&memo, &feats, points, channels, &mut out, [chunks, ranges], par).unwrap();
                     let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
                     assert_eq!(want, bits, "chunks {chunks}, ranges {ranges}");
                 }

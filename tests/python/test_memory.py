@@ -1,0 +1,100 @@
+"""Scratch memory that runs out is an error, not a process abort.
+
+Each case runs one node in a child process whose address space is capped (RLIMIT_AS) so
+that onnxruntime can still allocate the node's outputs but the kernel's own scratch
+buffers (which grow with the attributes, not with the inputs' size) cannot all fit. Rust's
+infallible allocations would abort the child (SIGABRT, which no error handling can stop);
+the kernels allocate those buffers fallibly, so the run either succeeds or fails with an
+"out of memory" error naming the buffer, and the child exits normally either way.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+# The child: reads (op, attributes, feeds, library) as JSON on stdin, builds the model with
+# the tests' own helpers and prints the outcome as JSON.
+CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from conftest import build_model, make_session
+op, attrs, feeds, lib = json.loads(sys.stdin.read())
+arrays = {name: np.array(value, dtype=dtype).reshape(shape) for name, (value, dtype, shape) in feeds.items()}
+spec = [(name, str(a.dtype), list(a.shape)) for name, a in arrays.items()]
+try:
+    sess = make_session(build_model(op, attrs, spec, "oom_node"), lib, intra_threads=2)
+    outs = sess.run(None, arrays)
+    print(json.dumps({"ok": [list(o.shape) for o in outs]}))
+except Exception as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def rng_ints(n: int, high: int, seed: int) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, high, n).tolist()
+
+
+def gip_case():
+    # indice_pairs is K * 2 * L int32 = 0.66 GB; the rulebook's pairs (up to K per row,
+    # 20 bytes each with the grouped copy, about 1.6 GB) do not fit next to it under 2.5 GB.
+    l, s = 20000, 200
+    rows = [[0, z, y, x] for z, y, x in zip(rng_ints(l, s, 1), rng_ints(l, s, 2), rng_ints(l, s, 3))]
+    attrs = {
+        "batch_size": {"int": 1},
+        "spatial_shape": {"ints": [s, s, s]},
+        "kernel_size": {"ints": [16, 16, 16]},
+        "padding": {"ints": [8, 8, 8]},
+    }
+    feeds = {"indices": (sum(rows, []), "int32", [l, 4])}
+    return "GetIndicePairs", attrs, feeds, 2_500_000_000
+
+
+def tib_case():
+    # grad_features is B * C * m floats = 1.92 GB; each task's accumulators take m * 8
+    # floats more.
+    m = 30_000_000
+    feeds = {
+        "grad_output": ([0.5] * 16, "float32", [1, 16, 1]),
+        "indices": ([0, 1, m - 1], "int32", [1, 1, 3]),
+        "weights": ([0.2, 0.3, 0.5], "float32", [1, 1, 3]),
+    }
+    return "ThreeInterpolateBackward", {"m": {"int": m}}, feeds, 4_500_000_000
+
+
+def vpf_case():
+    # output_features is ny * nx * C floats = 1.6 GB with C = 1; cutting the grid among
+    # tasks counts the points of each of its 4e8 cells.
+    n = 64
+    geom = sum(([x, y, 0] for x, y in zip(rng_ints(n, 20000, 4), rng_ints(n, 20000, 5))), [])
+    feeds = {"geom_xyz": (geom, "int32", [1, n, 3]), "input_features": ([1.0] * n, "float32", [1, n, 1])}
+    return "VoxelPoolingForward", {"voxel_num": {"ints": [20000, 20000, 1]}}, feeds, 4_500_000_000
+
+
+@pytest.mark.parametrize("case", [gip_case, tib_case, vpf_case], ids=["GetIndicePairs", "ThreeInterpolateBackward", "VoxelPoolingForward"])
+def test_scratch_memory_beyond_the_limit_is_an_error_not_an_abort(case, mlu_lib):
+    op, attrs, feeds, limit = case()
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    args = [sys.executable, "-c", CHILD, str(HERE)]
+    job = json.dumps([op, attrs, feeds, str(mlu_lib)])
+    p = subprocess.run(args, input=job, capture_output=True, text=True, preexec_fn=cap, timeout=600)
+    assert p.returncode == 0, f"{op}: the child died with {p.returncode}: {p.stderr[-500:]}"
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    if "error" in result:
+        # The kernel's own message, located at the node (not an allocation failure of
+        # onnxruntime's outputs, which would not exercise the kernel).
+        assert "out of memory" in result["error"] and "oom_node" in result["error"], result["error"]
+    else:
+        assert result["ok"], result
