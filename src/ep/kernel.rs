@@ -11,7 +11,7 @@ use crate::mlu::{Copy, DeviceOutputs, MluKernel};
 use crate::ops::{ALL, OpEntry};
 use crate::ort::custom_op::InfoAttributes;
 use crate::ort::ep_ffi::{OrtEp, OrtKernelCreateFunc, OrtKernelDefBuilder, OrtKernelImpl, OrtKernelRegistry};
-use crate::ort::kernel::dtype_of;
+use crate::ort::kernel::{dtype_of, not_allocated};
 use crate::ort::{api, check, cstring, guard, node_status, read_string};
 use crate::schema::{self, Attrs, Schema};
 use crate::tensor::{DType, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
@@ -299,6 +299,7 @@ unsafe fn device_input(ctx: *const OrtKernelContext, i: usize) -> Result<Option<
 /// Outputs allocated in card memory through the kernel context.
 struct ContextOutputs {
     ctx: *mut OrtKernelContext,
+    schema: &'static Schema,
 }
 
 impl DeviceOutputs for ContextOutputs {
@@ -315,7 +316,8 @@ impl DeviceOutputs for ContextOutputs {
             check(unsafe { (api.GetTensorMutableData)(value, &mut data) }).map_err(ort("GetTensorMutableData"))?;
         }
         if spec.numel() > 0 && data.is_null() {
-            return Err(Error::Runtime(format!("output {index} was not allocated")));
+            let name = self.schema.outputs.get(index).map_or_else(|| format!("#{index}"), |f| f.name.clone());
+            return Err(Error::Runtime(format!("output '{name}': {}", not_allocated(spec, "card"))));
         }
         Ok(data)
     }
@@ -367,7 +369,7 @@ impl NodeKernel {
         let ptrs: Vec<*const c_void> =
             on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.ptr.cast_const())).collect();
         let queue = ep.queue()?;
-        let result = self.kernel.compute(device, &queue, &inputs, &ptrs, &mut ContextOutputs { ctx }).and_then(|()| queue.sync());
+        let result = self.kernel.compute(device, &queue, &inputs, &ptrs, &mut ContextOutputs { ctx, schema: self.schema }).and_then(|()| queue.sync());
         if result.is_err() {
             // Whatever was enqueued must finish before ORT reuses the buffers.
             let _ = queue.sync();

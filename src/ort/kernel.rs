@@ -117,6 +117,19 @@ pub unsafe fn inputs<'a>(ctx: *const OrtKernelContext, names: Vec<String>) -> Re
     Inputs::new(names, tensors)
 }
 
+/// Why an output that onnxruntime handed back without memory failed: the allocator of
+/// `memory` (host or card) had none for it. The allocators log their own failures, but
+/// no logger may be installed, so the message says it.
+pub fn not_allocated(spec: &OutputSpec, memory: &str) -> String {
+    let bytes = spec.numel().saturating_mul(spec.dtype.size());
+    format!(
+        "onnxruntime could not allocate it ({:?} {:?}, {:.1} MB): out of {memory} memory",
+        spec.dtype,
+        spec.shape,
+        bytes as f64 / 1e6
+    )
+}
+
 /// Allocates outputs through the kernel context.
 pub struct ContextOutputs {
     pub ctx: *mut OrtKernelContext,
@@ -141,7 +154,8 @@ impl OutputHost for ContextOutputs {
             }
             let n = spec.numel();
             if n > 0 && data.is_null() {
-                return Err(Error::Runtime(format!("output {i} was not allocated")));
+                let name = self.names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
+                return Err(Error::Runtime(format!("output '{name}': {}", not_allocated(spec, "host"))));
             }
             // SAFETY: ORT allocated `n` elements of the kernel-def type (= spec.dtype, which
             // the registration derived from the same schema) exclusively for this output,

@@ -19,18 +19,27 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
-# The child: reads (op, attributes, feeds, library) as JSON on stdin, builds the model with
+# The child: reads (op, attributes, feeds, library, on the emulated card) as JSON on stdin, builds the model with
 # the tests' own helpers and prints the outcome as JSON.
 CHILD = """
-import json, sys
+import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import numpy as np
+import onnxruntime as ort
 from conftest import build_model, make_session
-op, attrs, feeds, lib = json.loads(sys.stdin.read())
+op, attrs, feeds, lib, card = json.loads(sys.stdin.read())
 arrays = {name: np.array(value, dtype=dtype).reshape(shape) for name, (value, dtype, shape) in feeds.items()}
 spec = [(name, str(a.dtype), list(a.shape)) for name, a in arrays.items()]
 try:
-    sess = make_session(build_model(op, attrs, spec, "oom_node"), lib, intra_threads=2)
+    model = build_model(op, attrs, spec, "oom_node")
+    if card:
+        os.environ["MLU_EP_EMULATE"] = "1"
+        ort.register_execution_provider_library("MLUExecutionProvider", lib)
+        so = ort.SessionOptions()
+        so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider"], {})
+        sess = ort.InferenceSession(model, so)
+    else:
+        sess = make_session(model, lib, intra_threads=2)
     outs = sess.run(None, arrays)
     print(json.dumps({"ok": [list(o.shape) for o in outs]}))
 except Exception as e:
@@ -80,21 +89,41 @@ def vpf_case():
     return "VoxelPoolingForward", {"voxel_num": {"ints": [20000, 20000, 1]}}, feeds, 4_500_000_000
 
 
-@pytest.mark.parametrize("case", [gip_case, tib_case, vpf_case], ids=["GetIndicePairs", "ThreeInterpolateBackward", "VoxelPoolingForward"])
-def test_scratch_memory_beyond_the_limit_is_an_error_not_an_abort(case, mlu_lib):
-    op, attrs, feeds, limit = case()
+def run_capped(op, attrs, feeds, limit, lib, card=False) -> dict:
+    """The child's outcome; fails the test if the child did not exit normally."""
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     args = [sys.executable, "-c", CHILD, str(HERE)]
-    job = json.dumps([op, attrs, feeds, str(mlu_lib)])
+    job = json.dumps([op, attrs, feeds, str(lib), card])
     p = subprocess.run(args, input=job, capture_output=True, text=True, preexec_fn=cap, timeout=600)
     assert p.returncode == 0, f"{op}: the child died with {p.returncode}: {p.stderr[-500:]}"
-    result = json.loads(p.stdout.strip().splitlines()[-1])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", [gip_case, tib_case, vpf_case], ids=["GetIndicePairs", "ThreeInterpolateBackward", "VoxelPoolingForward"])
+def test_scratch_memory_beyond_the_limit_is_an_error_not_an_abort(case, mlu_lib):
+    op, attrs, feeds, limit = case()
+    result = run_capped(op, attrs, feeds, limit, mlu_lib)
     if "error" in result:
         # The kernel's own message, located at the node (not an allocation failure of
         # onnxruntime's outputs, which would not exercise the kernel).
         assert "out of memory" in result["error"] and "oom_node" in result["error"], result["error"]
     else:
         assert result["ok"], result
+
+
+def test_card_memory_that_runs_out_names_the_output(mlu_lib):
+    # On the emulated card (host memory), an output of 8.6 GB within the kernel's int32
+    # offsets (B*C*m = 2^31 - 8): the card allocator fails, and the error says which
+    # output and why (the allocator's own log line may go nowhere).
+    m = 2**28 - 1
+    feeds = {
+        "grad_output": ([0.5] * 8, "float32", [1, 8, 1]),
+        "indices": ([0, 1, 2], "int32", [1, 1, 3]),
+        "weights": ([0.2, 0.3, 0.5], "float32", [1, 1, 3]),
+    }
+    result = run_capped("ThreeInterpolateBackward", {"m": {"int": m}}, feeds, 4_000_000_000, mlu_lib, card=True)
+    error = result.get("error", "")
+    assert "output 'grad_features'" in error and "out of card memory" in error and "oom_node" in error, result
