@@ -55,6 +55,12 @@ pub unsafe extern "C" fn CreateEpFactories(
     max_factories: usize,
     num_factories: *mut usize,
 ) -> OrtStatusPtr {
+    if !num_factories.is_null() {
+        // No factory until one is made, whichever way this call fails (a host that passes
+        // no API table cannot even be given an error status).
+        // SAFETY: a non-null num_factories is ONNX Runtime's output count.
+        unsafe { *num_factories = 0 };
+    }
     let init = std::panic::catch_unwind(|| {
         // SAFETY: api_base is the pointer ONNX Runtime passed to this entry point.
         unsafe { ort::init(api_base) }
