@@ -226,7 +226,7 @@ fn launch_configuration_rules() {
     for (tasks, why) in [(3, "multiple of 4"), (4 * 64, "the card's cores")] {
         // SAFETY: rejected before anything runs.
         let code = unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, TASK_UNION1, 4, buf.ptr(), 256) };
-        let msg = dev.launched("selftest", code).expect_err("rejected launch").to_string();
+        let msg = q.launched("selftest", code).expect_err("rejected launch").to_string();
         assert!(msg.contains(why), "{tasks} UNION1 tasks: {msg}");
     }
     q.sync().unwrap();

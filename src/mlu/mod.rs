@@ -238,14 +238,6 @@ impl Device {
         Ok(Queue { ptr: self.runtime.queue_create()?, device: Arc::clone(self) })
     }
 
-    /// Turns a launch entry's return code into a result naming the kernel.
-    pub fn launched(&self, kernel: &str, code: i32) -> Result<()> {
-        if code == 0 {
-            Ok(())
-        } else {
-            Err(Error::Runtime(format!("MLU launch of {kernel} failed (code {code}): {}", self.runtime.last_error())))
-        }
-    }
 }
 
 /// Device memory, freed on drop.
@@ -297,6 +289,18 @@ impl Queue {
     pub fn sync(&self) -> Result<()> {
         // SAFETY: a live queue of this device.
         unsafe { self.device.runtime.queue_sync(self.ptr) }
+    }
+
+    /// Turns the return code of a launch on this queue into a result naming the kernel. On
+    /// failure it first waits for the queue: kernels enqueued before may still use
+    /// workspace buffers that the caller's early return is about to free.
+    pub fn launched(&self, kernel: &str, code: i32) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        let error = self.device.runtime.last_error();
+        let _ = self.sync();
+        Err(Error::Runtime(format!("MLU launch of {kernel} failed (code {code}): {error}")))
     }
 }
 

@@ -115,7 +115,7 @@ impl MluOperator for DynamicScatterBackward {
                 out.cast(),
             )
         };
-        device.launched("mluops_dynamic_scatter_backward_max", code)?;
+        queue.launched("mluops_dynamic_scatter_backward_max", code)?;
         queue.sync()
     }
 }

@@ -130,14 +130,14 @@ impl MluOperator for GetIndicePairs {
                 queue.ptr(), p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand.ptr(), bitmap.ptr(), site.ptr(),
             )
         };
-        device.launched("mluops_get_indice_pairs_expand", code)?;
+        queue.launched("mluops_get_indice_pairs_expand", code)?;
         // SAFETY: as above.
         let code = unsafe {
             (kernels.mluops_get_indice_pairs_rank)(
                 queue.ptr(), p.task_dim, TASK_UNION1, nwords, tile, bitmap.ptr(), word_rank.ptr(), core_totals.ptr(), total.ptr(),
             )
         };
-        device.launched("mluops_get_indice_pairs_rank", code)?;
+        queue.launched("mluops_get_indice_pairs_rank", code)?;
         queue.sync()?;
         let mut count = [0i32];
         device.download(&total, &mut count)?;
@@ -169,7 +169,7 @@ impl MluOperator for GetIndicePairs {
                 if self.sub_m { std::ptr::null_mut() } else { out.cast() }, perm.ptr(),
             )
         };
-        device.launched("mluops_get_indice_pairs_out", code)?;
+        queue.launched("mluops_get_indice_pairs_out", code)?;
         // SAFETY: as above.
         let code = unsafe {
             (kernels.mluops_get_indice_pairs_pairs)(
@@ -177,7 +177,7 @@ impl MluOperator for GetIndicePairs {
                 bitmap.ptr(), word_rank.ptr(), perm.ptr(), pairs.cast(), num.cast(),
             )
         };
-        device.launched("mluops_get_indice_pairs_pairs", code)?;
+        queue.launched("mluops_get_indice_pairs_pairs", code)?;
         // The workspace is freed when this returns.
         queue.sync()
     }

@@ -92,6 +92,6 @@ impl MluOperator for PsRoiPoolBackward {
                 out.cast(),
             )
         };
-        device.launched("mluops_psroipool_backward", code)
+        queue.launched("mluops_psroipool_backward", code)
     }
 }

@@ -105,6 +105,6 @@ impl MluOperator for ThreeInterpolateBackward {
                 )
             }
         };
-        device.launched("mluops_three_interpolate_backward", code)
+        queue.launched("mluops_three_interpolate_backward", code)
     }
 }

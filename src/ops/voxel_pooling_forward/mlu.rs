@@ -110,6 +110,6 @@ impl MluOperator for VoxelPoolingForward {
                 pos.cast(),
             )
         };
-        device.launched("mluops_voxel_pooling_forward", code)
+        queue.launched("mluops_voxel_pooling_forward", code)
     }
 }
