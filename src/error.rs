@@ -18,6 +18,11 @@ pub enum Error {
     /// A failure of the host runtime (ONNX Runtime or the MLU runtime), not of the input.
     #[error("{0}")]
     Runtime(String),
+    /// Valid input whose sizes exceed what the MLU kernels address (int32 offsets, on-chip
+    /// rows), found only at run time: the execution provider runs the node's CPU kernel
+    /// instead.
+    #[error("{0}")]
+    MluLimit(String),
 }
 
 impl Error {
@@ -32,7 +37,7 @@ impl Error {
     }
     /// True for errors caused by the model or its inputs (reported as INVALID_ARGUMENT).
     pub fn is_invalid_argument(&self) -> bool {
-        !matches!(self, Error::Runtime(_))
+        !matches!(self, Error::Runtime(_) | Error::MluLimit(_))
     }
 }
 

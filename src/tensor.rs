@@ -295,6 +295,15 @@ impl OwnedData {
             OwnedData::I64(v) => OutData::I64(v),
         }
     }
+    /// The address of the first element (for copies of `numel * dtype.size()` bytes).
+    pub fn as_ptr(&self) -> *const std::ffi::c_void {
+        match self {
+            OwnedData::F32(v) => v.as_ptr().cast(),
+            OwnedData::F16(v) => v.as_ptr().cast(),
+            OwnedData::I32(v) => v.as_ptr().cast(),
+            OwnedData::I64(v) => v.as_ptr().cast(),
+        }
+    }
     pub fn as_data(&self) -> Data<'_> {
         match self {
             OwnedData::F32(v) => Data::F32(v),

@@ -8,7 +8,8 @@ use super::provider::Ep;
 use super::{EP_NAME, ep_api, version};
 use crate::error::{Error, NodeError, Result};
 use crate::mlu::{Copy, DeviceOutputs, MluKernel};
-use crate::ops::{ALL, OpEntry};
+use crate::ops::{ALL, Kernel, OpEntry, OwnedOutputs};
+use crate::parallel::Serial;
 use crate::ort::custom_op::InfoAttributes;
 use crate::ort::ep_ffi::{OrtEp, OrtKernelCreateFunc, OrtKernelDefBuilder, OrtKernelImpl, OrtKernelRegistry};
 use crate::ort::kernel::{dtype_of, not_allocated};
@@ -213,6 +214,9 @@ struct NodeKernel {
     node: String,
     schema: &'static Schema,
     kernel: Box<dyn MluKernel>,
+    /// The node's CPU kernel: runs a node whose run-time sizes exceed the MLU kernels'
+    /// limits ([`Error::MluLimit`]).
+    host: Box<dyn Kernel>,
     ep: *const Ep,
 }
 
@@ -234,14 +238,17 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
         let Some(create_mlu) = entry.create_mlu else {
             return fail(Error::Runtime("no MLU kernel for this operator".into()));
         };
-        match create_mlu(&Attrs::new(schema, &InfoAttributes { info })) {
-            Ok(kernel) => {
+        let source = InfoAttributes { info };
+        let attrs = Attrs::new(schema, &source);
+        match create_mlu(&attrs).and_then(|kernel| Ok((kernel, (entry.create)(&attrs)?))) {
+            Ok((kernel, host)) => {
                 let k = Box::new(NodeKernel {
                     base: kernel_impl(compute, release),
                     op: entry.name,
                     node: node.clone(),
                     schema,
                     kernel,
+                    host,
                     ep,
                 });
                 // SAFETY: ORT's out pointer; the box is freed by `release`.
@@ -375,7 +382,33 @@ impl NodeKernel {
             let _ = queue.sync();
         }
         ep.recycle(queue);
-        result
+        match result {
+            Err(Error::MluLimit(why)) => {
+                log::warn!("{} node '{}' runs on the host CPU: {why}", self.op, self.node);
+                self.run_on_host(&inputs, ctx)
+            }
+            other => other,
+        }
+    }
+
+    /// Runs the CPU kernel on the host copies of the inputs, then copies its outputs into
+    /// the node's card outputs.
+    fn run_on_host(&self, inputs: &Inputs<'_>, ctx: *mut OrtKernelContext) -> Result<()> {
+        // SAFETY: the EP outlives the kernels of its sessions.
+        let device = unsafe { &*self.ep }.device();
+        let mut host = OwnedOutputs::default();
+        self.host.compute(inputs, &mut host, &Serial)?;
+        let mut card = ContextOutputs { ctx, schema: self.schema };
+        for (i, (spec, data)) in host.specs.iter().zip(&host.data).enumerate() {
+            let dst = card.allocate(i, spec)?;
+            let bytes = spec.numel() * spec.dtype.size();
+            if bytes > 0 {
+                // SAFETY: `dst` is the card output just allocated for `spec`, `data` the host
+                // buffer of the same spec: both hold `bytes` bytes.
+                unsafe { device.copy_raw(dst, data.as_ptr(), bytes, Copy::HostToDevice)? };
+            }
+        }
+        Ok(())
     }
 }
 

@@ -464,5 +464,5 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
 
 /// Converts a size the policy guarantees small into the kernels' int32.
 pub fn i32_of(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Runtime(format!("MLU kernel argument {what} = {v} exceeds int32")))
+    i32::try_from(v).map_err(|_| Error::MluLimit(format!("MLU kernel argument {what} = {v} exceeds int32")))
 }

@@ -242,9 +242,16 @@ def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_l
     mlu = mlu_session(model, mlu_devices)
     assert assignment(mlu)["dsb_wide"] == "CPUExecutionProvider"
     np.testing.assert_array_equal(mlu.run(None, feeds)[0], cpu_session(model, mlu_lib).run(None, feeds)[0])
-    # The same node with a symbolic C is claimed (the limit is then checked at run time).
+    # The same node with a symbolic C is claimed (the limit is then checked at run time);
+    # the run finds C beyond the kernel's limit and runs the node's CPU kernel instead.
     dyn = [(k, d, [None] * len(s)) for k, d, s in spec]
-    assert assignment(mlu_session(build_model("DynamicScatterBackward", {}, dyn, "dsb_dyn"), mlu_devices))["dsb_dyn"] == EP
+    dyn_model = build_model("DynamicScatterBackward", {}, dyn, "dsb_dyn")
+    dyn_sess = mlu_session(dyn_model, mlu_devices)
+    assert assignment(dyn_sess)["dsb_dyn"] == EP
+    np.testing.assert_array_equal(dyn_sess.run(None, feeds)[0], cpu_session(dyn_model, mlu_lib).run(None, feeds)[0])
+    # ... and a valid C in the same session still runs on the card.
+    small = {k: v for k, v in dsb_inputs(rng, n, m, 8, "max").items()}
+    np.testing.assert_array_equal(dyn_sess.run(None, small)[0], cpu_session(dyn_model, mlu_lib).run(None, small)[0])
     # VoxelPoolingForward whose output B*ny*nx*C exceeds int32 offsets (session only: the
     # output would be 16 GiB).
     vspec = [("geom_xyz", "int32", [1, 8, 3]), ("input_features", "float32", [1, 8, 1024])]

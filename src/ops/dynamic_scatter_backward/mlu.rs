@@ -83,7 +83,7 @@ impl MluOperator for DynamicScatterBackward {
         let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
         let policy = Policy::new(&device.info, d.c);
         let Some(p) = policy.filter(|_| !too_big) else {
-            return Err(Error::Runtime(format!(
+            return Err(Error::MluLimit(format!(
                 "{}: N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows",
                 Self::NAME,
                 d.n,

@@ -57,7 +57,7 @@ impl MluOperator for PsRoiPoolBackward {
         let bins = plan.rois * self.pooled * self.pooled;
         // Checked before allocating: a node that cannot run should not take device memory.
         if out_len > i32::MAX as usize || bins * self.output_dim > i32::MAX as usize {
-            return Err(Error::Runtime(format!(
+            return Err(Error::MluLimit(format!(
                 "{}: {out_len} output or {} top_grad elements exceed the MLU kernel's int32 offsets",
                 Self::NAME,
                 bins * self.output_dim

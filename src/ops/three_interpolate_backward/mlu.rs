@@ -75,7 +75,7 @@ impl MluOperator for ThreeInterpolateBackward {
         let (specs, d) = self.plan(inputs, &crate::parallel::Serial)?;
         // The kernel's offsets are int32 products of these sizes.
         if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
-            return Err(Error::Runtime(format!(
+            return Err(Error::MluLimit(format!(
                 "{}: [B, C, N] = [{}, {}, {}], M = {}: too large for the MLU kernel's int32 offsets",
                 Self::NAME,
                 d.b,

@@ -75,7 +75,7 @@ impl MluOperator for VoxelPoolingForward {
         if cells > i32::MAX as usize || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
             || coords > i32::MAX as usize
         {
-            return Err(Error::Runtime(format!(
+            return Err(Error::MluLimit(format!(
                 "{}: the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements",
                 Self::NAME
             )));
