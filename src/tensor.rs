@@ -304,6 +304,15 @@ impl OwnedData {
             OwnedData::I64(v) => v.as_ptr().cast(),
         }
     }
+    /// As [`Self::as_ptr`], for writing.
+    pub fn as_mut_ptr(&mut self) -> *mut std::ffi::c_void {
+        match self {
+            OwnedData::F32(v) => v.as_mut_ptr().cast(),
+            OwnedData::F16(v) => v.as_mut_ptr().cast(),
+            OwnedData::I32(v) => v.as_mut_ptr().cast(),
+            OwnedData::I64(v) => v.as_mut_ptr().cast(),
+        }
+    }
     pub fn as_data(&self) -> Data<'_> {
         match self {
             OwnedData::F32(v) => Data::F32(v),

@@ -7,7 +7,7 @@
 use super::provider::Ep;
 use super::{EP_NAME, ep_api, version};
 use crate::error::{Error, NodeError, Result};
-use crate::mlu::{Copy, DeviceOutputs, MluKernel};
+use crate::mlu::{Copy, Device, DeviceOutputs, MluKernel};
 use crate::ops::{ALL, Kernel, OpEntry, OwnedOutputs};
 use crate::parallel::Serial;
 use crate::ort::custom_op::InfoAttributes;
@@ -359,14 +359,8 @@ impl NodeKernel {
                     let spec = OutputSpec::new(d.dtype, dims);
                     let mut data = OwnedData::poisoned(&spec);
                     let bytes = spec.numel() * d.dtype.size();
-                    let host: *mut c_void = match &mut data {
-                        OwnedData::F32(v) => v.as_mut_ptr().cast(),
-                        OwnedData::F16(v) => v.as_mut_ptr().cast(),
-                        OwnedData::I32(v) => v.as_mut_ptr().cast(),
-                        OwnedData::I64(v) => v.as_mut_ptr().cast(),
-                    };
-                    // SAFETY: `host` holds `bytes` bytes; d.ptr is the card tensor of as many.
-                    unsafe { device.copy_raw(host, d.ptr, bytes, Copy::DeviceToHost)? };
+                    // SAFETY: `data` holds `bytes` bytes; d.ptr is the card tensor of as many.
+                    unsafe { device.copy_raw(data.as_mut_ptr(), d.ptr, bytes, Copy::DeviceToHost)? };
                     Some(Tensor { shape: spec.shape, data })
                 }
             });
@@ -376,7 +370,8 @@ impl NodeKernel {
         let ptrs: Vec<*const c_void> =
             on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.ptr.cast_const())).collect();
         let queue = ep.queue()?;
-        let result = self.kernel.compute(device, &queue, &inputs, &ptrs, &mut ContextOutputs { ctx, schema: self.schema }).and_then(|()| queue.sync());
+        let mut card = ContextOutputs { ctx, schema: self.schema };
+        let result = self.kernel.compute(device, &queue, &inputs, &ptrs, &mut card).and_then(|()| queue.sync());
         if result.is_err() {
             // Whatever was enqueued must finish before ORT reuses the buffers.
             let _ = queue.sync();
@@ -385,7 +380,7 @@ impl NodeKernel {
         match result {
             Err(Error::MluLimit(why)) => {
                 log::warn!("{} node '{}' runs on the host CPU: {why}", self.op, self.node);
-                self.run_on_host(&inputs, ctx)
+                self.run_on_host(device, &inputs, &mut card)
             }
             other => other,
         }
@@ -393,12 +388,9 @@ impl NodeKernel {
 
     /// Runs the CPU kernel on the host copies of the inputs, then copies its outputs into
     /// the node's card outputs.
-    fn run_on_host(&self, inputs: &Inputs<'_>, ctx: *mut OrtKernelContext) -> Result<()> {
-        // SAFETY: the EP outlives the kernels of its sessions.
-        let device = unsafe { &*self.ep }.device();
+    fn run_on_host(&self, device: &Device, inputs: &Inputs<'_>, card: &mut ContextOutputs) -> Result<()> {
         let mut host = OwnedOutputs::default();
         self.host.compute(inputs, &mut host, &Serial)?;
-        let mut card = ContextOutputs { ctx, schema: self.schema };
         for (i, (spec, data)) in host.specs.iter().zip(&host.data).enumerate() {
             let dst = card.allocate(i, spec)?;
             let bytes = spec.numel() * spec.dtype.size();

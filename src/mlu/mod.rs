@@ -237,7 +237,6 @@ impl Device {
     pub fn queue(self: &Arc<Self>) -> Result<Queue> {
         Ok(Queue { ptr: self.runtime.queue_create()?, device: Arc::clone(self) })
     }
-
 }
 
 /// Device memory, freed on drop.
@@ -388,6 +387,26 @@ pub type StaticShapes = [Option<Vec<Option<usize>>>];
 /// The element count of a fully static shape.
 pub fn static_numel(shape: &[Option<usize>]) -> Option<usize> {
     shape.iter().try_fold(1usize, |a, &d| d.map(|d| a.saturating_mul(d)))
+}
+
+/// Declines an output of (static dims `axes` of input `input`) x `times` elements beyond
+/// the kernels' int32 element offsets; `what` names the product in the reason. Unknown
+/// (symbolic) dims are checked at run time instead.
+pub fn int32_output(
+    shapes: &StaticShapes,
+    input: usize,
+    axes: [usize; 2],
+    times: usize,
+    what: &str,
+) -> std::result::Result<(), String> {
+    let dims = shapes.get(input).and_then(|s| s.as_ref());
+    if let Some([Some(a), Some(b)]) = dims.map(|d| axes.map(|i| d.get(i).copied().flatten())) {
+        let n = a.saturating_mul(b).saturating_mul(times);
+        if n > i32::MAX as usize {
+            return Err(format!("the output's {what} = {n} elements exceed the MLU kernel's int32 offsets"));
+        }
+    }
+    Ok(())
 }
 
 /// Every statically known input fits the kernels' int32 element offsets.

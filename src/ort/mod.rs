@@ -135,6 +135,8 @@ pub fn attribute_text(mut bytes: Vec<u8>) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::mem::MaybeUninit;
+    use std::sync::Mutex;
 
     #[test]
     fn attribute_text_takes_one_terminating_nul_and_rejects_inner_ones() {
@@ -145,8 +147,6 @@ mod tests {
         assert!(attribute_text(b"mean\0\0".to_vec()).is_err());
         assert!(attribute_text(vec![0xff, 0]).unwrap_err().contains("UTF-8"));
     }
-    use std::mem::MaybeUninit;
-    use std::sync::Mutex;
 
     /// A host older than the floor: serves only version 1 of the API, whose one member
     /// used here (CreateStatus) records the message.

@@ -52,15 +52,8 @@ impl MluOperator for ThreeInterpolateBackward {
 
     fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
         mlu::int32_inputs(shapes)?;
-        // grad_output [B, C, N] -> output B * C * m, addressed with int32 offsets.
-        let dims = shapes.first().and_then(|s| s.as_ref());
-        if let Some((Some(b), Some(c))) = dims.and_then(|d| Some((*d.first()?, *d.get(1)?))) {
-            let out = b.saturating_mul(c).saturating_mul(self.m);
-            if out > i32::MAX as usize {
-                return Err(format!("the output's B*C*m = {out} elements exceed the MLU kernel's int32 offsets"));
-            }
-        }
-        Ok(())
+        // grad_output [B, C, N] -> output B * C * m.
+        mlu::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
     fn mlu_compute(

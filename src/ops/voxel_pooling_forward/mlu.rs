@@ -48,15 +48,8 @@ impl MluOperator for VoxelPoolingForward {
 
     fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
         mlu::int32_inputs(shapes)?;
-        // features [B, N, C] -> output B * ny * nx * C, addressed with int32 offsets.
-        let dims = shapes.get(1).and_then(|s| s.as_ref());
-        if let Some((Some(b), Some(c))) = dims.and_then(|d| Some((*d.first()?, *d.get(2)?))) {
-            let cells = b.saturating_mul(self.cells).saturating_mul(c);
-            if cells > i32::MAX as usize {
-                return Err(format!("the output's B*ny*nx*C = {cells} elements exceed the MLU kernel's int32 offsets"));
-            }
-        }
-        Ok(())
+        // features [B, N, C] -> output B * ny * nx * C.
+        mlu::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
     fn mlu_compute(
