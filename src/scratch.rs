@@ -1,14 +1,15 @@
-//! Scratch memory that may not be available. Rust's infallible allocations abort the whole
-//! process when memory runs out, which no `catch_unwind` can stop; the kernels' large
-//! scratch buffers are allocated through these helpers instead, so a node that needs more
-//! memory than the process can get fails with an error naming the buffer.
+//! Host memory sized by inputs or attributes: scratch, output and staging buffers. Rust's
+//! infallible allocations abort the whole process when memory runs out, which no
+//! `catch_unwind` can stop; such buffers are allocated through these helpers instead, so a
+//! node that needs more memory than the process can get fails with an error naming the
+//! buffer.
 
 use crate::error::{Error, Result};
 use std::sync::Mutex;
 
 fn out_of_memory<T>(what: &str, elems: usize) -> Error {
     let mb = elems.saturating_mul(size_of::<T>()) as f64 / 1e6;
-    Error::Runtime(format!("out of memory: {what} needs {mb:.1} MB of scratch memory that could not be allocated"))
+    Error::Runtime(format!("out of memory: {what} needs {mb:.1} MB of host memory that could not be allocated"))
 }
 
 /// Makes room for `additional` more elements in `v`, or fails naming `what`.

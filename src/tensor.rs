@@ -3,6 +3,7 @@
 //! with the shapes the operator planned.
 
 use crate::error::{Error, Result};
+use crate::scratch::filled;
 use half::f16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -237,8 +238,13 @@ impl OutputSpec {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
         OutputSpec { dtype, shape: shape.into() }
     }
+    /// Saturates, so an impossible size fails to allocate instead of wrapping to a small one.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX)
+    }
+    /// The buffer's size in bytes (saturating, as [`Self::numel`]).
+    pub fn bytes(&self) -> usize {
+        self.numel().saturating_mul(self.dtype.size())
     }
 }
 
@@ -278,14 +284,16 @@ impl OwnedData {
     /// A buffer filled with a poison value (NaN, or the most negative integer) rather than
     /// zeros: like ONNX Runtime, which hands kernels uninitialised outputs, it makes a kernel
     /// that leaves an element unwritten visible in the tests.
-    pub fn poisoned(spec: &OutputSpec) -> Self {
+    /// Sizes come from inputs and attributes, so the allocation is fallible: `what` names
+    /// the buffer in the out-of-memory error.
+    pub fn poisoned(spec: &OutputSpec, what: &str) -> Result<Self> {
         let n = spec.numel();
-        match spec.dtype {
-            DType::F32 => OwnedData::F32(vec![f32::NAN; n]),
-            DType::F16 => OwnedData::F16(vec![f16::NAN; n]),
-            DType::I32 => OwnedData::I32(vec![i32::MIN; n]),
-            DType::I64 => OwnedData::I64(vec![i64::MIN; n]),
-        }
+        Ok(match spec.dtype {
+            DType::F32 => OwnedData::F32(filled(n, f32::NAN, what)?),
+            DType::F16 => OwnedData::F16(filled(n, f16::NAN, what)?),
+            DType::I32 => OwnedData::I32(filled(n, i32::MIN, what)?),
+            DType::I64 => OwnedData::I64(filled(n, i64::MIN, what)?),
+        })
     }
     pub fn as_out(&mut self) -> OutData<'_> {
         match self {

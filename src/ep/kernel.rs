@@ -346,7 +346,7 @@ impl NodeKernel {
         }
         // Host copies for validation (the same `plan` as the CPU path).
         let mut staged = Vec::with_capacity(on_device.len());
-        for input in &on_device {
+        for (name, input) in names.iter().zip(&on_device) {
             staged.push(match input {
                 None => None,
                 Some(d) => {
@@ -357,8 +357,8 @@ impl NodeKernel {
                         .collect::<std::result::Result<Vec<usize>, _>>()
                         .map_err(|_| Error::Runtime(format!("negative dimension in {:?}", d.shape)))?;
                     let spec = OutputSpec::new(d.dtype, dims);
-                    let mut data = OwnedData::poisoned(&spec);
-                    let bytes = spec.numel() * d.dtype.size();
+                    let mut data = OwnedData::poisoned(&spec, &format!("the host copy of input '{name}'"))?;
+                    let bytes = spec.bytes();
                     // SAFETY: `data` holds `bytes` bytes; d.ptr is the card tensor of as many.
                     unsafe { device.copy_raw(data.as_mut_ptr(), d.ptr, bytes, Copy::DeviceToHost)? };
                     Some(Tensor { shape: spec.shape, data })
@@ -389,11 +389,11 @@ impl NodeKernel {
     /// Runs the CPU kernel on the host copies of the inputs, then copies its outputs into
     /// the node's card outputs.
     fn run_on_host(&self, device: &Device, inputs: &Inputs<'_>, card: &mut ContextOutputs) -> Result<()> {
-        let mut host = OwnedOutputs::default();
+        let mut host = OwnedOutputs::named(self.schema.output_names());
         self.host.compute(inputs, &mut host, &Serial)?;
         for (i, (spec, data)) in host.specs.iter().zip(&host.data).enumerate() {
             let dst = card.allocate(i, spec)?;
-            let bytes = spec.numel() * spec.dtype.size();
+            let bytes = spec.bytes();
             if bytes > 0 {
                 // SAFETY: `dst` is the card output just allocated for `spec`, `data` the host
                 // buffer of the same spec: both hold `bytes` bytes.

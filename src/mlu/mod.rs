@@ -452,8 +452,7 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
     }
     impl DeviceOutputs for Outs {
         fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void> {
-            let bytes = spec.numel() * spec.dtype.size();
-            let buf = self.device.alloc(bytes)?;
+            let buf = self.device.alloc(spec.bytes())?;
             let ptr = buf.ptr();
             if self.bufs.len() <= index {
                 self.bufs.resize_with(index + 1, || None);
@@ -469,7 +468,7 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
     let mut result = Vec::new();
     for (i, slot) in outs.bufs.into_iter().enumerate() {
         let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", O::NAME)))?;
-        let mut data = OwnedData::poisoned(&spec);
+        let mut data = OwnedData::poisoned(&spec, &format!("host copy of output {i}"))?;
         match &mut data {
             OwnedData::F32(v) => device.download(&buf, v)?,
             OwnedData::F16(v) => device.download(&buf, v)?,

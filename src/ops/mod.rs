@@ -117,6 +117,8 @@ pub fn entry(name: &str) -> Option<&'static OpEntry> {
 /// as they are, as ONNX Runtime's arena does.
 #[derive(Default)]
 pub struct OwnedOutputs {
+    /// The outputs' names, for errors (may be empty).
+    pub names: Vec<String>,
     pub specs: Vec<OutputSpec>,
     pub data: Vec<OwnedData>,
 }
@@ -124,14 +126,21 @@ pub struct OwnedOutputs {
 impl OutputHost for OwnedOutputs {
     fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>> {
         if self.specs != specs || self.data.len() != specs.len() {
+            self.data = Vec::new();
+            for (i, spec) in specs.iter().enumerate() {
+                let name = self.names.get(i).map_or_else(|| i.to_string(), |n| format!("'{n}'"));
+                self.data.push(OwnedData::poisoned(spec, &format!("output {name} ({:?} {:?})", spec.dtype, spec.shape))?);
+            }
             self.specs = specs.to_vec();
-            self.data = specs.iter().map(OwnedData::poisoned).collect();
         }
-        Ok(Outputs::new(Vec::new(), self.data.iter_mut().map(OwnedData::as_out).collect()))
+        Ok(Outputs::new(self.names.clone(), self.data.iter_mut().map(OwnedData::as_out).collect()))
     }
 }
 
 impl OwnedOutputs {
+    pub fn named(names: Vec<String>) -> Self {
+        OwnedOutputs { names, ..Default::default() }
+    }
     pub fn into_tensors(self) -> Vec<Tensor> {
         self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.shape, data }).collect()
     }
@@ -146,7 +155,7 @@ pub fn descriptor<O: Operator>(attrs: &HashMap<String, AttrValue>) -> Result<O> 
 pub fn run<O: Operator>(op: &O, inputs: &[Option<&Tensor>], par: &dyn Parallel) -> Result<Vec<Tensor>> {
     let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tensor::view)).collect();
     let inputs = Inputs::new(O::schema().input_names(), refs)?;
-    let mut host = OwnedOutputs::default();
+    let mut host = OwnedOutputs::named(O::schema().output_names());
     Kernel::compute(op, &inputs, &mut host, par)?;
     Ok(host.into_tensors())
 }

@@ -27,9 +27,10 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 import onnxruntime as ort
 from conftest import build_model, make_session
-op, attrs, feeds, lib, card = json.loads(sys.stdin.read())
+op, attrs, feeds, lib, card, symbolic = json.loads(sys.stdin.read())
 arrays = {name: np.array(value, dtype=dtype).reshape(shape) for name, (value, dtype, shape) in feeds.items()}
-spec = [(name, str(a.dtype), list(a.shape)) for name, a in arrays.items()]
+# Symbolic dimensions keep the provider from declining the node on static sizes.
+spec = [(name, str(a.dtype), [f"{name}_{i}" for i in range(a.ndim)] if symbolic else list(a.shape)) for name, a in arrays.items()]
 try:
     model = build_model(op, attrs, spec, "oom_node")
     if card:
@@ -89,14 +90,14 @@ def vpf_case():
     return "VoxelPoolingForward", {"voxel_num": {"ints": [20000, 20000, 1]}}, feeds, 4_500_000_000
 
 
-def run_capped(op, attrs, feeds, limit, lib, card=False) -> dict:
+def run_capped(op, attrs, feeds, limit, lib, card=False, symbolic=False) -> dict:
     """The child's outcome; fails the test if the child did not exit normally."""
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     args = [sys.executable, "-c", CHILD, str(HERE)]
-    job = json.dumps([op, attrs, feeds, str(lib), card])
+    job = json.dumps([op, attrs, feeds, str(lib), card, symbolic])
     p = subprocess.run(args, input=job, capture_output=True, text=True, preexec_fn=cap, timeout=600)
     assert p.returncode == 0, f"{op}: the child died with {p.returncode}: {p.stderr[-500:]}"
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -127,3 +128,35 @@ def test_card_memory_that_runs_out_names_the_output(mlu_lib):
     result = run_capped("ThreeInterpolateBackward", {"m": {"int": m}}, feeds, 4_000_000_000, mlu_lib, card=True)
     error = result.get("error", "")
     assert "output 'grad_features'" in error and "out of card memory" in error and "oom_node" in error, result
+
+
+def provider_reproducers():
+    """Contract-valid nodes whose outputs cannot be allocated. The provider claims them,
+    its kernels decline the sizes at run time (int32 offsets) and it falls back to the CPU
+    kernel on host copies: that host buffer used to be an infallible allocation (SIGABRT)."""
+    tib = {
+        "grad_output": ([1.0], "float32", [1, 1, 1]),
+        "indices": ([0, 0, 0], "int32", [1, 1, 3]),
+        "weights": ([1.0, 1.0, 1.0], "float32", [1, 1, 3]),
+    }
+    vpf = {"geom_xyz": ([0, 0, 0, 1, 1, 0], "int32", [1, 2, 3]), "input_features": ([1.0] * 8, "float32", [1, 2, 4])}
+    prp = {
+        "top_grad": ([1.0], "float32", [1, 1, 1, 1]),
+        "rois": ([0.0, 0.0, 0.0, 1.0, 1.0], "float32", [1, 5]),
+        "mapping_channel": ([0], "int32", [1, 1, 1, 1]),
+        "bottom_shape": ([1, 2**20, 2**20, 1], "int64", [4]),
+    }
+    prp_attrs = {"pooled_height": {"int": 1}, "pooled_width": {"int": 1}, "spatial_scale": {"float": 1.0}, "output_dim": {"int": 1}}
+    return [
+        ("ThreeInterpolateBackward", {"m": {"int": 2**33}}, tib, "grad_features"),
+        ("VoxelPoolingForward", {"voxel_num": {"ints": [2**31 - 1, 4, 1]}}, vpf, "output_features"),
+        ("PsRoiPoolBackward", prp_attrs, prp, "bottom_grad"),
+    ]
+
+
+@pytest.mark.parametrize("case", provider_reproducers(), ids=lambda c: c[0])
+def test_provider_output_too_large_for_the_host_is_an_error(case, mlu_lib):
+    op, attrs, feeds, output = case
+    result = run_capped(op, attrs, feeds, 4_000_000_000, mlu_lib, card=True, symbolic=True)
+    error = result.get("error", "")
+    assert "oom_node" in error and op in error and f"output '{output}'" in error and "out of memory" in error, result
