@@ -37,7 +37,8 @@ fn main() {
         .opt_level(2)
         .file("kernels/emulator/emu_runtime.cc")
         // The emulator's self-test kernels (host only, driven by tests/emulator.rs).
-        .file("kernels/emulator/selftest.cc");
+        .file("kernels/emulator/selftest.cc")
+        .file("kernels/emulator/selftest_nram.cc");
     // .mlu is not a C++ extension to the compiler: say so for those files only.
     build.flag("-x").flag("c++");
     for f in &mlu {

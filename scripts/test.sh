@@ -13,6 +13,10 @@ cargo build --release --lib
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
 echo "== cargo test (unit, integration, ort sessions, property tests)"
 cargo test --all-targets
+echo "== BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (2 above)"
+for clusters in 1 4; do
+    MLU_EMU_CLUSTERS=$clusters cargo test --quiet --test mlu_kernels --test emulator
+done
 echo "== seed cases at network scale (release)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
     --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed

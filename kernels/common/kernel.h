@@ -24,13 +24,15 @@
 #define MLUOPS_ALIGN_BYTES 64
 #define MLUOPS_VECTOR_BYTES 128
 
-// The kernel's NRAM: one buffer of the whole budget per core.
+// The file's NRAM: one file-scope buffer of the whole budget per .mlu, shared by that
+// file's kernels (Cambricon/mlu-ops@v1.4.0 kernels/*/*.mlu, e.g.
+// dynamic_point_to_voxel_backward_union1.mlu:30, `__nram__ int8_t nram_buffer[MAX_NRAM_SIZE]`;
+// mtp_372). Under the emulator it is an object whose use from a task yields that core's
+// NRAM, counted per translation unit against the budget and refused to the memory core.
 #if defined(__BANG__)
-#define MLUOPS_NRAM(name) __nram__ int8_t name[MLUOPS_NRAM_BUDGET]
+#define MLUOPS_NRAM_BUFFER(name) __nram__ int8_t name[MLUOPS_NRAM_BUDGET]
 #else
-#define MLUOPS_NRAM(name)                                                                \
-  int8_t *name = static_cast<int8_t *>(                                                  \
-      ::bang_emu::onchip_alloc(BANG_EMU_LOC, ::bang_emu::Space::NRAM, MLUOPS_NRAM_BUDGET, #name))
+#define MLUOPS_NRAM_BUFFER(name) static ::bang_emu::NramBuffer name(BANG_EMU_LOC, MLUOPS_NRAM_BUDGET, #name)
 #endif
 
 // Takes `count` elements of T from the NRAM cursor, 64-byte aligned. Under the emulator
@@ -68,14 +70,26 @@ __mlu_func__ void mluops_share(long total, int task, int tasks, long *begin, lon
 }
 
 // ---- launch ---------------------------------------------------------------------------
-// Every kernel has a C-ABI launch entry `mluops_<op>_<kernel>(queue, dim..., args...)`
-// returning 0 or a runtime error code.
+// Every kernel has a C-ABI launch entry `mluops_<op>[_<step>](queue, dim..., args...)`
+// returning 0 or a runtime error code. MLUOPS_LAUNCH is a statement that returns the
+// error code from the entry when the launch fails. On a card it clears a stale error
+// before the launch and reads the launch's own after it, as mlu-ops' KERNEL_CHECK does
+// (Cambricon/mlu-ops@v1.4.0 core/logging.h:89-105: cnrtGetLastError, then
+// cnrtPeekAtLastError; CNRT 6.x).
 #if defined(__BANG__)
-#define MLUOPS_LAUNCH(kernel, dim, type, queue, ...) \
-  (kernel<<<dim, type, queue>>>(__VA_ARGS__), static_cast<int>(cnrtGetLastError()))
+#define MLUOPS_LAUNCH(kernel, dim, type, queue, ...)                 \
+  {                                                                  \
+    cnrtGetLastError();                                              \
+    kernel<<<dim, type, queue>>>(__VA_ARGS__);                       \
+    const int mluops_code = static_cast<int>(cnrtPeekAtLastError()); \
+    if (mluops_code != 0) return mluops_code;                        \
+  }
 #else
-#define MLUOPS_LAUNCH(kernel, dim, type, queue, ...) \
-  ::bang_emu::launch_fn(#kernel, dim, type, queue, [=] { kernel(__VA_ARGS__); })
+#define MLUOPS_LAUNCH(kernel, dim, type, queue, ...)                                                     \
+  {                                                                                                     \
+    const int mluops_code = ::bang_emu::launch_fn(#kernel, dim, type, queue, [=] { kernel(__VA_ARGS__); }); \
+    if (mluops_code != 0) return mluops_code;                                                           \
+  }
 #endif
 
 #define MLUOPS_EXPORT extern "C" __attribute__((visibility("default")))

@@ -16,7 +16,6 @@
 // launch is aborted and the queue reports the message.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,8 +46,28 @@ const Builtins &builtins();
 // The address space holding [p, p + bytes) as one buffer; a violation when the range
 // is not inside one allocated device buffer or on-chip buffer.
 Space space_of(Loc at, const void *p, size_t bytes, const char *what);
-// On-chip buffer allocation (the NRAM_BUFFER / SRAM_BUFFER / WRAM_BUFFER macros).
+// On-chip buffer allocation at run time (the emulator's self-tests of the capacities).
 void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name);
+// The calling core's part of a file-scope NRAM buffer (see NramBuffer).
+void *nram_static(Loc decl, size_t offset, size_t bytes, const char *name);
+
+// A file-scope `__nram__` array (MLUOPS_NRAM_BUFFER in kernels/common/kernel.h). The
+// buffers of one translation unit are laid out one after another and their total is
+// checked against the NRAM budget; using one yields the calling core's copy, and the
+// memory core, which has no NRAM, may not use it.
+class NramBuffer {
+ public:
+  NramBuffer(Loc decl, size_t bytes, const char *name);
+  operator int8_t *() const { return static_cast<int8_t *>(nram_static(decl_, offset_, bytes_, name_)); }
+
+ private:
+  Loc decl_;
+  size_t offset_, bytes_;
+  const char *name_;
+};
+
+// Whether the running task is a cluster's memory core.
+bool is_mpu();
 // Names [p, p + bytes) as a sub-buffer of the on-chip buffer holding it, so later
 // accesses are checked against the sub-buffer (carving one budget into tiles).
 void carve(Loc at, const void *p, size_t bytes, const char *name);
@@ -69,6 +88,7 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
 void sync_io(Loc at);
 void sync_cluster(Loc at);
 void sync_all(Loc at);
+void sync_all_ipu(Loc at);
 
 // ---- vector intrinsics --------------------------------------------------------------
 template <typename T>
@@ -108,20 +128,10 @@ BANG_EMU_BINARY(mul, static_cast<T>(x * y))
 BANG_EMU_BINARY(eq, static_cast<T>(x == y ? 1 : 0))
 BANG_EMU_BINARY(ne, static_cast<T>(x != y ? 1 : 0))
 BANG_EMU_BINARY(lt, static_cast<T>(x < y ? 1 : 0))
-BANG_EMU_BINARY(le, static_cast<T>(x <= y ? 1 : 0))
-BANG_EMU_BINARY(gt, static_cast<T>(x > y ? 1 : 0))
 BANG_EMU_BINARY(ge, static_cast<T>(x >= y ? 1 : 0))
 BANG_EMU_BINARY(and_, static_cast<T>((x != 0 && y != 0) ? 1 : 0))
-BANG_EMU_BINARY(or_, static_cast<T>((x != 0 || y != 0) ? 1 : 0))
-BANG_EMU_BINARY(maxequal, (x > y ? x : y))
 BANG_EMU_BINARY(minequal, (x < y ? x : y))
 #undef BANG_EMU_BINARY
-
-template <typename T>
-void not_(Loc at, T *d, const T *a, long n) {
-  check2(at, "__bang_not", d, a, n);
-  for (long i = 0; i < n; ++i) d[i] = static_cast<T>(a[i] == 0 ? 1 : 0);
-}
 
 template <typename T, typename S>
 void write_value(Loc at, T *d, long n, S v) {
@@ -129,20 +139,6 @@ void write_value(Loc at, T *d, long n, S v) {
   vector_operand(at, "__bang_write_value", d, n, sizeof(T));
   for (long i = 0; i < n; ++i) d[i] = static_cast<T>(v);
 }
-
-// d[i] = a[i] op b[i % m]: the cycle operand has m elements, n a multiple of m.
-#define BANG_EMU_CYCLE(NAME, OP)                                                       \
-  template <typename T>                                                               \
-  void NAME(Loc at, T *d, const T *a, const T *b, long n, long m) {                   \
-    check2(at, "__bang_" #NAME, d, a, n);                                             \
-    vector_count(at, "__bang_" #NAME " (cycle operand)", m, sizeof(T));               \
-    vector_operand(at, "__bang_" #NAME " (cycle operand)", b, m, sizeof(T));          \
-    if (n % m != 0) violation(at, "__bang_" #NAME ": element count %ld is not a multiple of the cycle %ld", n, m); \
-    for (long i = 0; i < n; ++i) d[i] = static_cast<T>(a[i] OP b[i % m]);             \
-  }
-BANG_EMU_CYCLE(cycle_add, +)
-BANG_EMU_CYCLE(cycle_mul, *)
-#undef BANG_EMU_CYCLE
 
 // dst[w][h] = src[h][w] for a height x width matrix; each dimension's byte size must be
 // a multiple of 64.
@@ -162,100 +158,72 @@ void transpose(Loc at, T *d, const T *s, long height, long width) {
 void half2float(Loc at, float *d, const half *s, long n);
 void float2half_rn(Loc at, half *d, const float *s, long n);
 
-// Atomics on GDRAM (src in NRAM): element-wise, each element one atomic operation.
+// Atomic add on GDRAM: element-wise from NRAM, or one value (count 1) from a register.
 void atomic_reduce_add(Loc at, float *gdram, const float *nram, long n);
-void atomic_reduce_min(Loc at, int32_t *gdram, const int32_t *nram, long n);
-void atomic_reduce_or(Loc at, int32_t *gdram, const int32_t *nram, long n);
+void atomic_reduce_add(Loc at, float *gdram, float value, long n);
 
 }  // namespace bang_emu
 
 // ---- the BANG C surface (not for the emulator's own sources) -------------------------
+// The allow-list: only the constructs below exist for a kernel, and each has a public
+// Cambricon precedent built for mtp_372 (kernels/README.md has the table with repository,
+// path and arch). Anything else, including <math.h>, which this header does not include,
+// is a compile error under the emulator.
 #ifndef BANG_EMU_RUNTIME
 #define __mlu_global__
-#define __mlu_entry__
 #define __mlu_func__ static inline
-#define __mlu_device__ inline
-// Raw on-chip qualifiers compile as per-thread storage but are not capacity- or
-// range-checked; the kernels of this project declare on-chip memory through the
-// NRAM_BUFFER / SRAM_BUFFER / WRAM_BUFFER macros of kernels/common/kernel.h.
-#define __nram__ static thread_local
-#define __wram__ static thread_local
-#define __mlu_shared__ static
+// Raw on-chip qualifiers are not on the list: file-scope NRAM is MLUOPS_NRAM_BUFFER.
 
 #define taskId (::bang_emu::builtins().taskId)
 #define taskDim (::bang_emu::builtins().taskDim)
-#define taskIdX (::bang_emu::builtins().taskIdX)
-#define taskIdY (::bang_emu::builtins().taskIdY)
-#define taskIdZ (::bang_emu::builtins().taskIdZ)
-#define taskDimX (::bang_emu::builtins().taskDimX)
-#define taskDimY (::bang_emu::builtins().taskDimY)
-#define taskDimZ (::bang_emu::builtins().taskDimZ)
-#define coreId (::bang_emu::builtins().coreId)
-#define coreDim (::bang_emu::builtins().coreDim)
-#define clusterId (::bang_emu::builtins().clusterId)
-#define clusterDim (::bang_emu::builtins().clusterDim)
+#define __is_mpu() (::bang_emu::is_mpu())
 
 using ::bang_emu::GDRAM2NRAM;
 using ::bang_emu::NRAM2GDRAM;
 using ::bang_emu::NRAM2NRAM;
-using ::bang_emu::GDRAM2SRAM;
-using ::bang_emu::SRAM2GDRAM;
-using ::bang_emu::SRAM2NRAM;
-using ::bang_emu::NRAM2SRAM;
-using ::bang_emu::GDRAM2GDRAM;
-using ::bang_emu::SRAM2SRAM;
-using ::bang_emu::GDRAM2WRAM;
-using ::bang_emu::NRAM2WRAM;
-using ::bang_emu::SRAM2WRAM;
-using ::bang_emu::WRAM2NRAM;
 
 #define __memcpy(...) ::bang_emu::memcpy_(BANG_EMU_LOC, false, __VA_ARGS__)
 #define __memcpy_async(...) ::bang_emu::memcpy_(BANG_EMU_LOC, true, __VA_ARGS__)
 #define __sync_io() ::bang_emu::sync_io(BANG_EMU_LOC)
-#define __sync_compute() ((void)0)
-#define __sync() ::bang_emu::sync_io(BANG_EMU_LOC)
-#define __sync_cluster() ::bang_emu::sync_cluster(BANG_EMU_LOC)
-#define __sync_all() ::bang_emu::sync_all(BANG_EMU_LOC)
+#define __sync_all_ipu() ::bang_emu::sync_all_ipu(BANG_EMU_LOC)
 
 #define __bang_add(...) ::bang_emu::add(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_sub(...) ::bang_emu::sub(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_mul(...) ::bang_emu::mul(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_eq(...) ::bang_emu::eq(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_ne(...) ::bang_emu::ne(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_lt(...) ::bang_emu::lt(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_le(...) ::bang_emu::le(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_gt(...) ::bang_emu::gt(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_ge(...) ::bang_emu::ge(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_and(...) ::bang_emu::and_(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_or(...) ::bang_emu::or_(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_not(...) ::bang_emu::not_(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_maxequal(...) ::bang_emu::maxequal(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_minequal(...) ::bang_emu::minequal(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_add_scalar(...) ::bang_emu::add_scalar(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_sub_scalar(...) ::bang_emu::sub_scalar(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_mul_scalar(...) ::bang_emu::mul_scalar(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_eq_scalar(...) ::bang_emu::eq_scalar(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_ne_scalar(...) ::bang_emu::ne_scalar(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_lt_scalar(...) ::bang_emu::lt_scalar(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_le_scalar(...) ::bang_emu::le_scalar(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_gt_scalar(...) ::bang_emu::gt_scalar(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_ge_scalar(...) ::bang_emu::ge_scalar(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_write_value(...) ::bang_emu::write_value(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_cycle_add(...) ::bang_emu::cycle_add(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_cycle_mul(...) ::bang_emu::cycle_mul(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_transpose(...) ::bang_emu::transpose(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_half2float(...) ::bang_emu::half2float(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_float2half_rn(...) ::bang_emu::float2half_rn(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_atomic_reduce_add(...) ::bang_emu::atomic_reduce_add(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_atomic_reduce_min(...) ::bang_emu::atomic_reduce_min(BANG_EMU_LOC, __VA_ARGS__)
-#define __bang_atomic_reduce_or(...) ::bang_emu::atomic_reduce_or(BANG_EMU_LOC, __VA_ARGS__)
+
+// Device math (scalar, on the host's IEEE float).
+inline float round(float x) { return __builtin_roundf(x); }
+inline float floorf(float x) { return __builtin_floorf(x); }
+inline float ceilf(float x) { return __builtin_ceilf(x); }
+inline bool isnan(float x) { return __builtin_isnan(x); }
+inline bool isinf(float x) { return __builtin_isinf(x); }
 #endif  // BANG_EMU_RUNTIME
 
 // ---- host side: kernel launch ----------------------------------------------------------
 struct cnrtDim3_t {
   unsigned int x, y, z;
 };
-enum cnrtFunctionType_t { cnrtFuncTypeBlock = 1, cnrtFuncTypeUnion1 = 4, cnrtFuncTypeUnion2 = 8 };
+// CNRT 6.x cnrt.h values (UnionN: N clusters of 4 cores per task).
+enum cnrtFunctionType_t {
+  cnrtFuncTypeBlock = 1,
+  cnrtFuncTypeUnion1 = 4,
+  cnrtFuncTypeUnion2 = 8,
+  cnrtFuncTypeUnion4 = 16,
+  cnrtFuncTypeUnion8 = 32
+};
 typedef struct MluEmuQueue *cnrtQueue_t;
 
 namespace bang_emu {

@@ -128,9 +128,10 @@ struct Region {
 // Zero-initialised on-chip memory, 64-byte aligned like the card's address spaces.
 class Arena {
  public:
-  explicit Arena(size_t n) : n_(n), p_(static_cast<uint8_t *>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {
-    if (!p_) throw std::bad_alloc();
-    std::memset(p_, 0, n);
+  // n = 0: no memory (the memory core has no NRAM or WRAM).
+  explicit Arena(size_t n) : n_(n), p_(n ? static_cast<uint8_t *>(std::aligned_alloc(64, (n + 63) / 64 * 64)) : nullptr) {
+    if (n && !p_) throw std::bad_alloc();
+    if (n) std::memset(p_, 0, n);
   }
   ~Arena() { std::free(p_); }
   Arena(const Arena &) = delete;
@@ -143,10 +144,19 @@ class Arena {
   uint8_t *p_;
 };
 
+// A cluster: its compute cores and its memory core share the SRAM and __sync_cluster.
 struct Cluster {
-  explicit Cluster(int cores) : barrier(cores), sram(kSram) {}
+  Cluster() : barrier(kCoresPerCluster + 1), sram(kSram) {}
   Barrier barrier;
   Arena sram;
+};
+
+// The clusters one UnionN task occupies: the reach of __sync_all (every core, memory
+// cores included) and of __sync_all_ipu (the compute cores). A UNION1 launch over several
+// clusters is several such tasks, and nothing synchronises across them.
+struct Group {
+  explicit Group(int clusters) : all(clusters * (kCoresPerCluster + 1)), ipu(clusters * kCoresPerCluster) {}
+  Barrier all, ipu;
 };
 
 struct Launch {
@@ -154,7 +164,7 @@ struct Launch {
   cnrtDim3_t dim;
   int type;
   int task_dim;
-  std::unique_ptr<Barrier> all;
+  std::vector<std::unique_ptr<Group>> groups;
   std::vector<std::unique_ptr<Cluster>> clusters;
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
@@ -166,7 +176,10 @@ struct Launch {
       if (error.empty()) error = msg;
     }
     failed = true;
-    if (all) all->poison();
+    for (auto &g : groups) {
+      g->all.poison();
+      g->ipu.poison();
+    }
     for (auto &c : clusters) c->barrier.poison();
   }
 };
@@ -179,18 +192,22 @@ struct Pending {
 };
 
 struct Core {
+  explicit Core(bool memory_core = false)
+      : mpu(memory_core), nram(memory_core ? 0 : kNram - kNramReserved), wram(memory_core ? 0 : kWram) {}
   Launch *launch = nullptr;
   Cluster *cluster = nullptr;
+  Group *group = nullptr;
+  bool mpu;
   Builtins b{};
-  Arena nram{kNram - kNramReserved};
-  Arena wram{kWram};
+  Arena nram;
+  Arena wram;
   size_t used[4] = {0, 0, 0, 0};  // indexed by Space
   std::vector<Region> regions;
   std::vector<Pending> pending;
 
   void reset_task() {
     // 0xFF: NaN as float, -1 as int: reading on-chip memory nobody wrote shows.
-    std::memset(nram.data(), 0xFF, nram.size());
+    if (nram.size()) std::memset(nram.data(), 0xFF, nram.size());
     std::fill(std::begin(used), std::end(used), 0);
     regions.clear();
     pending.clear();
@@ -229,11 +246,15 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
     core.b.clusterDim = 1;
     core.cluster = nullptr;
   } else {
+    // A memory core runs with the builtins of its cluster's first compute core (task is
+    // that core's), so a kernel without the __is_mpu() guard does real work on it and
+    // breaks a rule.
     core.b.coreId = task % kCoresPerCluster;
     core.b.coreDim = kCoresPerCluster;
     core.b.clusterId = task / kCoresPerCluster;
     core.b.clusterDim = l.task_dim / kCoresPerCluster;
     core.cluster = l.clusters[core.b.clusterId].get();
+    core.group = l.groups[core.b.clusterId / (l.type / kCoresPerCluster)].get();
   }
   t_core = &core;
   try {
@@ -249,10 +270,11 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
   }
   if (l.type != cnrtFuncTypeBlock && !l.failed) {
     bool stuck = core.cluster->barrier.leave();
-    stuck = l.all->leave() || stuck;
+    stuck = core.group->all.leave() || stuck;
+    if (!core.mpu) stuck = core.group->ipu.leave() || stuck;
     if (stuck)
-      l.record(std::string("kernel '") + l.kernel + "' task " + std::to_string(task) +
-               " returned while other tasks wait at a barrier it never reaches (a card would hang)");
+      l.record(std::string("kernel '") + l.kernel + "' " + (core.mpu ? "memory core of the cluster of task " : "task ") +
+               std::to_string(task) + " returned while other tasks wait at a barrier it never reaches (a card would hang)");
   }
   t_core = nullptr;
 }
@@ -270,13 +292,18 @@ void execute(Launch &l, void (*body)(void *), void *args) {
       });
     for (auto &t : threads) t.join();
   } else {
-    // UNION tasks are resident together: one thread per core, barriers are real.
-    l.all = std::make_unique<Barrier>(l.task_dim);
-    for (int c = 0; c < l.task_dim / kCoresPerCluster; ++c) l.clusters.push_back(std::make_unique<Cluster>(kCoresPerCluster));
+    // UNION tasks are resident together: one thread per compute core and one per
+    // cluster's memory core, which runs the kernel too; barriers are real.
+    const int clusters = l.task_dim / kCoresPerCluster, per_group = l.type / kCoresPerCluster;
+    for (int c = 0; c < clusters; ++c) l.clusters.push_back(std::make_unique<Cluster>());
+    for (int g = 0; g < clusters / per_group; ++g) l.groups.push_back(std::make_unique<Group>(per_group));
     std::vector<std::unique_ptr<Core>> cores;
     for (int t = 0; t < l.task_dim; ++t) cores.push_back(std::make_unique<Core>());
+    for (int c = 0; c < clusters; ++c) cores.push_back(std::make_unique<Core>(true));
     std::vector<std::thread> threads;
     for (int t = 0; t < l.task_dim; ++t) threads.emplace_back([&, t] { run_task(l, *cores[t], t, body, args); });
+    for (int c = 0; c < clusters; ++c)
+      threads.emplace_back([&, c] { run_task(l, *cores[l.task_dim + c], c * kCoresPerCluster, body, args); });
     for (auto &t : threads) t.join();
   }
 }
@@ -304,6 +331,46 @@ const char *space_name(Space s) {
 }
 
 const Builtins &builtins() { return t_core ? t_core->b : kNoTask; }
+
+bool is_mpu() { return t_core && t_core->mpu; }
+
+namespace {
+// The memory core has no NRAM or WRAM, no vector unit, and (in this model) stores nothing
+// to GDRAM: mlu-ops guards such work with __is_mpu().
+void memory_core_breach(Loc at, const char *what) {
+  violation(at, "%s on the memory core, which has no NRAM or vector unit: the kernel needs `if (__is_mpu()) return;` "
+                "or a guard around this work",
+            what);
+}
+
+std::map<std::string, size_t> &static_nram() {
+  static std::map<std::string, size_t> totals;
+  return totals;
+}
+}  // namespace
+
+NramBuffer::NramBuffer(Loc decl, size_t bytes, const char *name) : decl_(decl), bytes_(bytes), name_(name) {
+  size_t &total = static_nram()[decl.file];
+  offset_ = (total + kOnchipAlign - 1) / kOnchipAlign * kOnchipAlign;
+  total = offset_ + bytes;
+}
+
+void *nram_static(Loc decl, size_t offset, size_t bytes, const char *name) {
+  Core &c = core_at(decl);
+  if (c.mpu) memory_core_breach(decl, (std::string("use of NRAM buffer '") + name + "'").c_str());
+  const size_t total = static_nram()[decl.file];
+  if (total > c.nram.size())
+    violation(decl, "the file-scope NRAM of this file totals %zu bytes, beyond the %zu bytes of %s NRAM less the stack",
+              total, c.nram.size(), kArch);
+  uint8_t *p = c.nram.data() + offset;
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  for (const Region &r : c.regions)
+    if (r.base == base && r.size == bytes && r.name == name) return p;
+  c.regions.push_back(Region{base, bytes, Space::NRAM, name});
+  size_t &used = c.used[static_cast<int>(Space::NRAM)];
+  used = std::max(used, offset + bytes);
+  return p;
+}
 
 void violation(Loc at, const char *fmt, ...) {
   char rule[768];
@@ -347,6 +414,7 @@ void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
   Core &c = core_at(at);
   size_t cap = 0;
   uint8_t *base = nullptr;
+  if (c.mpu && s != Space::SRAM) memory_core_breach(at, "an NRAM or WRAM buffer");
   switch (s) {
     case Space::NRAM: cap = c.nram.size(); base = c.nram.data(); break;
     case Space::WRAM: cap = c.wram.size(); base = c.wram.data(); break;
@@ -386,6 +454,7 @@ void vector_count(Loc at, const char *op, long count, size_t elem) {
 }
 
 void vector_operand(Loc at, const char *op, const void *p, size_t count, size_t elem) {
+  if (core_at(at).mpu) memory_core_breach(at, op);
   Space s = space_of(at, p, count * elem, op);
   if (s != Space::NRAM) violation(at, "%s: operand %p is in %s, vector operands must be in NRAM", op, p, space_name(s));
   if (reinterpret_cast<uintptr_t>(p) % 64 != 0) violation(at, "%s: operand %p is not 64-byte aligned", op, p);
@@ -432,6 +501,8 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
   if (ds != d.dst || ss != d.src)
     violation(at, "%s: direction %s copies %s to %s, but the source is in %s and the destination in %s", op, d.name,
               space_name(d.src), space_name(d.dst), space_name(ss), space_name(ds));
+  if (c.mpu && (d.dst != Space::SRAM || d.src != Space::GDRAM) && (d.dst != Space::GDRAM || d.src != Space::SRAM))
+    memory_core_breach(at, (std::string(op) + " " + d.name).c_str());
   Pending p{dst, src, static_cast<size_t>(bytes), dst_stride, src_stride, segnum};
   c.pending.push_back(p);
   if (!async) run_pending(c);
@@ -453,8 +524,16 @@ void sync_cluster(Loc at) {
 void sync_all(Loc at) {
   Core &c = core_at(at);
   run_pending(c);
-  if (!c.launch->all) violation(at, "__sync_all in a BLOCK task (only UNION tasks are resident together)");
-  c.launch->all->wait(at, "__sync_all");
+  if (!c.group) violation(at, "__sync_all in a BLOCK task (only UNION tasks are resident together)");
+  c.group->all.wait(at, "__sync_all");
+}
+
+void sync_all_ipu(Loc at) {
+  Core &c = core_at(at);
+  run_pending(c);
+  if (!c.group) violation(at, "__sync_all_ipu in a BLOCK task (only UNION tasks are resident together)");
+  if (c.mpu) memory_core_breach(at, "__sync_all_ipu");
+  c.group->ipu.wait(at, "__sync_all_ipu");
 }
 
 void half2float(Loc at, float *d, const half *s, long n) {
@@ -477,6 +556,7 @@ void float2half_rn(Loc at, half *d, const float *s, long n) {
 namespace {
 template <typename T>
 void atomic_operands(Loc at, const char *op, T *gdram, const T *nram, long n) {
+  if (core_at(at).mpu) memory_core_breach(at, op);
   if (n <= 0) violation(at, "%s: element count %ld must be positive", op, n);
   Space g = space_of(at, gdram, n * sizeof(T), op);
   if (g != Space::GDRAM) violation(at, "%s: destination is in %s, it must be in GDRAM", op, space_name(g));
@@ -490,19 +570,14 @@ void atomic_reduce_add(Loc at, float *gdram, const float *nram, long n) {
   for (long i = 0; i < n; ++i) std::atomic_ref<float>(gdram[i]).fetch_add(nram[i], std::memory_order_relaxed);
 }
 
-void atomic_reduce_min(Loc at, int32_t *gdram, const int32_t *nram, long n) {
-  atomic_operands(at, "__bang_atomic_reduce_min", gdram, nram, n);
-  for (long i = 0; i < n; ++i) {
-    std::atomic_ref<int32_t> a(gdram[i]);
-    int32_t cur = a.load(std::memory_order_relaxed);
-    while (nram[i] < cur && !a.compare_exchange_weak(cur, nram[i], std::memory_order_relaxed)) {
-    }
-  }
-}
-
-void atomic_reduce_or(Loc at, int32_t *gdram, const int32_t *nram, long n) {
-  atomic_operands(at, "__bang_atomic_reduce_or", gdram, nram, n);
-  for (long i = 0; i < n; ++i) std::atomic_ref<int32_t>(gdram[i]).fetch_or(nram[i], std::memory_order_relaxed);
+void atomic_reduce_add(Loc at, float *gdram, float value, long n) {
+  const char *op = "__bang_atomic_reduce_add (one value)";
+  if (core_at(at).mpu) memory_core_breach(at, op);
+  // The precedents pass a count of 1 with a value; nothing shows what a larger count means.
+  if (n != 1) violation(at, "%s: count %ld, the single-value form is used with count 1 only", op, n);
+  Space g = space_of(at, gdram, sizeof(float), op);
+  if (g != Space::GDRAM) violation(at, "%s: destination is in %s, it must be in GDRAM", op, space_name(g));
+  std::atomic_ref<float>(*gdram).fetch_add(value, std::memory_order_relaxed);
 }
 
 // ---- queues -----------------------------------------------------------------------------
@@ -572,7 +647,8 @@ int launch(const char *kernel, cnrtDim3_t dim, cnrtFunctionType_t type, cnrtQueu
                                               std::to_string(dim.z) + ") is empty or too large");
   if (type != cnrtFuncTypeBlock) {
     int per_job = static_cast<int>(type);
-    if (type != cnrtFuncTypeUnion1 && type != cnrtFuncTypeUnion2)
+    if (type != cnrtFuncTypeUnion1 && type != cnrtFuncTypeUnion2 && type != cnrtFuncTypeUnion4 &&
+        type != cnrtFuncTypeUnion8)
       return fail(MLU_EMU_INVALID_ARGUMENT, std::string("launch of '") + kernel + "': unknown task type");
     if (dim.x % per_job != 0 || task_dim > total_cores())
       return fail(MLU_EMU_INVALID_ARGUMENT,

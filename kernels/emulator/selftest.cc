@@ -3,19 +3,21 @@
 // kernel per enforced rule that deliberately breaks it.
 #include "../common/kernel.h"
 
+MLUOPS_NRAM_BUFFER(nram_buffer);
+
+// Every intrinsic of the allow-list (bang_emu.h).
 enum SelftestOp {
-  OP_ADD, OP_SUB, OP_MUL, OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_AND, OP_OR, OP_NOT, OP_MAXEQUAL,
-  OP_MINEQUAL, OP_ADD_SCALAR, OP_SUB_SCALAR, OP_MUL_SCALAR, OP_EQ_SCALAR, OP_NE_SCALAR, OP_LT_SCALAR,
-  OP_LE_SCALAR, OP_GT_SCALAR, OP_GE_SCALAR, OP_WRITE_VALUE, OP_CYCLE_ADD, OP_CYCLE_MUL, OP_TRANSPOSE,
-  OP_HALF_ROUND_TRIP, OP_ATOMIC_ADD, OP_ATOMIC_MIN, OP_ATOMIC_OR, OP_STRIDED_COPY
+  OP_ADD, OP_MUL, OP_EQ, OP_AND, OP_MINEQUAL, OP_ADD_SCALAR, OP_SUB_SCALAR, OP_MUL_SCALAR, OP_NE_SCALAR,
+  OP_LT_SCALAR, OP_GE_SCALAR, OP_WRITE_VALUE, OP_TRANSPOSE, OP_HALF_ROUND_TRIP, OP_ATOMIC_ADD, OP_ATOMIC_ADD_VALUE,
+  OP_STRIDED_COPY
 };
 
 // out = op(a, b) over n elements of T; `scalar` is the scalar operand; `m` the cycle
 // length or the transpose height.
 template <typename T>
 __mlu_global__ void MLUKernelSelftestIntrinsic(int op, long n, long m, T scalar, const T *a, const T *b, T *out) {
-  MLUOPS_NRAM(nram);
-  int8_t *cursor = nram;
+  if (__is_mpu()) return;
+  int8_t *cursor = nram_buffer;
   MLUOPS_CARVE(T, x, cursor, n);
   MLUOPS_CARVE(T, y, cursor, n);
   MLUOPS_CARVE(T, z, cursor, n);
@@ -23,31 +25,17 @@ __mlu_global__ void MLUKernelSelftestIntrinsic(int op, long n, long m, T scalar,
   __memcpy(y, b, n * sizeof(T), GDRAM2NRAM);
   switch (op) {
     case OP_ADD: __bang_add(z, x, y, n); break;
-    case OP_SUB: __bang_sub(z, x, y, n); break;
     case OP_MUL: __bang_mul(z, x, y, n); break;
     case OP_EQ: __bang_eq(z, x, y, n); break;
-    case OP_NE: __bang_ne(z, x, y, n); break;
-    case OP_LT: __bang_lt(z, x, y, n); break;
-    case OP_LE: __bang_le(z, x, y, n); break;
-    case OP_GT: __bang_gt(z, x, y, n); break;
-    case OP_GE: __bang_ge(z, x, y, n); break;
     case OP_AND: __bang_and(z, x, y, n); break;
-    case OP_OR: __bang_or(z, x, y, n); break;
-    case OP_NOT: __bang_not(z, x, n); break;
-    case OP_MAXEQUAL: __bang_maxequal(z, x, y, n); break;
     case OP_MINEQUAL: __bang_minequal(z, x, y, n); break;
     case OP_ADD_SCALAR: __bang_add_scalar(z, x, scalar, n); break;
     case OP_SUB_SCALAR: __bang_sub_scalar(z, x, scalar, n); break;
     case OP_MUL_SCALAR: __bang_mul_scalar(z, x, scalar, n); break;
-    case OP_EQ_SCALAR: __bang_eq_scalar(z, x, scalar, n); break;
     case OP_NE_SCALAR: __bang_ne_scalar(z, x, scalar, n); break;
     case OP_LT_SCALAR: __bang_lt_scalar(z, x, scalar, n); break;
-    case OP_LE_SCALAR: __bang_le_scalar(z, x, scalar, n); break;
-    case OP_GT_SCALAR: __bang_gt_scalar(z, x, scalar, n); break;
     case OP_GE_SCALAR: __bang_ge_scalar(z, x, scalar, n); break;
     case OP_WRITE_VALUE: __bang_write_value(z, n, scalar); break;
-    case OP_CYCLE_ADD: __bang_cycle_add(z, x, y, n, m); break;
-    case OP_CYCLE_MUL: __bang_cycle_mul(z, x, y, n, m); break;
     case OP_TRANSPOSE: __bang_transpose(z, x, m, n / m); break;
     case OP_HALF_ROUND_TRIP: {
       // float -> half (round to nearest even) -> float
@@ -60,20 +48,14 @@ __mlu_global__ void MLUKernelSelftestIntrinsic(int op, long n, long m, T scalar,
       // Every task adds a to out: out = taskDim * a (out starts at 0).
       __bang_atomic_reduce_add(reinterpret_cast<float *>(out), reinterpret_cast<float *>(x), n);
       return;
-    case OP_ATOMIC_MIN:
-      // Every task offers a[i] + taskId: out = min(out, a + 0).
-      __bang_add_scalar(z, x, static_cast<T>(taskId), n);
-      __bang_atomic_reduce_min(reinterpret_cast<int32_t *>(out), reinterpret_cast<int32_t *>(z), n);
-      return;
-    case OP_ATOMIC_OR:
-      // Task t sets bit t of every element.
-      __bang_write_value(z, n, static_cast<T>(1 << taskId));
-      __bang_atomic_reduce_or(reinterpret_cast<int32_t *>(out), reinterpret_cast<int32_t *>(z), n);
+    case OP_ATOMIC_ADD_VALUE:
+      // Every task adds a[i] to out[i] one value at a time.
+      for (long i = 0; i < n; ++i) __bang_atomic_reduce_add(reinterpret_cast<float *>(out) + i, static_cast<float>(x[i]), 1);
       return;
     case OP_STRIDED_COPY:
       // Element 2i of a to element i of out, via a strided NRAM copy.
       __memcpy(z, x, sizeof(T), NRAM2NRAM, sizeof(T), 2 * sizeof(T), n / 2 - 1);
-      __memcpy(out, z, n / 2 * sizeof(T), NRAM2GDRAM);
+      if (taskId == 0) __memcpy(out, z, n / 2 * sizeof(T), NRAM2GDRAM);
       return;
   }
   if (taskId == 0) __memcpy(out, z, n * sizeof(T), NRAM2GDRAM);
@@ -83,28 +65,30 @@ MLUOPS_EXPORT int mluops_emu_selftest_f32(cnrtQueue_t queue, uint32_t task_dim, 
                                           int64_t n, int64_t m, float scalar, const float *a, const float *b,
                                           float *out) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  return MLUOPS_LAUNCH(MLUKernelSelftestIntrinsic<float>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
+  MLUOPS_LAUNCH(MLUKernelSelftestIntrinsic<float>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
                        op, n, m, scalar, a, b, out);
+  return 0;
 }
 
 MLUOPS_EXPORT int mluops_emu_selftest_i32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t op,
                                           int64_t n, int64_t m, int32_t scalar, const int32_t *a, const int32_t *b,
                                           int32_t *out) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  return MLUOPS_LAUNCH(MLUKernelSelftestIntrinsic<int32_t>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
+  MLUOPS_LAUNCH(MLUKernelSelftestIntrinsic<int32_t>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
                        op, n, m, scalar, a, b, out);
+  return 0;
 }
 
 // ---- deliberately broken kernels: each breaks one rule ---------------------------------
 enum Broken {
   NRAM_CAPACITY, SRAM_CAPACITY, WRAM_CAPACITY, SRAM_IN_BLOCK, MISALIGNED, BAD_COUNT, GDRAM_OPERAND,
-  COPY_PAST_GDRAM, COPY_PAST_TILE, WRONG_DIRECTION, EMPTY_COPY, SYNC_CLUSTER_IN_BLOCK, BARRIER_NEVER_REACHED,
-  BAD_TRANSPOSE, UNALLOCATED_ADDRESS, STALE_ASYNC
+  COPY_PAST_GDRAM, COPY_PAST_TILE, WRONG_DIRECTION, EMPTY_COPY, BARRIER_IN_BLOCK, BARRIER_NEVER_REACHED,
+  BAD_TRANSPOSE, UNALLOCATED_ADDRESS, STALE_ASYNC, MISSING_MPU_GUARD, FIRST_CLUSTER_BARRIER
 };
 
 __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
-  MLUOPS_NRAM(nram);
-  int8_t *cursor = nram;
+  if (__is_mpu() && rule != MISSING_MPU_GUARD) return;
+  int8_t *cursor = nram_buffer;
   MLUOPS_CARVE(float, tile, cursor, 64);
   switch (rule) {
     case NRAM_CAPACITY:
@@ -126,10 +110,17 @@ __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
     case COPY_PAST_TILE: __memcpy(tile, buf, 65 * sizeof(float), GDRAM2NRAM); break;
     case WRONG_DIRECTION: __memcpy(buf, tile, 16 * sizeof(float), GDRAM2NRAM); break;
     case EMPTY_COPY: __memcpy(tile, buf, 0, GDRAM2NRAM); break;
-    case SYNC_CLUSTER_IN_BLOCK: __sync_cluster(); break;
+    case BARRIER_IN_BLOCK: __sync_all_ipu(); break;
     case BARRIER_NEVER_REACHED:
       if (taskId == 0) return;
-      __sync_all();
+      __sync_all_ipu();
+      break;
+    case MISSING_MPU_GUARD: break;  // the memory core reached the NRAM buffer above
+    case FIRST_CLUSTER_BARRIER:
+      // Only the first cluster's cores meet: fine for UNION1 (a barrier per cluster), a
+      // hang for UNION2 (one barrier over both clusters).
+      if (taskId >= 4) return;
+      __sync_all_ipu();
       break;
     case BAD_TRANSPOSE: __bang_transpose(tile + 32, tile, 4, 8); break;
     case UNALLOCATED_ADDRESS: {
@@ -141,9 +132,9 @@ __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
       // Not a violation: data of an async copy lands at the sync, so reading before it
       // sees the old value (0xFF bytes: NaN) and out[0] records that.
       __memcpy_async(tile, buf, 32 * sizeof(float), GDRAM2NRAM);
-      buf[1] = tile[0];
+      if (taskId == 0) buf[1] = tile[0];
       __sync_io();
-      buf[2] = tile[0];
+      if (taskId == 0) buf[2] = tile[0];
       break;
   }
 }
@@ -151,6 +142,7 @@ __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
 MLUOPS_EXPORT int mluops_emu_selftest_broken(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rule,
                                              float *buf, int64_t n) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  return MLUOPS_LAUNCH(MLUKernelSelftestBroken, dim, static_cast<cnrtFunctionType_t>(task_type), queue, rule, buf,
+  MLUOPS_LAUNCH(MLUKernelSelftestBroken, dim, static_cast<cnrtFunctionType_t>(task_type), queue, rule, buf,
                        n);
+  return 0;
 }

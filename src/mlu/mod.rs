@@ -49,9 +49,10 @@ impl DeviceInfo {
 /// MLUOPS_NRAM_BUDGET; a test pins the two together).
 pub const NRAM_BUDGET: usize = 768 * 1024 - 128 * 1024;
 
-/// BANG task types (cnrtFunctionType_t values).
+/// BANG task types (cnrtFunctionType_t values of CNRT 6.x cnrt.h).
 pub const TASK_BLOCK: i32 = 1;
 pub const TASK_UNION1: i32 = 4;
+pub const TASK_UNION2: i32 = 8;
 
 /// The calls a card's runtime offers. Every pointer is a device address of that runtime.
 pub trait Runtime: Send + Sync {
@@ -126,7 +127,9 @@ kernels! {
         grad_output: *const u16, indices: *const i32, weights: *const u16, grad_features: *mut u16);
     mluops_get_indice_pairs_expand(task_dim: u32, task_type: i32,
         geometry: *const crate::ops::get_indice_pairs::mlu::Geometry, rows: i32, tile_rows: i32,
-        indices: *const i32, expand: *mut i32, bitmap: *mut i32, site: *mut i32);
+        indices: *const i32, expand: *mut i32, site: *mut i32);
+    mluops_get_indice_pairs_mark(task_dim: u32, task_type: i32, count: i32, words: i32, tile: i32,
+        src: *const i32, bitmap: *mut i32);
     mluops_get_indice_pairs_rank(task_dim: u32, task_type: i32, words: i32, tile_words: i32,
         bitmap: *const i32, word_rank: *mut i32, core_totals: *mut i32, total: *mut i32);
     mluops_get_indice_pairs_out(task_dim: u32, task_type: i32,

@@ -2,9 +2,10 @@
 //! (max mode only, as the seed design; the EP declines mean and sum).
 //!
 //! UNION1 over the card's cores for the three kernels (fill, index, scatter). Workspace:
-//! reduce_from, V * C int32. NRAM: kernel1 takes 4 + 12 * Cp bytes per point of its tile
-//! (Cp = C padded to 32; map, feats, voxel_feats and index rows, the two float tiles reused
-//! for mask and candidates), kernel2 8 * C bytes per voxel of its tile.
+//! reduce_from, V * C int32. NRAM: kernel1 takes 8 + 12 * Cp bytes per point of its tile
+//! (Cp = C padded to 32; map and owned-voxel entries, feats, voxel_feats and index rows,
+//! the two float tiles reused for mask and candidates) and one Cp row, kernel2 8 * C bytes
+//! per voxel of its tile.
 
 use super::{DynamicScatterBackward, Reduce};
 use crate::error::{Error, Result};
@@ -17,7 +18,7 @@ use std::sync::Arc;
 /// int32 per fill copy (a multiple of 32).
 const FILL_TILE: usize = 16 * 1024;
 /// Tiles carved from the budget by kernel1 and kernel2, each rounded up to 64 bytes.
-const TILES_INDEX: usize = 4;
+const TILES_INDEX: usize = 6;
 const TILES_SCATTER: usize = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +33,7 @@ impl Policy {
     /// `None` when one point's row does not fit in NRAM.
     pub fn new(info: &mlu::DeviceInfo, c: usize) -> Option<Self> {
         let padded = c.next_multiple_of(32);
-        let tile_points = (NRAM_BUDGET - TILES_INDEX * 64) / (4 + 12 * padded);
+        let tile_points = NRAM_BUDGET.saturating_sub(TILES_INDEX * 64 + 4 * padded) / (8 + 12 * padded);
         let tile_voxels = (NRAM_BUDGET - TILES_SCATTER * 64) / (8 * c);
         (tile_points > 0 && tile_voxels > 0).then_some(Policy {
             task_dim: info.cores(),

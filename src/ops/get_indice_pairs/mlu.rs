@@ -1,5 +1,7 @@
-//! GetIndicePairs on the MLU: host policy for the four kernels of kernels/get_indice_pairs
-//! (expand, rank, out, pairs; see that file for the sequence and the seed steps).
+//! GetIndicePairs on the MLU: host policy for the five kernels of kernels/get_indice_pairs
+//! (expand, mark, rank, out, pairs; see that file for the sequence and the seed steps).
+//! Every kernel uses all of the card's cores except rank, whose barrier covers one
+//! cluster only (UNION1).
 //!
 //! Supported: transpose = 0 (as MLU-OPS), every value of the descriptor within int32, and
 //! batch_size * output volume within the int32 linear site index (the bitmap has that
@@ -42,7 +44,7 @@ pub struct Policy {
 impl Policy {
     pub fn new(info: &mlu::DeviceInfo, k: usize) -> Self {
         let per_row = 4 * (4 + k + 1);
-        let tile_rows = ((NRAM_BUDGET - (TILES + 1) * 64 - 32 * 4) / per_row).max(1);
+        let tile_rows = ((NRAM_BUDGET - TILES * 64) / per_row).max(1);
         Policy { task_dim: info.cores(), tile_rows, tile: STREAM_TILE }
     }
 }
@@ -118,7 +120,9 @@ impl MluOperator for GetIndicePairs {
         let bitmap = alloc_ints(device, words)?;
         device.zero(&bitmap)?;
         let word_rank = alloc_ints(device, words)?;
-        let core_totals = alloc_ints(device, p.task_dim as usize)?;
+        // One cluster: a UNION1 __sync_all_ipu synchronises the cores of one cluster only.
+        let rank_tasks = device.info.cores_per_cluster;
+        let core_totals = alloc_ints(device, rank_tasks as usize)?;
         let total = alloc_ints(device, 1)?;
         let (site, perm) = if self.sub_m { (alloc_ints(device, l)?, alloc_ints(device, l)?) } else { (device.alloc(0)?, device.alloc(0)?) };
         let kernels = &device.kernels;
@@ -127,14 +131,23 @@ impl MluOperator for GetIndicePairs {
         // only enqueues, and the queue is synchronised before they are dropped.
         let code = unsafe {
             (kernels.mluops_get_indice_pairs_expand)(
-                queue.ptr(), p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand.ptr(), bitmap.ptr(), site.ptr(),
+                queue.ptr(), p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand.ptr(), site.ptr(),
             )
         };
         queue.launched("mluops_get_indice_pairs_expand", code)?;
+        // Subm marks the rows' own sites, the default mode every expanded one.
+        let (marked, count) = if self.sub_m { (&site, rows) } else { (&expand, i("K*L", k * l)?) };
+        // SAFETY: as above.
+        let code = unsafe {
+            (kernels.mluops_get_indice_pairs_mark)(
+                queue.ptr(), p.task_dim, TASK_UNION1, count, nwords, tile, marked.ptr::<i32>().cast_const(), bitmap.ptr(),
+            )
+        };
+        queue.launched("mluops_get_indice_pairs_mark", code)?;
         // SAFETY: as above.
         let code = unsafe {
             (kernels.mluops_get_indice_pairs_rank)(
-                queue.ptr(), p.task_dim, TASK_UNION1, nwords, tile, bitmap.ptr(), word_rank.ptr(), core_totals.ptr(), total.ptr(),
+                queue.ptr(), rank_tasks, TASK_UNION1, nwords, tile, bitmap.ptr(), word_rank.ptr(), core_totals.ptr(), total.ptr(),
             )
         };
         queue.launched("mluops_get_indice_pairs_rank", code)?;
