@@ -3,29 +3,26 @@
 //!   system C++ compiler (C++20, FP contraction off) into a static library linked into
 //!   this crate: the emulated MLU card runs these.
 //! - When a Cambricon toolkit is present (NEUWARE_HOME with bin/cncc): the same sources
-//!   compiled by cncc into `libmluops_kernels_mlu.so`, which the Cambricon runtime path
+//!   compiled one by one by cncc (for MLU_EP_BANG_ARCH, default mtp_372) and linked into
+//!   `libmluops_kernels_mlu.so` (build_support/cncc.rs), which the Cambricon runtime path
 //!   opens with libloading; its path is baked in as MLUOPS_DEVICE_KERNELS.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "build_support/cncc.rs"]
+mod cncc;
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("kernels/ is readable").flatten().map(|e| e.path()).collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            sources(&p, out);
-        } else if p.extension().is_some_and(|e| e == "mlu") {
-            out.push(p);
-        }
-    }
+use std::path::{Path, PathBuf};
+
+/// Stops the build with `message` and no panic backtrace: cargo shows the script's stderr.
+fn fail(message: &str) -> ! {
+    eprintln!("{message}");
+    std::process::exit(1);
 }
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-env-changed=NEUWARE_HOME");
-    let mut mlu = Vec::new();
-    sources(Path::new("kernels"), &mut mlu);
+    println!("cargo:rerun-if-env-changed=MLU_EP_BANG_ARCH");
+    let mlu = cncc::mlu_sources(Path::new("kernels")).unwrap_or_else(|e| fail(&format!("error: reading kernels/: {e}")));
 
     let mut build = cc::Build::new();
     build
@@ -47,19 +44,22 @@ fn main() {
     build.compile("mluops_kernels_emu");
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let device_lib = std::env::var("NEUWARE_HOME").ok().and_then(|home| {
-        let cncc = Path::new(&home).join("bin/cncc");
-        cncc.exists().then(|| {
-            let lib = out_dir.join("libmluops_kernels_mlu.so");
-            let status = Command::new(&cncc)
-                .args(["--bang-mlu-arch=mtp_372", "-O3", "-ffp-contract=off", "-fPIC", "-shared", "-o"])
-                .arg(&lib)
-                .args(&mlu)
-                .status()
-                .expect("cncc runs");
-            assert!(status.success(), "cncc failed to build the BANG kernels");
-            lib
-        })
+    let device_lib = std::env::var_os("NEUWARE_HOME").and_then(|home| {
+        let home = PathBuf::from(home);
+        let Some(cncc) = cncc::cncc(&home) else {
+            println!("cargo:warning=NEUWARE_HOME={} has no bin/cncc: only the emulated card's kernels are built", home.display());
+            return None;
+        };
+        // The link driver: the host C++ compiler the emulator build uses (honours CXX).
+        let cxx = build.get_compiler().path().to_path_buf();
+        let arch = std::env::var("MLU_EP_BANG_ARCH").ok().filter(|a| !a.is_empty());
+        let toolchain = cncc::Toolchain { neuware_home: &home, cncc: &cncc, cxx: &cxx, arch: arch.as_deref().unwrap_or(cncc::DEFAULT_ARCH) };
+        match cncc::build_library(&toolchain, &mlu, &out_dir) {
+            Ok(lib) => Some(lib),
+            Err(e) => fail(&format!(
+                "{e}\nerror: the Cambricon toolkit build of kernels/ failed; to build without it (emulated card only), unset NEUWARE_HOME"
+            )),
+        }
     });
     println!(
         "cargo:rustc-env=MLUOPS_DEVICE_KERNELS={}",

@@ -1,5 +1,5 @@
 //! Straightforward single-threaded implementations of the five operators: the loops one
-//! writes first from OPERATORS.md, with no attention to memory order, allocation or threads.
+//! writes first from docs/CONTRACT.md, with no attention to memory order, allocation or threads.
 //! The bench measures the kernels against them (and checks that both agree).
 
 use std::collections::{BTreeMap, HashMap};

@@ -1,4 +1,4 @@
-//! CPU benchmarks of the five operators at the seed network scales (OPERATORS.md), run as
+//! CPU benchmarks of the five operators at the seed network scales (docs/CONTRACT.md §N.6), run as
 //! `scripts/bench.sh` (or `cargo bench --bench ops` with ORT_DYLIB_PATH set). One run
 //! measures, per operator: the kernel on persistent pools of 1 and 2 threads, the same node
 //! through onnxruntime sessions (custom-op library, 1 and 2 intra-op threads), a 2-thread

@@ -2,7 +2,7 @@
 """Peer benchmark: our mluops.GetIndicePairs against spconv 2.3.8's CPU rulebook generation.
 
 Both run on the same indices in one process, at the two seed network scales of
-OPERATORS.md section 3. The rulebooks are checked in the same run -- against each other
+docs/CONTRACT.md §4.6. The rulebooks are checked in the same run -- against each other
 and against a numpy evaluation of the contract -- as *sets* of
 (kernel offset, input site, output site), because the two implementations number their
 output rows differently. Any mismatch exits non-zero; speed ratios are only reported.
@@ -304,7 +304,7 @@ def rulebook_keys(cfg, label, pairs_in, pairs_out, counts, out_indices, in_lin):
 
 
 def contract_keys(cfg: Config, indices: np.ndarray, in_lin: np.ndarray):
-    """The rulebook OPERATORS.md section 3 defines, evaluated directly with numpy: offset
+    """The rulebook docs/CONTRACT.md §4.2 defines, evaluated directly with numpy: offset
     k = (kz*KH + ky)*KW + kx maps input coordinate i to o = (i + p - kk*d) / s when that
     division is exact and 0 <= o < out; subm keeps only outputs that are active inputs."""
     _, kh, kw = cfg.ksize

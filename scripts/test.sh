@@ -17,6 +17,9 @@ echo "== BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (
 for clusters in 1 4; do
     MLU_EMU_CLUSTERS=$clusters cargo test --quiet --test mlu_kernels --test emulator
 done
+echo "== BANG kernels and emulator under ThreadSanitizer, then Address+UndefinedBehaviorSanitizer (4 clusters)"
+MLU_EMU_CLUSTERS=4 scripts/sanitize.sh thread
+MLU_EMU_CLUSTERS=4 scripts/sanitize.sh address
 echo "== seed cases at network scale (release)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
     --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
@@ -24,6 +27,8 @@ echo "== BANG kernels on the emulated MLU card at network scale (release; no MLU
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
+echo "== the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
+scripts/ort_range.sh
 echo "== model fixtures are what the builder writes"
 cargo run --quiet --example build_models -- --check
 echo "== model goldens are what the independent numpy models compute"

@@ -6,7 +6,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
-    /// An attribute is missing, has the wrong type, or violates a rule of OPERATORS.md.
+    /// An attribute is missing, has the wrong type, or violates a rule of docs/CONTRACT.md.
     #[error("attribute '{name}': {rule}")]
     Attribute { name: String, rule: String },
     /// An input tensor violates a shape, dtype or value rule.

@@ -1,5 +1,5 @@
 //! onnxruntime-ep-mlu: five MLU-OPS operators for ONNX Runtime, in the custom-op domain
-//! `mluops` (see schemas/ and OPERATORS.md), and the `MLUExecutionProvider` plugin EP. The
+//! `mluops` (see schemas/ and docs/CONTRACT.md), and the `MLUExecutionProvider` plugin EP. The
 //! crate root holds only the C entry points;
 //! everything else lives in the modules below.
 

@@ -1,4 +1,4 @@
-//! DynamicScatterBackward against the contract (OPERATORS.md section 1): a naive reference
+//! DynamicScatterBackward against the contract (docs/CONTRACT.md §2): a naive reference
 //! written here from the contract text, the MLU-OPS golden case, the seed scale, one test per
 //! error rule, and property tests over random index tensors. Accuracy class: exact, so every
 //! comparison is bit-for-bit.

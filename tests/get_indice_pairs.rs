@@ -1,4 +1,4 @@
-//! GetIndicePairs against the contract (OPERATORS.md section 3). The reference below is
+//! GetIndicePairs against the contract (docs/CONTRACT.md §4). The reference below is
 //! written from the contract text alone: brute-force loops over every input row and every
 //! kernel offset, i128 arithmetic, BTreeMaps for the sites. It shares no code with the kernel.
 //! Accuracy class: exact, so every output is compared element for element.
@@ -730,7 +730,7 @@ fn seed_sparse_full_scale() {
 }
 
 // ---------------------------------------------------------------------------------------
-// One test per error rule of OPERATORS.md section 3
+// One test per error rule of docs/CONTRACT.md §4.3
 // ---------------------------------------------------------------------------------------
 
 fn base() -> Attrs {

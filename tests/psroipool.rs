@@ -1,6 +1,6 @@
 //! PsRoiPool (R-FCN position-sensitive RoI pooling forward, NHWC) against its contract, the
 //! `doc` of schemas/psroipool.json, whose bin rules are those of PsRoiPoolBackward
-//! (OPERATORS.md section 5), through the Rust API.
+//! (docs/CONTRACT.md §6.2), through the Rust API.
 //!
 //! The reference below is written from the contract text alone (one loop per output element,
 //! bins computed in float32 as the contract spells out); it shares no code with the kernel.

@@ -1,4 +1,4 @@
-//! PsRoiPoolBackward against OPERATORS.md section 5, through the Rust API.
+//! PsRoiPoolBackward against docs/CONTRACT.md §6, through the Rust API.
 //!
 //! The reference below is written from the contract alone (one loop per top_grad element,
 //! as in the R-FCN kernel, with float64 sums); it shares no code with the kernel.

@@ -1,4 +1,4 @@
-//! The schemas in schemas/ against the contract (OPERATORS.md): names, input/output order,
+//! The schemas in schemas/ against the contract (docs/CONTRACT.md): names, input/output order,
 //! dtypes, optionality, attributes and defaults. Registration is derived from these
 //! schemas (src/ort/custom_op.rs), so this pins what ONNX Runtime sees.
 
@@ -52,7 +52,7 @@ fn every_operator_has_exactly_one_schema_in_domain_mluops() {
     );
 }
 
-/// The five operators of OPERATORS.md have BANG kernels; the forward partners run on CPU
+/// The five operators of docs/CONTRACT.md §2-§6 have BANG kernels; the forward partners run on CPU
 /// only (the EP declines them).
 #[test]
 fn mlu_kernels_exist_for_the_five_contract_operators_only() {

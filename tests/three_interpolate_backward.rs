@@ -1,4 +1,4 @@
-//! ThreeInterpolateBackward against the contract (OPERATORS.md section 2): a float64 naive
+//! ThreeInterpolateBackward against the contract (docs/CONTRACT.md §3): a float64 naive
 //! reference written here, the accumulating accuracy metric, the 20 seed cases in float32
 //! and float16, one test per error rule, and property tests over random index tensors.
 //!

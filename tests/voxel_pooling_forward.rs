@@ -1,4 +1,4 @@
-//! VoxelPoolingForward against OPERATORS.md section 4, through the Rust API.
+//! VoxelPoolingForward against docs/CONTRACT.md §5, through the Rust API.
 //!
 //! The reference below is written from the contract alone (a serial loop with float64
 //! sums); it shares no code with the kernel.

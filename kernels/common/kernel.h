@@ -71,11 +71,12 @@ __mlu_func__ void mluops_share(long total, int task, int tasks, long *begin, lon
 
 // ---- launch ---------------------------------------------------------------------------
 // Every kernel has a C-ABI launch entry `mluops_<op>[_<step>](queue, dim..., args...)`
-// returning 0 or a runtime error code. MLUOPS_LAUNCH is a statement that returns the
-// error code from the entry when the launch fails. On a card it clears a stale error
-// before the launch and reads the launch's own after it, as mlu-ops' KERNEL_CHECK does
-// (Cambricon/mlu-ops@v1.4.0 core/logging.h:89-105: cnrtGetLastError, then
-// cnrtPeekAtLastError; CNRT 6.x).
+// returning 0 or a runtime error code, declared in its family's <family>/<family>.h (the
+// ABI the Rust side is tested against, tests/kernel_abi.rs). MLUOPS_LAUNCH is a statement
+// that returns the error code from the entry when the launch fails. On a card it clears a
+// stale error before the launch and reads the launch's own after it, as mlu-ops'
+// KERNEL_CHECK does (Cambricon/mlu-ops@v1.4.0 core/logging.h:89-105: cnrtGetLastError,
+// then cnrtPeekAtLastError; CNRT 6.x).
 #if defined(__BANG__)
 #define MLUOPS_LAUNCH(kernel, dim, type, queue, ...)                 \
   {                                                                  \

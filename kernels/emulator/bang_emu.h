@@ -206,8 +206,8 @@ using ::bang_emu::NRAM2NRAM;
 
 // Device math (scalar, on the host's IEEE float).
 inline float round(float x) { return __builtin_roundf(x); }
-inline float floorf(float x) { return __builtin_floorf(x); }
-inline float ceilf(float x) { return __builtin_ceilf(x); }
+inline float floor(float x) { return __builtin_floorf(x); }
+inline float ceil(float x) { return __builtin_ceilf(x); }
 inline bool isnan(float x) { return __builtin_isnan(x); }
 inline bool isinf(float x) { return __builtin_isinf(x); }
 #endif  // BANG_EMU_RUNTIME

@@ -24,8 +24,48 @@
 #define BANG_EMU_RUNTIME
 #include "bang_emu.h"
 
+// scripts/sanitize.sh builds with -DMLU_EMU_SANITIZE. Under -fsanitize=address the header's
+// macros poison memory (Core::poison_onchip); under any other build they do nothing.
+#ifdef MLU_EMU_SANITIZE
+#include <sanitizer/asan_interface.h>
+#else
+#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#endif
+// Under ThreadSanitizer the script ignores the accesses made inside intercepted library calls
+// (memcpy, memcmp, free, ...: TSAN_OPTIONS ignore_interceptors_accesses=1), because the Rust
+// code making most of them is not instrumented and synchronises with atomics TSan cannot see.
+// The emulator's own copies of device memory (DMA, host transfers) are declared to TSan here
+// instead (copy_bytes, fill_bytes), so a race on device memory between cores still shows.
+#if defined(MLU_EMU_SANITIZE) && defined(__SANITIZE_THREAD__)
+#define MLU_EMU_TSAN 1
+#elif defined(MLU_EMU_SANITIZE) && defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MLU_EMU_TSAN 1
+#endif
+#endif
+#ifdef MLU_EMU_TSAN
+extern "C" void __tsan_read_range(void *addr, unsigned long size);
+extern "C" void __tsan_write_range(void *addr, unsigned long size);
+#endif
+
 namespace bang_emu {
 namespace {
+
+void copy_bytes(void *dst, const void *src, size_t bytes) {
+#ifdef MLU_EMU_TSAN
+  __tsan_read_range(const_cast<void *>(src), bytes);
+  __tsan_write_range(dst, bytes);
+#endif
+  std::memmove(dst, src, bytes);
+}
+
+void fill_bytes(void *dst, int value, size_t bytes) {
+#ifdef MLU_EMU_TSAN
+  __tsan_write_range(dst, bytes);
+#endif
+  std::memset(dst, value, bytes);
+}
 
 // ---- the architecture ---------------------------------------------------------------
 // MLU370 (mtp_372): 768 KB NRAM per core of which 128 KB hold the stack, 1 MB WRAM per
@@ -206,11 +246,26 @@ struct Core {
   std::vector<Pending> pending;
 
   void reset_task() {
+    poison_onchip(false);
     // 0xFF: NaN as float, -1 as int: reading on-chip memory nobody wrote shows.
     if (nram.size()) std::memset(nram.data(), 0xFF, nram.size());
     std::fill(std::begin(used), std::end(used), 0);
     regions.clear();
     pending.clear();
+    poison_onchip(true);
+  }
+  // Under ASan (MLU_EMU_SANITIZE) a task's NRAM and WRAM are poisoned from its start to its
+  // end except the buffers it allocates (onchip_alloc) or carves (carve), so a scalar access
+  // outside every tile, e.g. past a tile's end into its 64-byte alignment pad, is reported.
+  // The file-scope NRAM buffer (nram_static) stays poisoned: kernels carve their tiles from it.
+  void poison_onchip(bool poison) {
+    for (Arena *a : {&nram, &wram}) {
+      if (!a->size()) continue;
+      if (poison)
+        ASAN_POISON_MEMORY_REGION(a->data(), a->size());
+      else
+        ASAN_UNPOISON_MEMORY_REGION(a->data(), a->size());
+    }
   }
 };
 
@@ -221,8 +276,8 @@ const Builtins kNoTask{};
 void run_pending(Core &c) {
   for (const Pending &p : c.pending)
     for (long s = 0; s <= p.segments; ++s)
-      std::memmove(static_cast<char *>(p.dst) + s * p.dst_stride, static_cast<const char *>(p.src) + s * p.src_stride,
-                   p.bytes);
+      copy_bytes(static_cast<char *>(p.dst) + s * p.dst_stride, static_cast<const char *>(p.src) + s * p.src_stride,
+                 p.bytes);
   c.pending.clear();
 }
 
@@ -246,10 +301,11 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
     core.b.clusterDim = 1;
     core.cluster = nullptr;
   } else {
-    // A memory core runs with the builtins of its cluster's first compute core (task is
-    // that core's), so a kernel without the __is_mpu() guard does real work on it and
-    // breaks a rule.
-    core.b.coreId = task % kCoresPerCluster;
+    // A memory core runs with the task builtins of its cluster's first compute core (task
+    // is that core's), so a kernel without the __is_mpu() guard does real work on it and
+    // breaks a rule; its coreId is 0x80 (mlu-ops@v1.4.0 kernels/focal_loss_sigmoid/
+    // focal_loss_sigmoid_backward_union1.mlu:495 tests `coreId == 0x80`).
+    core.b.coreId = core.mpu ? 0x80 : task % kCoresPerCluster;
     core.b.coreDim = kCoresPerCluster;
     core.b.clusterId = task / kCoresPerCluster;
     core.b.clusterDim = l.task_dim / kCoresPerCluster;
@@ -276,6 +332,7 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
       l.record(std::string("kernel '") + l.kernel + "' " + (core.mpu ? "memory core of the cluster of task " : "task ") +
                std::to_string(task) + " returned while other tasks wait at a barrier it never reaches (a card would hang)");
   }
+  core.poison_onchip(false);
   t_core = nullptr;
 }
 
@@ -434,6 +491,7 @@ void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
   used = start + bytes;
   void *p = base + start;
   c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
+  ASAN_UNPOISON_MEMORY_REGION(p, bytes);
   return p;
 }
 
@@ -445,6 +503,7 @@ void carve(Loc at, const void *p, size_t bytes, const char *name) {
   Space s = space_of(at, p, bytes, what);
   if (s == Space::GDRAM) violation(at, "on-chip tile '%s' is carved from GDRAM", name);
   c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
+  ASAN_UNPOISON_MEMORY_REGION(p, bytes);
 }
 
 void vector_count(Loc at, const char *op, long count, size_t elem) {
@@ -493,6 +552,9 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
   if (bytes <= 0) violation(at, "%s %s: size %ld must be positive", op, d.name, bytes);
   if (segnum < 0 || dst_stride < 0 || src_stride < 0)
     violation(at, "%s %s: strides (%ld, %ld) and segnum %ld must be >= 0", op, d.name, dst_stride, src_stride, segnum);
+  // The segment argument's range is [0, 65535] (mlu-ops@v1.4.0
+  // kernels/tensor_stride_process/tensor_stride_process_common.h:378).
+  if (segnum > 65535) violation(at, "%s %s: segnum %ld beyond 65535", op, d.name, segnum);
   char what[96];
   std::snprintf(what, sizeof what, "%s %s destination", op, d.name);
   Space ds = space_of(at, dst, segnum * dst_stride + bytes, what);
@@ -700,11 +762,14 @@ int mlu_emu_device_info(int32_t device, MluEmuDeviceInfo *info) {
 
 int mlu_emu_malloc(void **ptr, size_t bytes) {
   if (!ptr || bytes == 0) return fail(MLU_EMU_INVALID_ARGUMENT, "malloc: null pointer or zero size");
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void *p = std::aligned_alloc(64, rounded);
-  if (!p) return fail(MLU_EMU_OUT_OF_MEMORY, "malloc: out of memory for " + std::to_string(bytes) + " bytes");
+  // Exactly `bytes` (posix_memalign, unlike aligned_alloc, takes any size), so under ASan an
+  // access past the end is reported instead of landing in slack; 64-byte aligned as before,
+  // though no rule needs it: GDRAM is never a vector operand.
+  void *p = nullptr;
+  if (posix_memalign(&p, 64, bytes) != 0)
+    return fail(MLU_EMU_OUT_OF_MEMORY, "malloc: out of memory for " + std::to_string(bytes) + " bytes");
   // Fresh device memory is not zero on a card either: 0xFF reads as NaN / -1.
-  std::memset(p, 0xFF, rounded);
+  std::memset(p, 0xFF, bytes);
   std::unique_lock lock(bang_emu::g_mem_mutex);
   bang_emu::g_allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
   *ptr = p;
@@ -732,7 +797,7 @@ int mlu_emu_memcpy(void *dst, const void *src, size_t bytes, int32_t kind) {
     return fail(MLU_EMU_INVALID_ARGUMENT, "memcpy: destination range is not inside one device allocation");
   if (src_dev && !bang_emu::gdram_contains(src, bytes))
     return fail(MLU_EMU_INVALID_ARGUMENT, "memcpy: source range is not inside one device allocation");
-  std::memmove(dst, src, bytes);
+  bang_emu::copy_bytes(dst, src, bytes);
   return MLU_EMU_SUCCESS;
 }
 
@@ -740,7 +805,7 @@ int mlu_emu_memset(void *dst, int32_t value, size_t bytes) {
   if (bytes == 0) return MLU_EMU_SUCCESS;
   if (!bang_emu::gdram_contains(dst, bytes))
     return fail(MLU_EMU_INVALID_ARGUMENT, "memset: range is not inside one device allocation");
-  std::memset(dst, value, bytes);
+  bang_emu::fill_bytes(dst, value, bytes);
   return MLU_EMU_SUCCESS;
 }
 

@@ -5,13 +5,28 @@
 //! No MLU hardware is reachable from this project's machines: this path compiles and is
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
-use super::{Copy, Device, DeviceInfo, Kernels, QueuePtr, Runtime};
+use super::{Copy, Device, DeviceInfo, Kernels, NRAM_BUDGET, QueuePtr, Runtime};
 use crate::error::{Error, Result};
 use libloading::Library;
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
+use std::ffi::{CStr, OsStr, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 
 type Ret = c_int;
+
+/// cnrtDeviceAttr_t values of the card's topology: cnrt.h of CNRT 6.0.2, where
+/// `cnrtRet_t cnrtDeviceGetAttribute(int *pValue, cnrtDeviceAttr_t attr, int device)` reads
+/// them (NRAM in bytes). Cambricon queries the same three in torch_mlu,
+/// torch_mlu/csrc/framework/core/device.cpp (branch r1.22_pt2.1.0, commit d578002):
+/// `cnrtDeviceGetAttribute(&value, cnrtAttrClusterCount, device_index)`.
+const ATTR_CLUSTER_COUNT: c_int = 0x205;
+const ATTR_MCORE_PER_CLUSTER: c_int = 0x206;
+const ATTR_NRAM_SIZE_PER_MCORE: c_int = 0x302;
+
+/// NRAM per core that cncc keeps for the stack: REM_FOR_STACK of mlu-ops kernels/kernel.h
+/// (tag v1.4.0), also subtracted from cnrtAttrNramSizePerMcore by torch_mlu's getDeviceAttr
+/// (device.cpp above, `rem_for_stack = 128 * 1024`).
+const NRAM_RESERVED_BYTES: u64 = 128 * 1024;
 
 struct Cnrt {
     // Keeps the function pointers below valid.
@@ -19,6 +34,7 @@ struct Cnrt {
     device: c_int,
     get_error_str: unsafe extern "C" fn(Ret) -> *const c_char,
     set_device: unsafe extern "C" fn(c_int) -> Ret,
+    get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Ret,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Ret,
     free: unsafe extern "C" fn(*mut c_void) -> Ret,
     memcpy: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> Ret,
@@ -28,10 +44,32 @@ struct Cnrt {
     queue_destroy: unsafe extern "C" fn(QueuePtr) -> Ret,
 }
 
-/// The runtime library; `None` (with the reason) when it cannot be opened.
-fn open_runtime() -> std::result::Result<Library, String> {
+/// Opens the Cambricon runtime as [`devices`] does with `open_global("libcnrt.so")`:
+/// RTLD_NOW | RTLD_GLOBAL.
+///
+/// Global: the kernel library calls CNRT (kernels/common/kernel.h's MLUOPS_LAUNCH:
+/// cnrtGetLastError, the `<<<>>>` launch, cnrtPeekAtLastError). It is linked with -lcnrt
+/// (build_support/cncc.rs), and the loader satisfies that dependency with the copy opened
+/// here (same file, same soname). A kernel library without that dependency (one given
+/// through MLU_EP_KERNEL_LIBRARY, or linked with --as-needed) finds the runtime's symbols
+/// only in the global scope: libloading's default, RTLD_LOCAL, would hide them. Either way
+/// the kernels' calls reach this very runtime instance (one set of contexts, queues and
+/// registered kernels). The load order is tested below with stand-in libraries.
+///
+/// Now: a symbol the runtime itself lacks fails this open, with a reason, instead of aborting
+/// the host process at the first call (a failed lazy binding is fatal, not an error).
+fn open_global(path: impl AsRef<OsStr>) -> std::result::Result<Library, String> {
     // SAFETY: loading the vendor runtime runs its initialisers; that is its documented use.
-    unsafe { Library::new("libcnrt.so") }.map_err(|e| e.to_string())
+    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map(Library::from).map_err(|e| e.to_string())
+}
+
+/// Opens the kernel library, after the runtime: RTLD_NOW, so that a CNRT symbol it cannot
+/// resolve fails the open (no device, with the reason) rather than the process at the first
+/// launch; RTLD_LOCAL, as nothing else needs its symbols.
+fn open_kernels(path: impl AsRef<OsStr>) -> std::result::Result<Library, String> {
+    // SAFETY: the kernel library is our own cncc build of kernels/; it has no initialisers
+    // beyond the toolkit's kernel registration.
+    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Library::from).map_err(|e| e.to_string())
 }
 
 fn sym<T: std::marker::Copy>(lib: &Library, name: &str) -> Result<T> {
@@ -46,6 +84,7 @@ impl Cnrt {
             device,
             get_error_str: sym(&lib, "cnrtGetErrorStr\0")?,
             set_device: sym(&lib, "cnrtSetDevice\0")?,
+            get_attribute: sym(&lib, "cnrtDeviceGetAttribute\0")?,
             malloc: sym(&lib, "cnrtMalloc\0")?,
             free: sym(&lib, "cnrtFree\0")?,
             memcpy: sym(&lib, "cnrtMemcpy\0")?,
@@ -70,6 +109,41 @@ impl Cnrt {
     fn bind(&self) -> Result<()> {
         // SAFETY: plain call with a device index that cnrtGetDeviceCount reported.
         self.check("cnrtSetDevice", unsafe { (self.set_device)(self.device) })
+    }
+
+    /// One positive attribute of this card.
+    fn attribute(&self, name: &str, attr: c_int) -> Result<u32> {
+        let mut value: c_int = 0;
+        // SAFETY: `value` is a valid out-pointer; `attr` is a cnrtDeviceAttr_t value and the
+        // device an index that cnrtGetDeviceCount reported.
+        self.check(name, unsafe { (self.get_attribute)(&mut value, attr, self.device) })?;
+        u32::try_from(value)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| Error::Runtime(format!("cnrtDeviceGetAttribute({name}) reports {value}")))
+    }
+
+    /// The card's topology as the runtime reports it. The launch policies (mlu::union1_tasks)
+    /// get the real cluster count from here, no longer a fixed one cluster of four cores.
+    fn info(&self) -> Result<DeviceInfo> {
+        let clusters = self.attribute("cnrtAttrClusterCount", ATTR_CLUSTER_COUNT)?;
+        let cores_per_cluster = self.attribute("cnrtAttrMcorePerCluster", ATTR_MCORE_PER_CLUSTER)?;
+        let nram_bytes = u64::from(self.attribute("cnrtAttrNramSizePerMcore", ATTR_NRAM_SIZE_PER_MCORE)?);
+        // The kernels carve a fixed NRAM budget (kernels/common/kernel.h): a smaller core
+        // would overrun it.
+        if nram_bytes < NRAM_BUDGET as u64 + NRAM_RESERVED_BYTES {
+            return Err(Error::Runtime(format!(
+                "{nram_bytes} bytes of NRAM per core, below the kernels' {NRAM_BUDGET} plus {NRAM_RESERVED_BYTES} of stack"
+            )));
+        }
+        Ok(DeviceInfo {
+            arch: "MLU (cnrt)".to_owned(),
+            emulated: false,
+            clusters,
+            cores_per_cluster,
+            nram_bytes,
+            nram_reserved_bytes: NRAM_RESERVED_BYTES,
+        })
     }
 }
 
@@ -117,8 +191,12 @@ impl Runtime for Cnrt {
         // SAFETY: forwarded contract.
         self.check("cnrtQueueDestroy", unsafe { (self.queue_destroy)(q) })
     }
-    fn last_error(&self) -> String {
-        "see the Cambricon runtime log".to_owned()
+    fn launch_error(&self, code: i32) -> String {
+        // SAFETY: cnrtGetErrorStr returns a static NUL-terminated string for any code.
+        unsafe { CStr::from_ptr((self.get_error_str)(code)) }.to_string_lossy().into_owned()
+    }
+    fn bind_thread(&self) -> Result<()> {
+        self.bind()
     }
 }
 
@@ -131,9 +209,10 @@ fn kernel_library_path() -> Option<String> {
         .filter(|p| !p.is_empty())
 }
 
-/// The real cards, or the reason there are none (absent runtime, no card, no kernels).
+/// The real cards, or the reason there are none (absent runtime, no card, no kernels, or no
+/// card whose topology could be read; such a card is left out with a warning).
 pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
-    let lib = open_runtime().map_err(|e| format!("Cambricon runtime libcnrt.so not loadable ({e}): no real MLU"))?;
+    let lib = open_global("libcnrt.so").map_err(|e| format!("Cambricon runtime libcnrt.so not loadable ({e}): no real MLU"))?;
     let count_fn: unsafe extern "C" fn(*mut c_uint) -> Ret =
         sym(&lib, "cnrtGetDeviceCount\0").map_err(|e| e.to_string())?;
     let mut count: c_uint = 0;
@@ -143,27 +222,78 @@ pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
     }
     let kernels_path = kernel_library_path()
         .ok_or("this build has no cncc-compiled kernels (build with NEUWARE_HOME set, or set MLU_EP_KERNEL_LIBRARY)")?;
-    // SAFETY: the kernel library is our own cncc build of kernels/; it has no initialisers
-    // beyond the toolkit's kernel registration.
-    let klib = unsafe { Library::new(&kernels_path) }.map_err(|e| format!("{kernels_path}: {e}"))?;
+    let klib = open_kernels(&kernels_path).map_err(|e| format!("{kernels_path}: {e}"))?;
     let kernels = Kernels::load(&klib).map_err(|e| e.to_string())?;
-    // The kernel entries must outlive every device: the library stays loaded.
+    // The kernel entries must outlive every device, and the runtime they call with them:
+    // both libraries stay loaded.
     std::mem::forget(klib);
+    std::mem::forget(lib);
     let mut out = Vec::new();
+    let mut failed = Vec::new();
     for d in 0..count as c_int {
-        let lib = open_runtime()?;
-        let rt = Cnrt::new(lib, d).map_err(|e| e.to_string())?;
-        // Conservative shape: one cluster of four cores exists on every MLU3xx card; the
-        // UNION1 launches then never exceed the card.
-        let info = DeviceInfo {
-            arch: "MLU (cnrt)".to_owned(),
-            emulated: false,
-            clusters: 1,
-            cores_per_cluster: 4,
-            nram_bytes: 768 * 1024,
-            nram_reserved_bytes: 128 * 1024,
-        };
-        out.push(Device::new(Box::new(rt), info, kernels));
+        let card = open_global("libcnrt.so")
+            .and_then(|lib| Cnrt::new(lib, d).map_err(|e| e.to_string()))
+            .and_then(|rt| rt.info().map(|info| (rt, info)).map_err(|e| e.to_string()));
+        match card {
+            Ok((rt, info)) => out.push(Device::new(Box::new(rt), info, kernels)),
+            Err(why) => failed.push(format!("MLU card {d}: {why}")),
+        }
+    }
+    if out.is_empty() {
+        return Err(failed.join("; "));
+    }
+    for why in failed {
+        log::warn!("{why}; that card is not used");
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{open_global, open_kernels};
+    use libloading::os::unix::{Library as UnixLibrary, RTLD_LOCAL, RTLD_NOW};
+    use std::ffi::c_int;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    /// Compiles C `source` into the shared library `dir/name` with the system `cc`.
+    fn shared_library(dir: &Path, name: &str, source: &str) -> PathBuf {
+        let c = dir.join(name).with_extension("c");
+        std::fs::write(&c, source).unwrap();
+        let lib = dir.join(name);
+        let out = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&c).output().expect("cc runs");
+        assert!(out.status.success(), "cc {name}: {}", String::from_utf8_lossy(&out.stderr));
+        lib
+    }
+
+    /// The load order of `devices` without Cambricon: a stand-in runtime exporting one
+    /// function, and a stand-in kernel library that calls it but is not linked against it.
+    #[test]
+    fn the_kernel_library_resolves_runtime_symbols_through_the_global_runtime() {
+        let dir = std::env::temp_dir().join(format!("mlu-ep-cnrt-load-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let runtime = shared_library(&dir, "libmluep_fake_cnrt.so", "int mluep_fake_cnrt_call(int x) { return x + 40; }\n");
+        let kernels = shared_library(
+            &dir,
+            "libmluep_fake_kernels.so",
+            "int mluep_fake_cnrt_call(int);\nint mluep_fake_launch(int x) { return mluep_fake_cnrt_call(x) * 2; }\n",
+        );
+
+        // Control: the runtime opened RTLD_LOCAL (libloading's default scope) leaves the
+        // kernel library's reference unresolved, so its RTLD_NOW open fails.
+        {
+            // SAFETY: a library of this test with no initialisers.
+            let _local = unsafe { UnixLibrary::open(Some(&runtime), RTLD_NOW | RTLD_LOCAL) }.unwrap();
+            let err = open_kernels(&kernels).expect_err("an RTLD_LOCAL runtime does not serve the kernel library");
+            assert!(err.contains("mluep_fake_cnrt_call"), "{err}");
+        }
+
+        let _runtime = open_global(&runtime).unwrap();
+        let lib = open_kernels(&kernels).unwrap();
+        // SAFETY: the symbol is the C function defined above with this signature.
+        let launch = unsafe { lib.get::<unsafe extern "C" fn(c_int) -> c_int>(b"mluep_fake_launch\0") }.unwrap();
+        // SAFETY: a plain C function of an int.
+        assert_eq!(unsafe { launch(1) }, 82);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -84,8 +84,12 @@ impl Runtime for Emulator {
         // SAFETY: forwarded contract (a live queue, not used afterwards).
         check("queue destroy", unsafe { mlu_emu_queue_destroy(q) })
     }
-    fn last_error(&self) -> String {
+    fn launch_error(&self, _code: i32) -> String {
         last_error()
+    }
+    fn bind_thread(&self) -> Result<()> {
+        // One emulated card, reachable from every thread.
+        Ok(())
     }
 }
 

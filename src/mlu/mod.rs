@@ -73,12 +73,20 @@ pub trait Runtime: Send + Sync {
     /// # Safety
     /// `q` came from `queue_create` and is not used afterwards.
     unsafe fn queue_destroy(&self, q: QueuePtr) -> Result<()>;
-    /// The message of the last failure on this thread (launch errors).
-    fn last_error(&self) -> String;
+    /// The message of a failed launch's return code.
+    fn launch_error(&self, code: i32) -> String;
+    /// Makes this card the calling thread's current device (before a kernel launch).
+    fn bind_thread(&self) -> Result<()>;
 }
 
 macro_rules! kernels {
     ($($name:ident ( $($arg:ident : $ty:ty),* );)*) => {
+        /// Each launch entry's parameters as declared below, (name, Rust type) in order with
+        /// the queue first: tests/kernel_abi.rs checks them against kernels/*/*.h.
+        pub const KERNEL_SIGNATURES: &[(&str, &[(&str, &str)])] = &[
+            $((stringify!($name), &[("queue", "QueuePtr"), $((stringify!($arg), stringify!($ty))),*]),)*
+        ];
+
         /// The launch entries of kernels/, one per BANG kernel sequence: each enqueues on
         /// `queue` and returns 0 or a runtime error code.
         #[derive(Clone, Copy)]
@@ -119,11 +127,11 @@ kernels! {
     mluops_voxel_pooling_forward(task_dim: u32, task_type: i32, batches: i32, points: i32, channels: i32,
         nx: i32, ny: i32, nz: i32, tile_points: i32, tile_channels: i32,
         geom: *const i32, feats: *const f32, out: *mut f32, pos_memo: *mut i32);
-    mluops_three_interpolate_backward_f32(task_dim: u32, task_type: i32, batches: i32, channels: i32, n: i32,
-        m: i32, mo: i32, no: i32, co: i32,
+    mluops_three_interpolate_backward_f32(task_dim: u32, task_type: i32, batches: i32, channels: i32, n_points: i32,
+        m_points: i32, mo: i32, no: i32, co: i32,
         grad_output: *const f32, indices: *const i32, weights: *const f32, grad_features: *mut f32);
-    mluops_three_interpolate_backward_f16(task_dim: u32, task_type: i32, batches: i32, channels: i32, n: i32,
-        m: i32, mo: i32, no: i32, co: i32,
+    mluops_three_interpolate_backward_f16(task_dim: u32, task_type: i32, batches: i32, channels: i32, n_points: i32,
+        m_points: i32, mo: i32, no: i32, co: i32,
         grad_output: *const u16, indices: *const i32, weights: *const u16, grad_features: *mut u16);
     mluops_get_indice_pairs_expand(task_dim: u32, task_type: i32,
         geometry: *const crate::ops::get_indice_pairs::mlu::Geometry, rows: i32, tile_rows: i32,
@@ -146,6 +154,24 @@ kernels! {
         grad_voxel_feats: *const f32, feats: *const f32, voxel_feats: *const f32, point2voxel_map: *const i32,
         reduce_from: *mut i32, grad_feats: *mut f32);
 }
+
+/// Declares a `#[repr(C)]` struct passed to a launch entry, plus `FIELDS`, its fields as
+/// (name, Rust type) in declaration order, which tests/kernel_abi.rs checks against the C
+/// struct of kernels/*/*.h.
+macro_rules! c_struct {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+        }
+
+        impl $name {
+            pub const FIELDS: &[(&str, &str)] = &[$((stringify!($field), stringify!($ty))),*];
+        }
+    };
+}
+pub(crate) use c_struct;
 
 unsafe extern "C" {
     fn mluops_nram_budget() -> u64;
@@ -293,6 +319,14 @@ impl Queue {
         unsafe { self.device.runtime.queue_sync(self.ptr) }
     }
 
+    /// Launches on this queue from the calling thread: binds the card to the thread first
+    /// (the runtime's current device is per thread), then `enqueue` calls a launch entry
+    /// with the queue and returns its code.
+    pub fn launch(&self, kernel: &str, enqueue: impl FnOnce(QueuePtr) -> i32) -> Result<()> {
+        self.device.runtime.bind_thread()?;
+        self.launched(kernel, enqueue(self.ptr))
+    }
+
     /// Turns the return code of a launch on this queue into a result naming the kernel. On
     /// failure it first waits for the queue: kernels enqueued before may still use
     /// workspace buffers that the caller's early return is about to free.
@@ -300,7 +334,7 @@ impl Queue {
         if code == 0 {
             return Ok(());
         }
-        let error = self.device.runtime.last_error();
+        let error = self.device.runtime.launch_error(code);
         let _ = self.sync();
         Err(Error::Runtime(format!("MLU launch of {kernel} failed (code {code}): {error}")))
     }

@@ -1,4 +1,4 @@
-//! DynamicScatterBackward (OPERATORS.md section 1): the gradient of mmcv's
+//! DynamicScatterBackward (docs/CONTRACT.md §2): the gradient of mmcv's
 //! dynamic_point_to_voxel with respect to the point features.
 //!
 //! `sum` and `mean` are a row gather, parallel over blocks of points.

@@ -1,4 +1,4 @@
-//! GetIndicePairs (OPERATORS.md section 3): the rulebook of a 3D sparse convolution
+//! GetIndicePairs (docs/CONTRACT.md §4): the rulebook of a 3D sparse convolution
 //! (spconv v1 `get_indice_pairs`, MLU-OPS `mluopGetIndicePairs`).
 //!
 //! Every site (batch, z, y, x) is packed into one integer key, field after field with just

@@ -1,5 +1,5 @@
-//! The operators: the five of OPERATORS.md and their forward partners. Each module owns its descriptor (built from the node's attributes,
-//! with every attribute rule of OPERATORS.md checked), its input checks, and its CPU kernel.
+//! The operators: the five of docs/CONTRACT.md and their forward partners. Each module owns its descriptor (built from the node's attributes,
+//! with every attribute rule of docs/CONTRACT.md checked), its input checks, and its CPU kernel.
 //! Hosts drive them through [`Operator`]: `from_attributes` once per node, then per run
 //! `plan` (validate everything, compute output shapes; nothing is written) and `execute`.
 
@@ -94,7 +94,7 @@ macro_rules! cpu_only {
     };
 }
 
-/// Every operator of the domain: the five of OPERATORS.md in its order, then the forward
+/// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
 /// partners the models need (CPU kernels only).
 pub const ALL: &[OpEntry] = &[
     mlu!(dynamic_scatter_backward::DynamicScatterBackward),

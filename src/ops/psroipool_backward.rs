@@ -1,4 +1,4 @@
-//! PsRoiPoolBackward (OPERATORS.md section 5; R-FCN position-sensitive RoI pooling, NHWC).
+//! PsRoiPoolBackward (docs/CONTRACT.md §6; R-FCN position-sensitive RoI pooling, NHWC).
 //!
 //! Each (roi r, bin (i, j), o) spreads top_grad[r, i, j, o] / bin_area over the bin's
 //! pixels in channel mapping_channel[r, i, j, o] of bottom_grad[b].

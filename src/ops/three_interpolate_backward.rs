@@ -1,4 +1,4 @@
-//! ThreeInterpolateBackward (OPERATORS.md section 2): the gradient of PointNet++
+//! ThreeInterpolateBackward (docs/CONTRACT.md §3): the gradient of PointNet++
 //! three_interpolate with respect to the source features,
 //! `grad_features[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k]`.
 //!

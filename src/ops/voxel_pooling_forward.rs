@@ -1,4 +1,4 @@
-//! VoxelPoolingForward (OPERATORS.md section 4; BEVDepth voxel pooling).
+//! VoxelPoolingForward (docs/CONTRACT.md §5; BEVDepth voxel pooling).
 //!
 //! Every point whose (x, y, z) lies inside the voxel grid adds its feature row to BEV cell
 //! (b, y, x); `pos_memo` records (b, y, x) or (-1, -1, -1).

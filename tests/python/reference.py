@@ -1,4 +1,4 @@
-"""Independent numpy references of the five mluops operators, written from OPERATORS.md
+"""Independent numpy references of the five mluops operators, written from docs/CONTRACT.md
 (no code shared with the Rust kernels), with the input generators the tests use and the
 contract's accumulating-class metric. Used by the session tests (test_ops.py) and by
 models/make_demo_data.py to compute the demo model's goldens."""

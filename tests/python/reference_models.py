@@ -5,7 +5,7 @@ and psroipool.json (no code shared with the Rust kernels), and straightforward n
 of the standard ONNX operators the zoo's graphs use (Conv, Softmax, ...).
 
 Float results are float64 (the contract's accumulating class is measured against a float64
-reference); index results are exact. The five operators of OPERATORS.md are in reference.py."""
+reference); index results are exact. The five operators of docs/CONTRACT.md are in reference.py."""
 
 from __future__ import annotations
 

@@ -139,7 +139,12 @@ def test_providers_list_with_register_custom_ops_library(mlu_devices, mlu_lib):
     # calls register_custom_ops_library (README: the registration pitfall).
     sess = ort.InferenceSession(str(DEMO), options(mlu_lib), providers=[EP, "CPUExecutionProvider"])
     where = assignment(sess)
-    assert where["voxel_pooling"] == EP and where["psroi_backward"] == EP
+    if EP not in ort.get_available_providers():
+        # onnxruntime 1.24 does not list a registered plugin EP, so its Python layer does
+        # not know the name: it warns and runs everything on CPU (README: add the EP by device).
+        assert EP not in where.values(), where
+    else:
+        assert where["voxel_pooling"] == EP and where["psroi_backward"] == EP
     cpu = cpu_session(str(DEMO), mlu_lib)
     feeds = demo_feeds(sess)
     assert_same(sess.run(None, feeds), cpu.run(None, feeds), [o.name for o in sess.get_outputs()])
@@ -336,15 +341,20 @@ def test_bad_index_on_the_mlu_gives_the_contract_error(mlu_devices):
 
 def test_device_id_option_selects_the_card_or_fails_clearly(mlu_devices, capfd):
     assert assignment(mlu_session(str(DEMO), mlu_devices, {"device_id": "0"}))["voxel_pooling"] == EP
-    # The EP refuses to be created; onnxruntime's Python layer prints the error and falls
-    # back to CPU, so nothing may run on the MLU.
+    # The EP refuses to be created. onnxruntime up to 1.31 prints the error and falls back
+    # to CPU, so nothing may run on the MLU; 1.32 raises it.
     for value, message in [("7", "no MLU card 7; this process has cards [0]"), ("first", "'first' is not a device number")]:
         capfd.readouterr()
-        sess = mlu_session(str(DEMO), mlu_devices, {"device_id": value})
-        captured = capfd.readouterr()
-        err = captured.out + captured.err
+        try:
+            sess = mlu_session(str(DEMO), mlu_devices, {"device_id": value})
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own error types
+            err = str(e)
+            sess = None
+        else:
+            captured = capfd.readouterr()
+            err = captured.out + captured.err
         assert f"MLUExecutionProvider option device_id': {message}" in err, err
-        assert EP not in assignment(sess).values()
+        assert sess is None or EP not in assignment(sess).values()
 
 
 # ----------------------------------------------------------------------------- lifetime and threads

@@ -1,4 +1,4 @@
-"""The error rules and legal edge cases of OPERATORS.md, driven by tests/cases/errors.json
+"""The error rules and legal edge cases of docs/CONTRACT.md, driven by tests/cases/errors.json
 through real onnxruntime sessions (one pytest id per table entry)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The five mluops operators through onnxruntime sessions, against numpy references written
-from OPERATORS.md (independent of the Rust kernels).
+from docs/CONTRACT.md (independent of the Rust kernels).
 
 Accuracy classes of the contract: exact (index outputs, DynamicScatterBackward) compares
 equal; accumulating compares diff1 and diff2 <= 3e-3 against a float64 reference."""

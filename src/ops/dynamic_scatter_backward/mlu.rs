@@ -94,20 +94,27 @@ impl MluOperator for DynamicScatterBackward {
         };
         let reduce_from = device.alloc(d.v * d.c * 4)?;
         let i = mlu::i32_of;
+        let points = i("N", d.n)?;
+        let voxels = i("V", d.v)?;
+        let channels = i("C", d.c)?;
+        let padded = i("Cp", p.padded)?;
+        let tile_points = i("tile_points", p.tile_points)?;
+        let tile_voxels = i("tile_voxels", p.tile_voxels)?;
+        let fill_tile = i("fill_tile", FILL_TILE)?;
         // SAFETY: device buffers of the validated shapes and the workspace above; the
         // launches only enqueue, and the queue is synchronised before the workspace drops.
-        let code = unsafe {
+        queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
             (device.kernels.mluops_dynamic_scatter_backward_max)(
-                queue.ptr(),
+                q,
                 p.task_dim,
                 TASK_UNION1,
-                i("N", d.n)?,
-                i("V", d.v)?,
-                i("C", d.c)?,
-                i("Cp", p.padded)?,
-                i("tile_points", p.tile_points)?,
-                i("tile_voxels", p.tile_voxels)?,
-                i("fill_tile", FILL_TILE)?,
+                points,
+                voxels,
+                channels,
+                padded,
+                tile_points,
+                tile_voxels,
+                fill_tile,
                 device_inputs[0].cast(),
                 device_inputs[1].cast(),
                 device_inputs[2].cast(),
@@ -115,8 +122,7 @@ impl MluOperator for DynamicScatterBackward {
                 reduce_from.ptr(),
                 out.cast(),
             )
-        };
-        queue.launched("mluops_dynamic_scatter_backward_max", code)?;
+        })?;
         queue.sync()
     }
 }

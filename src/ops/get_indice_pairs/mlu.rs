@@ -15,17 +15,19 @@ use crate::tensor::{DType, Inputs, OutputSpec};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// The kernels' geometry argument (kernels/get_indice_pairs: MluopsGipGeometry).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Geometry {
-    pub in_space: [i32; 3],
-    pub out_space: [i32; 3],
-    pub kernel: [i32; 3],
-    pub stride: [i32; 3],
-    pub pad: [i32; 3],
-    pub dilation: [i32; 3],
-    pub subm: i32,
+mlu::c_struct! {
+    /// The kernels' geometry argument (kernels/get_indice_pairs/get_indice_pairs.h:
+    /// MluopsGipGeometry).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Geometry {
+        pub in_space: [i32; 3],
+        pub out_space: [i32; 3],
+        pub kernel: [i32; 3],
+        pub stride: [i32; 3],
+        pub pad: [i32; 3],
+        pub dilation: [i32; 3],
+        pub subm: i32,
+    }
 }
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
@@ -129,28 +131,25 @@ impl MluOperator for GetIndicePairs {
         let indices: *const i32 = device_inputs[INDICES].cast();
         // SAFETY (all launches): device buffers of the sizes computed above; each launch
         // only enqueues, and the queue is synchronised before they are dropped.
-        let code = unsafe {
+        queue.launch("mluops_get_indice_pairs_expand", |q| unsafe {
             (kernels.mluops_get_indice_pairs_expand)(
-                queue.ptr(), p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand.ptr(), site.ptr(),
+                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand.ptr(), site.ptr(),
             )
-        };
-        queue.launched("mluops_get_indice_pairs_expand", code)?;
+        })?;
         // Subm marks the rows' own sites, the default mode every expanded one.
         let (marked, count) = if self.sub_m { (&site, rows) } else { (&expand, i("K*L", k * l)?) };
         // SAFETY: as above.
-        let code = unsafe {
+        queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
             (kernels.mluops_get_indice_pairs_mark)(
-                queue.ptr(), p.task_dim, TASK_UNION1, count, nwords, tile, marked.ptr::<i32>().cast_const(), bitmap.ptr(),
+                q, p.task_dim, TASK_UNION1, count, nwords, tile, marked.ptr::<i32>().cast_const(), bitmap.ptr(),
             )
-        };
-        queue.launched("mluops_get_indice_pairs_mark", code)?;
+        })?;
         // SAFETY: as above.
-        let code = unsafe {
+        queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
             (kernels.mluops_get_indice_pairs_rank)(
-                queue.ptr(), rank_tasks, TASK_UNION1, nwords, tile, bitmap.ptr(), word_rank.ptr(), core_totals.ptr(), total.ptr(),
+                q, rank_tasks, TASK_UNION1, nwords, tile, bitmap.ptr(), word_rank.ptr(), core_totals.ptr(), total.ptr(),
             )
-        };
-        queue.launched("mluops_get_indice_pairs_rank", code)?;
+        })?;
         queue.sync()?;
         let mut count = [0i32];
         device.download(&total, &mut count)?;
@@ -176,21 +175,19 @@ impl MluOperator for GetIndicePairs {
             unsafe { device.copy_raw(out, indices.cast(), l * 16, Copy::DeviceToDevice)? };
         }
         // SAFETY: as above.
-        let code = unsafe {
+        queue.launch("mluops_get_indice_pairs_out", |q| unsafe {
             (kernels.mluops_get_indice_pairs_out)(
-                queue.ptr(), p.task_dim, TASK_UNION1, &geometry, rows, nwords, tile, bitmap.ptr(), word_rank.ptr(), site.ptr(),
+                q, p.task_dim, TASK_UNION1, &geometry, rows, nwords, tile, bitmap.ptr(), word_rank.ptr(), site.ptr(),
                 if self.sub_m { std::ptr::null_mut() } else { out.cast() }, perm.ptr(),
             )
-        };
-        queue.launched("mluops_get_indice_pairs_out", code)?;
+        })?;
         // SAFETY: as above.
-        let code = unsafe {
+        queue.launch("mluops_get_indice_pairs_pairs", |q| unsafe {
             (kernels.mluops_get_indice_pairs_pairs)(
-                queue.ptr(), mlu::union1_tasks(&device.info, k), TASK_UNION1, kv, rows, geometry.subm, tile, expand.ptr(),
+                q, mlu::union1_tasks(&device.info, k), TASK_UNION1, kv, rows, geometry.subm, tile, expand.ptr(),
                 bitmap.ptr(), word_rank.ptr(), perm.ptr(), pairs.cast(), num.cast(),
             )
-        };
-        queue.launched("mluops_get_indice_pairs_pairs", code)?;
+        })?;
         // The workspace is freed when this returns.
         queue.sync()
     }

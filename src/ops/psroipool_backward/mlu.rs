@@ -1,6 +1,6 @@
 //! PsRoiPoolBackward on the MLU: host policy for kernels/psroipool_backward.
 //!
-//! UNION1 over the card's cores, the R * ph * pw bins split evenly (seed 004, 3.3). NRAM
+//! UNION1 over the card's cores, the R * ph * pw bins split evenly. NRAM
 //! holds three tiles of T elements (top_grad, mapping_channel, values) and the roi:
 //! case (a) when one bin's output_dim vector fits, T = bins_per_load * output_dim;
 //! case (b) otherwise, one bin in chunks of `deal` elements.
@@ -71,27 +71,34 @@ impl MluOperator for PsRoiPoolBackward {
         }
         let p = Policy::new(&device.info, self.output_dim, bins);
         let i = mlu::i32_of;
+        let rois = i("R", plan.rois)?;
+        let pooled = i("pooled", self.pooled)?;
+        let output_dim = i("output_dim", self.output_dim)?;
+        let height = i("height", plan.height)?;
+        let width = i("width", plan.width)?;
+        let channels = i("channels", self.channels)?;
+        let bins_per_load = i("bins_per_load", p.bins_per_load)?;
+        let deal = i("deal", p.deal)?;
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
-        let code = unsafe {
+        queue.launch("mluops_psroipool_backward", |q| unsafe {
             (device.kernels.mluops_psroipool_backward)(
-                queue.ptr(),
+                q,
                 p.task_dim,
                 TASK_UNION1,
-                i("R", plan.rois)?,
-                i("pooled", self.pooled)?,
-                i("output_dim", self.output_dim)?,
-                i("height", plan.height)?,
-                i("width", plan.width)?,
-                i("channels", self.channels)?,
+                rois,
+                pooled,
+                output_dim,
+                height,
+                width,
+                channels,
                 self.spatial_scale,
-                i("bins_per_load", p.bins_per_load)?,
-                i("deal", p.deal)?,
+                bins_per_load,
+                deal,
                 device_inputs[0].cast(),
                 device_inputs[1].cast(),
                 device_inputs[2].cast(),
                 out.cast(),
             )
-        };
-        queue.launched("mluops_psroipool_backward", code)
+        })
     }
 }

@@ -1,7 +1,7 @@
 //! ThreeInterpolateBackward on the MLU: host policy for kernels/three_interpolate_backward.
 //!
 //! UNION1 over the card's cores, B * ceil(M / Mo) (batch, M-tile) units split evenly
-//! (seed 001, 3.3). NRAM: the Mo x Co accumulator (twice: transposed and stored layouts)
+//!. NRAM: the Mo x Co accumulator (twice: transposed and stored layouts)
 //! is fixed first, then the N tile No takes everything left, as the seed gives N priority.
 
 use super::{Dims, ThreeInterpolateBackward};
@@ -87,17 +87,16 @@ impl MluOperator for ThreeInterpolateBackward {
         let (mo, no, co) = (i("Mo", p.mo)?, i("No", p.no)?, i("Co", p.co)?);
         let (go, idx, w) = (device_inputs[0], device_inputs[1].cast(), device_inputs[2]);
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
-        let code = unsafe {
+        queue.launch("mluops_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {
                 (device.kernels.mluops_three_interpolate_backward_f16)(
-                    queue.ptr(), p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                    q, p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
                 )
             } else {
                 (device.kernels.mluops_three_interpolate_backward_f32)(
                     queue.ptr(), p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
                 )
             }
-        };
-        queue.launched("mluops_three_interpolate_backward", code)
+        })
     }
 }

@@ -1,6 +1,6 @@
 //! VoxelPoolingForward on the MLU: host policy for kernels/voxel_pooling_forward.
 //!
-//! UNION1 over all cores of the card, the B*N points split evenly (seed 003, 3.3). NRAM
+//! UNION1 over all cores of the card, the B*N points split evenly. NRAM
 //! per core: 13 int32 per point of the tile (geom 3, x/y/z 3, mask, tmp, batch, pos 3,
 //! cell offset) plus one feature chunk of `tile_channels` floats.
 
@@ -82,27 +82,34 @@ impl MluOperator for VoxelPoolingForward {
         }
         let p = Policy::new(&device.info, &plan);
         let i32_of = mlu::i32_of;
+        let batches = i32_of("B", plan.batches)?;
+        let points = i32_of("N", plan.points)?;
+        let channels = i32_of("C", plan.channels)?;
+        let nx = i32_of("nx", self.nx)?;
+        let ny = i32_of("ny", self.ny)?;
+        let nz = i32_of("nz", self.nz)?;
+        let tile_points = i32_of("tile_points", p.tile_points)?;
+        let tile_channels = i32_of("tile_channels", p.tile_channels)?;
         // SAFETY: the pointers are device buffers of the planned sizes (inputs checked by
         // `plan`, outputs allocated above); the launch only enqueues.
-        let code = unsafe {
+        queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
             (device.kernels.mluops_voxel_pooling_forward)(
-                queue.ptr(),
+                q,
                 p.task_dim,
                 TASK_UNION1,
-                i32_of("B", plan.batches)?,
-                i32_of("N", plan.points)?,
-                i32_of("C", plan.channels)?,
-                i32_of("nx", self.nx)?,
-                i32_of("ny", self.ny)?,
-                i32_of("nz", self.nz)?,
-                i32_of("tile_points", p.tile_points)?,
-                i32_of("tile_channels", p.tile_channels)?,
+                batches,
+                points,
+                channels,
+                nx,
+                ny,
+                nz,
+                tile_points,
+                tile_channels,
                 device_inputs[0].cast(),
                 device_inputs[1].cast(),
                 out.cast(),
                 pos.cast(),
             )
-        };
-        queue.launched("mluops_voxel_pooling_forward", code)
+        })
     }
 }

@@ -1,0 +1,13 @@
+// DynamicScatterBackward: the C ABI of dynamic_scatter_backward.mlu, its launch entry (the
+// max reduction). Included after ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int
+// types). The Rust declaration (src/mlu/mod.rs, kernels!) is checked against this file by
+// tests/kernel_abi.rs.
+#pragma once
+
+MLUOPS_EXPORT int mluops_dynamic_scatter_backward_max(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
+                                                      int32_t points, int32_t voxels, int32_t channels,
+                                                      int32_t padded, int32_t tile_points, int32_t tile_voxels,
+                                                      int32_t fill_tile, const float *grad_voxel_feats,
+                                                      const float *feats, const float *voxel_feats,
+                                                      const int32_t *point2voxel_map, int32_t *reduce_from,
+                                                      float *grad_feats);

@@ -1,0 +1,10 @@
+// PsRoiPoolBackward: the C ABI of psroipool_backward.mlu, its launch entry. Included after
+// ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declaration
+// (src/mlu/mod.rs, kernels!) is checked against this file by tests/kernel_abi.rs.
+#pragma once
+
+MLUOPS_EXPORT int mluops_psroipool_backward(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rois_num,
+                                            int32_t pooled, int32_t output_dim, int32_t height, int32_t width,
+                                            int32_t channels, float spatial_scale, int32_t bins_per_load, int32_t deal,
+                                            const float *top_grad, const float *rois, const int32_t *mapping_channel,
+                                            float *bottom_grad);

@@ -1,0 +1,17 @@
+// ThreeInterpolateBackward: the C ABI of three_interpolate_backward.mlu, its launch entries
+// for float and half (one macro defines both there). Included after ../common/kernel.h
+// (MLUOPS_EXPORT, cnrtQueue_t, the int types, half). The Rust declarations (src/mlu/mod.rs,
+// kernels!) are checked against this file by tests/kernel_abi.rs.
+#pragma once
+
+MLUOPS_EXPORT int mluops_three_interpolate_backward_f32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
+                                                        int32_t batches, int32_t channels, int32_t n_points,
+                                                        int32_t m_points, int32_t mo, int32_t no, int32_t co,
+                                                        const float *grad_output, const int32_t *indices,
+                                                        const float *weights, float *grad_features);
+
+MLUOPS_EXPORT int mluops_three_interpolate_backward_f16(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
+                                                        int32_t batches, int32_t channels, int32_t n_points,
+                                                        int32_t m_points, int32_t mo, int32_t no, int32_t co,
+                                                        const half *grad_output, const int32_t *indices,
+                                                        const half *weights, half *grad_features);

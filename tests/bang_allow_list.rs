@@ -1,0 +1,136 @@
+//! The BANG constructs the kernels use are the allow-list of kernels/README.md, each with
+//! a Cambricon precedent; under the emulator, a construct off the list does not compile.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The constructs named in the first column of the allow-list table.
+fn allow_list() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("kernels/README.md")).unwrap();
+    let table = readme.split("## The allow-list").nth(1).expect("an allow-list section");
+    let table = table.split("\n## ").next().unwrap();
+    let mut names = BTreeSet::new();
+    for row in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        assert_eq!(cells.len(), 3, "construct | form | precedent: {row}");
+        assert!(cells[2].contains(".mlu") || cells[2].contains(".h") || cells[2].contains("cnrt.h"), "no precedent: {row}");
+        for name in cells[0].split('`').skip(1).step_by(2) {
+            names.insert(name.trim_end_matches("()").to_owned());
+        }
+    }
+    names
+}
+
+fn mlu_sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in std::fs::read_dir(Path::new(ROOT).join("kernels")).unwrap().flatten() {
+        if dir.file_name() == "emulator" || !dir.path().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let p = f.path();
+            if p.extension().is_some_and(|e| e == "mlu" || e == "h") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `__`-prefixed identifiers outside comments and strings.
+fn dunder_names(src: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in src.lines() {
+        let code = line.split("//").next().unwrap();
+        let bytes = code.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let starts = bytes[i] == b'_' && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'));
+            if starts {
+                let end = (i..bytes.len()).find(|&j| !(bytes[j].is_ascii_alphanumeric() || bytes[j] == b'_')).unwrap_or(bytes.len());
+                let word = &code[i..end];
+                if word.starts_with("__") {
+                    names.insert(word.to_owned());
+                }
+                i = end;
+            } else {
+                i += 1;
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_construct_the_kernels_use_is_on_the_allow_list() {
+    let listed = allow_list();
+    // Macros of the compilers and of kernel.h's own plumbing, not device constructs.
+    let plumbing = ["__BANG__", "__VA_ARGS__", "__FILE__", "__LINE__", "__attribute__"];
+    let mut used = BTreeSet::new();
+    for f in mlu_sources().iter().chain([&Path::new(ROOT).join("kernels/common/kernel.h")]) {
+        used.extend(dunder_names(&std::fs::read_to_string(f).unwrap()));
+    }
+    let missing: Vec<_> = used.iter().filter(|n| !listed.contains(*n) && !plumbing.contains(&n.as_str())).collect();
+    assert!(missing.is_empty(), "used but not on the allow-list of kernels/README.md: {missing:?}");
+    for required in ["__is_mpu", "__sync_all_ipu", "__nram__", "__bang_atomic_reduce_add", "round", "isnan"] {
+        assert!(listed.contains(required), "{required} listed");
+    }
+}
+
+#[test]
+fn every_union_kernel_starts_with_the_memory_core_guard() {
+    for f in mlu_sources().into_iter().filter(|p| p.extension().is_some_and(|e| e == "mlu")) {
+        let src = std::fs::read_to_string(&f).unwrap();
+        assert_eq!(src.matches("__bang_atomic_reduce_or").count(), 0, "{f:?}");
+        for kernel in src.split("__mlu_global__ void ").skip(1) {
+            let body = kernel.split_once('{').expect("a body").1;
+            let first = body.lines().map(str::trim).find(|l| !l.is_empty()).unwrap();
+            assert_eq!(first, "if (__is_mpu()) return;", "{f:?}: {}", kernel.lines().next().unwrap());
+        }
+        if src.contains("__mlu_global__") {
+            assert_eq!(src.matches("MLUOPS_NRAM_BUFFER(").count(), 1, "one file-scope NRAM buffer: {f:?}");
+        }
+    }
+}
+
+/// Compiles a kernel whose body computes `expr` (a float from `v`) against the emulator.
+fn compiles(expr: &str) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("bang_allow_list_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("k{}.cc", expr.len() * 7919 + expr.bytes().map(usize::from).sum::<usize>()));
+    let src = format!(
+        "#include \"kernel.h\"\nMLUOPS_NRAM_BUFFER(nram_buffer);\n__mlu_global__ void K(float *out) {{\n  if (__is_mpu()) return;\n  float v = out[0];\n  out[0] = {expr};\n}}\n"
+    );
+    std::fs::write(&file, src).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
+    let out = Command::new(cxx)
+        .args(["-std=c++20", "-fsyntax-only", "-x", "c++", "-I"])
+        .arg(Path::new(ROOT).join("kernels/common"))
+        .arg(&file)
+        .output()
+        .expect("the C++ compiler runs");
+    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+}
+
+#[test]
+fn constructs_off_the_list_do_not_compile_under_the_emulator() {
+    compiles("round(v) + floor(v) + ceil(v) + (isnan(v) || isinf(v) ? 1.0f : 0.0f)").expect("the listed math compiles");
+    for off in [
+        "roundf(v)",
+        "truncf(v)",
+        "isfinite(v) ? 1.0f : 0.0f",
+        "sqrtf(v)",
+        "(__bang_atomic_reduce_or((int *)out, (int *)out, 1), v)",
+        "(__bang_atomic_reduce_min((int *)out, (int *)out, 1), v)",
+        "(__sync_all(), v)",
+        "(__bang_cycle_add(out, out, out, 32, 32), v)",
+        "(float)coreId",
+    ] {
+        let err = compiles(off).expect_err(off);
+        assert!(err.contains("error"), "{off}: {err}");
+    }
+}
