@@ -15,8 +15,9 @@ fn allow_list() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for row in table.lines().filter(|l| l.starts_with("| `")) {
         let cells: Vec<&str> = row.split(" | ").collect();
-        assert_eq!(cells.len(), 3, "construct | form | precedent: {row}");
-        assert!(cells[2].contains(".mlu") || cells[2].contains(".h") || cells[2].contains("cnrt.h"), "no precedent: {row}");
+        assert_eq!(cells.len(), 4, "construct | form | precedent | arch: {row}");
+        assert!(cells[2].contains(".mlu") || cells[2].contains(".h"), "no precedent: {row}");
+        assert!(cells[3].contains("mtp_372") || cells[3].contains("CNRT"), "no arch: {row}");
         for name in cells[0].split('`').skip(1).step_by(2) {
             names.insert(name.trim_end_matches("()").to_owned());
         }
@@ -79,6 +80,25 @@ fn every_construct_the_kernels_use_is_on_the_allow_list() {
     for required in ["__is_mpu", "__sync_all_ipu", "__nram__", "__bang_atomic_reduce_add", "round", "isnan"] {
         assert!(listed.contains(required), "{required} listed");
     }
+}
+
+#[test]
+fn the_emulator_offers_nothing_off_the_list() {
+    let listed = allow_list();
+    let emu = std::fs::read_to_string(Path::new(ROOT).join("kernels/emulator/bang_emu.h")).unwrap();
+    let surface = emu.split("#ifndef BANG_EMU_RUNTIME").nth(1).expect("the kernel surface").split("#endif").next().unwrap();
+    let mut offered = BTreeSet::new();
+    for line in surface.lines() {
+        if let Some(def) = line.strip_prefix("#define ") {
+            offered.insert(def.split(|c: char| c == '(' || c == ' ').next().unwrap().to_owned());
+        } else if let Some(f) = line.strip_prefix("inline ") {
+            // `inline float round(float x) { ... }`: the function's name.
+            offered.insert(f.split('(').next().unwrap().rsplit(' ').next().unwrap().to_owned());
+        }
+    }
+    assert!(offered.len() > 20, "{offered:?}");
+    let off: Vec<_> = offered.iter().filter(|n| !listed.contains(*n)).collect();
+    assert!(off.is_empty(), "bang_emu.h offers kernels constructs missing from the allow-list: {off:?}");
 }
 
 #[test]
