@@ -22,6 +22,9 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-env-changed=NEUWARE_HOME");
     println!("cargo:rerun-if-env-changed=MLU_EP_BANG_ARCH");
+    // Never unmapped by dlclose: ONNX Runtime unloads an EP library when it is unregistered,
+    // while sessions created with it may still run (and release) its kernels and EPs.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     let mlu = cncc::mlu_sources(Path::new("kernels")).unwrap_or_else(|e| fail(&format!("error: reading kernels/: {e}")));
 
     let mut build = cc::Build::new();

@@ -48,7 +48,7 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut OrtSessionOptions, api_
 /// Called by ONNX Runtime with its API base, default logger and output array.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn CreateEpFactories(
-    _registered_name: *const c_char,
+    registered_name: *const c_char,
     api_base: *const OrtApiBase,
     default_logger: *const OrtLogger,
     factories: *mut *mut OrtEpFactory,
@@ -73,8 +73,14 @@ pub unsafe extern "C" fn CreateEpFactories(
             if let Err(m) = unsafe { ep::init(host) } {
                 return ort::status(ort_sys::OrtErrorCode::ORT_FAIL, &m);
             }
+            let name = if registered_name.is_null() {
+                String::new()
+            } else {
+                // SAFETY: ONNX Runtime passes the registration name, NUL-terminated.
+                unsafe { std::ffi::CStr::from_ptr(registered_name) }.to_string_lossy().into_owned()
+            };
             // SAFETY: the output arguments are ONNX Runtime's.
-            unsafe { factory::create(default_logger, factories, max_factories, num_factories) }
+            unsafe { factory::create(&name, default_logger, factories, max_factories, num_factories) }
         }),
         Ok(Err(status)) => status,
         Err(_) => OrtStatusPtr(std::ptr::null_mut()),

@@ -37,7 +37,21 @@ pub struct Factory {
     registry: OnceLock<Registry>,
     /// Serialises registry creation (OnceLock::get_or_try_init is unstable).
     registry_lock: Mutex<()>,
+    lifetime: Mutex<Lifetime>,
 }
+
+/// Who still needs the factory. ONNX Runtime releases it when the library is unregistered,
+/// even while sessions still hold EPs and allocators it made (and will call back into its
+/// function table to release them): the factory is then freed by the last of those.
+#[derive(Default)]
+struct Lifetime {
+    live: usize,
+    released: bool,
+}
+
+/// Whether a factory of this library exists (released ones excluded): the library serves
+/// one registration per process.
+static REGISTERED: Mutex<Option<String>> = Mutex::new(None);
 
 fn this<'a>(f: *const OrtEpFactory) -> &'a Factory {
     // SAFETY: the only OrtEpFactory we hand out is the first field of a boxed Factory that
@@ -158,6 +172,7 @@ impl Factory {
             transfer,
             registry: OnceLock::new(),
             registry_lock: Mutex::new(()),
+            lifetime: Mutex::new(Lifetime::default()),
         }))
     }
 
@@ -165,12 +180,44 @@ impl Factory {
         Box::into_raw(self).cast()
     }
 
+    /// ONNX Runtime's release of the factory: freed now, or by the release of the last EP
+    /// or allocator it made.
+    ///
     /// # Safety
-    /// `p` came from [`Factory::into_raw`] and is released once, after ONNX Runtime is done
-    /// with everything the factory created.
+    /// `p` came from [`Factory::into_raw`] and is released once.
     pub unsafe fn release(p: *mut OrtEpFactory) {
-        // SAFETY: caller contract.
-        drop(unsafe { Box::from_raw(p as *mut Factory) });
+        *REGISTERED.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let free = {
+            let mut l = this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner());
+            l.released = true;
+            l.live == 0
+        };
+        if free {
+            // SAFETY: caller contract; nothing made by the factory is alive.
+            drop(unsafe { Box::from_raw(p as *mut Factory) });
+        }
+    }
+
+    /// One more EP or allocator that needs the factory.
+    fn acquire(&self) {
+        self.lifetime.lock().unwrap_or_else(|e| e.into_inner()).live += 1;
+    }
+
+    /// An EP or allocator made by the factory at `p` is gone; frees a released factory
+    /// with the last of them.
+    ///
+    /// # Safety
+    /// `p` is a live factory (not yet freed) that made the object being released.
+    unsafe fn release_one(p: *mut OrtEpFactory) {
+        let free = {
+            let mut l = this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner());
+            l.live = l.live.saturating_sub(1);
+            l.released && l.live == 0
+        };
+        if free {
+            // SAFETY: released by ONNX Runtime and nothing made by it is alive any more.
+            drop(unsafe { Box::from_raw(p as *mut Factory) });
+        }
     }
 
     /// The kernel registry, built on first use and shared by every EP of this factory.
@@ -314,6 +361,7 @@ unsafe extern "system" fn create_ep(
                 // SAFETY: ORT's session logger, valid for the life of the EP created here.
                 let logger = unsafe { Logger::new(logger) };
                 let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger);
+                factory.acquire();
                 // SAFETY: ORT's out pointer; released by release_ep.
                 unsafe { *out = ep.into_raw() };
                 ok()
@@ -326,12 +374,15 @@ unsafe extern "system" fn create_ep(
     })
 }
 
-unsafe extern "system" fn release_ep(_: *mut OrtEpFactory, ep: *mut OrtEp) {
+unsafe extern "system" fn release_ep(f: *mut OrtEpFactory, ep: *mut OrtEp) {
     if ep.is_null() {
         return;
     }
-    // SAFETY: ep came from create_ep and ORT releases it once.
-    let _ = std::panic::catch_unwind(|| unsafe { Ep::release(ep) });
+    // SAFETY: ep came from create_ep of factory f, which it kept alive; ORT releases it once.
+    let _ = std::panic::catch_unwind(|| unsafe {
+        Ep::release(ep);
+        Factory::release_one(f);
+    });
 }
 
 unsafe extern "system" fn create_allocator(
@@ -351,6 +402,7 @@ unsafe extern "system" fn create_allocator(
         });
         match card {
             Some(c) => {
+                factory.acquire();
                 // SAFETY: ORT's out pointer; released by release_allocator.
                 unsafe { *out = Allocator::new(c.memory_info, Arc::clone(&c.device)).into_raw() };
                 ok()
@@ -360,12 +412,16 @@ unsafe extern "system" fn create_allocator(
     })
 }
 
-unsafe extern "system" fn release_allocator(_: *mut OrtEpFactory, allocator: *mut OrtAllocator) {
+unsafe extern "system" fn release_allocator(f: *mut OrtEpFactory, allocator: *mut OrtAllocator) {
     if allocator.is_null() {
         return;
     }
-    // SAFETY: allocator came from create_allocator and ORT releases it once.
-    let _ = std::panic::catch_unwind(|| unsafe { Allocator::release(allocator) });
+    // SAFETY: allocator came from create_allocator of factory f, which it kept alive; ORT
+    // releases it once.
+    let _ = std::panic::catch_unwind(|| unsafe {
+        Allocator::release(allocator);
+        Factory::release_one(f);
+    });
 }
 
 unsafe extern "system" fn create_data_transfer(f: *mut OrtEpFactory, out: *mut *mut OrtDataTransferImpl) -> OrtStatusPtr {
@@ -415,17 +471,32 @@ unsafe extern "system" fn get_domains(_: *mut OrtEpFactory, domains: *mut *mut O
 ///
 /// # Safety
 /// Arguments as ONNX Runtime passes them to `CreateEpFactories`.
-pub unsafe fn create(logger: *const OrtLogger, factories: *mut *mut OrtEpFactory, max: usize, num: *mut usize) -> OrtStatusPtr {
+pub unsafe fn create(
+    name: &str,
+    logger: *const OrtLogger,
+    factories: *mut *mut OrtEpFactory,
+    max: usize,
+    num: *mut usize,
+) -> OrtStatusPtr {
     if factories.is_null() || num.is_null() {
         return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: null output arguments");
     }
     if max < 1 {
         return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: room for 0 factories, 1 needed");
     }
+    // A second registration would list every card twice, under two names.
+    let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(first) = registered.as_ref() {
+        return status(
+            OrtErrorCode::ORT_FAIL,
+            &format!("{EP_NAME}: this library is already registered in this process, as '{first}'; register it once (or unregister it first)"),
+        );
+    }
     // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives.
     let logger = unsafe { Logger::new(logger) };
     match Factory::new(logger) {
         Ok(f) => {
+            *registered = Some(name.to_owned());
             // SAFETY: checked non-null; room for at least one factory.
             unsafe {
                 *factories = f.into_raw();

@@ -13,12 +13,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import build_model, make_session
+from conftest import assert_accumulating, build_model, make_session
 from reference import dsb_inputs, gip_reference, gip_sites, prp_inputs, vpf_inputs
 
 EP = "MLUExecutionProvider"
 THREADS = 8
 RUNS = 1000
+# On the card these add floats with atomics, in an order that varies between runs: their
+# float outputs agree within the contract's accumulating class, not bit for bit (the CPU
+# results are bit-identical).
+ATOMIC_ON_THE_CARD = {"VoxelPoolingForward", "PsRoiPoolBackward"}
 
 
 def _cases():
@@ -145,7 +149,13 @@ def test_eight_threads_mixing_valid_and_invalid_inputs(path, mlu_lib, card):
             if (i // len(ops)) % 2 == 0:
                 got = sessions[op].run(None, valid)
                 for a, b in zip(got, baseline[op]):
-                    assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), f"{op} thread {t} run {i}"
+                    what = f"{op} thread {t} run {i}"
+                    assert a.dtype == b.dtype and a.shape == b.shape, what
+                    if path == "mlu" and op in ATOMIC_ON_THE_CARD and a.dtype.kind == "f":
+                        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=what)
+                        assert_accumulating(a, b.astype(np.float64), what)
+                    else:
+                        assert a.tobytes() == b.tobytes(), what
                 valid_runs += 1
             else:
                 with pytest.raises(Exception) as e:

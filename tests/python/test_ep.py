@@ -391,3 +391,65 @@ def test_two_hundred_sessions_and_concurrent_runs(mlu_devices):
                 np.testing.assert_array_equal(a, b)
             else:
                 assert_accumulating(a, b.astype(np.float64), "concurrent run")
+
+
+# ----------------------------------------------------------------------------- registration lifetime
+UNREGISTER_CHILD = """
+import os, sys, numpy as np, onnxruntime as ort
+os.environ["MLU_EP_EMULATE"] = "1"
+lib, model, data = sys.argv[1:4]
+EP = "MLUExecutionProvider"
+ort.set_default_logger_severity(3)
+ort.register_execution_provider_library(EP, lib)
+so = ort.SessionOptions()
+so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == EP], {})
+sess = ort.InferenceSession(model, so)
+npz = np.load(data)
+feeds = {i.name: npz["in." + i.name] for i in sess.get_inputs()}
+before = sess.run(None, feeds)
+ort.unregister_execution_provider_library(EP)
+after = sess.run(None, feeds)
+np.savez(sys.argv[4], *before, *after)
+del sess
+print("ran", len(before))
+"""
+
+
+def test_unregistering_while_a_session_lives_keeps_the_session_working(mlu_lib, tmp_path):
+    # ONNX Runtime calls this misuse; the session must still run (the factory outlives its
+    # EPs and allocators, the library stays mapped) and the process must exit cleanly.
+    out = tmp_path / "outs.npz"
+    args = [sys.executable, "-c", UNREGISTER_CHILD, str(mlu_lib), str(DEMO), str(DEMO_DATA), str(out)]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"child died with {p.returncode}: {p.stderr[-2000:]}"
+    arrays = np.load(out)
+    n = len(arrays.files) // 2
+    names = [o.name for o in ort.InferenceSession(str(DEMO), options(mlu_lib), providers=["CPUExecutionProvider"]).get_outputs()]
+    assert_same([arrays[f"arr_{n + i}"] for i in range(n)], [arrays[f"arr_{i}"] for i in range(n)], names)
+
+
+SECOND_REGISTRATION_CHILD = """
+import os, sys, onnxruntime as ort
+os.environ["MLU_EP_EMULATE"] = "1"
+lib = sys.argv[1]
+ort.set_default_logger_severity(3)
+ort.register_execution_provider_library("MLUExecutionProvider", lib)
+try:
+    ort.register_execution_provider_library("second_name", lib)
+    print("accepted")
+except Exception as e:
+    print("refused:", e)
+print("devices", sum(d.ep_name == "MLUExecutionProvider" for d in ort.get_ep_devices()))
+ort.unregister_execution_provider_library("MLUExecutionProvider")
+ort.register_execution_provider_library("second_name", lib)
+print("devices", sum(d.ep_name == "MLUExecutionProvider" for d in ort.get_ep_devices()))
+"""
+
+
+def test_the_library_serves_one_registration_per_process(mlu_lib):
+    p = subprocess.run([sys.executable, "-c", SECOND_REGISTRATION_CHILD, str(mlu_lib)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("refused:") and "already registered in this process, as 'MLUExecutionProvider'" in lines[0], p.stdout
+    # One device while registered once; after an unregister, a new registration works.
+    assert lines[1:] == ["devices 1", "devices 1"], p.stdout
