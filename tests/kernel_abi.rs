@@ -6,7 +6,7 @@
 //! definitions the compiler cannot see (its types are checked, names are not).
 
 use onnxruntime_ep_mlu::mlu::KERNEL_SIGNATURES;
-use onnxruntime_ep_mlu::ops::get_indice_pairs::mlu::Geometry;
+use onnxruntime_ep_mlu::mlu::GipGeometry;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -15,7 +15,7 @@ type Fields<'a> = &'a [(&'a str, &'a str)];
 type Signature<'a> = (&'a str, Fields<'a>);
 
 /// The headers' structs with their Rust counterparts: (C name, Rust name, Rust fields).
-const STRUCTS: &[(&str, &str, Fields)] = &[("MluopsGipGeometry", "Geometry", Geometry::FIELDS)];
+const STRUCTS: &[(&str, &str, Fields)] = &[("MluopsGipGeometry", "GipGeometry", GipGeometry::FIELDS)];
 
 /// A parameter or struct member: C type tokens, name, array length.
 struct Decl {

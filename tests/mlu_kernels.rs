@@ -4,7 +4,8 @@
 //! No MLU hardware runs these tests.
 
 use half::f16;
-use onnxruntime_ep_mlu::mlu::{Device, MluOperator, run_on_device};
+use onnxruntime_ep_mlu::mlu::Device;
+use onnxruntime_ep_mlu::ops::device::{MluOperator, run_on_device};
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::Threads;
 use onnxruntime_ep_mlu::schema::AttrValue;

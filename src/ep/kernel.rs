@@ -7,7 +7,8 @@
 use super::provider::Ep;
 use super::{EP_NAME, ep_api, version};
 use crate::error::{Error, NodeError, Result};
-use crate::mlu::{Copy, Device, DeviceOutputs, MluKernel};
+use crate::mlu::{Buffer, Copy, Device};
+use crate::ops::device::{DeviceOutputs, MluKernel};
 use crate::ops::{ALL, Kernel, OpEntry, OwnedOutputs};
 use crate::parallel::Serial;
 use crate::ort::custom_op::InfoAttributes;
@@ -18,6 +19,7 @@ use crate::schema::{self, Attrs, Schema};
 use crate::tensor::{DType, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
 use ort_sys::{ONNXTensorElementDataType as Ty, OrtKernelContext, OrtKernelInfo, OrtMemType, OrtStatusPtr, OrtValue};
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// The registry ONNX Runtime asks every EP instance for; built once per factory.
 pub struct Registry(pub *mut OrtKernelRegistry);
@@ -303,10 +305,13 @@ unsafe fn device_input(ctx: *const OrtKernelContext, i: usize) -> Result<Option<
     Ok(Some(DeviceInput { shape, dtype, ptr }))
 }
 
-/// Outputs allocated in card memory through the kernel context.
+/// Outputs allocated in card memory through the kernel context, and the node's scratch
+/// card memory, freed when this is dropped (after the queue's synchronisation).
 struct ContextOutputs {
     ctx: *mut OrtKernelContext,
     schema: &'static Schema,
+    device: Arc<Device>,
+    scratch: Vec<Buffer>,
 }
 
 impl DeviceOutputs for ContextOutputs {
@@ -327,6 +332,13 @@ impl DeviceOutputs for ContextOutputs {
             return Err(Error::Runtime(format!("output '{name}': {}", not_allocated(spec, "card"))));
         }
         Ok(data)
+    }
+
+    fn workspace(&mut self, bytes: usize) -> Result<*mut c_void> {
+        let buf = self.device.alloc(bytes)?;
+        let ptr = buf.ptr();
+        self.scratch.push(buf);
+        Ok(ptr)
     }
 }
 
@@ -370,7 +382,7 @@ impl NodeKernel {
         let ptrs: Vec<*const c_void> =
             on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.ptr.cast_const())).collect();
         let queue = ep.queue()?;
-        let mut card = ContextOutputs { ctx, schema: self.schema };
+        let mut card = ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new() };
         let result = self.kernel.compute(device, &queue, &inputs, &ptrs, &mut card).and_then(|()| queue.sync());
         if result.is_err() {
             // Whatever was enqueued must finish before ORT reuses the buffers.

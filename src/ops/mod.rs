@@ -3,6 +3,7 @@
 //! Hosts drive them through [`Operator`]: `from_attributes` once per node, then per run
 //! `plan` (validate everything, compute output shapes; nothing is written) and `execute`.
 
+pub mod device;
 pub mod dynamic_scatter;
 pub mod dynamic_scatter_backward;
 pub mod get_indice_pairs;
@@ -14,7 +15,7 @@ pub mod three_interpolate_backward;
 pub mod voxel_pooling_forward;
 
 use crate::error::{Error, Result};
-use crate::mlu::{MluKernel, MluOperator};
+use device::{MluKernel, MluOperator};
 use crate::parallel::Parallel;
 use crate::schema::{self, AttrValue, Attrs, Schema};
 use crate::tensor::{Inputs, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};

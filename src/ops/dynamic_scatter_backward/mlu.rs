@@ -9,7 +9,8 @@
 
 use super::{DynamicScatterBackward, Reduce};
 use crate::error::{Error, Result};
-use crate::mlu::{self, Device, DeviceOutputs, MluOperator, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
 use crate::ops::Operator;
 use crate::tensor::Inputs;
 use std::ffi::c_void;
@@ -52,8 +53,8 @@ impl MluOperator for DynamicScatterBackward {
         }
     }
 
-    fn mlu_supported_shapes(&self, info: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
-        mlu::int32_inputs(shapes)?;
+    fn mlu_supported_shapes(&self, info: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+        device::int32_inputs(shapes)?;
         // feats [N, C]: one point's rows must fit a kernel1 tile.
         match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
             Some(c) if c > 0 && Policy::new(info, c).is_none() => {
@@ -92,8 +93,8 @@ impl MluOperator for DynamicScatterBackward {
                 d.c
             )));
         };
-        let reduce_from = device.alloc(d.v * d.c * 4)?;
-        let i = mlu::i32_of;
+        let reduce_from: *mut i32 = outputs.workspace(d.v * d.c * 4)?.cast();
+        let i = device::i32_of;
         let points = i("N", d.n)?;
         let voxels = i("V", d.v)?;
         let channels = i("C", d.c)?;
@@ -102,7 +103,8 @@ impl MluOperator for DynamicScatterBackward {
         let tile_voxels = i("tile_voxels", p.tile_voxels)?;
         let fill_tile = i("fill_tile", FILL_TILE)?;
         // SAFETY: device buffers of the validated shapes and the workspace above; the
-        // launches only enqueue, and the queue is synchronised before the workspace drops.
+        // launches only enqueue, and the caller synchronises the queue before the workspace
+        // is freed.
         queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
             (device.kernels.mluops_dynamic_scatter_backward_max)(
                 q,
@@ -119,10 +121,9 @@ impl MluOperator for DynamicScatterBackward {
                 device_inputs[1].cast(),
                 device_inputs[2].cast(),
                 device_inputs[3].cast(),
-                reduce_from.ptr(),
+                reduce_from,
                 out.cast(),
             )
-        })?;
-        queue.sync()
+        })
     }
 }

@@ -10,25 +10,12 @@
 
 use super::{DIM_NB, GetIndicePairs, INDICES};
 use crate::error::{Error, Result};
-use crate::mlu::{self, Buffer, Copy, Device, DeviceOutputs, MluOperator, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Copy, Device, GipGeometry, NRAM_BUDGET, Queue, TASK_UNION1};
 use crate::tensor::{DType, Inputs, OutputSpec};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-mlu::c_struct! {
-    /// The kernels' geometry argument (kernels/get_indice_pairs/get_indice_pairs.h:
-    /// MluopsGipGeometry).
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-    pub struct Geometry {
-        pub in_space: [i32; 3],
-        pub out_space: [i32; 3],
-        pub kernel: [i32; 3],
-        pub stride: [i32; 3],
-        pub pad: [i32; 3],
-        pub dilation: [i32; 3],
-        pub subm: i32,
-    }
-}
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
 const TILES: usize = 4;
@@ -57,11 +44,11 @@ impl GetIndicePairs {
         self.output_space.iter().try_fold(self.batch as usize, |acc, &o| acc.checked_mul(o as usize))
     }
 
-    fn geometry(&self) -> Option<Geometry> {
+    fn geometry(&self) -> Option<GipGeometry> {
         let c = |v: [i64; DIM_NB]| -> Option<[i32; 3]> {
             Some([i32::try_from(v[0]).ok()?, i32::try_from(v[1]).ok()?, i32::try_from(v[2]).ok()?])
         };
-        Some(Geometry {
+        Some(GipGeometry {
             in_space: c(self.input_space)?,
             out_space: c(self.output_space)?,
             kernel: c(self.filter_space)?,
@@ -73,8 +60,9 @@ impl GetIndicePairs {
     }
 }
 
-fn alloc_ints(device: &Arc<Device>, n: usize) -> Result<Buffer> {
-    device.alloc(n * 4)
+/// Card scratch of `n` int32, alive until the caller's queue synchronisation.
+fn ints(outputs: &mut dyn DeviceOutputs, n: usize) -> Result<*mut i32> {
+    Ok(outputs.workspace(n * 4)?.cast())
 }
 
 impl MluOperator for GetIndicePairs {
@@ -115,44 +103,47 @@ impl MluOperator for GetIndicePairs {
             return unsafe { device.zero_raw(num, k * 4) };
         }
         let p = Policy::new(&device.info, k);
-        let i = mlu::i32_of;
+        let i = device::i32_of;
         let (rows, kv, tile_rows, tile, nwords) =
             (i("L", l)?, i("K", k)?, i("tile_rows", p.tile_rows)?, i("tile", p.tile)?, i("words", words)?);
-        let expand = alloc_ints(device, k * l)?;
-        let bitmap = alloc_ints(device, words)?;
-        device.zero(&bitmap)?;
-        let word_rank = alloc_ints(device, words)?;
+        let expand = ints(outputs, k * l)?;
+        let bitmap = ints(outputs, words)?;
+        // SAFETY: `bitmap` was just allocated for `words` int32.
+        unsafe { device.zero_raw(bitmap.cast(), words * 4)? };
+        let word_rank = ints(outputs, words)?;
         // One cluster: a UNION1 __sync_all_ipu synchronises the cores of one cluster only.
         let rank_tasks = device.info.cores_per_cluster;
-        let core_totals = alloc_ints(device, rank_tasks as usize)?;
-        let total = alloc_ints(device, 1)?;
-        let (site, perm) = if self.sub_m { (alloc_ints(device, l)?, alloc_ints(device, l)?) } else { (device.alloc(0)?, device.alloc(0)?) };
+        let core_totals = ints(outputs, rank_tasks as usize)?;
+        let total = ints(outputs, 1)?;
+        let (site, perm) = if self.sub_m { (ints(outputs, l)?, ints(outputs, l)?) } else { (std::ptr::null_mut(), std::ptr::null_mut()) };
         let kernels = &device.kernels;
         let indices: *const i32 = device_inputs[INDICES].cast();
         // SAFETY (all launches): device buffers of the sizes computed above; each launch
-        // only enqueues, and the queue is synchronised before they are dropped.
+        // only enqueues, and the caller synchronises the queue before the workspace is freed.
         queue.launch("mluops_get_indice_pairs_expand", |q| unsafe {
             (kernels.mluops_get_indice_pairs_expand)(
-                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand.ptr(), site.ptr(),
+                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand, site,
             )
         })?;
         // Subm marks the rows' own sites, the default mode every expanded one.
-        let (marked, count) = if self.sub_m { (&site, rows) } else { (&expand, i("K*L", k * l)?) };
+        let (marked, count) = if self.sub_m { (site, rows) } else { (expand, i("K*L", k * l)?) };
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
             (kernels.mluops_get_indice_pairs_mark)(
-                q, p.task_dim, TASK_UNION1, count, nwords, tile, marked.ptr::<i32>().cast_const(), bitmap.ptr(),
+                q, p.task_dim, TASK_UNION1, count, nwords, tile, marked.cast_const(), bitmap,
             )
         })?;
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
             (kernels.mluops_get_indice_pairs_rank)(
-                q, rank_tasks, TASK_UNION1, nwords, tile, bitmap.ptr(), word_rank.ptr(), core_totals.ptr(), total.ptr(),
+                q, rank_tasks, TASK_UNION1, nwords, tile, bitmap, word_rank, core_totals, total,
             )
         })?;
+        // The one wait before the end: out_indices' size is the site count.
         queue.sync()?;
         let mut count = [0i32];
-        device.download(&total, &mut count)?;
+        // SAFETY: `total` holds one int32 the rank kernel wrote; `count` has room for it.
+        unsafe { device.copy_raw(count.as_mut_ptr().cast(), total.cast_const().cast(), 4, Copy::DeviceToHost)? };
         let num_out = usize::try_from(count[0])
             .map_err(|_| Error::Runtime(format!("GetIndicePairs on the MLU: negative site count {}", count[0])))?;
         if self.sub_m && num_out != l {
@@ -177,31 +168,30 @@ impl MluOperator for GetIndicePairs {
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_out", |q| unsafe {
             (kernels.mluops_get_indice_pairs_out)(
-                q, p.task_dim, TASK_UNION1, &geometry, rows, nwords, tile, bitmap.ptr(), word_rank.ptr(), site.ptr(),
-                if self.sub_m { std::ptr::null_mut() } else { out.cast() }, perm.ptr(),
+                q, p.task_dim, TASK_UNION1, &geometry, rows, nwords, tile, bitmap, word_rank, site,
+                if self.sub_m { std::ptr::null_mut() } else { out.cast() }, perm,
             )
         })?;
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_pairs", |q| unsafe {
             (kernels.mluops_get_indice_pairs_pairs)(
-                q, mlu::union1_tasks(&device.info, k), TASK_UNION1, kv, rows, geometry.subm, tile, expand.ptr(),
-                bitmap.ptr(), word_rank.ptr(), perm.ptr(), pairs.cast(), num.cast(),
+                q, mlu::union1_tasks(&device.info, k), TASK_UNION1, kv, rows, geometry.subm, tile, expand,
+                bitmap, word_rank, perm, pairs.cast(), num.cast(),
             )
         })?;
-        // The workspace is freed when this returns.
-        queue.sync()
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Geometry;
+    use super::GipGeometry;
 
     #[test]
     fn geometry_matches_the_kernels_struct() {
         // 19 int32 fields in declaration order, no padding.
-        assert_eq!(size_of::<Geometry>(), 19 * 4);
-        assert_eq!(std::mem::offset_of!(Geometry, subm), 18 * 4);
-        assert_eq!(std::mem::offset_of!(Geometry, dilation), 15 * 4);
+        assert_eq!(size_of::<GipGeometry>(), 19 * 4);
+        assert_eq!(std::mem::offset_of!(GipGeometry, subm), 18 * 4);
+        assert_eq!(std::mem::offset_of!(GipGeometry, dilation), 15 * 4);
     }
 }

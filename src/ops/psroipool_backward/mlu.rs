@@ -7,7 +7,8 @@
 
 use super::PsRoiPoolBackward;
 use crate::error::{Error, Result};
-use crate::mlu::{self, Device, DeviceOutputs, MluOperator, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
 use crate::ops::Operator;
 use crate::tensor::Inputs;
 use std::ffi::c_void;
@@ -70,7 +71,7 @@ impl MluOperator for PsRoiPoolBackward {
             return Ok(());
         }
         let p = Policy::new(&device.info, self.output_dim, bins);
-        let i = mlu::i32_of;
+        let i = device::i32_of;
         let rois = i("R", plan.rois)?;
         let pooled = i("pooled", self.pooled)?;
         let output_dim = i("output_dim", self.output_dim)?;

@@ -6,7 +6,8 @@
 
 use super::{Dims, ThreeInterpolateBackward};
 use crate::error::{Error, Result};
-use crate::mlu::{self, Device, DeviceOutputs, MluOperator, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
 use crate::ops::Operator;
 use crate::tensor::{DType, Inputs};
 use std::ffi::c_void;
@@ -50,10 +51,10 @@ impl MluOperator for ThreeInterpolateBackward {
         Ok(())
     }
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
-        mlu::int32_inputs(shapes)?;
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+        device::int32_inputs(shapes)?;
         // grad_output [B, C, N] -> output B * C * m.
-        mlu::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
+        device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
     fn mlu_compute(
@@ -82,7 +83,7 @@ impl MluOperator for ThreeInterpolateBackward {
             return Ok(());
         }
         let p = Policy::new(&device.info, &d);
-        let i = mlu::i32_of;
+        let i = device::i32_of;
         let (b, c, n, m) = (i("B", d.b)?, i("C", d.c)?, i("N", d.n)?, i("M", d.m)?);
         let (mo, no, co) = (i("Mo", p.mo)?, i("No", p.no)?, i("Co", p.co)?);
         let (go, idx, w) = (device_inputs[0], device_inputs[1].cast(), device_inputs[2]);

@@ -6,7 +6,8 @@
 
 use super::{VoxelPlan, VoxelPoolingForward};
 use crate::error::{Error, Result};
-use crate::mlu::{self, Device, DeviceOutputs, MluOperator, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
 use crate::ops::Operator;
 use crate::tensor::Inputs;
 use std::ffi::c_void;
@@ -46,10 +47,10 @@ impl MluOperator for VoxelPoolingForward {
         }
     }
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &mlu::StaticShapes) -> std::result::Result<(), String> {
-        mlu::int32_inputs(shapes)?;
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+        device::int32_inputs(shapes)?;
         // features [B, N, C] -> output B * ny * nx * C.
-        mlu::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
+        device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
     fn mlu_compute(
@@ -81,7 +82,7 @@ impl MluOperator for VoxelPoolingForward {
             return Ok(());
         }
         let p = Policy::new(&device.info, &plan);
-        let i32_of = mlu::i32_of;
+        let i32_of = device::i32_of;
         let batches = i32_of("B", plan.batches)?;
         let points = i32_of("N", plan.points)?;
         let channels = i32_of("C", plan.channels)?;
