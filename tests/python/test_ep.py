@@ -136,12 +136,12 @@ def test_all_five_operators_run_on_the_mlu_and_match_the_cpu_path(mlu_devices, m
 
 def test_providers_list_with_register_custom_ops_library(mlu_devices, mlu_lib):
     # providers=[...] does not register the EP's custom-op domain by itself: the user also
-    # calls register_custom_ops_library (README: the registration pitfall).
+    # calls register_custom_ops_library (docs/USAGE.md: the registration pitfall).
     sess = ort.InferenceSession(str(DEMO), options(mlu_lib), providers=[EP, "CPUExecutionProvider"])
     where = assignment(sess)
     if EP not in ort.get_available_providers():
         # onnxruntime 1.24 does not list a registered plugin EP, so its Python layer does
-        # not know the name: it warns and runs everything on CPU (README: add the EP by device).
+        # not know the name: it warns and runs everything on CPU (docs/USAGE.md: add the EP by device).
         assert EP not in where.values(), where
     else:
         assert where["voxel_pooling"] == EP and where["psroi_backward"] == EP
