@@ -15,7 +15,7 @@ venv() {  # venv <onnxruntime version>: prints the environment's python, install
     [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir" >&2
     if ! "$dir/bin/python" -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '$1'" 2>/dev/null; then
         echo "ort_range: installing onnxruntime $1 into $dir" >&2
-        "$dir/bin/pip" install --disable-pip-version-check -q "onnxruntime==$1" onnx==1.19.0 numpy==2.2.6 pytest==8.4.2 >&2
+        "$dir/bin/pip" install --disable-pip-version-check "onnxruntime==$1" onnx==1.19.0 numpy==2.2.6 pytest==8.4.2 >&2
     fi
     echo "$dir/bin/python"
 }

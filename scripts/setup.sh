@@ -1,21 +1,108 @@
 #!/usr/bin/env bash
-# Installs what the project needs on a fresh machine: a local virtual environment (.venv)
-# with onnxruntime 1.31.1 from PyPI (it carries the C library libonnxruntime.so.1.31.1),
-# onnx, numpy and pytest, and PyTorch 2.15.0 for the export path (scripts/requirements-torch.txt:
-# about 2.4 GB of downloads, installed --no-deps). Idempotent. Source-able: exports ORT_DYLIB_PATH and VENV.
+# Prepares this checkout's virtual environment, .venv, from PyPI:
+#   (no argument)  what the main job needs: onnxruntime 1.31.1 (it carries the C library
+#                  libonnxruntime.so.1.31.1), onnx and numpy (scripts/requirements.txt);
+#   --test         also what the tests need: pytest (scripts/requirements-test.txt) and
+#                  PyTorch 2.15.0 for the export path (scripts/requirements-torch.txt: about
+#                  2.4 GB of downloads, installed --no-deps).
+# Idempotent: nothing is installed when .venv already has every pinned version. Every step
+# says what it does, on stderr.
+#
+#   scripts/setup.sh [--test]           run it: prints `export VENV=...` and
+#                                       `export ORT_DYLIB_PATH=...` on stdout
+#                                       (eval "$(scripts/setup.sh)" applies them)
+#   source scripts/setup.sh [--test]    or source it (bash): the same work in a child bash,
+#                                       then VENV and ORT_DYLIB_PATH exported into your shell;
+#                                       nothing else of your shell changes (options included)
+#
+# `cargo test` needs none of this exported: it finds .venv's onnxruntime itself
+# (tests/common/mod.rs, ort_dylib_path).
+
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then
+    # Sourced. A script that sources this file without arguments passes its own: only
+    # --test is taken from them. The work runs in a new bash process, so its `set -euo
+    # pipefail` never reaches the caller's shell (and holds even when the caller sources
+    # this file inside an `if`, where a function or subshell would run with -e ignored).
+    __mlu_ep_args=()
+    for __mlu_ep_arg in "$@"; do
+        if [ "$__mlu_ep_arg" = "--test" ]; then __mlu_ep_args=(--test); fi
+    done
+    if __mlu_ep_exports="$("$BASH" "${BASH_SOURCE[0]}" "${__mlu_ep_args[@]}")"; then
+        eval "$__mlu_ep_exports"
+        unset __mlu_ep_args __mlu_ep_arg __mlu_ep_exports
+        return 0
+    else
+        __mlu_ep_exports=$?
+        unset __mlu_ep_args __mlu_ep_arg
+        echo "setup: failed (exit status $__mlu_ep_exports); VENV and ORT_DYLIB_PATH not exported" >&2
+        eval "unset __mlu_ep_exports; return $__mlu_ep_exports"
+    fi
+fi
+
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PYTHON="${PYTHON:-python3}"
+WITH_TESTS=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) WITH_TESTS=1 ;;
+        *) echo "setup: unknown argument '$arg' (usage: scripts/setup.sh [--test])" >&2; exit 2 ;;
+    esac
+done
+# Progress goes to stderr; stdout carries only the export lines.
+exec 3>&1 1>&2
+
+# unmet <requirements file>: prints each `name==version` pin of the file that .venv does not
+# have (as "name==version (installed: x)").
+unmet() {
+    "$VENV/bin/python" - "$1" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if "==" not in line:
+        continue
+    name, want = (part.strip() for part in line.split("==", 1))
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = "none"
+    if have.split("+")[0] != want:
+        print(f"{name}=={want} (installed: {have})")
+PY
+}
+
+# install <what> <requirements file> [pip options]: installs the file's pins unless .venv has
+# them all.
+install() {
+    local what="$1" file="$2" missing
+    shift 2
+    missing="$(unmet "$file")"
+    if [ -z "$missing" ]; then
+        echo "setup: $what: already in .venv ($(basename "$file"))"
+        return
+    fi
+    echo "setup: $what: installing into .venv from $(basename "$file"); missing or at another version:"
+    echo "$missing" | sed 's/^/setup:     /'
+    "$VENV/bin/pip" install --disable-pip-version-check "$@" -r "$file"
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating the virtual environment $VENV ($PYTHON -m venv)"
     "$PYTHON" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '1.31.1'" 2>/dev/null; then
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/scripts/requirements.txt"
+install "onnxruntime 1.31.1, onnx, numpy (main job)" "$ROOT/scripts/requirements.txt"
+if [ "$WITH_TESTS" = 1 ]; then
+    install "pytest (tests)" "$ROOT/scripts/requirements-test.txt"
+    install "PyTorch 2.15.0 (export tests; about 2.4 GB of downloads the first time)" \
+        "$ROOT/scripts/requirements-torch.txt" --no-deps
 fi
-if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.15.0'" 2>/dev/null; then
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$ROOT/scripts/requirements-torch.txt"
+ORT_DYLIB_PATH="$("$VENV/bin/python" -c 'import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so." + onnxruntime.__version__))')"
+if [ ! -f "$ORT_DYLIB_PATH" ]; then
+    echo "setup: $ORT_DYLIB_PATH not found in the onnxruntime wheel"
+    exit 1
 fi
-ORT_DYLIB_PATH="$("$VENV/bin/python" -c 'import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.1.31.1"))')"
-[ -f "$ORT_DYLIB_PATH" ] || { echo "setup: $ORT_DYLIB_PATH not found in the onnxruntime wheel" >&2; exit 1; }
-export ORT_DYLIB_PATH VENV
+echo "setup: .venv ready; ONNX Runtime's C library: $ORT_DYLIB_PATH"
+printf 'export VENV=%q\nexport ORT_DYLIB_PATH=%q\n' "$VENV" "$ORT_DYLIB_PATH" >&3

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test on a fresh machine: installs onnxruntime 1.31.1 into .venv, builds the
+# Runs every test on a fresh machine: installs onnxruntime 1.31.1, pytest and PyTorch into
+# .venv (scripts/setup.sh --test), builds the
 # library, runs the Rust unit and integration tests (including the sessions driven through
 # the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card), the
 # network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
@@ -7,7 +8,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-source scripts/setup.sh
+source scripts/setup.sh --test
 echo "== build (release library for the Python tests)"
 cargo build --release --lib
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
@@ -29,6 +30,8 @@ echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
 echo "== the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
 scripts/ort_range.sh
+echo "== the wheel: pip wheel ./python, installed with onnxruntime 1.31.1 and numpy only into a fresh venv, both paths from outside the checkout"
+scripts/wheel_check.sh
 echo "== model fixtures are what the builder writes"
 cargo run --quiet --example build_models -- --check
 echo "== model goldens are what the independent numpy models compute"

@@ -6,7 +6,8 @@
 //! policy (`SessionOptionsSetEpSelectionPolicy(PREFER_NPU)`) and the node assignment the
 //! session records (`Session_GetEpGraphAssignmentInfo`).
 //!
-//! ONNX Runtime is loaded from ORT_DYLIB_PATH (`source scripts/setup.sh` sets it); the library
+//! ONNX Runtime is loaded from ORT_DYLIB_PATH, else from .venv's onnxruntime wheel
+//! (`common::ort_dylib_path`; scripts/setup.sh installs it); the library
 //! under test is MLU_EP_LIB, else the cdylib next to this test executable
 //! (target/<profile>/deps), else target/<profile>/libonnxruntime_ep_mlu.so (`cargo build --lib`).
 //!
@@ -26,7 +27,7 @@ use ort_sys::{
     OrtStatusPtr,
 };
 use std::ffi::{CStr, CString, c_char};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Once, OnceLock};
 mod common;
 use common::{Rng, assert_accumulating, library};
@@ -100,16 +101,10 @@ fn fixture() -> &'static Fixture {
     emulate();
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
-        let ort_path = std::env::var("ORT_DYLIB_PATH").unwrap_or_else(|_| {
-            panic!(
-                "ORT_DYLIB_PATH is not set: run `source scripts/setup.sh` first (it points ORT_DYLIB_PATH at the \
-                 onnxruntime 1.31.1 wheel's libonnxruntime.so.1.31.1)"
-            )
-        });
-        assert!(Path::new(&ort_path).is_file(), "ORT_DYLIB_PATH={ort_path} is not a file");
+        let ort_path = common::ort_dylib_path();
         let lib = library();
         let env = ort::init_from(&ort_path)
-            .unwrap_or_else(|e| panic!("cannot load ONNX Runtime from ORT_DYLIB_PATH={ort_path}: {e}"))
+            .unwrap_or_else(|e| panic!("cannot load ONNX Runtime from {}: {e}", ort_path.display()))
             .with_name("ep_session")
             .build()
             .unwrap_or_else(|e| panic!("cannot create the ONNX Runtime environment: {e}"));

@@ -2,7 +2,8 @@
 //! the error/edge table of tests/cases/errors.json (shared with tests/python/test_errors.py)
 //! and a few valid runs, each through a single-node model built with `onnx-protobuf`.
 //!
-//! ONNX Runtime is loaded from ORT_DYLIB_PATH (`source scripts/setup.sh` sets it); the library
+//! ONNX Runtime is loaded from ORT_DYLIB_PATH, else from .venv's onnxruntime wheel
+//! (`common::ort_dylib_path`; scripts/setup.sh installs it); the library
 //! under test is MLU_EP_LIB, else the cdylib next to this test executable
 //! (target/<profile>/libonnxruntime_ep_mlu.so), registered with
 //! `SessionBuilder::with_operator_library` (RegisterCustomOpsLibrary_V2). Nothing is skipped:
@@ -18,7 +19,7 @@ use ort::session::Session;
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType};
 use ort::{Error, ErrorCode};
 use serde_json::{Map, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 mod common;
 use common::{Rng, library};
@@ -34,15 +35,9 @@ const DOMAIN: &str = "mluops";
 fn environment() -> &'static Environment {
     static ENV: OnceLock<Environment> = OnceLock::new();
     ENV.get_or_init(|| {
-        let path = std::env::var("ORT_DYLIB_PATH").unwrap_or_else(|_| {
-            panic!(
-                "ORT_DYLIB_PATH is not set: run `source scripts/setup.sh` first (it points ORT_DYLIB_PATH at the \
-                 onnxruntime 1.31.1 wheel's libonnxruntime.so.1.31.1)"
-            )
-        });
-        assert!(Path::new(&path).is_file(), "ORT_DYLIB_PATH={path} is not a file");
+        let path = common::ort_dylib_path();
         ort::init_from(&path)
-            .unwrap_or_else(|e| panic!("cannot load ONNX Runtime from ORT_DYLIB_PATH={path}: {e}"))
+            .unwrap_or_else(|e| panic!("cannot load ONNX Runtime from {}: {e}", path.display()))
             .with_name("ort_session_tests")
             .build()
             .unwrap_or_else(|e| panic!("cannot create the ONNX Runtime environment: {e}"))

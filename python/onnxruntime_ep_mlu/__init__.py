@@ -66,8 +66,10 @@ def _repo_root() -> Path | None:
 
 
 def library_candidates() -> list[Path]:
-    """Where :func:`get_library_path` looks when ``MLU_EP_LIB`` is not set, in order: a
-    library shipped inside the package, then the repository's release and debug builds."""
+    """Where :func:`get_library_path` looks when ``MLU_EP_LIB`` is not set, in order: the
+    library installed inside the package (``pip install ./python`` builds it in), then, for
+    a package in the repository (imported from it or installed editable), the repository's
+    release and debug builds."""
     out = [_PACKAGE_DIR / LIBRARY_NAME]
     root = _repo_root()
     if root is not None:
@@ -100,7 +102,8 @@ def get_library_path() -> str:
         f"build it with `cargo build --release --lib` in {root}, or set {ENV_LIBRARY} to the library's path"
         if root is not None
         else f"this installed package ships no library and is not in the repository: set {ENV_LIBRARY} to the "
-        "library's path, or install the package from the repository (pip install -e python)"
+        "library's path, or install the package from the repository with `pip install ./python` (which builds "
+        "the library into it)"
     )
     raise FileNotFoundError(f"{LIBRARY_NAME} not found ({ENV_LIBRARY} is not set; looked at {looked}): {hint}")
 

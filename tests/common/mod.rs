@@ -5,7 +5,7 @@
 
 pub mod psroi;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// splitmix64: small, seedable, good enough for test data. Test files add the
 /// conveniences they need in their own `impl Rng` blocks.
@@ -90,4 +90,35 @@ pub fn library() -> PathBuf {
         lib.display()
     );
     lib
+}
+
+/// The ONNX Runtime C library the session tests load (`ort` load-dynamic): ORT_DYLIB_PATH
+/// when set, else the onnxruntime wheel's `libonnxruntime.so.<version>` in this checkout's
+/// .venv (what scripts/setup.sh installs), so `cargo test` needs nothing sourced.
+pub fn ort_dylib_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "ORT_DYLIB_PATH={} is not a file", path.display());
+        return path;
+    }
+    // .venv/lib/python3.X/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1
+    let venv_lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv").join("lib");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&venv_lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|python| std::fs::read_dir(python.path().join("site-packages/onnxruntime/capi")).ok())
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so.")))
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "ONNX Runtime not found: ORT_DYLIB_PATH is not set and {} holds no onnxruntime wheel; run `scripts/setup.sh` \
+             (installs onnxruntime 1.31.1 into .venv) or set ORT_DYLIB_PATH to a libonnxruntime.so",
+            venv_lib.display()
+        )
+    })
 }
