@@ -164,11 +164,15 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
     """Registers the library with ``onnxruntime.register_execution_provider_library`` under
     :func:`get_ep_name` and returns its devices (``ep_device.ep_name == get_ep_name()``).
 
-    ONNX Runtime keeps a registration for the life of the process, so this registers at
-    most once: when the EP already has devices, or this function registered it before,
-    the current devices are returned. The library reads ``MLU_EP_EMULATE`` when it is
-    registered: ``emulate=True`` sets it to ``"1"`` first (``False`` removes it); asking
-    for the emulated card after an unemulated registration raises RuntimeError.
+    Safe to call from any process that may be reused (Ray workers, multiprocessing pools,
+    retried tasks): ONNX Runtime keeps a registration for the life of the process, so this
+    registers at most once and otherwise returns the current devices.
+
+    The library reads ``MLU_EP_EMULATE`` when it is registered. ``emulate=True`` sets it to
+    ``"1"`` (``False`` removes it); when the current registration does not match the
+    request, it is replaced: unregistered and registered again. Sessions created before
+    keep working on the card they were created with (the library outlives its
+    unregistration), so a reused worker can switch whatever an earlier task set.
     """
     global _registered_library
     import onnxruntime as ort
@@ -179,8 +183,8 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
         else:
             os.environ.pop(ENV_EMULATE, None)
     devices = get_devices()
+    path = library or _registered_library or get_library_path()
     if not devices and _registered_library is None:
-        path = library or get_library_path()
         try:
             ort.register_execution_provider_library(EP_NAME, path)
         except Exception as e:  # registered by other code of this process: keep that one
@@ -188,12 +192,22 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
                 raise
         _registered_library = path
         devices = get_devices()
-    if emulate and not any(dict(d.device.metadata).get("emulated") == "true" for d in devices):
-        raise RuntimeError(
-            f"{EP_NAME} was registered in this process before {ENV_EMULATE}=1 was set; "
-            "the emulated card can only be added by the first registration"
-        )
+    if emulate is not None and _has_emulated(devices) != emulate:
+        try:
+            ort.unregister_execution_provider_library(EP_NAME)
+        except Exception as e:
+            raise RuntimeError(
+                f"{EP_NAME} is registered in this process under another name, so its emulated card cannot be "
+                f"{'added' if emulate else 'removed'} here; unregister it first ({e})"
+            ) from e
+        ort.register_execution_provider_library(EP_NAME, path)
+        _registered_library = path
+        devices = get_devices()
     return devices
+
+
+def _has_emulated(devices) -> bool:
+    return any(dict(d.device.metadata).get("emulated") == "true" for d in devices)
 
 
 def node_assignment(session) -> dict[str, str]:
