@@ -98,6 +98,7 @@ if [ "$WITH_TESTS" = 1 ]; then
     install "pytest (tests)" "$ROOT/scripts/requirements-test.txt"
     install "PyTorch 2.15.0 (export tests; about 2.4 GB of downloads the first time)" \
         "$ROOT/scripts/requirements-torch.txt" --no-deps
+    install "Ray 2.60.0 with Ray Data (dataset regression tests)" "$ROOT/scripts/requirements-ray.txt"
 fi
 ORT_DYLIB_PATH="$("$VENV/bin/python" -c 'import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so." + onnxruntime.__version__))')"
 if [ ! -f "$ORT_DYLIB_PATH" ]; then

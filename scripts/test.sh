@@ -40,5 +40,7 @@ echo "== model goldens are what the independent numpy models compute"
 "$VENV/bin/python" models/make_zoo_goldens.py --check
 echo "== model-level regression suite (CPU and emulated MLU provider)"
 "$VENV/bin/python" models/run_zoo.py "$MLU_EP_LIB"
+echo "== dataset regression: 20 generated frames per zoo model, CPU and emulated MLU, in-process (the Ray runs are in tests/python/test_ray_regression.py)"
+"$VENV/bin/python" models/run_dataset.py --generate 20 --library "$MLU_EP_LIB"
 echo "== main job"
 "$VENV/bin/python" models/run_demo.py "$MLU_EP_LIB"
