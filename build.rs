@@ -56,6 +56,12 @@ fn main() {
         // The link driver: the host C++ compiler the emulator build uses (honours CXX).
         let cxx = build.get_compiler().path().to_path_buf();
         let arch = std::env::var("MLU_EP_BANG_ARCH").ok().filter(|a| !a.is_empty());
+        if let Some(a) = arch.as_deref().filter(|&a| a != cncc::DEFAULT_ARCH) {
+            println!(
+                "cargo:warning=MLU_EP_BANG_ARCH={a}: the kernels' NRAM budget and the allow-list of kernels/README.md were checked for {} only",
+                cncc::DEFAULT_ARCH
+            );
+        }
         let toolchain = cncc::Toolchain { neuware_home: &home, cncc: &cncc, cxx: &cxx, arch: arch.as_deref().unwrap_or(cncc::DEFAULT_ARCH) };
         match cncc::build_library(&toolchain, &mlu, &out_dir) {
             Ok(lib) => Some(lib),

@@ -172,7 +172,9 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
     ``"1"`` (``False`` removes it); when the current registration does not match the
     request, it is replaced: unregistered and registered again. Sessions created before
     keep working on the card they were created with (the library outlives its
-    unregistration), so a reused worker can switch whatever an earlier task set.
+    unregistration), so a reused worker can switch whatever an earlier task set; session
+    options built from the earlier devices must be built again (a session made from them
+    gets a clear error from the provider, and ONNX Runtime falls back to CPU or raises).
     """
     global _registered_library
     import onnxruntime as ort
@@ -200,6 +202,7 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
                 f"{EP_NAME} is registered in this process under another name, so its emulated card cannot be "
                 f"{'added' if emulate else 'removed'} here; unregister it first ({e})"
             ) from e
+        _registered_library = None  # until the new registration succeeds
         ort.register_execution_provider_library(EP_NAME, path)
         _registered_library = path
         devices = get_devices()

@@ -40,12 +40,13 @@ pub struct Factory {
     lifetime: Mutex<Lifetime>,
 }
 
-/// Who still needs the factory. ONNX Runtime releases it when the library is unregistered,
-/// even while sessions still hold EPs and allocators it made (and will call back into its
-/// function table to release them): the factory is then freed by the last of those.
+/// ONNX Runtime releases the factory when the library is unregistered, even while sessions
+/// still hold EPs and allocators it made (and will call its function table to release
+/// them), and session options made before may still name its devices. A released factory
+/// is therefore never freed (the library is never unmapped either): it keeps serving what
+/// exists and refuses to make anything new.
 #[derive(Default)]
 struct Lifetime {
-    live: usize,
     released: bool,
 }
 
@@ -180,44 +181,25 @@ impl Factory {
         Box::into_raw(self).cast()
     }
 
-    /// ONNX Runtime's release of the factory: freed now, or by the release of the last EP
-    /// or allocator it made.
+    /// ONNX Runtime's release of the factory (see [`Lifetime`]): from now on it only
+    /// refuses new EPs and allocators, and the library may be registered again.
     ///
     /// # Safety
     /// `p` came from [`Factory::into_raw`] and is released once.
     pub unsafe fn release(p: *mut OrtEpFactory) {
         *REGISTERED.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let free = {
-            let mut l = this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner());
-            l.released = true;
-            l.live == 0
-        };
-        if free {
-            // SAFETY: caller contract; nothing made by the factory is alive.
-            drop(unsafe { Box::from_raw(p as *mut Factory) });
-        }
+        this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner()).released = true;
     }
 
-    /// One more EP or allocator that needs the factory.
-    fn acquire(&self) {
-        self.lifetime.lock().unwrap_or_else(|e| e.into_inner()).live += 1;
-    }
-
-    /// An EP or allocator made by the factory at `p` is gone; frees a released factory
-    /// with the last of them.
-    ///
-    /// # Safety
-    /// `p` is a live factory (not yet freed) that made the object being released.
-    unsafe fn release_one(p: *mut OrtEpFactory) {
-        let free = {
-            let mut l = this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner());
-            l.live = l.live.saturating_sub(1);
-            l.released && l.live == 0
-        };
-        if free {
-            // SAFETY: released by ONNX Runtime and nothing made by it is alive any more.
-            drop(unsafe { Box::from_raw(p as *mut Factory) });
+    /// The error for a request to a released factory (session options made before an
+    /// unregistration).
+    fn refuse_if_released(&self) -> Result<()> {
+        if self.lifetime.lock().unwrap_or_else(|e| e.into_inner()).released {
+            return Err(Error::Runtime(format!(
+                "{EP_NAME}: this registration of the library was unregistered; build the session options again from the current devices"
+            )));
         }
+        Ok(())
     }
 
     /// The kernel registry, built on first use and shared by every EP of this factory.
@@ -248,21 +230,6 @@ impl Factory {
         }
         let selected = devices.iter().find_map(|&h| self.cards.iter().find(|c| c.hardware.cast_const() == h));
         selected.or(self.cards.first()).ok_or_else(|| Error::Runtime(format!("{EP_NAME}: no MLU device")))
-    }
-}
-
-impl Drop for Factory {
-    fn drop(&mut self) {
-        // The registry references nothing below; drop it first.
-        self.registry.take();
-        let ep = ep_api();
-        for c in &self.cards {
-            // SAFETY: created in new, owned by the factory, released once.
-            unsafe {
-                (api().ReleaseMemoryInfo)(c.memory_info);
-                (ep.ReleaseHardwareDevice)(c.hardware);
-            }
-        }
     }
 }
 
@@ -356,12 +323,11 @@ unsafe extern "system" fn create_ep(
             // SAFETY: ORT passes num_devices hardware devices.
             unsafe { std::slice::from_raw_parts(devices, num_devices) }
         };
-        match factory.pick(devices, options) {
+        match factory.refuse_if_released().and_then(|()| factory.pick(devices, options)) {
             Ok(card) => {
                 // SAFETY: ORT's session logger, valid for the life of the EP created here.
                 let logger = unsafe { Logger::new(logger) };
                 let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger);
-                factory.acquire();
                 // SAFETY: ORT's out pointer; released by release_ep.
                 unsafe { *out = ep.into_raw() };
                 ok()
@@ -374,15 +340,12 @@ unsafe extern "system" fn create_ep(
     })
 }
 
-unsafe extern "system" fn release_ep(f: *mut OrtEpFactory, ep: *mut OrtEp) {
+unsafe extern "system" fn release_ep(_: *mut OrtEpFactory, ep: *mut OrtEp) {
     if ep.is_null() {
         return;
     }
-    // SAFETY: ep came from create_ep of factory f, which it kept alive; ORT releases it once.
-    let _ = std::panic::catch_unwind(|| unsafe {
-        Ep::release(ep);
-        Factory::release_one(f);
-    });
+    // SAFETY: ep came from create_ep and ORT releases it once.
+    let _ = std::panic::catch_unwind(|| unsafe { Ep::release(ep) });
 }
 
 unsafe extern "system" fn create_allocator(
@@ -402,7 +365,9 @@ unsafe extern "system" fn create_allocator(
         });
         match card {
             Some(c) => {
-                factory.acquire();
+                if let Err(e) = factory.refuse_if_released() {
+                    return status(OrtErrorCode::ORT_FAIL, &e.to_string());
+                }
                 // SAFETY: ORT's out pointer; released by release_allocator.
                 unsafe { *out = Allocator::new(c.memory_info, Arc::clone(&c.device)).into_raw() };
                 ok()
@@ -412,16 +377,12 @@ unsafe extern "system" fn create_allocator(
     })
 }
 
-unsafe extern "system" fn release_allocator(f: *mut OrtEpFactory, allocator: *mut OrtAllocator) {
+unsafe extern "system" fn release_allocator(_: *mut OrtEpFactory, allocator: *mut OrtAllocator) {
     if allocator.is_null() {
         return;
     }
-    // SAFETY: allocator came from create_allocator of factory f, which it kept alive; ORT
-    // releases it once.
-    let _ = std::panic::catch_unwind(|| unsafe {
-        Allocator::release(allocator);
-        Factory::release_one(f);
-    });
+    // SAFETY: allocator came from create_allocator and ORT releases it once.
+    let _ = std::panic::catch_unwind(|| unsafe { Allocator::release(allocator) });
 }
 
 unsafe extern "system" fn create_data_transfer(f: *mut OrtEpFactory, out: *mut *mut OrtDataTransferImpl) -> OrtStatusPtr {

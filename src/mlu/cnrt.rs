@@ -192,8 +192,13 @@ impl Runtime for Cnrt {
         self.check("cnrtQueueDestroy", unsafe { (self.queue_destroy)(q) })
     }
     fn launch_error(&self, code: i32) -> String {
-        // SAFETY: cnrtGetErrorStr returns a static NUL-terminated string for any code.
-        unsafe { CStr::from_ptr((self.get_error_str)(code)) }.to_string_lossy().into_owned()
+        // SAFETY: cnrtGetErrorStr takes any code.
+        let text = unsafe { (self.get_error_str)(code) };
+        if text.is_null() {
+            return format!("cnrt error {code}");
+        }
+        // SAFETY: a non-null cnrtGetErrorStr result is a static NUL-terminated string.
+        unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
     }
     fn bind_thread(&self) -> Result<()> {
         self.bind()

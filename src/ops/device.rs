@@ -166,10 +166,14 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
             Ok(ptr)
         }
     }
-    let queue = device.queue()?;
+    // `outs` (the scratch) is declared first so it outlives the queue, and the queue is
+    // synchronised on every path before either goes (the module's rule).
     let mut outs = Outs { device: Arc::clone(device), bufs: Vec::new(), scratch: Vec::new() };
-    op.mlu_compute(device, &queue, &views, &ptrs, &mut outs)?;
-    queue.sync()?;
+    let queue = device.queue()?;
+    let computed = op.mlu_compute(device, &queue, &views, &ptrs, &mut outs);
+    let synced = queue.sync();
+    computed?;
+    synced?;
     let mut result = Vec::new();
     for (i, slot) in outs.bufs.into_iter().enumerate() {
         let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", O::NAME)))?;
