@@ -28,6 +28,8 @@ echo "== BANG kernels on the emulated MLU card at network scale (release; no MLU
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
+echo "== fuzz: 27,000 fixed-seed cases (all nine operators, both paths, isolated workers; tests/fuzz/README.md)"
+"$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 27000
 echo "== every operator's session on both paths under valgrind (memcheck)"
 scripts/valgrind.sh
 echo "== the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
