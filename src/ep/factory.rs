@@ -54,6 +54,9 @@ struct Lifetime {
 /// one registration per process.
 static REGISTERED: Mutex<Option<String>> = Mutex::new(None);
 
+/// The released factories' addresses (see [`Lifetime`]).
+static RETIRED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
 fn this<'a>(f: *const OrtEpFactory) -> &'a Factory {
     // SAFETY: the only OrtEpFactory we hand out is the first field of a boxed Factory that
     // lives until ReleaseEpFactory.
@@ -189,6 +192,8 @@ impl Factory {
     pub unsafe fn release(p: *mut OrtEpFactory) {
         *REGISTERED.lock().unwrap_or_else(|e| e.into_inner()) = None;
         this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner()).released = true;
+        // Kept on purpose for the life of the process (not a leak of a session).
+        RETIRED.lock().unwrap_or_else(|e| e.into_inner()).push(p as usize);
     }
 
     /// The error for a request to a released factory (session options made before an
