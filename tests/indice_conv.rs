@@ -149,13 +149,13 @@ impl Rng {
     }
 }
 
-/// Checks a run against the rulebook reference, with Serial, Threads(2) and Threads(3)
-/// bit-identical. Returns the output.
+/// Checks a run against the rulebook reference, with Serial, Threads(2), Threads(3) and
+/// Threads(4) bit-identical. Returns the output.
 fn check(c: &Conv, inverse: bool) -> Vec<f32> {
     let inv = inverse as i64;
     let first = c.run(inv, &Serial).expect("valid case runs");
     assert_accumulating(&first, &reference(c, inverse), "output vs rulebook reference");
-    for par in [&Threads(2) as &dyn Parallel, &Threads(3), &Serial] {
+    for par in [&Threads(2) as &dyn Parallel, &Threads(3), &Threads(4), &Serial] {
         let again = c.run(inv, par).expect("valid case runs");
         assert_eq!(bits(&again), bits(&first), "bit-identical across runs and thread counts");
     }
@@ -762,6 +762,223 @@ fn bit_identical_across_thread_counts_and_runs() {
     let inv = check(&conv, true);
     for par in [&Threads(3) as &dyn Parallel, &Threads(2)] {
         assert_eq!(bits(&conv.run(1, par).expect("runs")), bits(&inv));
+    }
+}
+
+/// Features of mixed magnitudes, so that a change of summation order shows in the bits.
+fn mixed_floats(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|i| rng.float() * [1.0, 1e-3, 1e3, 7.0, 3e4][i % 5]).collect()
+}
+
+/// Sites clustered in blobs (as lidar voxels are), so that submanifold neighbourhoods are
+/// populated, rows in generation order.
+fn clustered_sites(rng: &mut Rng, g: &Geometry, n: usize) -> Vec<[i32; 4]> {
+    let mut seen = HashSet::new();
+    let mut sites = Vec::new();
+    let mut centre = [0i32; 4];
+    while sites.len() < n {
+        if rng.below(40) == 0 || sites.is_empty() {
+            centre = [
+                rng.below(g.batch as usize) as i32,
+                rng.below(g.spatial[0] as usize) as i32,
+                rng.below(g.spatial[1] as usize) as i32,
+                rng.below(g.spatial[2] as usize) as i32,
+            ];
+        }
+        let jitter = |rng: &mut Rng, c: i32, r: usize, hi: i64| (c + rng.below(2 * r + 1) as i32 - r as i32).clamp(0, hi as i32 - 1);
+        let s = [
+            centre[0],
+            jitter(rng, centre[1], 2, g.spatial[0]),
+            jitter(rng, centre[2], 4, g.spatial[1]),
+            jitter(rng, centre[3], 4, g.spatial[2]),
+        ];
+        if seen.insert(s) {
+            sites.push(s);
+        }
+    }
+    sites
+}
+
+/// A forward convolution over GetIndicePairs' rulebook of `sites`, mixed-magnitude features.
+fn conv_on_sites(rng: &mut Rng, g: &Geometry, sites: &[[i32; 4]], cin: usize, cout: usize, bias: bool) -> Conv {
+    let rb = get_indice_pairs(g, sites);
+    let num_out = rb.out_indices.shape[0];
+    let out_indices = rb.out_indices.data.i32().expect("int32").to_vec();
+    let features = mixed_floats(rng, sites.len() * cin);
+    let filters = rng.floats(g.volume() * cin * cout);
+    conv_over(&rb, sites.len(), features, filters, cin, cout, bias.then(|| rng.floats(cout)), num_out, out_indices)
+}
+
+#[test]
+fn bit_identical_at_1_2_3_4_threads_at_backbone_channel_counts() {
+    // The CenterPoint backbone's channel counts, submanifold and strided, each case large
+    // enough for many row tiles and tasks (more sites where the channels are few), compared
+    // bit for bit at 1, 2, 3 and 4 threads (in `check`) and against the reference.
+    let mut rng = Rng(16);
+    let subm = Geometry::subm(2, [12, 48, 48], [3, 3, 3], [1; 3]);
+    let strided = Geometry { stride: [2; 3], padding: [1; 3], ..Geometry::new(2, [12, 48, 48], [3, 3, 3]) };
+    for (cin, cout, n) in [(5, 16, 12000), (16, 16, 12000), (16, 32, 8000), (32, 32, 6000), (64, 64, 2500), (64, 128, 1500), (128, 128, 1200)] {
+        let sites = clustered_sites(&mut rng, &subm, n);
+        for g in [&subm, &strided] {
+            let conv = conv_on_sites(&mut rng, g, &sites, cin, cout, cin % 2 == 0);
+            let first = check(&conv, false);
+            for par in [&Threads(4) as &dyn Parallel, &Threads(2), &Threads(3), &Serial] {
+                assert_eq!(bits(&conv.run(0, par).expect("runs")), bits(&first), "Cin {cin} Cout {cout} subm {}", g.subm);
+            }
+        }
+    }
+}
+
+#[test]
+fn large_channel_counts_match_dense_reference() {
+    let mut rng = Rng(17);
+    let subm = Geometry::subm(1, [6, 10, 10], [3, 3, 3], [1; 3]);
+    let strided = Geometry { stride: [2; 3], padding: [0, 1, 1], ..Geometry::new(1, [7, 10, 10], [3, 3, 3]) };
+    let extra = Geometry { stride: [2, 1, 1], ..Geometry::new(1, [5, 6, 6], [3, 1, 1]) };
+    for (cin, cout) in [(16, 16), (32, 32), (64, 64), (128, 128), (16, 32), (64, 128)] {
+        check_geometry(&mut rng, &subm, 250, cin, cout, true);
+        check_geometry(&mut rng, &strided, 250, cin, cout, false);
+    }
+    check_geometry(&mut rng, &extra, 120, 128, 128, true);
+}
+
+/// Features and bias drawn from values whose float32 sums depend on their order, and
+/// filters of ones with Cin = 1, so that every product is exact: the output must then be
+/// the float32 sum in exactly the contract's order (bias, then k ascending, then j
+/// ascending), which this computes.
+fn in_contract_order(c: &Conv, inverse: bool) -> Vec<f32> {
+    assert_eq!(c.cin, 1);
+    let mut out = vec![0f32; c.num_out * c.cout];
+    for (e, v) in out.iter_mut().enumerate() {
+        *v = c.bias.as_ref().map_or(0.0, |b| b[e % c.cout]);
+    }
+    for k in 0..c.k {
+        for j in 0..c.num[k] as usize {
+            let (a, b) = (c.pairs[(k * 2) * c.p + j] as usize, c.pairs[(k * 2 + 1) * c.p + j] as usize);
+            let (src, dst) = if inverse { (b, a) } else { (a, b) };
+            for co in 0..c.cout {
+                out[dst * c.cout + co] += c.features[src] * c.filters[k * c.cout + co];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn sums_follow_k_then_j_across_chunks_and_row_tiles() {
+    // Dense rulebooks with many repeated destinations: an offset's pairs into one row tile
+    // outnumber a GEMM chunk (so runs are cut into several chunks), destinations fall on
+    // both sides of tile boundaries, and offsets interleave. Cin = 1 and filters of ones make
+    // every product exact, so the bits must be the float32 sums in (k, j) order.
+    let mut rng = Rng(18);
+    let magnitudes = [16777216.0f32, 1.0, -16777216.0, 0.75, 3.0e-3, -1.0, 4096.5, -0.125];
+    for (k, p, l, num_out, cout) in [(3, 6000, 50, 40, 128), (5, 3000, 700, 600, 64), (2, 20000, 90, 300, 16), (27, 800, 400, 1000, 128)] {
+        for inverse in [false, true] {
+            let (src_rows, dst_rows) = (l, num_out);
+            let mut pairs = vec![0i32; k * 2 * p];
+            let mut num = vec![0i32; k];
+            for kk in 0..k {
+                num[kk] = (p - rng.below(p / 4)) as i32;
+                for j in 0..p {
+                    // Destinations cluster on a few rows around tile-sized boundaries.
+                    let dst = if rng.below(2) == 0 { rng.below(dst_rows) } else { (rng.below(8) * 16 + rng.below(3)).min(dst_rows - 1) };
+                    let (s0, s1) = if inverse { (dst, rng.below(src_rows)) } else { (rng.below(src_rows), dst) };
+                    pairs[(kk * 2) * p + j] = s0 as i32;
+                    pairs[(kk * 2 + 1) * p + j] = s1 as i32;
+                }
+            }
+            let conv = Conv {
+                l,
+                cin: 1,
+                cout,
+                k,
+                p,
+                num_out,
+                features: (0..l).map(|_| magnitudes[rng.below(magnitudes.len())]).collect(),
+                filters: vec![1.0; k * cout],
+                pairs,
+                num,
+                out_indices: vec![0; num_out * 2],
+                out_d: 2,
+                bias: Some((0..cout).map(|_| magnitudes[rng.below(magnitudes.len())]).collect()),
+            };
+            let want = in_contract_order(&conv, inverse);
+            for par in [&Serial as &dyn Parallel, &Threads(2), &Threads(3), &Threads(4)] {
+                let got = conv.run(inverse as i64, par).expect("runs");
+                assert_eq!(bits(&got), bits(&want), "K {k} P {p} num_out {num_out} Cout {cout} inverse {inverse}");
+            }
+        }
+    }
+}
+
+#[test]
+fn inverse_convolutions_at_backbone_channel_counts() {
+    // An inverse convolution over a strided rulebook (features on the strided output sites,
+    // results on its input sites), against the rulebook reference at 1-4 threads, and equal
+    // bit for bit to a forward node over the slot-swapped rulebook.
+    let mut rng = Rng(19);
+    let g = Geometry { stride: [2; 3], padding: [1; 3], ..Geometry::new(2, [12, 48, 48], [3, 3, 3]) };
+    for (cin, cout, n) in [(32, 16, 8000), (64, 32, 4000), (128, 64, 2000)] {
+        let sites = clustered_sites(&mut rng, &g, n);
+        let fwd = conv_on_sites(&mut rng, &g, &sites, cin, cout, true);
+        let y = mixed_floats(&mut rng, fwd.num_out * cin);
+        let inv = Conv { l: fwd.num_out, features: y.clone(), num_out: sites.len(), out_indices: sites.concat(), ..fwd.clone() };
+        let got = check(&inv, true);
+        let plain = swapped(&fwd, y, fwd.num_out, sites.len());
+        assert_eq!(bits(&check(&plain, false)), bits(&got), "Cin {cin} Cout {cout}");
+    }
+}
+
+#[test]
+fn empty_offsets_and_rows_without_pairs() {
+    // A 27-offset rulebook with offsets emptied (first, middle, last, all but one, all), and
+    // output rows that no pair reaches (they must equal the bias exactly).
+    let mut rng = Rng(20);
+    let g = Geometry::subm(2, [12, 32, 32], [3, 3, 3], [1; 3]);
+    let sites = clustered_sites(&mut rng, &g, 3000);
+    let base = conv_on_sites(&mut rng, &g, &sites, 32, 64, true);
+    let all: Vec<usize> = (0..27).collect();
+    let empty_sets: [Vec<usize>; 6] = [vec![0], vec![13], vec![26], vec![0, 5, 13, 20, 26], all.iter().copied().filter(|&k| k != 7).collect(), all.clone()];
+    for (case, emptied) in empty_sets.iter().enumerate() {
+        let mut conv = base.clone();
+        for &k in emptied {
+            conv.num[k] = 0;
+        }
+        // Extra output rows past every destination: whole row tiles without pairs.
+        conv.num_out = sites.len() + 5000;
+        conv.out_indices = vec![0; conv.num_out * 4];
+        let got = check(&conv, false);
+        let bias = conv.bias.as_ref().expect("bias");
+        for (row, out) in got.chunks(64).enumerate().skip(sites.len()) {
+            assert_eq!(bits(out), bits(bias), "case {case}: row {row} has no pair");
+        }
+        if emptied.len() == 27 {
+            assert!(got.chunks(64).all(|r| bits(r) == bits(bias)), "no pairs at all: every row is the bias");
+        }
+    }
+}
+
+#[test]
+fn huge_channel_counts_without_pairs_give_the_bias() {
+    // No pair, so nothing is multiplied: Cin (and K) bound no buffer the kernel needs.
+    for (l, cin) in [(0usize, 1usize << 40), (3, 0)] {
+        let conv = Conv {
+            l,
+            cin,
+            cout: 3,
+            k: 0,
+            p: 4,
+            num_out: 70,
+            features: vec![0.5; l * cin],
+            filters: vec![],
+            pairs: vec![],
+            num: vec![],
+            out_indices: vec![0; 70 * 4],
+            out_d: 4,
+            bias: Some(vec![1.5, -2.0, 0.25]),
+        };
+        let got = conv.run(0, &Threads(2)).expect("valid: no pairs");
+        assert!(got.chunks(3).all(|r| r == [1.5, -2.0, 0.25]), "Cin {cin}: output = bias");
     }
 }
 
