@@ -25,7 +25,7 @@
 //! C[m, Cout] = A[m, Cin] @ W[Cin, Cout], at the backbone's channel counts and chunk sizes
 //! m, both timed in turn (best of 9 rounds).
 
-use onnxruntime_ep_mlu::ops::indice_conv::IndiceConv;
+use onnxruntime_ep_mlu::ops::indice_conv::{IndiceConv, gemm_rows, tile_shift};
 use onnxruntime_ep_mlu::ops::{Operator, descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, for_each_part_mut};
 use onnxruntime_ep_mlu::schema::AttrValue;
@@ -202,46 +202,10 @@ fn previous(layer: &Layer, par: &dyn Parallel) -> Vec<f32> {
 
 // ---------------------------------------------------------------- pieces of the execution
 
-fn gemm(m: usize, cin: usize, cout: usize, a: &[f32], w: &[f32], c: &mut [f32]) {
-    assert!(a.len() >= m * cin && w.len() >= cin * cout && c.len() >= m * cout);
-    // SAFETY: row-major [m, cin] @ [cin, cout] -> [m, cout], sizes checked above.
-    unsafe {
-        gemm::gemm(
-            m,
-            cout,
-            cin,
-            c.as_mut_ptr(),
-            1,
-            cout as isize,
-            false,
-            a.as_ptr(),
-            1,
-            cin as isize,
-            w.as_ptr(),
-            1,
-            cout as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    };
-}
-
 /// Each offset's pairs in chunks of `chunk` rows, as the kernel cuts them when a tile holds
 /// all of an offset's pairs (in the kernel a tile holds fewer: its chunks are smaller).
 fn chunks(list: &[(usize, usize, usize)], chunk: usize) -> Vec<&[(usize, usize, usize)]> {
     list.chunk_by(|a, b| a.0 == b.0).flat_map(|run| run.chunks(chunk)).collect()
-}
-
-/// Rows per tile as the kernel picks them (src/ops/indice_conv.rs tile_shift).
-fn tile_rows(rows: usize, cout: usize, total: usize, active: usize) -> usize {
-    let cap = (128 * 1024 / (cout.max(1) * 4)).max(16);
-    let want = if total == 0 { cap } else { (rows * 256 * active).div_ceil(total) };
-    let r = want.clamp(16, cap).min(rows.next_power_of_two().max(16));
-    1 << (usize::BITS - 1 - r.leading_zeros())
 }
 
 // ---------------------------------------------------------------- main
@@ -294,7 +258,7 @@ fn compare_gemm_crates() {
                     let t = Instant::now();
                     for _ in 0..reps {
                         if i == 0 {
-                            gemm(m, cin, cout, &a, &w, &mut c);
+                            gemm_rows(m, cin, cout, &a, &w, &mut c);
                         } else {
                             // SAFETY: row-major [m, cin] @ [cin, cout] -> [m, cout] in buffers of those sizes.
                             unsafe {
@@ -393,7 +357,7 @@ fn main() {
         let cs = chunks(&list, chunk);
         // The adds in the kernel's order: pairs by row tile, (k, j) order within a tile.
         let active = layer.i32(3).iter().filter(|&&n| n > 0).count();
-        let tr = tile_rows(rows, cout, total, active);
+        let tr = 1usize << tile_shift(rows, cout, total, active, layer.i32(3).len());
         let mut by_tile = list.clone();
         by_tile.sort_by_key(|&(_, _, d)| d / tr); // stable: (k, j) order within a tile
         let mut out = vec![0f32; rows * cout];
@@ -419,7 +383,7 @@ fn main() {
                 &mut || {
                     for ch in &cs {
                         let k = ch[0].0;
-                        gemm(ch.len(), cin, cout, &a, &filters[k * cin * cout..(k + 1) * cin * cout], &mut c);
+                        gemm_rows(ch.len(), cin, cout, &a[..ch.len() * cin], &filters[k * cin * cout..(k + 1) * cin * cout], &mut c[..ch.len() * cout]);
                     }
                     std::hint::black_box(&c);
                 },

@@ -111,7 +111,9 @@ impl Rules {
 /// rulebook's mean density, within [MIN_TILE_ROWS, TILE_OUT_BYTES of output], and small
 /// enough that `k << shift` fits 32 bits for every k < `k_count`; a function of the shapes
 /// and counts alone.
-fn tile_shift(rows: usize, cout: usize, total: usize, active: usize, k_count: usize) -> u32 {
+/// (Public for benches/indice_conv.rs, which times the kernel's pieces.)
+#[doc(hidden)]
+pub fn tile_shift(rows: usize, cout: usize, total: usize, active: usize, k_count: usize) -> u32 {
     let k_bits = usize::BITS - k_count.saturating_sub(1).leading_zeros();
     tile_shift_unbounded(rows, cout, total, active).min(32u32.saturating_sub(k_bits))
 }
@@ -357,7 +359,9 @@ impl Operator for IndiceConv {
 }
 
 /// dst[m, cout] = lhs[m, cin] @ w[cin, cout] (row-major), one single-threaded GEMM.
-fn gemm_rows(m: usize, cin: usize, cout: usize, lhs: &[f32], w: &[f32], dst: &mut [f32]) {
+/// (Public for benches/indice_conv.rs, which times the kernel's own call.)
+#[doc(hidden)]
+pub fn gemm_rows(m: usize, cin: usize, cout: usize, lhs: &[f32], w: &[f32], dst: &mut [f32]) {
     assert!(lhs.len() == m * cin && w.len() == cin * cout && dst.len() == m * cout);
     // SAFETY: row-major lhs [m, cin] (row stride cin), w [cin, cout] (row stride cout) and
     // dst [m, cout] (row stride cout), sizes checked just above; dst does not alias the
