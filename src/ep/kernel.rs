@@ -335,10 +335,7 @@ impl DeviceOutputs for ContextOutputs {
     }
 
     fn workspace(&mut self, bytes: usize) -> Result<*mut c_void> {
-        let buf = self.device.alloc(bytes)?;
-        let ptr = buf.ptr();
-        self.scratch.push(buf);
-        Ok(ptr)
+        self.device.alloc_kept(bytes, &mut self.scratch)
     }
 }
 

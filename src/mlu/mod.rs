@@ -220,6 +220,14 @@ impl Device {
         Ok(Buffer { ptr, bytes, device: Arc::clone(self) })
     }
 
+    /// As [`Self::alloc`], the buffer kept in `keep` (freed with it); its address.
+    pub fn alloc_kept(self: &Arc<Self>, bytes: usize, keep: &mut Vec<Buffer>) -> Result<*mut c_void> {
+        let buf = self.alloc(bytes)?;
+        let ptr = buf.ptr();
+        keep.push(buf);
+        Ok(ptr)
+    }
+
     pub fn upload<T: std::marker::Copy>(self: &Arc<Self>, data: &[T]) -> Result<Buffer> {
         let buf = self.alloc(size_of_val(data))?;
         if buf.bytes > 0 {

@@ -160,10 +160,7 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
             Ok(ptr)
         }
         fn workspace(&mut self, bytes: usize) -> Result<*mut c_void> {
-            let buf = self.device.alloc(bytes)?;
-            let ptr = buf.ptr();
-            self.scratch.push(buf);
-            Ok(ptr)
+            self.device.alloc_kept(bytes, &mut self.scratch)
         }
     }
     // `outs` (the scratch) is declared first so it outlives the queue, and the queue is
