@@ -25,7 +25,7 @@
 //! C[m, Cout] = A[m, Cin] @ W[Cin, Cout], at the backbone's channel counts and chunk sizes
 //! m, both timed in turn (best of 9 rounds).
 
-use onnxruntime_ep_mlu::ops::indice_conv::{IndiceConv, gemm_rows, tile_shift};
+use onnxruntime_ep_mlu::ops::sparse_conv::indice_conv::{IndiceConv, gemm_rows, tile_shift};
 use onnxruntime_ep_mlu::ops::{Operator, descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, for_each_part_mut};
 use onnxruntime_ep_mlu::schema::AttrValue;
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 const ROUNDS: usize = 7;
 const BUDGET: Duration = Duration::from_millis(4000);
 /// The kernel's chunk: a gathered block plus its product of at most this many bytes
-/// (src/ops/indice_conv.rs CHUNK_BYTES).
+/// (src/ops/sparse_conv/indice_conv.rs CHUNK_BYTES).
 const CHUNK_BYTES: usize = 128 * 1024;
 
 struct Pool(rayon::ThreadPool);

@@ -17,7 +17,7 @@ use half::f16;
 use onnx_builder::{Dim, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
 use onnxruntime_ep_mlu::ops::{self, OwnedOutputs};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, for_each_chunk_mut, for_each_part_mut};
-use onnxruntime_ep_mlu::schema::{self, AttrValue, Attrs};
+use onnxruntime_ep_mlu::schema::{AttrValue, Attrs};
 use onnxruntime_ep_mlu::tensor::{Inputs, OwnedData, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{HashMap, HashSet};
@@ -563,7 +563,7 @@ struct OrtRun {
 
 impl OrtRun {
     fn new(env: &ort::environment::Environment, case: &Case, lib: &str, threads: usize) -> ort::Result<Self> {
-        let schema = schema::get(case.op);
+        let schema = ops::schema(case.op);
         let mut g = Graph::new("bench");
         for (name, t) in &case.inputs {
             let dims: Vec<Dim> = t.shape.iter().map(|&d| Dim::Fixed(d as i64)).collect();
@@ -607,8 +607,8 @@ struct Kernel {
 impl Kernel {
     fn new(case: &Case) -> Self {
         let entry = ops::entry(case.op).expect("operator");
-        let kernel = (entry.create)(&Attrs::new(schema::get(case.op), &case.attrs)).expect("valid attributes");
-        Kernel { kernel, names: schema::get(case.op).input_names(), host: Default::default() }
+        let kernel = (entry.create)(&Attrs::new(ops::schema(case.op), &case.attrs)).expect("valid attributes");
+        Kernel { kernel, names: ops::schema(case.op).input_names(), host: Default::default() }
     }
 
     fn run(&self, case: &Case, par: &dyn Parallel) {

@@ -3,7 +3,7 @@ outputs in models/<name>.npz (`in.<input>`, `out.<output>`), and the tolerance o
 in models/zoo.json.
 
 The goldens come from an independent numpy implementation of each whole model, written from
-the description in models/zoo.rs and the operator contracts (docs/CONTRACT.md, schemas/*.json):
+the description in models/zoo.rs and the operator contracts (docs/CONTRACT.md, schemas/<family>/*.json):
 numpy versions of the standard ONNX ops (tests/python/reference_models.py: Conv, Softmax, ...)
 and of the mluops ops (tests/python/reference.py and reference_models.py). Only the learned
 weights are read from the .onnx files (onnx.numpy_helper); the structural constants (voxel

@@ -1,11 +1,10 @@
-//! The operator schemas of schemas/*.json: the single source of truth for op names,
+//! The operator schemas of schemas/<family>/*.json: the single source of truth for op names,
 //! inputs, outputs, type constraints and attribute defaults. Registration with ONNX
 //! Runtime and attribute parsing are both derived from them.
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use serde::Deserialize;
-use std::sync::OnceLock;
 
 pub const DOMAIN: &str = "mluops";
 pub const OPSET_VERSION: i32 = 1;
@@ -135,38 +134,15 @@ impl Attribute {
     }
 }
 
-/// The schema files, embedded at build time.
-const SOURCES: &[(&str, &str)] = &[
-    ("DynamicScatterBackward", include_str!("../schemas/dynamic_scatter_backward.json")),
-    ("ThreeInterpolateBackward", include_str!("../schemas/three_interpolate_backward.json")),
-    ("GetIndicePairs", include_str!("../schemas/get_indice_pairs.json")),
-    ("VoxelPoolingForward", include_str!("../schemas/voxel_pooling_forward.json")),
-    ("PsRoiPoolBackward", include_str!("../schemas/psroipool_backward.json")),
-    ("DynamicScatter", include_str!("../schemas/dynamic_scatter.json")),
-    ("IndiceConv", include_str!("../schemas/indice_conv.json")),
-    ("ThreeInterpolate", include_str!("../schemas/three_interpolate.json")),
-    ("PsRoiPool", include_str!("../schemas/psroipool.json")),
-];
-
-/// All schemas, parsed once. A malformed schema file is a build defect caught by the
-/// schema tests, so parsing failures panic here (never across the C boundary: callers
-/// there run inside catch_unwind).
-pub fn all() -> &'static [Schema] {
-    static ALL: OnceLock<Vec<Schema>> = OnceLock::new();
-    ALL.get_or_init(|| {
-        SOURCES
-            .iter()
-            .map(|(name, text)| {
-                let s: Schema = serde_json::from_str(text).unwrap_or_else(|e| panic!("schemas/{name}: {e}"));
-                assert_eq!(s.op_type, *name, "schema file holds another op");
-                s
-            })
-            .collect()
-    })
-}
-
-pub fn get(op_type: &str) -> &'static Schema {
-    all().iter().find(|s| s.op_type == op_type).unwrap_or_else(|| panic!("no schema for {op_type}"))
+impl Schema {
+    /// Parses an operator's schema file. A malformed schema is a build defect caught by the
+    /// schema tests, so this panics (never across the C boundary: callers there run inside
+    /// catch_unwind).
+    pub fn parse(op_type: &str, text: &str) -> Schema {
+        let s: Schema = serde_json::from_str(text).unwrap_or_else(|e| panic!("schema of {op_type}: {e}"));
+        assert_eq!(s.op_type, op_type, "schema file holds another op");
+        s
+    }
 }
 
 /// Where a node's attributes come from: an ONNX Runtime kernel info, or a map in tests.

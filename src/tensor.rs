@@ -15,7 +15,7 @@ pub enum DType {
 }
 
 impl DType {
-    /// The ONNX type string used in schemas/*.json.
+    /// The ONNX type string used in schemas/<family>/*.json.
     pub fn onnx_name(self) -> &'static str {
         match self {
             DType::F32 => "tensor(float)",

@@ -1,5 +1,5 @@
 //! DynamicScatter (mmcv dynamic_point_to_voxel forward) against its contract, the `doc` of
-//! schemas/dynamic_scatter.json, through the Rust API.
+//! schemas/dynamic_scatter/dynamic_scatter.json, through the Rust API.
 //!
 //! The reference below is written from the contract text alone (a BTreeMap of coordinate
 //! rows, serial loops); it shares no code with the kernel. Index outputs and `max` are exact;

@@ -4,7 +4,7 @@
 //! comparison is bit-for-bit.
 
 use onnxruntime_ep_mlu::error::Error;
-use onnxruntime_ep_mlu::ops::dynamic_scatter_backward::DynamicScatterBackward;
+use onnxruntime_ep_mlu::ops::dynamic_scatter::backward::DynamicScatterBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::schema::AttrValue;
@@ -412,7 +412,7 @@ fn streamed_output_with_odd_channels() {
 #[test]
 fn default_reduce_type_is_max() {
     let op = descriptor::<DynamicScatterBackward>(&attrs(None)).expect("default");
-    assert_eq!(op, DynamicScatterBackward { reduce: onnxruntime_ep_mlu::ops::dynamic_scatter_backward::Reduce::Max });
+    assert_eq!(op, DynamicScatterBackward { reduce: onnxruntime_ep_mlu::ops::dynamic_scatter::backward::Reduce::Max });
 }
 
 #[test]

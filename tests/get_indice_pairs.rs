@@ -6,7 +6,7 @@
 //! Set MLU_EP_FULL_SCALE=1 to also run the two seed network cases at full size (timed).
 
 use onnxruntime_ep_mlu::error::Error;
-use onnxruntime_ep_mlu::ops::get_indice_pairs::GetIndicePairs;
+use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::schema::AttrValue;

@@ -1,5 +1,5 @@
 //! IndiceConv (spconv v1 / mmcv indice_conv) against its contract, the `doc` of
-//! schemas/indice_conv.json, through the Rust API.
+//! schemas/sparse_conv/indice_conv.json, through the Rust API.
 //!
 //! Two references, both written from the contract text alone and sharing no code with the
 //! kernel (accuracy class: accumulating, float64 sums):
@@ -17,8 +17,8 @@
 #![allow(clippy::too_many_arguments)]
 
 use onnxruntime_ep_mlu::error::Error;
-use onnxruntime_ep_mlu::ops::get_indice_pairs::GetIndicePairs;
-use onnxruntime_ep_mlu::ops::indice_conv::IndiceConv;
+use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;
+use onnxruntime_ep_mlu::ops::sparse_conv::indice_conv::IndiceConv;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::schema::AttrValue;

@@ -350,7 +350,7 @@ fn the_headers_match_the_rust_declarations() {
 
 #[test]
 fn swapped_parameters_of_the_same_type_are_reported() {
-    // kernels/get_indice_pairs/get_indice_pairs.h with `count` and `words` swapped.
+    // kernels/sparse_conv/sparse_conv.h with `count` and `words` swapped.
     let header = parse_header(
         "MLUOPS_EXPORT int mluops_get_indice_pairs_mark(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
              int32_t words, int32_t count, int32_t tile, const int32_t *src, int32_t *bitmap);",

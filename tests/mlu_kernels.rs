@@ -82,7 +82,7 @@ fn assert_close(cpu: &Tensor, mlu: &Tensor, what: &str) {
 
 mod voxel_pooling_forward {
     use super::*;
-    use onnxruntime_ep_mlu::ops::voxel_pooling_forward::VoxelPoolingForward;
+    use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 
     fn case(seed: u64, b: usize, n: usize, c: usize, grid: [i64; 3]) {
         let op: VoxelPoolingForward =
@@ -136,7 +136,7 @@ mod voxel_pooling_forward {
 
 mod three_interpolate_backward {
     use super::*;
-    use onnxruntime_ep_mlu::ops::three_interpolate_backward::ThreeInterpolateBackward;
+    use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
 
     fn case(seed: u64, b: usize, c: usize, n: usize, m: usize, half_precision: bool) {
         let op: ThreeInterpolateBackward =
@@ -197,7 +197,7 @@ mod three_interpolate_backward {
 
 mod get_indice_pairs {
     use super::*;
-    use onnxruntime_ep_mlu::ops::get_indice_pairs::GetIndicePairs;
+    use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;
 
     struct Conf {
         batch: i64,
@@ -321,7 +321,7 @@ mod get_indice_pairs {
 
 mod psroipool_backward {
     use super::*;
-    use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
+    use onnxruntime_ep_mlu::ops::psroipool::backward::PsRoiPoolBackward;
 
     /// bottom (n, h, w), pooled p, output_dim od, r rois, spatial scale s.
     #[allow(clippy::too_many_arguments)]
@@ -390,7 +390,7 @@ mod psroipool_backward {
 
 mod dynamic_scatter_backward {
     use super::*;
-    use onnxruntime_ep_mlu::ops::dynamic_scatter_backward::DynamicScatterBackward;
+    use onnxruntime_ep_mlu::ops::dynamic_scatter::backward::DynamicScatterBackward;
 
     fn op(reduce: &str) -> DynamicScatterBackward {
         descriptor(&HashMap::from([("reduce_type".to_string(), AttrValue::String(reduce.to_string()))])).unwrap()
@@ -473,8 +473,8 @@ mod dynamic_scatter_backward {
 /// launched.
 mod bad_input {
     use super::*;
-    use onnxruntime_ep_mlu::ops::three_interpolate_backward::ThreeInterpolateBackward;
-    use onnxruntime_ep_mlu::ops::voxel_pooling_forward::VoxelPoolingForward;
+    use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
+    use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 
     fn same_error<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>], rule: &str) {
         let cpu = run(op, inputs, &Threads(2)).expect_err("CPU rejects").to_string();
@@ -522,8 +522,8 @@ mod bad_input {
 
 mod fuzz {
     use super::*;
-    use onnxruntime_ep_mlu::ops::get_indice_pairs::GetIndicePairs;
-    use onnxruntime_ep_mlu::ops::three_interpolate_backward::ThreeInterpolateBackward;
+    use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;
+    use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
     use proptest::prelude::*;
 
     /// CPU and MLU agree: the same outputs, or the same error.

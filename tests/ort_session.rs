@@ -227,8 +227,9 @@ struct Schema {
 impl Schema {
     fn load(op: &str) -> Schema {
         let dir = repo().join("schemas");
-        for entry in std::fs::read_dir(&dir).expect("schemas/") {
-            let text = std::fs::read_to_string(entry.expect("entry").path()).expect("schema file");
+        let families = std::fs::read_dir(&dir).expect("schemas/").map(|f| f.expect("family").path());
+        for path in families.flat_map(|f| std::fs::read_dir(f).expect("schemas/<family>/")) {
+            let text = std::fs::read_to_string(path.expect("entry").path()).expect("schema file");
             let json: Value = serde_json::from_str(&text).expect("schema json");
             if json["op_type"] == op {
                 return Schema { json };

@@ -1,5 +1,5 @@
 //! PsRoiPool (R-FCN position-sensitive RoI pooling forward, NHWC) against its contract, the
-//! `doc` of schemas/psroipool.json, whose bin rules are those of PsRoiPoolBackward
+//! `doc` of schemas/psroipool/psroipool.json, whose bin rules are those of PsRoiPoolBackward
 //! (docs/CONTRACT.md §6.2), through the Rust API.
 //!
 //! The reference below is written from the contract text alone (one loop per output element,
@@ -10,7 +10,7 @@
 //! forward op against PsRoiPoolBackward through the adjoint identity.
 
 use onnxruntime_ep_mlu::ops::psroipool::PsRoiPool;
-use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
+use onnxruntime_ep_mlu::ops::psroipool::backward::PsRoiPoolBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::tensor::Tensor;

@@ -3,7 +3,7 @@
 //! The reference below is written from the contract alone (one loop per top_grad element,
 //! as in the R-FCN kernel, with float64 sums); it shares no code with the kernel.
 
-use onnxruntime_ep_mlu::ops::psroipool_backward::PsRoiPoolBackward;
+use onnxruntime_ep_mlu::ops::psroipool::backward::PsRoiPoolBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::tensor::Tensor;

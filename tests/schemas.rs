@@ -3,7 +3,7 @@
 //! schemas (src/ort/custom_op.rs), so this pins what ONNX Runtime sees.
 
 use onnxruntime_ep_mlu::ops;
-use onnxruntime_ep_mlu::schema::{self, AttrKind, AttrValue};
+use onnxruntime_ep_mlu::schema::{AttrKind, AttrValue};
 use onnxruntime_ep_mlu::tensor::DType;
 
 /// (name, allowed dtypes, optional) of each input.
@@ -12,7 +12,7 @@ type InputsOf = Vec<(String, Vec<DType>, bool)>;
 type OutputsOf = Vec<(String, Vec<DType>)>;
 
 fn io(op: &str) -> (InputsOf, OutputsOf) {
-    let s = schema::get(op);
+    let s = ops::schema(op);
     (
         s.inputs.iter().map(|f| (f.name.clone(), s.allowed(f), f.optional)).collect(),
         s.outputs.iter().map(|f| (f.name.clone(), s.allowed(f))).collect(),
@@ -25,11 +25,11 @@ fn names<T>(v: &[(String, Vec<DType>, T)]) -> Vec<&str> {
 
 #[test]
 fn every_operator_has_exactly_one_schema_in_domain_mluops() {
-    let all = schema::all();
+    let all = ops::schemas();
     assert_eq!(all.len(), 9);
     assert_eq!(ops::ALL.len(), 9);
     for e in ops::ALL {
-        let s = schema::get(e.name);
+        let s = ops::schema(e.name);
         assert_eq!(s.domain, "mluops");
         assert_eq!(s.since_version, 1);
         assert!(!s.doc.is_empty());
@@ -79,7 +79,7 @@ fn dynamic_scatter_matches_contract() {
             ("voxel_num", vec![I32])
         ]
     );
-    let a = schema::get("DynamicScatter").attribute("reduce_type").unwrap();
+    let a = ops::schema("DynamicScatter").attribute("reduce_type").unwrap();
     assert_eq!((a.kind, a.required, a.default_value()), (AttrKind::String, false, Some(AttrValue::String("max".into()))));
 }
 
@@ -92,7 +92,7 @@ fn indice_conv_matches_contract() {
     assert_eq!(types, [vec![F32], vec![F32], vec![I32], vec![I32], vec![I32], vec![F32]]);
     assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [false, false, false, false, false, true]);
     assert_eq!(o, [("output".to_string(), vec![F32])]);
-    let a = schema::get("IndiceConv").attribute("inverse").unwrap();
+    let a = ops::schema("IndiceConv").attribute("inverse").unwrap();
     assert_eq!((a.kind, a.required, a.default_value()), (AttrKind::Int, false, Some(AttrValue::Int(0))));
 }
 
@@ -103,7 +103,7 @@ fn three_interpolate_matches_contract() {
     assert_eq!(names(&i), ["features", "indices", "weights"]);
     assert_eq!((i[0].1.clone(), i[1].1.clone(), i[2].1.clone()), (vec![F32, F16], vec![I32], vec![F32, F16]));
     assert_eq!(o, [("output".to_string(), vec![F32, F16])]);
-    let s = schema::get("ThreeInterpolate");
+    let s = ops::schema("ThreeInterpolate");
     assert!(s.attributes.is_empty());
     assert_eq!(s.bindings().len(), 2);
 }
@@ -115,7 +115,7 @@ fn psroipool_matches_contract() {
     assert_eq!(i, [("input".to_string(), vec![F32], false), ("rois".to_string(), vec![F32], false)]);
     assert_eq!(o, [("output".to_string(), vec![F32]), ("mapping_channel".to_string(), vec![I32])]);
     // The same attributes as the backward op, all required.
-    let (fwd, bwd) = (schema::get("PsRoiPool"), schema::get("PsRoiPoolBackward"));
+    let (fwd, bwd) = (ops::schema("PsRoiPool"), ops::schema("PsRoiPoolBackward"));
     assert_eq!(fwd.attributes.len(), 4);
     for a in &fwd.attributes {
         let b = bwd.attribute(&a.name).unwrap();
@@ -135,7 +135,7 @@ fn dynamic_scatter_backward_matches_contract() {
     assert_eq!(types, [vec![F32], vec![F32], vec![F32], vec![I32], vec![I32], vec![I32]]);
     assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [false, false, false, false, false, true]);
     assert_eq!(o, [("grad_feats".to_string(), vec![F32])]);
-    let a = schema::get("DynamicScatterBackward").attribute("reduce_type").unwrap();
+    let a = ops::schema("DynamicScatterBackward").attribute("reduce_type").unwrap();
     assert_eq!((a.kind, a.required), (AttrKind::String, false));
     assert_eq!(a.default_value(), Some(AttrValue::String("max".into())));
 }
@@ -149,10 +149,10 @@ fn three_interpolate_backward_matches_contract() {
     assert_eq!(i[1].1, [I32]);
     assert_eq!(i[2].1, [F32, F16]);
     assert_eq!(o, [("grad_features".to_string(), vec![F32, F16])]);
-    let a = schema::get("ThreeInterpolateBackward").attribute("m").unwrap();
+    let a = ops::schema("ThreeInterpolateBackward").attribute("m").unwrap();
     assert_eq!((a.kind, a.required), (AttrKind::Int, true));
     // One kernel per binding of T.
-    assert_eq!(schema::get("ThreeInterpolateBackward").bindings().len(), 2);
+    assert_eq!(ops::schema("ThreeInterpolateBackward").bindings().len(), 2);
 }
 
 #[test]
@@ -164,7 +164,7 @@ fn get_indice_pairs_matches_contract() {
         o,
         [("indice_pairs".to_string(), vec![I32]), ("out_indices".to_string(), vec![I32]), ("indice_num".to_string(), vec![I32])]
     );
-    let s = schema::get("GetIndicePairs");
+    let s = ops::schema("GetIndicePairs");
     let expect: &[(&str, AttrKind, bool, Option<AttrValue>)] = &[
         ("batch_size", AttrKind::Int, true, None),
         ("spatial_shape", AttrKind::Ints, true, None),
@@ -190,7 +190,7 @@ fn voxel_pooling_forward_matches_contract() {
     let (i, o) = io("VoxelPoolingForward");
     assert_eq!(i, [("geom_xyz".to_string(), vec![I32], false), ("input_features".to_string(), vec![F32], false)]);
     assert_eq!(o, [("output_features".to_string(), vec![F32]), ("pos_memo".to_string(), vec![I32])]);
-    let a = schema::get("VoxelPoolingForward").attribute("voxel_num").unwrap();
+    let a = ops::schema("VoxelPoolingForward").attribute("voxel_num").unwrap();
     assert_eq!((a.kind, a.required), (AttrKind::Ints, true));
 }
 
@@ -202,7 +202,7 @@ fn psroipool_backward_matches_contract() {
     let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
     assert_eq!(types, [vec![F32], vec![F32], vec![I32], vec![I64]]);
     assert_eq!(o, [("bottom_grad".to_string(), vec![F32])]);
-    let s = schema::get("PsRoiPoolBackward");
+    let s = ops::schema("PsRoiPoolBackward");
     for (name, kind) in [
         ("pooled_height", AttrKind::Int),
         ("pooled_width", AttrKind::Int),
@@ -216,7 +216,7 @@ fn psroipool_backward_matches_contract() {
 
 #[test]
 fn every_attribute_default_has_the_declared_type() {
-    for s in schema::all() {
+    for s in ops::schemas() {
         for a in &s.attributes {
             assert_eq!(a.required, a.default.is_none(), "{}.{}: required xor default", s.op_type, a.name);
             if !a.required {

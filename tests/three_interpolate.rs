@@ -1,5 +1,5 @@
 //! ThreeInterpolate (PointNet++ three_interpolate forward) against its contract, the `doc`
-//! of schemas/three_interpolate.json, through the Rust API.
+//! of schemas/three_interpolate/three_interpolate.json, through the Rust API.
 //!
 //! The contract fixes the arithmetic: `f[i0]*w0 + f[i1]*w1 + f[i2]*w2` left to right in
 //! float32, each product and sum rounded separately; float16 inputs are widened, computed in

@@ -7,7 +7,7 @@
 
 use half::f16;
 use onnxruntime_ep_mlu::error::Error;
-use onnxruntime_ep_mlu::ops::three_interpolate_backward::ThreeInterpolateBackward;
+use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::schema::AttrValue;

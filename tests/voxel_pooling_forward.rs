@@ -3,7 +3,7 @@
 //! The reference below is written from the contract alone (a serial loop with float64
 //! sums); it shares no code with the kernel.
 
-use onnxruntime_ep_mlu::ops::voxel_pooling_forward::VoxelPoolingForward;
+use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::schema::AttrValue;

@@ -2,7 +2,7 @@
 
 Every operator is a ``torch.autograd.Function`` whose
 
-- ``forward`` computes the operator's contract (docs/CONTRACT.md, ``schemas/*.json``) with
+- ``forward`` computes the operator's contract (docs/CONTRACT.md, ``schemas/<family>/*.json``) with
   plain torch ops, on any device (this is an independent implementation: it never calls
   ``libonnxruntime_ep_mlu.so``);
 - ``backward``, where the operator has a gradient, computes it with torch ops too, by the

@@ -236,7 +236,7 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
             Ok(ep) => ep,
             Err(e) => return fail(e),
         };
-        let schema = schema::get(entry.name);
+        let schema = crate::ops::schema(entry.name);
         let Some(create_mlu) = entry.create_mlu else {
             return fail(Error::Runtime("no MLU kernel for this operator".into()));
         };

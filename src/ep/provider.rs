@@ -113,7 +113,7 @@ impl Ep {
             return Some("no MLU kernel for this operator (its CPU kernel runs it)".into());
         };
         let source = NodeAttributes { node };
-        match create_mlu(&Attrs::new(schema::get(op_type), &source)) {
+        match create_mlu(&Attrs::new(ops::schema(op_type), &source)) {
             Err(e) => Some(format!("invalid attributes ({e}); the CPU kernel reports the error")),
             Ok(kernel) => kernel.supported().err().or_else(|| match input_shapes(node) {
                 Ok(shapes) => kernel.supported_shapes(&self.device.info, &shapes).err(),

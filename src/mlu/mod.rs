@@ -172,7 +172,7 @@ macro_rules! c_struct {
 }
 
 c_struct! {
-    /// GetIndicePairs' geometry argument (kernels/get_indice_pairs/get_indice_pairs.h:
+    /// GetIndicePairs' geometry argument (kernels/sparse_conv/sparse_conv.h:
     /// MluopsGipGeometry).
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
     pub struct GipGeometry {

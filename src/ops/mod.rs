@@ -5,25 +5,24 @@
 
 pub mod device;
 pub mod dynamic_scatter;
-pub mod dynamic_scatter_backward;
-pub mod get_indice_pairs;
-pub mod indice_conv;
 pub mod psroipool;
-pub mod psroipool_backward;
+pub mod sparse_conv;
 pub mod three_interpolate;
-pub mod three_interpolate_backward;
-pub mod voxel_pooling_forward;
+pub mod voxel_pooling;
 
 use crate::error::{Error, Result};
 use device::{MluKernel, MluOperator};
 use crate::parallel::Parallel;
-use crate::schema::{self, AttrValue, Attrs, Schema};
+use crate::schema::{AttrValue, Attrs, Schema};
 use crate::tensor::{Inputs, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 pub trait Operator: Sized + Send + Sync + 'static {
     /// The ONNX op_type in domain `mluops`; also the schema's name.
     const NAME: &'static str;
+    /// The operator's schema file (`schemas/<family>/<op>.json`), embedded.
+    const SCHEMA: &'static str;
     /// Whatever `plan` learns that `execute` needs (validated sizes, sorted indices...).
     type Plan: Send;
 
@@ -40,7 +39,7 @@ pub trait Operator: Sized + Send + Sync + 'static {
     -> Result<()>;
 
     fn schema() -> &'static Schema {
-        schema::get(Self::NAME)
+        schema(Self::NAME)
     }
 }
 
@@ -70,6 +69,8 @@ pub type CreateMlu = fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>;
 /// for the operators that have BANG kernels, for the MLU path.
 pub struct OpEntry {
     pub name: &'static str,
+    /// The schema file's text (parsed once by [`schemas`]).
+    pub schema: &'static str,
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
     /// `None`: no MLU kernel; the EP declines the operator's nodes, which run on CPU.
     pub create_mlu: Option<CreateMlu>,
@@ -85,32 +86,43 @@ fn create_mlu<O: MluOperator>(attrs: &Attrs<'_>) -> Result<Box<dyn MluKernel>> {
 
 macro_rules! mlu {
     ($t:ty) => {
-        OpEntry { name: <$t>::NAME, create: create::<$t>, create_mlu: Some(create_mlu::<$t>) }
+        OpEntry { name: <$t>::NAME, schema: <$t>::SCHEMA, create: create::<$t>, create_mlu: Some(create_mlu::<$t>) }
     };
 }
 
 macro_rules! cpu_only {
     ($t:ty) => {
-        OpEntry { name: <$t>::NAME, create: create::<$t>, create_mlu: None }
+        OpEntry { name: <$t>::NAME, schema: <$t>::SCHEMA, create: create::<$t>, create_mlu: None }
     };
 }
 
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
 /// partners the models need (CPU kernels only).
 pub const ALL: &[OpEntry] = &[
-    mlu!(dynamic_scatter_backward::DynamicScatterBackward),
-    mlu!(three_interpolate_backward::ThreeInterpolateBackward),
-    mlu!(get_indice_pairs::GetIndicePairs),
-    mlu!(voxel_pooling_forward::VoxelPoolingForward),
-    mlu!(psroipool_backward::PsRoiPoolBackward),
+    mlu!(dynamic_scatter::DynamicScatterBackward),
+    mlu!(three_interpolate::ThreeInterpolateBackward),
+    mlu!(sparse_conv::GetIndicePairs),
+    mlu!(voxel_pooling::VoxelPoolingForward),
+    mlu!(psroipool::PsRoiPoolBackward),
     cpu_only!(dynamic_scatter::DynamicScatter),
-    cpu_only!(indice_conv::IndiceConv),
+    cpu_only!(sparse_conv::IndiceConv),
     cpu_only!(three_interpolate::ThreeInterpolate),
     cpu_only!(psroipool::PsRoiPool),
 ];
 
 pub fn entry(name: &str) -> Option<&'static OpEntry> {
     ALL.iter().find(|e| e.name == name)
+}
+
+/// Every operator's schema, in [`ALL`]'s order, parsed once.
+pub fn schemas() -> &'static [Schema] {
+    static SCHEMAS: OnceLock<Vec<Schema>> = OnceLock::new();
+    SCHEMAS.get_or_init(|| ALL.iter().map(|e| Schema::parse(e.name, e.schema)).collect())
+}
+
+/// The schema of operator `op_type` (one of [`ALL`]).
+pub fn schema(op_type: &str) -> &'static Schema {
+    schemas().iter().find(|s| s.op_type == op_type).unwrap_or_else(|| panic!("no schema for {op_type}"))
 }
 
 /// Owned buffers for hosts outside ONNX Runtime. New buffers are poisoned (see

@@ -1,5 +1,5 @@
 //! The `mluops` custom-op domain: one `OrtCustomOp` per operator and type binding, all
-//! derived from schemas/*.json, each creating a kernel from src/ops/ per node. The ops are
+//! derived from schemas/<family>/*.json, each creating a kernel from src/ops/ per node. The ops are
 //! CPU-typed (no execution-provider type), so the same domain serves `RegisterCustomOps`
 //! and, later, the MLU execution provider's factory.
 
@@ -198,7 +198,7 @@ unsafe extern "system" fn destroy(kernel: *mut c_void) {
 }
 
 fn custom_op(entry: &'static OpEntry, binding: Option<(String, crate::tensor::DType)>) -> CustomOp {
-    let schema = schema::get(entry.name);
+    let schema = crate::ops::schema(entry.name);
     let base = OrtCustomOp {
         version: super::API_VERSION,
         CreateKernel: None,
@@ -244,7 +244,7 @@ fn custom_ops() -> &'static [CustomOp] {
     OPS.get_or_init(|| {
         crate::ops::ALL
             .iter()
-            .flat_map(|e| schema::get(e.name).bindings().into_iter().map(move |b| custom_op(e, b)))
+            .flat_map(|e| crate::ops::schema(e.name).bindings().into_iter().map(move |b| custom_op(e, b)))
             .collect()
     })
 }

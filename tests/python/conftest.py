@@ -54,7 +54,7 @@ def library_path() -> Path:
 
 def load_schemas() -> dict:
     out = {}
-    for f in sorted((REPO / "schemas").glob("*.json")):
+    for f in sorted((REPO / "schemas").glob("*/*.json")):
         s = json.loads(f.read_text())
         out[s["op_type"]] = s
     return out

@@ -1,6 +1,6 @@
 """Independent numpy references used by the model zoo's goldens (models/make_zoo_goldens.py):
 the four forward partners (DynamicScatter, IndiceConv, ThreeInterpolate, PsRoiPool), written
-from the `doc` fields of schemas/dynamic_scatter.json, indice_conv.json, three_interpolate.json
+from the `doc` fields of schemas/dynamic_scatter/dynamic_scatter.json, indice_conv.json, three_interpolate.json
 and psroipool.json (no code shared with the Rust kernels), and straightforward numpy versions
 of the standard ONNX operators the zoo's graphs use (Conv, Softmax, ...).
 

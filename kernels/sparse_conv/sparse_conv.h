@@ -1,0 +1,40 @@
+// GetIndicePairs: the C ABI of get_indice_pairs.mlu, the launch entries of its five kernels
+// (expand, mark, rank, out, pairs) and their geometry argument. Included after
+// ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declarations
+// (src/mlu/mod.rs, kernels!; Geometry in src/ops/sparse_conv/mlu.rs) are checked
+// against this file by tests/kernel_abi.rs.
+#pragma once
+
+// The convolution's geometry per axis (D, H, W) and the mode; passed by pointer, copied to
+// the kernels by value.
+typedef struct MluopsGipGeometry {
+  int32_t in_space[3];
+  int32_t out_space[3];
+  int32_t kernel[3];
+  int32_t stride[3];
+  int32_t pad[3];
+  int32_t dilation[3];
+  int32_t subm;
+} MluopsGipGeometry;
+
+MLUOPS_EXPORT int mluops_get_indice_pairs_expand(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
+                                                 const MluopsGipGeometry *geometry, int32_t rows, int32_t tile_rows,
+                                                 const int32_t *indices, int32_t *expand, int32_t *site);
+
+MLUOPS_EXPORT int mluops_get_indice_pairs_mark(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t count,
+                                               int32_t words, int32_t tile, const int32_t *src, int32_t *bitmap);
+
+MLUOPS_EXPORT int mluops_get_indice_pairs_rank(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t words,
+                                               int32_t tile_words, const int32_t *bitmap, int32_t *word_rank,
+                                               int32_t *core_totals, int32_t *total);
+
+MLUOPS_EXPORT int mluops_get_indice_pairs_out(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
+                                              const MluopsGipGeometry *geometry, int32_t rows, int32_t words,
+                                              int32_t tile, const int32_t *bitmap, const int32_t *word_rank,
+                                              const int32_t *site, int32_t *out_indices, int32_t *perm);
+
+MLUOPS_EXPORT int mluops_get_indice_pairs_pairs(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
+                                                int32_t kernel_volume, int32_t rows, int32_t subm, int32_t tile,
+                                                const int32_t *expand, const int32_t *bitmap,
+                                                const int32_t *word_rank, const int32_t *perm, int32_t *pairs,
+                                                int32_t *indice_num);

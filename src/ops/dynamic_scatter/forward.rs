@@ -1,0 +1,163 @@
+//! DynamicScatter (mmcv dynamic_point_to_voxel forward; schemas/dynamic_scatter/dynamic_scatter.json): groups
+//! the points by voxel coordinate and reduces each voxel's feature rows (max, mean or sum).
+//!
+//! `plan` finds the voxels, since their number M is an output dimension: the kept points
+//! (no negative coordinate) are sorted by (coordinate row, point index), so equal rows form
+//! runs in ascending coordinate order and, inside a run, ascending point order. `execute`
+//! then writes the index outputs and reduces each voxel's rows in point order, parallel over
+//! blocks of voxels (each task owns its voxels' output rows), so the result is the same
+//! bits whatever the thread count. No MLU kernel: the EP declines it.
+
+use crate::ops::Operator;
+use super::backward::{DynamicScatterBackward, Reduce};
+use crate::error::{Error, Result};
+use crate::parallel::{Parallel, for_each_part_mut};
+use crate::schema::Attrs;
+use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
+
+const FEATS: usize = 0;
+const COORS: usize = 1;
+/// Feature elements reduced per task.
+const GRAIN: usize = 32 * 1024;
+
+/// The configured node: the reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicScatter {
+    pub reduce: Reduce,
+}
+
+/// The voxels found by `plan`.
+#[derive(Debug)]
+pub struct Voxels {
+    pub(super) n: usize,
+    pub(super) c: usize,
+    d: usize,
+    /// Kept points sorted by (coordinate row, point index).
+    order: Vec<u32>,
+    /// `order[starts[v]..starts[v + 1]]` are voxel v's points; length M + 1.
+    starts: Vec<usize>,
+}
+
+impl Voxels {
+    pub(super) fn m(&self) -> usize {
+        self.starts.len() - 1
+    }
+}
+
+impl Operator for DynamicScatter {
+    const NAME: &'static str = "DynamicScatter";
+    const SCHEMA: &'static str = include_str!("../../../schemas/dynamic_scatter/dynamic_scatter.json");
+    type Plan = Voxels;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        // Same attribute, same rule as the backward op.
+        let DynamicScatterBackward { reduce } = <DynamicScatterBackward as Operator>::from_attributes(attrs)?;
+        Ok(DynamicScatter { reduce })
+    }
+
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Voxels)> {
+        let feats = inputs.get_shaped::<f32>(FEATS, &[None, None], "[N, C]")?;
+        let (n, c) = (feats.shape[0], feats.shape[1]);
+        let coors = inputs.get_shaped::<i32>(COORS, &[Some(n), None], &format!("[N, D] (N = {n} of feats)"))?;
+        let d = coors.shape[1];
+        if d == 0 {
+            return Err(inputs.error(COORS, "must have at least one coordinate column (D >= 1), got D = 0"));
+        }
+        // Point and voxel indices are int32 outputs.
+        crate::ops::check_i32_range(|| inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")), n)?;
+        let coors = coors.data;
+        let row = |i: u32| &coors[i as usize * d..(i as usize + 1) * d];
+        let mut order: Vec<u32> = (0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)).collect();
+        // (row, index) is a total order, so the unstable sort gives the same result as a
+        // stable sort by row.
+        order.sort_unstable_by(|&a, &b| row(a).cmp(row(b)).then(a.cmp(&b)));
+        let mut starts = Vec::new();
+        for (k, &i) in order.iter().enumerate() {
+            if k == 0 || row(order[k - 1]) != row(i) {
+                starts.push(k);
+            }
+        }
+        starts.push(order.len());
+        let m = starts.len() - 1;
+        let specs = vec![
+            OutputSpec::new(DType::F32, [m, c]),
+            OutputSpec::new(DType::I32, [m, d]),
+            OutputSpec::new(DType::I32, [n]),
+            OutputSpec::new(DType::I32, [m]),
+            OutputSpec::new(DType::I32, [1]),
+        ];
+        Ok((specs, Voxels { n, c, d, order, starts }))
+    }
+
+    fn execute(&self, v: Voxels, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+        let feats = inputs.get::<f32>(FEATS)?.data;
+        let coors = inputs.get::<i32>(COORS)?.data;
+        let voxel_feats = outputs.take::<f32>(0)?;
+        let voxel_coors = outputs.take::<i32>(1)?;
+        let map = outputs.take::<i32>(2)?;
+        let count = outputs.take::<i32>(3)?;
+        let voxel_num = outputs.take::<i32>(4)?;
+        let (n, c, d, m) = (v.n, v.c, v.d, v.m());
+        if feats.len() != n * c
+            || coors.len() != n * d
+            || voxel_feats.len() != m * c
+            || voxel_coors.len() != m * d
+            || map.len() != n
+            || count.len() != m
+            || voxel_num.len() != 1
+        {
+            return Err(Error::Runtime("DynamicScatter: buffers do not match the plan".into()));
+        }
+        // Index outputs (O(N + M*D), serial). M <= N fits int32 (checked in plan).
+        voxel_num[0] = m as i32;
+        map.fill(-1);
+        for (vox, w) in v.starts.windows(2).enumerate() {
+            let points = &v.order[w[0]..w[1]];
+            count[vox] = points.len() as i32;
+            let first = points[0] as usize;
+            voxel_coors[vox * d..(vox + 1) * d].copy_from_slice(&coors[first * d..(first + 1) * d]);
+            for &i in points {
+                map[i as usize] = vox as i32;
+            }
+        }
+        if c == 0 || m == 0 {
+            return Ok(());
+        }
+        // Blocks of voxels with about GRAIN feature elements each.
+        let mut bounds = vec![0usize];
+        let mut done = 0usize;
+        for (vox, w) in v.starts.windows(2).enumerate() {
+            done += (w[1] - w[0]) * c;
+            if done >= GRAIN && vox + 1 < m {
+                bounds.push((vox + 1) * c);
+                done = 0;
+            }
+        }
+        bounds.push(m * c);
+        let reduce = self.reduce;
+        for_each_part_mut(par, voxel_feats, &bounds, |t, part| {
+            let first = bounds[t] / c;
+            for (k, out) in part.chunks_exact_mut(c).enumerate() {
+                let points = &v.order[v.starts[first + k]..v.starts[first + k + 1]];
+                out.fill(if reduce == Reduce::Max { f32::NEG_INFINITY } else { 0.0 });
+                for &i in points {
+                    let f = &feats[i as usize * c..(i as usize + 1) * c];
+                    match reduce {
+                        // NaN never compares greater, so it never wins.
+                        Reduce::Max => out.iter_mut().zip(f).for_each(|(o, &x)| {
+                            if x > *o {
+                                *o = x
+                            }
+                        }),
+                        Reduce::Sum | Reduce::Mean => out.iter_mut().zip(f).for_each(|(o, &x)| *o += x),
+                    }
+                }
+                if reduce == Reduce::Mean {
+                    let count = points.len() as f32;
+                    out.iter_mut().for_each(|o| *o /= count);
+                }
+            }
+        });
+        Ok(())
+    }
+}

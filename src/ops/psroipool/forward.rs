@@ -1,0 +1,146 @@
+//! PsRoiPool (R-FCN position-sensitive RoI pooling forward, NHWC; schemas/psroipool/psroipool.json),
+//! the partner of PsRoiPoolBackward: same attributes, same bins (computed by the backward
+//! module's code, so the two ops can never disagree on a bin edge), and the mapping_channel
+//! the backward op consumes.
+//!
+//! Output channel o of bin (i, j) averages input channel c = (o*ph + i)*pw + j over the bin.
+//! Tasks own whole rois. For one bin the pixels are visited rows then columns, and each
+//! pixel's channel vector is read once for all o (cache-resident), so every output sums its
+//! pixels in the contract's order. No MLU kernel: the EP declines it.
+
+use crate::ops::Operator;
+use super::backward::{PsRoiPoolBackward, Span};
+use crate::error::{Error, Result};
+use crate::parallel::{Parallel, for_each_chunk_mut};
+use crate::schema::Attrs;
+use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
+
+/// Input elements read per task, roughly.
+const GRAIN: usize = 64 * 1024;
+
+/// Descriptor: the same validated attributes as PsRoiPoolBackward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PsRoiPool(pub PsRoiPoolBackward);
+
+/// Sizes validated by `plan`.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    rois: usize,
+    pub(super) height: usize,
+    pub(super) width: usize,
+}
+
+impl PsRoiPool {
+    pub fn new(pooled_height: i64, pooled_width: i64, spatial_scale: f32, output_dim: i64) -> Result<Self> {
+        PsRoiPoolBackward::new(pooled_height, pooled_width, spatial_scale, output_dim).map(PsRoiPool)
+    }
+}
+
+impl Operator for PsRoiPool {
+    const NAME: &'static str = "PsRoiPool";
+    const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool.json");
+    type Plan = Plan;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        <PsRoiPoolBackward as Operator>::from_attributes(attrs).map(PsRoiPool)
+    }
+
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
+        let d = &self.0;
+        let input = inputs.get_shaped::<f32>(0, &[None, None, None, None], "[batches, height, width, channels]")?;
+        let &[batches, height, width, channels] = input.shape else { unreachable!("rank checked") };
+        if channels != d.channels {
+            return Err(inputs.error(
+                0,
+                format!(
+                    "channels ({channels}) must equal pooled_height * pooled_width * output_dim = {} * {} * {} = {}",
+                    d.pooled, d.pooled, d.output_dim, d.channels
+                ),
+            ));
+        }
+        let rois = inputs.get_shaped::<f32>(1, &[None, Some(5)], "[R, 5]")?;
+        let r = rois.shape[0];
+        PsRoiPoolBackward::check_batches(inputs, 1, rois.data, batches)?;
+        let numel = r.checked_mul(d.channels).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
+        if numel.is_none() {
+            return Err(Error::output("output", format!("[R, ph, pw, output_dim] with R = {r} is too large")));
+        }
+        let shape = [r, d.pooled, d.pooled, d.output_dim];
+        let specs = vec![OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)];
+        Ok((specs, Plan { rois: r, height, width }))
+    }
+
+    fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+        let d = &self.0;
+        let input = inputs.get::<f32>(0)?.data;
+        let rois = inputs.get::<f32>(1)?.data;
+        let out = outputs.take::<f32>(0)?;
+        let mapping = outputs.take::<i32>(1)?;
+        let Plan { rois: r_count, height, width } = plan;
+        let (p, od, channels) = (d.pooled, d.output_dim, d.channels);
+        let per_roi = p * p * od;
+        if out.len() != r_count * per_roi || mapping.len() != out.len() || rois.len() != r_count * 5 {
+            return Err(Error::Runtime("PsRoiPool: buffers do not match the plan".into()));
+        }
+        // mapping_channel[r, i, j, o] = (o*p + i)*p + j < channels for every roi.
+        if channels > i32::MAX as usize {
+            return Err(Error::input("input", format!("channels = {channels} does not fit int32 mapping_channel")));
+        }
+        for_each_chunk_mut(par, mapping, per_roi.max(1) * 64, |_, chunk| {
+            for (k, m) in chunk.iter_mut().enumerate() {
+                let e = k % per_roi;
+                let (ij, o) = (e / od, e % od);
+                let (i, j) = (ij / p, ij % p);
+                *m = ((o * p + i) * p + j) as i32;
+            }
+        });
+        if out.is_empty() {
+            return Ok(());
+        }
+        let pixel_len = channels;
+        // Rois per task: enough bins' pixels to amortise scheduling (a roi reads about
+        // its area * channels / (p*p) * p*p input values).
+        let area = (height * width).max(1);
+        let rois_per_task = (GRAIN / (per_roi + area.min(GRAIN))).max(1);
+        for_each_chunk_mut(par, out, rois_per_task * per_roi, |t, chunk| {
+            let mut rows = vec![Span::default(); p];
+            let mut cols = vec![Span::default(); p];
+            let mut acc = vec![0f32; od];
+            for (k, block) in chunk.chunks_exact_mut(per_roi).enumerate() {
+                let r = t * rois_per_task + k;
+                let roi = &rois[r * 5..r * 5 + 5];
+                block.fill(0.0);
+                // plan checked a finite batch lies in [0, batches).
+                let Some(b) = PsRoiPoolBackward::finite_batch(roi) else { continue };
+                if d.roi_spans(roi, height, width, &mut rows, &mut cols).is_none() {
+                    continue;
+                }
+                let b = b as usize;
+                for (i, rs) in rows.iter().enumerate() {
+                    for (j, cs) in cols.iter().enumerate() {
+                        if rs.len() == 0 || cs.len() == 0 {
+                            continue;
+                        }
+                        acc.fill(0.0);
+                        for h in rs.start..rs.end {
+                            let row = ((b * height + h) * width) * pixel_len;
+                            for w in cs.start..cs.end {
+                                let pixel = &input[row + w * pixel_len..row + (w + 1) * pixel_len];
+                                // Channel (o*p + i)*p + j: stride p*p over o.
+                                for (o, a) in acc.iter_mut().enumerate() {
+                                    *a += pixel[(o * p + i) * p + j];
+                                }
+                            }
+                        }
+                        let bin_area = (rs.len() * cs.len()) as f32;
+                        let dst = &mut block[(i * p + j) * od..(i * p + j + 1) * od];
+                        for (o, a) in dst.iter_mut().zip(&acc) {
+                            *o = a / bin_area;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}

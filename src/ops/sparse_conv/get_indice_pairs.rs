@@ -1,0 +1,1343 @@
+//! GetIndicePairs (docs/CONTRACT.md §4): the rulebook of a 3D sparse convolution
+//! (spconv v1 `get_indice_pairs`, MLU-OPS `mluopGetIndicePairs`).
+//!
+//! Every site (batch, z, y, x) is packed into one integer key, field after field with just
+//! enough bits for the largest value, so integer order is (batch, z, y, x) order and no
+//! memory ever depends on the spatial volume. `u64` keys when the fields fit, `u128`
+//! otherwise (each field is at most 31 bits).
+//!
+//! Conv / transpose (`plan`, on the node's thread pool: the output site count is the output
+//! shape, so this is where most of the work is):
+//! 1. Blocks of consecutive input rows, in parallel: for each row, per axis, list the
+//!    (kernel tap, output coordinate) pairs that the contract's formula accepts (at most k per
+//!    axis), and emit the cross product as (row, output key) into one bucket per kernel
+//!    offset. Rows are visited in order, so each block's buckets, taken block after block,
+//!    are ascending by input row. Each block also keeps a copy of its keys grouped by key
+//!    prefix (a counting sort), so that step 2 reads every key once.
+//! 2. The key space is cut at key prefixes into ranges of about equal emitted counts; each
+//!    range gathers its prefixes' groups from every block, then LSD radix sorts and
+//!    deduplicates them, in parallel. The ranges in order are the sorted unique output
+//!    sites, whatever the cut. The grouped copies are dropped before `execute`.
+//!
+//! `execute` (parallel, one task per kernel offset) looks every emitted key up in the unique
+//! sites (a table of key prefixes, about one per site, narrows each binary search to a key or two).
+//!
+//! Subm: `plan` radix-sorts (key, row) and rejects duplicates. `execute` runs one task per
+//! (kz, ky): it walks the sorted sites once, and for each site searches the x window of its
+//! target line (b, z + dz, y + dy). Those windows start at keys that increase with the
+//! source key, so one forward pointer serves every site (a merge join, no hashing; with
+//! dilation > 1 on x, one pointer per x tap). Hits go to `indice_pairs[k, 1, row]`, which is
+//! then compacted in row order. Nothing depends on how tasks are scheduled.
+//!
+//! Cost: O(L * (kd + kh + kw) + P) for conv with P pairs, O(L * K) for subm; memory O(P) or
+//! O(L) beyond the outputs.
+
+
+use crate::ops::Operator;
+use crate::error::{Error, Result};
+use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
+use crate::schema::Attrs;
+use crate::scratch::{self, FirstError};
+use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Spatial dimensions (the seed's `dimNb`).
+pub const DIM_NB: usize = 3;
+/// Largest kernel volume K the contract accepts.
+pub const MAX_KERNEL_VOLUME: usize = 4096;
+/// Axis names in messages, in attribute order.
+const AXIS: [&str; DIM_NB] = ["0 (D, z)", "1 (H, y)", "2 (W, x)"];
+pub(super) const INDICES: usize = 0;
+/// Output rows decoded per task.
+const GRAIN: usize = 64 * 1024;
+/// Input rows per emission task of a conv rulebook.
+const EMIT_ROWS: usize = 32 * 1024;
+/// Emitted keys per sorting task of a conv rulebook.
+const SORT_KEYS: usize = 256 * 1024;
+/// Bits of the key prefix at which the sort is cut between tasks.
+const SPLIT_BITS: u32 = 12;
+/// Pairs ahead of a site lookup that its table entry (twice this) and keys are prefetched.
+const LOOKUP_AHEAD: usize = 8;
+
+/// The sparse-convolution descriptor (the seed's `mluOpSparseConvolutionStruct`), validated.
+/// Per-axis arrays are in (D, H, W) order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetIndicePairs {
+    pub batch: i64,
+    pub pad: [i64; DIM_NB],
+    pub stride: [i64; DIM_NB],
+    pub dilation: [i64; DIM_NB],
+    pub input_space: [i64; DIM_NB],
+    pub filter_space: [i64; DIM_NB],
+    /// Computed from the other fields; every value is in [1, i32::MAX].
+    pub output_space: [i64; DIM_NB],
+    pub output_padding: [i64; DIM_NB],
+    pub sub_m: bool,
+    pub transpose: bool,
+    /// Always false: the contract rejects inverse != 0.
+    pub inverse: bool,
+}
+
+fn attr_err(name: &str, rule: impl Into<String>) -> Error {
+    Error::attribute(name, rule)
+}
+
+/// Checks every value of a per-axis attribute against `ok` ("expected `what`").
+fn each_axis(name: &str, v: &[i64; DIM_NB], what: &str, ok: impl Fn(i64) -> bool) -> Result<()> {
+    match (0..DIM_NB).find(|&a| !ok(v[a])) {
+        Some(a) => Err(attr_err(name, format!("expected every value {what}, got {} on axis {} in {v:?}", v[a], AXIS[a]))),
+        None => Ok(()),
+    }
+}
+
+/// A 0/1 flag attribute.
+fn flag(attrs: &Attrs<'_>, name: &str) -> Result<bool> {
+    match attrs.int(name)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(attr_err(name, format!("expected 0 or 1, got {v}"))),
+    }
+}
+
+impl GetIndicePairs {
+    /// K = kd * kh * kw (at most 4096 after validation).
+    pub fn kernel_volume(&self) -> usize {
+        self.filter_space.iter().map(|&k| k as usize).product()
+    }
+
+    /// Output size per axis, or the contract error. i128 arithmetic cannot overflow for any
+    /// i64 attributes (every term is a product of at most two of them).
+    fn output_size(&self, a: usize) -> Result<i64> {
+        let (i, k, s, p, d, op) = (
+            i128::from(self.input_space[a]),
+            i128::from(self.filter_space[a]),
+            i128::from(self.stride[a]),
+            i128::from(self.pad[a]),
+            i128::from(self.dilation[a]),
+            i128::from(self.output_padding[a]),
+        );
+        let (out, formula, blame) = if self.transpose {
+            let out = (i - 1) * s - 2 * p + d * (k - 1) + op + 1;
+            let f = format!("transpose ({i} - 1) * {s} - 2 * {p} + {d} * ({k} - 1) + {op} + 1 = {out}");
+            (out, f, "padding")
+        } else {
+            // Floor division: a negative numerator means the dilated kernel does not fit
+            // in the padded input, i.e. no output position at all.
+            let out = (i + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1;
+            let f = format!("floor(({i} + 2 * {p} - {d} * ({k} - 1) - 1) / {s}) + 1 = {out}");
+            (out, f, "kernel_size")
+        };
+        if out <= 0 {
+            let why = if self.transpose {
+                "the padding removes every output position"
+            } else {
+                "the dilated kernel is larger than the padded input"
+            };
+            return Err(attr_err(
+                blame,
+                format!("output size on axis {} is {formula}: expected > 0 ({why})", AXIS[a]),
+            ));
+        }
+        i64::try_from(out).ok().filter(|&o| o <= i64::from(i32::MAX)).ok_or_else(|| {
+            attr_err(
+                "spatial_shape",
+                format!(
+                    "output size on axis {} is {formula}: expected <= {} (out_indices holds int32 coordinates)",
+                    AXIS[a],
+                    i32::MAX
+                ),
+            )
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Site keys
+// ---------------------------------------------------------------------------------------
+
+/// Bit layout of a site key: fields (batch, z, y, x), x in the lowest bits.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Layout {
+    shifts: [u32; 4],
+    masks: [u32; 4],
+    pub(super) bits: u32,
+}
+
+impl Layout {
+    /// A layout holding every field value up to `max[f]` (each < 2^31).
+    pub(super) fn new(max: [u32; 4]) -> Self {
+        let widths = max.map(|m| u32::BITS - m.leading_zeros());
+        let mut shifts = [0; 4];
+        let mut acc = 0;
+        for f in (0..4).rev() {
+            shifts[f] = acc;
+            acc += widths[f];
+        }
+        let masks = widths.map(|w| if w == 0 { 0 } else { u32::MAX >> (u32::BITS - w) });
+        Layout { shifts, masks, bits: acc }
+    }
+}
+
+/// An unsigned integer holding packed sites.
+pub(super) trait Key: Copy + Ord + Send + Sync + 'static {
+    /// Packs field values that fit the layout's masks.
+    fn pack(l: &Layout, c: [u32; 4]) -> Self;
+    fn unpack(self, l: &Layout) -> [u32; 4];
+    /// `(self >> shift) & mask`: a radix digit, or (mask = usize::MAX) a key prefix that
+    /// the caller knows fits in usize.
+    fn digit(self, shift: u32, mask: usize) -> usize;
+}
+
+macro_rules! key_impl {
+    ($t:ty) => {
+        impl Key for $t {
+            fn pack(l: &Layout, c: [u32; 4]) -> Self {
+                // A zero-width field holds 0, so wrapping shifts (by the full width) are
+                // harmless there; other shifts are below the layout's total bits.
+                (0..4).fold(0, |k, f| k | <$t>::from(c[f] & l.masks[f]).wrapping_shl(l.shifts[f]))
+            }
+            fn unpack(self, l: &Layout) -> [u32; 4] {
+                std::array::from_fn(|f| (self.wrapping_shr(l.shifts[f]) as u32) & l.masks[f])
+            }
+            fn digit(self, shift: u32, mask: usize) -> usize {
+                (self.wrapping_shr(shift) as usize) & mask
+            }
+        }
+    };
+}
+key_impl!(u64);
+key_impl!(u128);
+
+/// Radix digit width: 2048 buckets keep the histogram in L1.
+const DIGIT_BITS: u32 = 11;
+
+/// Stable LSD radix sort of `v` by the low `bits` bits of `key`.
+fn radix_sort<T: Copy, K: Key>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K) -> Result<()> {
+    if v.len() <= 256 {
+        // Small inputs: the histograms would cost more than the sort (also stable).
+        v.sort_by_key(|t| key(t));
+        return Ok(());
+    }
+    let mask = (1usize << DIGIT_BITS) - 1;
+    let mut buf: Vec<T> = Vec::new();
+    scratch::reserve(&mut buf, v.len(), "the radix sort's second buffer")?;
+    buf.extend_from_slice(v);
+    let mut shift = 0;
+    while shift < bits {
+        let mut starts = vec![0usize; mask + 1];
+        for t in v.iter() {
+            starts[key(t).digit(shift, mask)] += 1;
+        }
+        // A digit shared by every key would only copy the data.
+        if !starts.contains(&v.len()) {
+            let mut sum = 0;
+            for s in starts.iter_mut() {
+                let c = *s;
+                *s = sum;
+                sum += c;
+            }
+            for t in v.iter() {
+                let d = key(t).digit(shift, mask);
+                buf[starts[d]] = *t;
+                starts[d] += 1;
+            }
+            std::mem::swap(v, &mut buf);
+        }
+        shift += DIGIT_BITS;
+    }
+    Ok(())
+}
+
+/// Sorted unique keys with a table of where each key prefix starts, so a lookup is one table
+/// read and a binary search over the few keys sharing the prefix. The prefix has about
+/// log2(keys) bits (at least 16, at most the key's): one to two keys per prefix on average,
+/// and a table of at most half the keys' own size.
+struct SortedSites<K> {
+    keys: Vec<K>,
+    shift: u32,
+    starts: Vec<u32>,
+}
+
+impl<K: Key> SortedSites<K> {
+    pub(super) fn new(keys: Vec<K>, bits: u32) -> Result<Self> {
+        let top = bits.min(keys.len().checked_ilog2().unwrap_or(0).max(16));
+        let shift = bits - top;
+        let buckets = 1usize << top;
+        let mut starts = Vec::new();
+        scratch::reserve(&mut starts, buckets + 1, "the output sites' prefix table")?;
+        let mut pos = 0usize;
+        for b in 0..=buckets {
+            while pos < keys.len() && keys[pos].digit(shift, usize::MAX) < b {
+                pos += 1;
+            }
+            // keys.len() <= K * L <= i32::MAX, checked in plan.
+            starts.push(pos as u32);
+        }
+        Ok(SortedSites { keys, shift, starts })
+    }
+
+    /// First step of a lookup ahead of time: hints the CPU to fetch `key`'s table entry.
+    fn prefetch_entry(&self, key: K) {
+        if let Some(entry) = self.starts.get(key.digit(self.shift, usize::MAX)) {
+            crate::cache::prefetch_item(entry);
+        }
+    }
+
+    /// Second step (after [`Self::prefetch_entry`]): reads the table entry and hints the CPU
+    /// to fetch the first key of `key`'s prefix.
+    fn prefetch_keys(&self, key: K) {
+        let first = self.starts.get(key.digit(self.shift, usize::MAX)).and_then(|&lo| self.keys.get(lo as usize));
+        if let Some(first) = first {
+            crate::cache::prefetch_item(first);
+        }
+    }
+
+    fn find(&self, key: K) -> Option<usize> {
+        let b = key.digit(self.shift, usize::MAX);
+        let lo = *self.starts.get(b)? as usize;
+        let hi = *self.starts.get(b + 1)? as usize;
+        self.keys.get(lo..hi)?.binary_search(&key).ok().map(|p| lo + p)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-axis output coordinates
+// ---------------------------------------------------------------------------------------
+
+/// One axis of a conv or transposed conv: which (tap, output coordinate) an input
+/// coordinate reaches.
+enum AxisMap {
+    /// o = (i + p - kk*d) / s when exact. With i = q*s + r (0 <= r < s) this is exact iff
+    /// r == m_kk, and then o = q + j_kk; taps that no int32 coordinate can use are dropped,
+    /// which keeps every per-row value in i64.
+    Conv { s: u64, out: i64, taps: Vec<(u32, i64, i64)> },
+    /// o = i*s - p + kk*d.
+    Transpose { s: i128, p: i128, d: i128, k: u32, out: i128 },
+}
+
+impl AxisMap {
+    pub(super) fn new(op: &GetIndicePairs, a: usize) -> Self {
+        let (k, s, p, d, out) = (
+            op.filter_space[a],
+            op.stride[a],
+            op.pad[a],
+            op.dilation[a],
+            op.output_space[a],
+        );
+        if op.transpose {
+            return AxisMap::Transpose {
+                s: s.into(),
+                p: p.into(),
+                d: d.into(),
+                k: k as u32,
+                out: out.into(),
+            };
+        }
+        let mut taps = Vec::new();
+        for kk in 0..k {
+            let c = i128::from(p) - i128::from(kk) * i128::from(d);
+            let m = (-c).rem_euclid(s.into());
+            let j = (m + c) / i128::from(s);
+            // r < 2^31 and q < 2^31, so m >= 2^31, j >= out or j <= -2^31 never yields a
+            // valid o for an int32 input coordinate.
+            if m <= i128::from(i32::MAX) && j < i128::from(out) && j > -(1i128 << 31) {
+                taps.push((kk as u32, m as i64, j as i64));
+            }
+        }
+        AxisMap::Conv { s: s as u64, out, taps }
+    }
+
+    /// Appends to `buf` the (tap, output coordinate) pairs of input coordinate `i` (>= 0).
+    fn reach(&self, i: i32, buf: &mut Vec<(u32, u32)>) {
+        buf.clear();
+        match self {
+            AxisMap::Conv { s, out, taps } => {
+                let i = u64::from(i.unsigned_abs());
+                let (q, r) = ((i / s) as i64, (i % s) as i64);
+                for &(kk, m, j) in taps {
+                    let o = q + j;
+                    if m == r && (0..*out).contains(&o) {
+                        buf.push((kk, o as u32));
+                    }
+                }
+            }
+            AxisMap::Transpose { s, p, d, k, out } => {
+                let base = i128::from(i) * s - p;
+                for kk in 0..*k {
+                    let o = base + i128::from(kk) * d;
+                    if (0..*out).contains(&o) {
+                        buf.push((kk, o as u32));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Plan
+// ---------------------------------------------------------------------------------------
+
+/// Conv / transpose rulebook: per kernel offset, the input rows (ascending) and the key of
+/// each row's output site; and the sorted unique output sites.
+struct ConvBook<K> {
+    layout: Layout,
+    /// What each block of input rows emitted, in row order.
+    blocks: Vec<Emitted<K>>,
+    sites: SortedSites<K>,
+}
+
+/// What one block of consecutive input rows emits: per kernel offset, its rows (ascending)
+/// and the key of each row's output site. Until the sites are sorted, also the same keys
+/// grouped by key prefix: prefix p's keys are `by_prefix[starts[p]..starts[p + 1]]`.
+struct Emitted<K> {
+    rows: Vec<Vec<u32>>,
+    keys: Vec<Vec<K>>,
+    by_prefix: Vec<K>,
+    starts: Vec<usize>,
+}
+
+impl<K> Emitted<K> {
+    fn empty() -> Self {
+        Emitted { rows: Vec::new(), keys: Vec::new(), by_prefix: Vec::new(), starts: Vec::new() }
+    }
+
+    /// The keys under prefixes `prefixes` (empty if out of range).
+    fn keys_under(&self, prefixes: std::ops::Range<usize>) -> &[K] {
+        let span = self.starts.get(prefixes.start).zip(self.starts.get(prefixes.end));
+        span.and_then(|(&a, &b)| self.by_prefix.get(a..b)).unwrap_or_default()
+    }
+}
+
+/// Subm rulebook: the input sites sorted by key (unique), with their rows.
+pub(super) struct SubmBook<K> {
+    layout: Layout,
+    sites: Vec<(K, u32)>,
+    /// Largest coordinate present per spatial axis: targets beyond it cannot be active.
+    max: [i64; DIM_NB],
+    /// Per axis, the coordinate shift o - i = p - kk*d of each tap, or None if it exceeds
+    /// the largest coordinate (no two active sites are that far apart).
+    taps: [Vec<Option<i64>>; DIM_NB],
+    /// Unit dilation on x: the taps of an (kz, ky) pair are one contiguous x window.
+    x_window: Option<i64>,
+}
+
+enum Book {
+    Conv64(ConvBook<u64>),
+    Conv128(ConvBook<u128>),
+    Subm64(SubmBook<u64>),
+    Subm128(SubmBook<u128>),
+}
+
+/// What `plan` hands to `execute`: sizes and the rulebook (`None` when L = 0).
+pub struct Plan {
+    l: usize,
+    k: usize,
+    num_out: usize,
+    book: Option<Book>,
+}
+
+/// Row `r` of the [L, 4] indices as (batch, z, y, x).
+fn rows4(data: &[i32]) -> impl Iterator<Item = [i32; 4]> + '_ {
+    data.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]])
+}
+
+impl GetIndicePairs {
+    /// The input rules every path shares (shape, int32 ranges of the outputs, each row's
+    /// bounds; not subm duplicates): returns L, K and each column's largest value.
+    pub(super) fn validate(&self, inputs: &Inputs<'_>) -> Result<(usize, usize, [u32; 4])> {
+        let v = inputs.get_shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?;
+        let l = v.shape[0];
+        let k = self.kernel_volume();
+        // Every element offset of indice_pairs (and so every row index, L * K and the
+        // output count) must fit int32.
+        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
+        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
+            return Err(Error::output(
+                "indice_pairs",
+                format!("K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})", i32::MAX),
+            ));
+        }
+        Ok((l, k, self.check_rows(inputs, v.data)?))
+    }
+
+    /// Checks every row and returns the largest value of each column.
+    fn check_rows(&self, inputs: &Inputs<'_>, data: &[i32]) -> Result<[u32; 4]> {
+        let mut max = [0u32; 4];
+        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
+        for (r, row) in rows4(data).enumerate() {
+            for f in 0..4 {
+                let v = row[f];
+                if v < 0 || i64::from(v) >= limits[f] {
+                    let what = match f {
+                        0 => format!("batch {v} is outside [0, batch_size = {})", self.batch),
+                        _ => format!(
+                            "coordinate {v} on axis {} is outside [0, {}) of spatial_shape {:?}",
+                            AXIS[f - 1],
+                            limits[f],
+                            self.input_space
+                        ),
+                    };
+                    return Err(inputs.error(INDICES, format!("row {r} = {row:?}: {what}")));
+                }
+                max[f] = max[f].max(v as u32);
+            }
+        }
+        Ok(max)
+    }
+
+    fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> Result<ConvBook<K>> {
+        self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS)
+    }
+
+    /// The conv rulebook, built in parallel: blocks of `emit_rows` input rows emit their
+    /// pairs, then the key space is cut (at key prefixes) into ranges of about `sort_keys`
+    /// emitted keys, each sorted and deduplicated on its own; the ranges in order are the
+    /// sorted unique sites. The result does not depend on either size.
+    fn conv_book_in<K: Key>(
+        &self,
+        data: &[i32],
+        max_batch: u32,
+        par: &dyn Parallel,
+        emit_rows: usize,
+        sort_keys: usize,
+    ) -> Result<ConvBook<K>> {
+        let o = self.output_space;
+        // Output coordinates are < output_space <= i32::MAX.
+        let layout = Layout::new([max_batch, (o[0] - 1) as u32, (o[1] - 1) as u32, (o[2] - 1) as u32]);
+        let maps: [AxisMap; DIM_NB] = std::array::from_fn(|a| AxisMap::new(self, a));
+        let kernel_volume = self.kernel_volume();
+        let (kh, kw) = (self.filter_space[1] as usize, self.filter_space[2] as usize);
+        let prefix_bits = layout.bits.min(SPLIT_BITS);
+        let (shift, prefix_mask) = (layout.bits - prefix_bits, (1usize << prefix_bits) - 1);
+        // The pairs a block emits are only known by emitting them (up to K per row): their
+        // buffers grow without the allocator's abort when memory runs out.
+        const PAIRS: &str = "the conv rulebook's pairs";
+        let emit = |first: usize, block: &[i32]| -> Result<Emitted<K>> {
+            let mut e = Emitted {
+                rows: vec![Vec::new(); kernel_volume],
+                keys: vec![Vec::new(); kernel_volume],
+                by_prefix: Vec::new(),
+                starts: vec![0; prefix_mask + 2],
+            };
+            let mut reach: [Vec<(u32, u32)>; DIM_NB] = Default::default();
+            'rows: for (r, row) in rows4(block).enumerate() {
+                for a in 0..DIM_NB {
+                    maps[a].reach(row[a + 1], &mut reach[a]);
+                    if reach[a].is_empty() {
+                        continue 'rows;
+                    }
+                }
+                for &(kz, oz) in &reach[0] {
+                    for &(ky, oy) in &reach[1] {
+                        let base = (kz as usize * kh + ky as usize) * kw;
+                        for &(kx, ox) in &reach[2] {
+                            let k = base + kx as usize;
+                            let key = K::pack(&layout, [row[0] as u32, oz, oy, ox]);
+                            if let (Some(rs), Some(ks), Some(n)) =
+                                (e.rows.get_mut(k), e.keys.get_mut(k), e.starts.get_mut(key.digit(shift, prefix_mask) + 1))
+                            {
+                                // first + r < L <= i32::MAX (checked in plan).
+                                scratch::push(rs, (first + r) as u32, PAIRS)?;
+                                scratch::push(ks, key, PAIRS)?;
+                                *n += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            // Group the keys by prefix: starts[p + 1] holds prefix p's count until here.
+            for p in 1..e.starts.len() {
+                e.starts[p] += e.starts[p - 1];
+            }
+            let mut next = e.starts.clone();
+            let Some(&first_key) = e.keys.iter().flatten().next() else { return Ok(e) };
+            e.by_prefix = scratch::filled(e.starts.last().copied().unwrap_or(0), first_key, PAIRS)?;
+            for &key in e.keys.iter().flatten() {
+                if let Some(at) = next.get_mut(key.digit(shift, prefix_mask)) {
+                    if let Some(slot) = e.by_prefix.get_mut(*at) {
+                        *slot = key;
+                    }
+                    *at += 1;
+                }
+            }
+            Ok(e)
+        };
+        let mut blocks: Vec<Emitted<K>> = Vec::new();
+        blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);
+        let block_len = (data.len() / 4).div_ceil(blocks.len()) * 4;
+        let errors = FirstError::default();
+        for_each_chunk_mut(par, &mut blocks, 1, |b, slot| {
+            if let (Some(e), Some(rows)) = (slot.first_mut(), data.chunks(block_len.max(4)).nth(b)) {
+                errors.record(emit(b * block_len / 4, rows).map(|emitted| *e = emitted));
+            }
+        });
+        errors.into_result()?;
+
+        // Key ranges of about `sort_keys` emitted keys each, cut at prefix boundaries.
+        let mut counts = vec![0usize; prefix_mask + 1];
+        for e in &blocks {
+            for (c, w) in counts.iter_mut().zip(e.starts.windows(2)) {
+                *c += w[1] - w[0];
+            }
+        }
+        let cuts = balanced_cuts(counts.iter().map(|&c| c as u64), pieces(counts.iter().sum(), sort_keys));
+        let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];
+        let errors = FirstError::default();
+        for_each_chunk_mut(par, &mut ranges, 1, |t, slot| {
+            let (Some(out), Some(&lo), Some(&hi)) = (slot.first_mut(), cuts.get(t), cuts.get(t + 1)) else { return };
+            errors.record((|| {
+                let mut keys = Vec::new();
+                scratch::reserve(&mut keys, counts.get(lo..hi).map_or(0, |c| c.iter().sum()), "the output sites' keys")?;
+                for e in &blocks {
+                    keys.extend_from_slice(e.keys_under(lo..hi));
+                }
+                radix_sort(&mut keys, layout.bits, |&k| k)?;
+                keys.dedup();
+                *out = keys;
+                Ok(())
+            })());
+        });
+        errors.into_result()?;
+        for e in &mut blocks {
+            e.by_prefix = Vec::new();
+        }
+        let mut sites = Vec::new();
+        scratch::reserve(&mut sites, ranges.iter().map(Vec::len).sum(), "the output sites' keys")?;
+        for range in ranges {
+            sites.extend_from_slice(&range);
+        }
+        Ok(ConvBook { sites: SortedSites::new(sites, layout.bits)?, layout, blocks })
+    }
+
+    pub(super) fn subm_book<K: Key>(&self, inputs: &Inputs<'_>, data: &[i32], max: [u32; 4]) -> Result<SubmBook<K>> {
+        let layout = Layout::new(max);
+        let mut sites: Vec<(K, u32)> =
+            rows4(data).enumerate().map(|(r, row)| (K::pack(&layout, row.map(|v| v as u32)), r as u32)).collect();
+        // Stable: equal sites keep ascending rows, so a duplicate is reported by its rows.
+        radix_sort(&mut sites, layout.bits, |s| s.0)?;
+        if let Some(w) = sites.windows(2).find(|w| w[0].0 == w[1].0) {
+            let (a, b) = (w[0].1 as usize, w[1].1 as usize);
+            let site: Vec<i32> = data.get(a * 4..a * 4 + 4).map_or_else(Vec::new, <[i32]>::to_vec);
+            return Err(inputs.error(
+                INDICES,
+                format!("rows {a} and {b} hold the same site {site:?} (batch, z, y, x): duplicate input sites are not allowed in subm mode"),
+            ));
+        }
+        let max3 = [i64::from(max[1]), i64::from(max[2]), i64::from(max[3])];
+        // Stride 1: o = i + p - kk*d.
+        let taps: [Vec<Option<i64>>; DIM_NB] = std::array::from_fn(|a| {
+            (0..self.filter_space[a])
+                .map(|kk| {
+                    let shift = i128::from(self.pad[a]) - i128::from(kk) * i128::from(self.dilation[a]);
+                    (shift.abs() <= i128::from(max3[a])).then_some(shift as i64)
+                })
+                .collect()
+        });
+        // With d = 1 the x taps cover [x - p, x + p] one by one (p = (kw - 1) / 2 <= 2047).
+        let x_window = (self.dilation[2] == 1).then_some(self.pad[2]);
+        Ok(SubmBook { layout, sites, max: max3, taps, x_window })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Execute
+// ---------------------------------------------------------------------------------------
+
+/// Fills `indice_pairs[k]` (`chunk`, 2L values) for one conv kernel offset. Returns false if
+/// an emitted key is missing from the unique sites (a bug, not an input error).
+fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32]) -> bool {
+    let l = chunk.len() / 2;
+    let (ins, outs) = chunk.split_at_mut(l);
+    let mut n = 0;
+    let mut ok = true;
+    for e in &book.blocks {
+        let (Some(rows), Some(keys)) = (e.rows.get(k), e.keys.get(k)) else { return false };
+        let (Some(ins), Some(outs)) = (ins.get_mut(n..), outs.get_mut(n..)) else { return false };
+        for (p, ((i, o), (&r, &key))) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)).enumerate() {
+            // The keys come in row order, so lookups land anywhere in the sites: fetch the
+            // table entry LOOKUP_AHEAD * 2 pairs ahead and the keys it points to LOOKUP_AHEAD.
+            if let Some(&ahead) = keys.get(p + 2 * LOOKUP_AHEAD) {
+                book.sites.prefetch_entry(ahead);
+            }
+            if let Some(&ahead) = keys.get(p + LOOKUP_AHEAD) {
+                book.sites.prefetch_keys(ahead);
+            }
+            *i = r as i32;
+            *o = match book.sites.find(key) {
+                // Positions are < num_out <= K * L <= i32::MAX.
+                Some(p) => p as i32,
+                None => {
+                    ok = false;
+                    -1
+                }
+            };
+        }
+        n += rows.len();
+    }
+    // Each row has at most one pair per offset, so n <= L.
+    ins.get_mut(n..).unwrap_or_default().fill(-1);
+    outs.get_mut(n..).unwrap_or_default().fill(-1);
+    ok && n <= l
+}
+
+/// Pairs of the subm offsets (kz, ky, 0..kw): calls `set(kx, row, to)` where input row
+/// `row` reaches the active site of row `to` through tap (kz, ky, kx).
+///
+/// The sites are walked once in key order. For a fixed (kz, ky) the targets of a site lie
+/// in one x line, and the start of that line window increases with the source key (adding
+/// fixed in-range shifts never carries between key fields), so each search pointer only
+/// moves forward: a merge join, O(L + pairs) for all kw offsets together.
+fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(usize, usize, i32)) {
+    let (sites, layout, max) = (&book.sites, &book.layout, book.max);
+    let n = sites.len();
+    let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
+    // One pointer per x tap when the taps are spread out (dilation > 1).
+    let mut ptrs = vec![0usize; x_taps.len()];
+    let mut j = 0;
+    for &(key, row) in sites {
+        let c = key.unpack(layout);
+        let (tz, ty) = (i64::from(c[1]) + dz, i64::from(c[2]) + dy);
+        if !(0..=max[0]).contains(&tz) || !(0..=max[1]).contains(&ty) {
+            continue;
+        }
+        let x = i64::from(c[3]);
+        let line = |x: i64| K::pack(layout, [c[0], tz as u32, ty as u32, x as u32]);
+        match book.x_window {
+            Some(p) => {
+                let (start, end) = (line((x - p).max(0)), line((x + p).min(max[2])));
+                while j < n && sites[j].0 < start {
+                    j += 1;
+                }
+                // At most kw active sites lie in the window (sites are unique).
+                for &(found, to) in sites[j.min(n)..].iter().take_while(|s| s.0 <= end) {
+                    let kx = (x + p - i64::from(found.unpack(layout)[3])) as usize;
+                    set(kx, row as usize, to as i32);
+                }
+            }
+            None => {
+                for (&(kx, dx), ptr) in x_taps.iter().zip(ptrs.iter_mut()) {
+                    let tx = x + dx;
+                    if !(0..=max[2]).contains(&tx) {
+                        continue;
+                    }
+                    let target = line(tx);
+                    while *ptr < n && sites[*ptr].0 < target {
+                        *ptr += 1;
+                    }
+                    if let Some(&(_, to)) = sites.get(*ptr).filter(|s| s.0 == target) {
+                        set(kx, row as usize, to as i32);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Turns `outs[row]` (the output row of each input row, or -1) into the pairs of one
+/// offset, ascending by input row, then -1; returns the pair count.
+fn compact(ins: &mut [i32], outs: &mut [i32]) -> usize {
+    let mut n = 0;
+    for r in 0..ins.len().min(outs.len()) {
+        let to = outs[r];
+        // Branch-free: always write, advance only for a pair. n <= r, so the slot written
+        // has already been read.
+        ins[n] = r as i32;
+        outs[n] = to;
+        n += usize::from(to >= 0);
+    }
+    ins[n..].fill(-1);
+    outs[n..].fill(-1);
+    n
+}
+
+fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mut [i32], num: &mut [i32], l: usize, par: &dyn Parallel) -> Result<()> {
+    let missing = AtomicBool::new(false);
+    for_each_chunk_mut(par, pairs, 2 * l, |k, chunk| {
+        if !conv_offset(book, k, chunk) {
+            missing.store(true, Ordering::Relaxed);
+        }
+    });
+    if missing.load(Ordering::Relaxed) {
+        return Err(Error::Runtime("GetIndicePairs: an output site is missing from its own rulebook".into()));
+    }
+    for (k, n) in num.iter_mut().enumerate() {
+        // At most L per offset (conv_offset checked it).
+        *n = book.blocks.iter().map(|e| e.rows.get(k).map_or(0, Vec::len)).sum::<usize>() as i32;
+    }
+    for_each_chunk_mut(par, out, 4 * GRAIN, |t, chunk| {
+        let keys = book.sites.keys.get(t * GRAIN..).unwrap_or(&[]);
+        for (dst, key) in chunk.chunks_exact_mut(4).zip(keys) {
+            let c = key.unpack(&book.layout);
+            for (d, v) in dst.iter_mut().zip(c) {
+                *d = v as i32;
+            }
+        }
+    });
+    Ok(())
+}
+
+fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mut [i32], l: usize, par: &dyn Parallel) {
+    let (kh, kw) = (book.taps[1].len(), book.taps[2].len());
+    let counts: Vec<AtomicUsize> = (0..num.len()).map(|_| AtomicUsize::new(0)).collect();
+    // One task per (kz, ky): its kw offsets are consecutive [2, L] blocks of indice_pairs.
+    for_each_chunk_mut(par, pairs, kw * 2 * l, |t, chunk| {
+        let (kz, ky) = (t / kh, t % kh);
+        let shifts = (book.taps[0].get(kz).copied().flatten(), book.taps[1].get(ky).copied().flatten());
+        let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();
+        // Scatter straight into the output rows (one slot per input row), then compact each
+        // in place: no scratch memory. (Per-row records of kw targets were measured slower
+        // on two threads.)
+        for (_, outs) in halves.iter_mut() {
+            outs.fill(-1);
+        }
+        if let (Some(dz), Some(dy)) = shifts {
+            subm_line(book, dz, dy, |kx, row, to| {
+                if let Some(slot) = halves.get_mut(kx).and_then(|h| h.1.get_mut(row)) {
+                    *slot = to;
+                }
+            });
+        }
+        for (kx, (ins, outs)) in halves.iter_mut().enumerate() {
+            let n = compact(ins, outs);
+            if let Some(c) = counts.get(t * kw + kx) {
+                c.store(n, Ordering::Relaxed);
+            }
+        }
+    });
+    for (n, c) in num.iter_mut().zip(&counts) {
+        *n = c.load(Ordering::Relaxed) as i32;
+    }
+}
+
+impl Operator for GetIndicePairs {
+    const NAME: &'static str = "GetIndicePairs";
+    const SCHEMA: &'static str = include_str!("../../../schemas/sparse_conv/get_indice_pairs.json");
+    type Plan = Plan;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        let batch = attrs.int("batch_size")?;
+        if batch <= 0 {
+            return Err(attr_err("batch_size", format!("expected > 0, got {batch}")));
+        }
+        let input_space = attrs.ints_n::<DIM_NB>("spatial_shape")?;
+        each_axis("spatial_shape", &input_space, "> 0", |v| v > 0)?;
+        let filter_space = attrs.ints_n::<DIM_NB>("kernel_size")?;
+        each_axis("kernel_size", &filter_space, "> 0", |v| v > 0)?;
+        let volume = filter_space.iter().try_fold(1i64, |acc, &k| acc.checked_mul(k));
+        if volume.is_none_or(|v| v > MAX_KERNEL_VOLUME as i64) {
+            let shown = volume.map_or_else(|| "more than i64::MAX".to_owned(), |v| v.to_string());
+            return Err(attr_err(
+                "kernel_size",
+                format!("expected K = kd * kh * kw <= {MAX_KERNEL_VOLUME}, got {filter_space:?}: K = {shown}"),
+            ));
+        }
+        let stride = attrs.ints_n::<DIM_NB>("stride")?;
+        each_axis("stride", &stride, "> 0", |v| v > 0)?;
+        let pad = attrs.ints_n::<DIM_NB>("padding")?;
+        each_axis("padding", &pad, ">= 0", |v| v >= 0)?;
+        let dilation = attrs.ints_n::<DIM_NB>("dilation")?;
+        each_axis("dilation", &dilation, "> 0", |v| v > 0)?;
+        let output_padding = attrs.ints_n::<DIM_NB>("output_padding")?;
+        each_axis("output_padding", &output_padding, ">= 0", |v| v >= 0)?;
+        let sub_m = flag(attrs, "subm")?;
+        let transpose = flag(attrs, "transpose")?;
+        let inverse = attrs.int("inverse")?;
+        if inverse != 0 {
+            return Err(attr_err(
+                "inverse",
+                format!("expected 0 (an inverse convolution reuses the forward pairs), got {inverse}"),
+            ));
+        }
+        if let Some(a) = (0..DIM_NB).find(|&a| stride[a] > 1 && dilation[a] > 1) {
+            return Err(attr_err(
+                "dilation",
+                format!(
+                    "stride {} together with dilation {} on axis {}: expected stride 1 or dilation 1 on each axis",
+                    stride[a], dilation[a], AXIS[a]
+                ),
+            ));
+        }
+        if sub_m && transpose {
+            return Err(attr_err("transpose", "expected 0 when subm = 1 (a submanifold convolution has no transposed form), got 1"));
+        }
+        if let Some(a) = (0..DIM_NB).find(|&a| transpose && dilation[a] > 1) {
+            return Err(attr_err(
+                "dilation",
+                format!(
+                    "expected 1 when transpose = 1 (the references disagree on the output size), got {} on axis {}",
+                    dilation[a], AXIS[a]
+                ),
+            ));
+        }
+        if sub_m {
+            each_axis("stride", &stride, "1 when subm = 1", |v| v == 1)?;
+            for a in 0..DIM_NB {
+                // Output size = input size with stride 1 <=> 2p = d(k-1).
+                let span = i128::from(dilation[a]) * i128::from(filter_space[a] - 1);
+                if span % 2 != 0 {
+                    return Err(attr_err(
+                        "kernel_size",
+                        format!(
+                            "subm keeps the output size equal to the input size, which needs dilation * (kernel - 1) even; axis {} has kernel {}, dilation {}",
+                            AXIS[a], filter_space[a], dilation[a]
+                        ),
+                    ));
+                }
+                if i128::from(pad[a]) != span / 2 {
+                    return Err(attr_err(
+                        "padding",
+                        format!(
+                            "subm needs padding = dilation * (kernel - 1) / 2 = {} on axis {} (kernel {}, dilation {}) so the output size equals the input size, got {}",
+                            span / 2,
+                            AXIS[a],
+                            filter_space[a],
+                            dilation[a],
+                            pad[a]
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut op = GetIndicePairs {
+            batch,
+            pad,
+            stride,
+            dilation,
+            input_space,
+            filter_space,
+            output_space: [0; DIM_NB],
+            output_padding,
+            sub_m,
+            transpose,
+            inverse: false,
+        };
+        for a in 0..DIM_NB {
+            op.output_space[a] = op.output_size(a)?;
+        }
+        Ok(op)
+    }
+
+    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
+        let (l, k, max) = self.validate(inputs)?;
+        let v = inputs.get::<i32>(INDICES)?;
+        let (num_out, book) = if l == 0 {
+            (0, None)
+        } else if self.sub_m {
+            let wide = Layout::new(max).bits > u64::BITS;
+            let book = if wide {
+                Book::Subm128(self.subm_book(inputs, v.data, max)?)
+            } else {
+                Book::Subm64(self.subm_book(inputs, v.data, max)?)
+            };
+            (l, Some(book))
+        } else {
+            let o = self.output_space.map(|o| (o - 1) as u32);
+            let wide = Layout::new([max[0], o[0], o[1], o[2]]).bits > u64::BITS;
+            let (n, book) = if wide {
+                let b = self.conv_book::<u128>(v.data, max[0], par)?;
+                (b.sites.keys.len(), Book::Conv128(b))
+            } else {
+                let b = self.conv_book::<u64>(v.data, max[0], par)?;
+                (b.sites.keys.len(), Book::Conv64(b))
+            };
+            (n, Some(book))
+        };
+        let specs = vec![
+            OutputSpec::new(DType::I32, [k, 2, l]),
+            OutputSpec::new(DType::I32, [num_out, 4]),
+            OutputSpec::new(DType::I32, [k]),
+        ];
+        Ok((specs, Plan { l, k, num_out, book }))
+    }
+
+    fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+        let Plan { l, k, num_out, book } = plan;
+        let indices = inputs.get_shaped::<i32>(INDICES, &[Some(l), Some(4)], "[L, 4] as planned")?;
+        let pairs = outputs.take::<i32>(0)?;
+        let out = outputs.take::<i32>(1)?;
+        let num = outputs.take::<i32>(2)?;
+        if pairs.len() != k * 2 * l || out.len() != num_out * 4 || num.len() != k {
+            return Err(Error::Runtime(format!(
+                "GetIndicePairs: host allocated {}, {}, {} output elements, expected {}, {}, {}",
+                pairs.len(),
+                out.len(),
+                num.len(),
+                k * 2 * l,
+                num_out * 4,
+                k
+            )));
+        }
+        match book {
+            None => num.fill(0),
+            Some(Book::Conv64(b)) => write_conv(&b, pairs, out, num, l, par)?,
+            Some(Book::Conv128(b)) => write_conv(&b, pairs, out, num, l, par)?,
+            Some(Book::Subm64(b)) => {
+                write_subm(&b, pairs, num, l, par);
+                copy_rows(indices.data, out, par);
+            }
+            Some(Book::Subm128(b)) => {
+                write_subm(&b, pairs, num, l, par);
+                copy_rows(indices.data, out, par);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// subm: out_indices equals indices row for row.
+fn copy_rows(src: &[i32], dst: &mut [i32], par: &dyn Parallel) {
+    let chunk = 4 * GRAIN;
+    for_each_chunk_mut(par, dst, chunk, |t, d| {
+        if let Some(s) = src.get(t * chunk..t * chunk + d.len()) {
+            d.copy_from_slice(s);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::descriptor;
+    use crate::schema::AttrValue;
+    use std::collections::HashMap;
+
+    fn base() -> HashMap<String, AttrValue> {
+        let mut m = HashMap::new();
+        m.insert("batch_size".into(), AttrValue::Int(2));
+        m.insert("spatial_shape".into(), AttrValue::Ints(vec![5, 6, 7]));
+        m.insert("kernel_size".into(), AttrValue::Ints(vec![3, 3, 3]));
+        m
+    }
+
+    fn with(pairs: &[(&str, AttrValue)]) -> HashMap<String, AttrValue> {
+        let mut m = base();
+        for (k, v) in pairs {
+            m.insert((*k).into(), v.clone());
+        }
+        m
+    }
+
+    fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+
+    /// The attribute an error names, and its rule text.
+    fn fails(m: &HashMap<String, AttrValue>) -> (String, String) {
+        match descriptor::<GetIndicePairs>(m) {
+            Err(Error::Attribute { name, rule }) => (name, rule),
+            other => panic!("expected an attribute error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_build_the_seed_descriptor() {
+        let op = descriptor::<GetIndicePairs>(&base()).expect("valid");
+        assert_eq!(op.stride, [1, 1, 1]);
+        assert_eq!(op.pad, [0, 0, 0]);
+        assert_eq!(op.dilation, [1, 1, 1]);
+        assert_eq!(op.output_padding, [0, 0, 0]);
+        assert_eq!(op.output_space, [3, 4, 5]);
+        assert!(!op.sub_m && !op.transpose && !op.inverse);
+        assert_eq!(op.kernel_volume(), 27);
+    }
+
+    #[test]
+    fn seed_configurations() {
+        let subm = with(&[
+            ("batch_size", AttrValue::Int(4)),
+            ("spatial_shape", ints(&[41, 1440, 1440])),
+            ("padding", ints(&[1, 1, 1])),
+            ("subm", AttrValue::Int(1)),
+        ]);
+        let op = descriptor::<GetIndicePairs>(&subm).expect("valid");
+        assert_eq!(op.output_space, [41, 1440, 1440]);
+        let sparse = with(&[
+            ("batch_size", AttrValue::Int(4)),
+            ("spatial_shape", ints(&[11, 360, 360])),
+            ("stride", ints(&[2, 2, 2])),
+            ("padding", ints(&[0, 1, 1])),
+        ]);
+        let op = descriptor::<GetIndicePairs>(&sparse).expect("valid");
+        assert_eq!(op.output_space, [5, 180, 180]);
+    }
+
+    #[test]
+    fn transpose_output_size() {
+        let m = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[2, 2, 2])), ("output_padding", ints(&[1, 0, 0]))]);
+        let op = descriptor::<GetIndicePairs>(&m).expect("valid");
+        // (in - 1) * 2 + 2 + op + 1
+        assert_eq!(op.output_space, [12, 13, 15]);
+    }
+
+    #[test]
+    fn non_positive_values() {
+        assert_eq!(fails(&with(&[("batch_size", AttrValue::Int(0))])).0, "batch_size");
+        assert_eq!(fails(&with(&[("spatial_shape", ints(&[5, -1, 7]))])).0, "spatial_shape");
+        assert_eq!(fails(&with(&[("kernel_size", ints(&[0, 1, 1]))])).0, "kernel_size");
+        assert_eq!(fails(&with(&[("stride", ints(&[1, 1, 0]))])).0, "stride");
+        assert_eq!(fails(&with(&[("dilation", ints(&[1, 0, 1]))])).0, "dilation");
+        assert_eq!(fails(&with(&[("padding", ints(&[-1, 0, 0]))])).0, "padding");
+        let (name, rule) = fails(&with(&[("output_padding", ints(&[0, 0, -2]))]));
+        assert_eq!(name, "output_padding");
+        assert!(rule.contains("-2") && rule.contains(">= 0"), "{rule}");
+    }
+
+    #[test]
+    fn wrong_lengths_and_flags() {
+        assert_eq!(fails(&with(&[("spatial_shape", ints(&[5, 6]))])).0, "spatial_shape");
+        assert_eq!(fails(&with(&[("padding", ints(&[1, 1, 1, 1]))])).0, "padding");
+        assert_eq!(fails(&with(&[("subm", AttrValue::Int(2))])).0, "subm");
+        assert_eq!(fails(&with(&[("transpose", AttrValue::Int(-1))])).0, "transpose");
+        assert_eq!(fails(&with(&[("inverse", AttrValue::Int(1))])).0, "inverse");
+        let mut m = base();
+        m.remove("batch_size");
+        assert_eq!(fails(&m).0, "batch_size");
+    }
+
+    #[test]
+    fn kernel_volume_limit() {
+        let ok = with(&[("spatial_shape", ints(&[16, 16, 16])), ("kernel_size", ints(&[16, 16, 16]))]);
+        assert!(descriptor::<GetIndicePairs>(&ok).is_ok());
+        let (name, rule) = fails(&with(&[("spatial_shape", ints(&[1, 17, 241])), ("kernel_size", ints(&[1, 17, 241]))]));
+        assert_eq!(name, "kernel_size");
+        assert!(rule.contains("4097"), "{rule}");
+        // Product overflowing i64.
+        let (name, _) = fails(&with(&[("kernel_size", ints(&[i64::MAX, i64::MAX, 2]))]));
+        assert_eq!(name, "kernel_size");
+    }
+
+    #[test]
+    fn stride_with_dilation_on_one_axis() {
+        let (name, rule) = fails(&with(&[("stride", ints(&[1, 2, 1])), ("dilation", ints(&[1, 2, 1]))]));
+        assert_eq!(name, "dilation");
+        assert!(rule.contains("stride 2 together with dilation 2 on axis 1"), "{rule}");
+        let ok = with(&[("spatial_shape", ints(&[4, 5, 3])), ("kernel_size", ints(&[1, 3, 1])), ("stride", ints(&[2, 1, 1])), ("dilation", ints(&[1, 2, 1]))]);
+        assert_eq!(descriptor::<GetIndicePairs>(&ok).expect("valid").output_space, [2, 1, 3]);
+    }
+
+    #[test]
+    fn output_size_rules() {
+        let (name, rule) = fails(&with(&[("spatial_shape", ints(&[3, 2, 3]))]));
+        assert_eq!(name, "kernel_size");
+        assert!(rule.contains("axis 1") && rule.contains("= 0"), "{rule}");
+        // Floor, not truncation: (2 - 2 - 1) / 2 + 1 would be 1 with truncation.
+        let (name, _) = fails(&with(&[("spatial_shape", ints(&[5, 2, 7])), ("stride", ints(&[2, 2, 2]))]));
+        assert_eq!(name, "kernel_size");
+        let m = with(&[("spatial_shape", ints(&[1, 1, 1])), ("kernel_size", ints(&[1, 1, 1])), ("padding", ints(&[1, 0, 0])), ("transpose", AttrValue::Int(1))]);
+        assert_eq!(fails(&m).0, "padding");
+        // Huge attributes: no overflow, a clear error or a valid size.
+        let m = with(&[("spatial_shape", ints(&[i64::MAX, 5, 5])), ("padding", ints(&[i64::MAX, 0, 0]))]);
+        let (name, rule) = fails(&m);
+        assert_eq!(name, "spatial_shape");
+        assert!(rule.contains("2147483647"), "{rule}");
+        let m = with(&[("spatial_shape", ints(&[i64::MAX, 5, 5])), ("padding", ints(&[i64::MAX, 0, 0])), ("stride", ints(&[i64::MAX, 1, 1]))]);
+        assert_eq!(descriptor::<GetIndicePairs>(&m).expect("valid").output_space, [3, 3, 3]);
+        let m = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[i64::MAX, 1, 1])), ("spatial_shape", ints(&[i64::MAX, 5, 5]))]);
+        assert_eq!(fails(&m).0, "spatial_shape");
+        let m = with(&[("spatial_shape", ints(&[1 << 31, 5, 5])), ("kernel_size", ints(&[1, 1, 1]))]);
+        assert_eq!(fails(&m).0, "spatial_shape");
+        let m = with(&[("spatial_shape", ints(&[(1 << 31) - 1, 5, 5])), ("kernel_size", ints(&[1, 1, 1]))]);
+        assert_eq!(descriptor::<GetIndicePairs>(&m).expect("valid").output_space[0], i64::from(i32::MAX));
+    }
+
+    #[test]
+    fn subm_rules() {
+        let subm = |extra: &[(&str, AttrValue)]| {
+            let mut m = with(&[("subm", AttrValue::Int(1)), ("padding", ints(&[1, 1, 1]))]);
+            for (k, v) in extra {
+                m.insert((*k).into(), v.clone());
+            }
+            m
+        };
+        assert!(descriptor::<GetIndicePairs>(&subm(&[])).is_ok());
+        assert_eq!(fails(&subm(&[("stride", ints(&[2, 1, 1]))])).0, "stride");
+        let (name, rule) = fails(&subm(&[("padding", ints(&[1, 0, 1]))]));
+        assert_eq!(name, "padding");
+        assert!(rule.contains("axis 1") && rule.contains("= 1"), "{rule}");
+        assert_eq!(fails(&subm(&[("dilation", ints(&[2, 2, 2]))])).0, "padding");
+        assert!(descriptor::<GetIndicePairs>(&subm(&[("dilation", ints(&[2, 2, 2])), ("padding", ints(&[2, 2, 2]))])).is_ok());
+        assert_eq!(fails(&subm(&[("kernel_size", ints(&[2, 2, 2])), ("padding", ints(&[0, 0, 0]))])).0, "kernel_size");
+        assert_eq!(fails(&subm(&[("transpose", AttrValue::Int(1))])).0, "transpose");
+        // output_padding is checked but unused outside transpose.
+        assert!(descriptor::<GetIndicePairs>(&subm(&[("output_padding", ints(&[3, 3, 3]))])).is_ok());
+    }
+
+    #[test]
+    fn transpose_rejects_dilation() {
+        let (name, rule) = fails(&with(&[("transpose", AttrValue::Int(1)), ("dilation", ints(&[1, 1, 2]))]));
+        assert_eq!(name, "dilation");
+        assert!(rule.contains("transpose"), "{rule}");
+    }
+
+    #[test]
+    fn keys_keep_lexicographic_order() {
+        let l = Layout::new([3, 40, 1439, 1439]);
+        assert_eq!(l.bits, 2 + 6 + 11 + 11);
+        let a = u64::pack(&l, [1, 0, 1439, 1439]);
+        let b = u64::pack(&l, [1, 1, 0, 0]);
+        assert!(a < b);
+        assert_eq!(b.unpack(&l), [1, 1, 0, 0]);
+        let zero = Layout::new([0, 0, 0, 0]);
+        assert_eq!(zero.bits, 0);
+        assert_eq!(u64::pack(&zero, [0, 0, 0, 0]), 0);
+        let wide = Layout::new([i32::MAX as u32; 4]);
+        assert_eq!(wide.bits, 124);
+        let c = [i32::MAX as u32, 5, i32::MAX as u32, 0];
+        assert_eq!(u128::pack(&wide, c).unpack(&wide), c);
+    }
+
+    #[test]
+    fn radix_sort_is_a_stable_sort() {
+        let mut state = 0x1234_5678_u64;
+        let mut v: Vec<(u64, u32)> = (0..5000)
+            .map(|i| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 40) & 0xFFFF, i)
+            })
+            .collect();
+        let mut want = v.clone();
+        want.sort_by_key(|x| x.0);
+        radix_sort(&mut v, 16, |x| x.0).unwrap();
+        assert_eq!(v, want);
+    }
+
+    /// Lookups in sorted sites find every present key at its position and no absent key,
+    /// with prefix tables of 16 bits (few keys), of log2(keys) bits (many keys, clustered
+    /// or spread) and of the key's full width.
+    #[test]
+    fn sorted_sites_find_exactly_the_present_keys() {
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
+        for (n, bits, spread) in [(1000, 40, 40), (300_000, 40, 40), (300_000, 40, 22), (300_000, 18, 18), (0, 30, 30)] {
+            let mask = (1u64 << spread) - 1;
+            let mut keys: Vec<u64> = (0..n).map(|_| next() & mask & !1).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let sites = SortedSites::new(keys.clone(), bits).unwrap();
+            // One table entry per key at most (beyond the 16-bit minimum): the memory bound.
+            assert!(sites.starts.len() - 1 <= keys.len().max(1 << 16), "{} entries for {} keys", sites.starts.len(), keys.len());
+            for (p, &k) in keys.iter().enumerate() {
+                assert_eq!(sites.find(k), Some(p), "key {k:#x} of {n}, {bits} bits");
+                // Present keys are even, so k + 1 is absent.
+                assert_eq!(sites.find(k + 1), None, "absent key {:#x} of {n}, {bits} bits", k + 1);
+            }
+        }
+    }
+
+    /// Conv and transposed conv rulebooks (unique sites, and every offset's pairs) come out
+    /// the same whatever the emission block and sort range sizes and the thread count.
+    #[test]
+    fn conv_book_is_the_same_for_any_block_and_range_size() {
+        use crate::parallel::{Serial, Threads};
+        let conv = with(&[("stride", ints(&[2, 1, 2])), ("padding", ints(&[1, 0, 1]))]);
+        let transpose = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[2, 2, 1]))]);
+        let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
+        let mut below = move |n: u64| (next() % n) as i32;
+        // Random rows, duplicates included (legal outside subm).
+        let data: Vec<i32> = (0..700).flat_map(|_| [below(2), below(5), below(6), below(7)]).collect();
+        let pairs = |op: &GetIndicePairs, book: &ConvBook<u64>| {
+            let l = data.len() / 4;
+            let mut out = vec![0i32; op.kernel_volume() * 2 * l];
+            for (k, chunk) in out.chunks_exact_mut(2 * l).enumerate() {
+                assert!(conv_offset(book, k, chunk));
+            }
+            out
+        };
+        for attrs in [conv, transpose] {
+            let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
+            let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX).unwrap();
+            assert_eq!(whole.blocks.len(), 1);
+            let want = pairs(&op, &whole);
+            assert!(whole.sites.keys.windows(2).all(|w| w[0] < w[1]));
+            for (emit_rows, sort_keys) in [(1, 1), (7, 3), (64, 50), (699, 1000)] {
+                for threads in 1..=3 {
+                    let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys).unwrap();
+                    assert_eq!(book.sites.keys, whole.sites.keys, "blocks of {emit_rows}, ranges of {sort_keys}");
+                    assert_eq!(pairs(&op, &book), want, "blocks of {emit_rows}, ranges of {sort_keys}");
+                }
+            }
+        }
+    }
+
+    /// Wide (u128) keys: the same rulebook with and without cuts.
+    #[test]
+    fn wide_key_conv_book_is_the_same_for_any_cut() {
+        use crate::parallel::{Serial, Threads};
+        let big = 1i64 << 22;
+        let op = descriptor::<GetIndicePairs>(&with(&[("spatial_shape", ints(&[big, big, big]))])).unwrap();
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
+        let mut below = move |n: i64| (next() % n as u64) as i32;
+        // Clusters, so that neighbouring sites share output sites.
+        let data: Vec<i32> = (0..300)
+            .flat_map(|i| {
+                let c = [below(2), below(big - 8), below(big - 8), below(big - 8)];
+                [c[0], c[1] + i % 3, c[2] + below(3), c[3] + below(3)]
+            })
+            .collect();
+        let layout = Layout::new([1, big as u32 - 3, big as u32 - 3, big as u32 - 3]);
+        assert!(layout.bits > u64::BITS);
+        let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX).unwrap();
+        for (emit_rows, sort_keys) in [(1, 1), (13, 40)] {
+            let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys).unwrap();
+            assert_eq!(book.sites.keys, whole.sites.keys);
+            for k in 0..op.kernel_volume() {
+                let rows = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.rows[k].clone()).collect::<Vec<_>>();
+                let keys = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.keys[k].clone()).collect::<Vec<_>>();
+                assert_eq!(rows(&book), rows(&whole));
+                assert_eq!(keys(&book), keys(&whole));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Random conv and transposed-conv geometries: cutting the rulebook into blocks and
+        /// sort ranges (on 2 threads) never changes it.
+        #[test]
+        fn prop_conv_book_does_not_depend_on_the_cut(
+            spatial in proptest::array::uniform3(1i64..9),
+            kernel in proptest::array::uniform3(1i64..5),
+            stride in proptest::array::uniform3(1i64..4),
+            padding in proptest::array::uniform3(0i64..3),
+            dilate in proptest::array::uniform3(1i64..3),
+            transpose in proptest::bool::ANY,
+            rows in proptest::collection::vec(proptest::array::uniform4(0u32..1000), 0..150),
+            emit_rows in 1usize..20,
+            sort_keys in 1usize..60,
+        ) {
+            use crate::parallel::{Serial, Threads};
+            // Dilation only where the stride is 1, and never with transpose (contract rules).
+            let dilation: Vec<i64> = (0..3).map(|a| if stride[a] > 1 || transpose { 1 } else { dilate[a] }).collect();
+            let attrs = with(&[
+                ("spatial_shape", ints(&spatial)),
+                ("kernel_size", ints(&kernel)),
+                ("stride", ints(&stride)),
+                ("padding", ints(&padding)),
+                ("dilation", ints(&dilation)),
+                ("transpose", AttrValue::Int(i64::from(transpose))),
+            ]);
+            // Geometries without a valid output size are attribute errors, tested elsewhere.
+            let Ok(op) = descriptor::<GetIndicePairs>(&attrs) else { return Ok(()) };
+            let data: Vec<i32> = rows
+                .iter()
+                .flat_map(|r| [r[0] % 2, r[1] % spatial[0] as u32, r[2] % spatial[1] as u32, r[3] % spatial[2] as u32])
+                .map(|v| v as i32)
+                .collect();
+            if data.is_empty() {
+                return Ok(());
+            }
+            let max_batch = data.chunks_exact(4).map(|r| r[0] as u32).max().unwrap_or(0);
+            let whole = op.conv_book_in::<u64>(&data, max_batch, &Serial, usize::MAX, usize::MAX).unwrap();
+            let book = op.conv_book_in::<u64>(&data, max_batch, &Threads(2), emit_rows, sort_keys).unwrap();
+            proptest::prop_assert_eq!(&book.sites.keys, &whole.sites.keys);
+            let l = data.len() / 4;
+            for k in 0..op.kernel_volume() {
+                let (mut a, mut b) = (vec![0i32; 2 * l], vec![0i32; 2 * l]);
+                proptest::prop_assert!(conv_offset(&book, k, &mut a));
+                proptest::prop_assert!(conv_offset(&whole, k, &mut b));
+                proptest::prop_assert_eq!(a, b);
+            }
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! IndiceConv (spconv v1 / mmcv indice_conv; schemas/sparse_conv/indice_conv.json): the sparse 3D
+//! convolution over a GetIndicePairs rulebook, `output[dst] += features[src] @ filters[k]`
+//! for every valid pair of every kernel offset k, after `bias`.
+//!
+//! Gather -> GEMM -> scatter, tiled by output rows:
+//! - `plan` validates the rulebook and groups its pairs by *row tile* (2^shift consecutive
+//!   output rows; the power of two is chosen from the shapes and the pair counts alone: about
+//!   TILE_PAIRS_PER_OFFSET pairs per offset, an output block of at most TILE_OUT_BYTES) with
+//!   a stable counting sort, so each tile's pairs stay in (k, j) order. The sort runs in
+//!   parallel over fixed pieces of the (k, j) sequence; each piece keeps its own grouped
+//!   copy, and a tile's pairs are its segments of the pieces read in piece order, which is
+//!   the (k, j) order whatever the pieces are.
+//! - `execute` gives each task whole tiles. A tile's output block starts as `bias` and stays
+//!   in L2 while the tile walks its pairs in (k, j) order, in *chunks*: consecutive pairs of
+//!   one offset k, at most `chunk_rows` of them (CHUNK_BYTES for the gathered block and its
+//!   product, in L1/L2). A chunk prefetches its source rows as it is formed, gathers them
+//!   into a [m, Cin] block (or reads them in place when they are consecutive rows, as the
+//!   submanifold centre offset's are), multiplies it by filters[k] with one single-threaded
+//!   GEMM (the `gemm` crate, Parallelism::None) into a [m, Cout] block, and adds that
+//!   block's rows to their output rows in j order.
+//!
+//! Determinism: every output element is `bias`, then plus d(k, j) for its pairs in (k, j)
+//! order, each sum rounded to float32, where d(k, j) is the float32 dot product
+//! `features[src, :] . filters[k][:, c]` as the GEMM computes it (fused multiply-adds in the
+//! GEMM's order) within its chunk. The chunks (and so each GEMM's shape and each row's place
+//! in it) are a function of the inputs' shapes and the rulebook alone: not of the thread
+//! count, of how tasks are split, or of the plan's pieces. So the result is bit-identical
+//! across runs and thread counts. (The GEMM's kernels are picked by the CPU's instruction
+//! set: another CPU may round differently, within the accumulating class.)
+//! No MLU kernel: the EP declines it.
+
+use crate::ops::Operator;
+use crate::cache;
+use crate::error::{Error, Result};
+use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
+use crate::scratch::{self, FirstError};
+use crate::schema::Attrs;
+use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
+
+const FEATURES: usize = 0;
+const FILTERS: usize = 1;
+const PAIRS: usize = 2;
+const NUM: usize = 3;
+const OUT_INDICES: usize = 4;
+const BIAS: usize = 5;
+/// A row tile's output block, at most: it stays in L2 while the tile's offsets are walked.
+const TILE_OUT_BYTES: usize = 128 * 1024;
+/// Pairs per offset that a tile aims at (the GEMMs' m), density permitting.
+const TILE_PAIRS_PER_OFFSET: usize = 256;
+/// Fewest rows in a tile.
+const MIN_TILE_ROWS: usize = 16;
+/// A chunk's gathered block plus its product, at most (rows of Cin + Cout floats).
+const CHUNK_BYTES: usize = 128 * 1024;
+/// Multiply-adds per execution task, roughly.
+const GRAIN: usize = 4 << 20;
+/// Pairs per piece of the plan's parallel grouping, and the most pieces.
+const PLAN_GRAIN: usize = 128 * 1024;
+const MAX_PLAN_PIECES: usize = 8;
+
+/// The configured node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndiceConv {
+    /// Gather from slot 1 and scatter to slot 0 of each pair.
+    pub inverse: bool,
+}
+
+/// One valid pair: its source row, and its kernel offset k and destination row's place in
+/// its tile packed as `k << shift | (dst - tile start)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Pair {
+    src: u32,
+    kd: u32,
+}
+
+/// The pairs of one consecutive piece of the (k, j) sequence, grouped by row tile.
+#[derive(Debug, Default)]
+struct Piece {
+    /// `pairs[starts[t]..starts[t + 1]]` are tile t's pairs of this piece, in (k, j) order.
+    starts: Vec<usize>,
+    pairs: Vec<Pair>,
+}
+
+/// The validated rulebook, grouped by row tile.
+#[derive(Debug)]
+pub struct Rules {
+    l: usize,
+    cin: usize,
+    cout: usize,
+    rows: usize,
+    /// log2 of the rows per tile: tile t holds output rows [t << shift, (t + 1) << shift).
+    shift: u32,
+    pieces: Vec<Piece>,
+}
+
+impl Rules {
+    fn tiles(&self) -> usize {
+        self.rows.div_ceil(1 << self.shift)
+    }
+
+    /// Tile t's pairs, in (k, j) order.
+    fn tile_pairs(&self, t: usize) -> impl Iterator<Item = &Pair> {
+        self.pieces.iter().flat_map(move |p| &p.pairs[p.starts[t]..p.starts[t + 1]])
+    }
+
+    fn tile_len(&self, t: usize) -> usize {
+        self.pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum()
+    }
+}
+
+/// log2 of the rows per tile: about TILE_PAIRS_PER_OFFSET pairs per active offset at the
+/// rulebook's mean density, within [MIN_TILE_ROWS, TILE_OUT_BYTES of output], and small
+/// enough that `k << shift` fits 32 bits for every k < `k_count`; a function of the shapes
+/// and counts alone.
+/// (Public for benches/indice_conv.rs, which times the kernel's pieces.)
+#[doc(hidden)]
+pub fn tile_shift(rows: usize, cout: usize, total: usize, active: usize, k_count: usize) -> u32 {
+    let k_bits = usize::BITS - k_count.saturating_sub(1).leading_zeros();
+    tile_shift_unbounded(rows, cout, total, active).min(32u32.saturating_sub(k_bits))
+}
+
+fn tile_shift_unbounded(rows: usize, cout: usize, total: usize, active: usize) -> u32 {
+    let cap = (TILE_OUT_BYTES / (cout.max(1) * size_of::<f32>())).max(MIN_TILE_ROWS);
+    let want = if total == 0 {
+        cap
+    } else {
+        // rows * TILE_PAIRS_PER_OFFSET * active / total, in u128 (no overflow).
+        let w = (rows as u128 * (TILE_PAIRS_PER_OFFSET * active) as u128).div_ceil(total as u128);
+        usize::try_from(w).unwrap_or(usize::MAX)
+    };
+    let rows_per_tile = want.clamp(MIN_TILE_ROWS, cap).min(rows.checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_TILE_ROWS));
+    // Largest power of two not above it.
+    usize::BITS - 1 - rows_per_tile.leading_zeros()
+}
+
+impl Operator for IndiceConv {
+    const NAME: &'static str = "IndiceConv";
+    const SCHEMA: &'static str = include_str!("../../../schemas/sparse_conv/indice_conv.json");
+    type Plan = Rules;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        match attrs.int("inverse")? {
+            0 => Ok(IndiceConv { inverse: false }),
+            1 => Ok(IndiceConv { inverse: true }),
+            v => Err(Error::attribute("inverse", format!("must be 0 or 1, got {v}"))),
+        }
+    }
+
+    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Rules)> {
+        let features = inputs.get_shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")?;
+        let (l, cin) = (features.shape[0], features.shape[1]);
+        let filters =
+            inputs.get_shaped::<f32>(FILTERS, &[None, Some(cin), None], &format!("[K, Cin, Cout] (Cin = {cin} of features)"))?;
+        let (k_count, cout) = (filters.shape[0], filters.shape[2]);
+        let pairs = inputs.get_shaped::<i32>(PAIRS, &[Some(k_count), Some(2), None], &format!("[K, 2, P] (K = {k_count} of filters)"))?;
+        let p = pairs.shape[2];
+        let num = inputs.get_shaped::<i32>(NUM, &[Some(k_count)], &format!("[K] (K = {k_count} of filters)"))?;
+        let out_indices = inputs.get::<i32>(OUT_INDICES)?;
+        if out_indices.shape.len() != 2 {
+            return Err(inputs.error(OUT_INDICES, format!("expected shape [num_out, D], got {:?}", out_indices.shape)));
+        }
+        let rows = out_indices.shape[0];
+        if let Some(bias) = inputs.get_optional::<f32>(BIAS)?
+            && bias.shape != [cout]
+        {
+            return Err(inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {:?}", bias.shape)));
+        }
+        let numel = rows.checked_mul(cout).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
+        if numel.is_none() {
+            return Err(Error::output("output", format!("[num_out, Cout] = [{rows}, {cout}] is too large")));
+        }
+        let mut counts = Vec::with_capacity(k_count);
+        for (k, &n) in num.data.iter().enumerate() {
+            let n = usize::try_from(n).ok().filter(|&n| n <= p).ok_or_else(|| {
+                inputs.error(NUM, format!("indice_num[{k}] = {n} is outside [0, P] with P = {p} (indice_pairs' last dimension)"))
+            })?;
+            counts.push(n);
+        }
+        if l > u32::MAX as usize || rows > u32::MAX as usize || k_count > u32::MAX as usize {
+            return Err(inputs.error(FEATURES, format!("L = {l}, num_out = {rows} or K = {k_count} is too large")));
+        }
+        // Which slot is read (source) and which is written (destination).
+        let (src_slot, dst_slot) = if self.inverse { (1, 0) } else { (0, 1) };
+        let total: usize = counts.iter().sum();
+        let active = counts.iter().filter(|&&n| n > 0).count();
+        let shift = tile_shift(rows, cout, total, active, k_count);
+        let tiles = rows.div_ceil(1 << shift);
+
+        // Pieces of the (k, j) sequence: piece q covers flat positions [q*len, (q+1)*len).
+        let n_pieces = pieces(total, PLAN_GRAIN).min(MAX_PLAN_PIECES);
+        let piece_len = total.div_ceil(n_pieces).max(1);
+        // The (k, j) pairs of flat positions [lo, hi), as (k, src slice, dst slice) runs.
+        let runs = |lo: usize, hi: usize| {
+            let mut flat = 0usize;
+            counts.iter().enumerate().filter_map(move |(k, &n)| {
+                let (a, b) = (lo.max(flat), hi.min(flat + n));
+                let first = flat;
+                flat += n;
+                (a < b).then(|| {
+                    let base = k * 2 * p;
+                    let (ja, jb) = (a - first, b - first);
+                    let src = &pairs.data[base + src_slot * p + ja..base + src_slot * p + jb];
+                    let dst = &pairs.data[base + dst_slot * p + ja..base + dst_slot * p + jb];
+                    (k as u32, src, dst)
+                })
+            })
+        };
+        let mut books: Vec<Piece> = Vec::new();
+        books.resize_with(n_pieces, Piece::default);
+        let errors = FirstError::default();
+        let invalid = std::sync::atomic::AtomicBool::new(false);
+        for_each_chunk_mut(par, &mut books, 1, |q, slot| {
+            let (lo, hi) = (q * piece_len, ((q + 1) * piece_len).min(total));
+            errors.record((|| {
+                let mut starts = scratch::filled(tiles + 1, 0usize, "IndiceConv's grouped rulebook")?;
+                for (_, src, dst) in runs(lo, hi) {
+                    // Unsigned maxima (vectorised): a negative index reads as >= 2^31.
+                    let max = |v: &[i32]| v.iter().fold(0u32, |m, &x| m.max(x as u32)) as usize;
+                    if max(src) >= l || max(dst) >= rows {
+                        invalid.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    // Runs of pairs in one tile (common: a k's pairs ascend by source row, and
+                    // so, roughly, by destination) are counted in a register.
+                    let (mut tile, mut run) = (usize::MAX, 0usize);
+                    for &d in dst {
+                        let t = (d as u32 >> shift) as usize;
+                        if t != tile {
+                            if run > 0 {
+                                starts[tile + 1] += run;
+                            }
+                            (tile, run) = (t, 0);
+                        }
+                        run += 1;
+                    }
+                    if run > 0 {
+                        starts[tile + 1] += run;
+                    }
+                }
+                for t in 0..tiles {
+                    starts[t + 1] += starts[t];
+                }
+                let mut cursor = starts.clone();
+                let mut grouped = scratch::filled(hi.saturating_sub(lo), Pair::default(), "IndiceConv's grouped rulebook")?;
+                let mask = (1u32 << shift) - 1;
+                for (k, src, dst) in runs(lo, hi) {
+                    // The current tile's cursor lives in a register while its run lasts.
+                    let (mut tile, mut at) = (usize::MAX, 0usize);
+                    for (&s, &d) in src.iter().zip(dst) {
+                        let d = d as u32;
+                        let t = (d >> shift) as usize;
+                        if t != tile {
+                            if tile != usize::MAX {
+                                cursor[tile] = at;
+                            }
+                            (tile, at) = (t, cursor[t]);
+                        }
+                        grouped[at] = Pair { src: s as u32, kd: k << shift | (d & mask) };
+                        at += 1;
+                    }
+                    if tile != usize::MAX {
+                        cursor[tile] = at;
+                    }
+                }
+                slot[0] = Piece { starts, pairs: grouped };
+                Ok(())
+            })());
+        });
+        if invalid.into_inner() {
+            return Err(first_bad_pair(inputs, pairs.data, &counts, p, [src_slot, dst_slot], [l, rows]));
+        }
+        errors.into_result()?;
+        let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
+        Ok((specs, Rules { l, cin, cout, rows, shift, pieces: books }))
+    }
+
+    fn execute(&self, r: Rules, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+        let features = inputs.get::<f32>(FEATURES)?.data;
+        let filters = inputs.get::<f32>(FILTERS)?.data;
+        let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
+        let out = outputs.take::<f32>(0)?;
+        let (cin, cout) = (r.cin, r.cout);
+        if out.len() != r.rows * cout || features.len() != r.l * cin || filters.len() % (cin * cout).max(1) != 0 {
+            return Err(Error::Runtime("IndiceConv: buffers do not match the plan".into()));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let tile_rows = 1usize << r.shift;
+        let tiles = r.tiles();
+        // Tasks of whole tiles, about GRAIN multiply-adds each (any split gives the same bits).
+        // (Saturating: with no pairs, Cin and Cout are bounded by no tensor's size.)
+        let weight = |t: usize| r.tile_len(t).saturating_mul(cin.saturating_mul(cout)).saturating_add(tile_rows.saturating_mul(cout)) as u64;
+        let work = (0..tiles).map(weight).fold(0u64, u64::saturating_add);
+        let cuts = balanced_cuts((0..tiles).map(weight), pieces(usize::try_from(work).unwrap_or(usize::MAX), GRAIN));
+        let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.rows) * cout).collect();
+        let chunk_rows = (CHUNK_BYTES / cin.saturating_add(cout).saturating_mul(size_of::<f32>())).max(1);
+        let (shift, mask) = (r.shift, (1u32 << r.shift) - 1);
+        let errors = FirstError::default();
+        for_each_part_mut(par, out, &bounds, |task, part| {
+            errors.record((|| {
+                // Chunk buffers only for tasks with work (Cin may be huge when no pair is valid).
+                let work = cin > 0 && (cuts[task]..cuts[task + 1]).any(|t| r.tile_len(t) > 0);
+                let rows = if work { chunk_rows } else { 0 };
+                let mut gathered = scratch::filled(rows * cin, 0f32, "IndiceConv's gathered rows")?;
+                let mut product = scratch::filled(rows * cout, 0f32, "IndiceConv's product rows")?;
+                let mut srcs = scratch::filled(rows, 0usize, "IndiceConv's chunk")?;
+                let mut dsts = scratch::filled(rows, 0usize, "IndiceConv's chunk")?;
+                for (t, block) in (cuts[task]..cuts[task + 1]).zip(part.chunks_mut(tile_rows.saturating_mul(cout))) {
+                    match bias {
+                        Some(bias) => block.chunks_exact_mut(cout).for_each(|row| copy_row(row, bias)),
+                        None => block.fill(0.0),
+                    }
+                    if cin == 0 {
+                        continue; // every product is an empty sum: the output is the bias
+                    }
+                    // One chunk: consecutive pairs of one offset k, at most chunk_rows. Its
+                    // source rows are prefetched as it is formed, then gathered (unless they
+                    // are consecutive rows) and multiplied by filters[k]; the product rows are
+                    // added to their output rows in j order.
+                    let mut flush = |k: usize, srcs: &[usize], dsts: &[usize]| {
+                        let m = srcs.len();
+                        let (s0, w) = (srcs[0], &filters[k * cin * cout..(k + 1) * cin * cout]);
+                        let lhs = if srcs.iter().enumerate().all(|(i, &s)| s == s0 + i) {
+                            &features[s0 * cin..(s0 + m) * cin]
+                        } else {
+                            for (row, &s) in gathered.chunks_exact_mut(cin).zip(srcs) {
+                                copy_row(row, &features[s * cin..(s + 1) * cin]);
+                            }
+                            &gathered[..m * cin]
+                        };
+                        gemm_rows(m, cin, cout, lhs, w, &mut product[..m * cout]);
+                        for (&d, prod) in dsts.iter().zip(product.chunks_exact(cout)) {
+                            for (o, &v) in block[d * cout..(d + 1) * cout].iter_mut().zip(prod) {
+                                *o += v;
+                            }
+                        }
+                    };
+                    let (mut m, mut chunk_k) = (0usize, 0usize);
+                    for pair in r.tile_pairs(t) {
+                        let k = (pair.kd >> shift) as usize;
+                        if m == chunk_rows || (m > 0 && k != chunk_k) {
+                            flush(chunk_k, &srcs[..m], &dsts[..m]);
+                            m = 0;
+                        }
+                        chunk_k = k;
+                        let s = pair.src as usize;
+                        cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
+                        (srcs[m], dsts[m]) = (s, (pair.kd & mask) as usize);
+                        m += 1;
+                    }
+                    if m > 0 {
+                        flush(chunk_k, &srcs[..m], &dsts[..m]);
+                    }
+                }
+                Ok(())
+            })());
+        });
+        errors.into_result()
+    }
+}
+
+/// dst[m, cout] = lhs[m, cin] @ w[cin, cout] (row-major), one single-threaded GEMM.
+/// (Public for benches/indice_conv.rs, which times the kernel's own call.)
+#[doc(hidden)]
+pub fn gemm_rows(m: usize, cin: usize, cout: usize, lhs: &[f32], w: &[f32], dst: &mut [f32]) {
+    assert!(lhs.len() == m * cin && w.len() == cin * cout && dst.len() == m * cout);
+    // SAFETY: row-major lhs [m, cin] (row stride cin), w [cin, cout] (row stride cout) and
+    // dst [m, cout] (row stride cout), sizes checked just above; dst does not alias the
+    // inputs (a distinct &mut). read_dst = false: dst = 1 * lhs @ w, single-threaded.
+    unsafe {
+        gemm::gemm(
+            m,
+            cout,
+            cin,
+            dst.as_mut_ptr(),
+            1,
+            cout as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            cin as isize,
+            w.as_ptr(),
+            1,
+            cout as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// `dst.copy_from_slice(src)` for short rows, inlined in 16-float pieces (a call to memcpy
+/// per 64-512 byte row costs about as much as the copy).
+#[inline(always)]
+fn copy_row(dst: &mut [f32], src: &[f32]) {
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let s: &[f32; 16] = s.try_into().expect("16 floats");
+        d.copy_from_slice(s);
+    }
+    for (d, &s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = s;
+    }
+}
+
+/// The error of the first pair out of range, in (k, slot, j) order: for each k, its source
+/// slot, then its destination slot.
+fn first_bad_pair(inputs: &Inputs<'_>, data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2]) -> Error {
+    let slot_name = |s: usize| if s == 0 { "input row (slot 0)" } else { "output row (slot 1)" };
+    let whats = ["L (features' rows)", "num_out (out_indices' rows)"];
+    for (k, &n) in counts.iter().enumerate() {
+        let base = k * 2 * p;
+        for ((slot, limit), what) in slots.into_iter().zip(limits).zip(whats) {
+            let vals = &data[base + slot * p..base + slot * p + n];
+            if let Some(j) = vals.iter().position(|&x| x as u32 as usize >= limit) {
+                return inputs.error(
+                    PAIRS,
+                    format!(
+                        "indice_pairs[{k}, {slot}, {j}] = {} ({}) is outside [0, {limit}) with {limit} = {what}",
+                        vals[j],
+                        slot_name(slot)
+                    ),
+                );
+            }
+        }
+    }
+    Error::Runtime("IndiceConv: a pair was out of range but could not be found again".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_follow_the_density_within_the_cache_bound() {
+        // 100k rows, 16 channels, ~10 pairs per row over 27 offsets: 256 * 27 / 10 = 691 -> 512.
+        assert_eq!(tile_shift(100_000, 16, 1_000_000, 27, 27), 9);
+        // 128 channels cap the output block at 128 KiB = 256 rows.
+        assert_eq!(tile_shift(10_000, 128, 10_000, 27, 27), 8);
+        // Sparse: capped by the output block (2048 rows of 16 channels).
+        assert_eq!(tile_shift(100_000, 16, 100_000, 27, 27), 11);
+        // Dense: at least MIN_TILE_ROWS; no pairs: the cap; few rows: no larger than needed.
+        assert_eq!(tile_shift(1000, 16, 1_000_000, 2, 27), 4);
+        assert_eq!(tile_shift(1000, 16, 0, 0, 27), 10);
+        assert_eq!(tile_shift(3, 16, 5, 1, 1), 4);
+        assert_eq!(tile_shift(0, 0, 0, 0, 0), 4);
+        assert_eq!(tile_shift(usize::MAX / 8, 1 << 20, usize::MAX / 8, 1, 1), 4);
+        // k << shift must fit 32 bits: K = 2^30 leaves 2 bits, K = 2^32 none.
+        assert_eq!(tile_shift(1000, 16, 0, 0, 1 << 30), 2);
+        assert_eq!(tile_shift(1000, 16, 0, 0, 1 << 32), 0);
+        assert_eq!(tile_shift(1000, 16, 0, 0, (1 << 28) + 1), 3);
+    }
+}

@@ -1,0 +1,197 @@
+//! GetIndicePairs on the MLU: host policy for the five kernels of kernels/get_indice_pairs
+//! (expand, mark, rank, out, pairs; see that file for the sequence and the seed steps).
+//! Every kernel uses all of the card's cores except rank, whose barrier covers one
+//! cluster only (UNION1).
+//!
+//! Supported: transpose = 0 (as MLU-OPS), every value of the descriptor within int32, and
+//! batch_size * output volume within the int32 linear site index (the bitmap has that
+//! many bits). Workspace: expand K*L int32, bitmap and word ranks 2 * ceil(V/32) int32,
+//! subm adds 2 * L int32.
+
+use super::get_indice_pairs::{DIM_NB, GetIndicePairs, INDICES};
+use crate::error::{Error, Result};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Copy, Device, GipGeometry, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::tensor::{DType, Inputs, OutputSpec};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+
+/// Tiles carved by the widest kernel (each rounded up to 64 bytes).
+const TILES: usize = 4;
+/// Entries per tile in the rank / out / pairs kernels (int32, a multiple of 32).
+const STREAM_TILE: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub task_dim: u32,
+    /// Input rows per expand tile: 4 coordinates, K expanded sites and the own site each.
+    pub tile_rows: usize,
+    pub tile: usize,
+}
+
+impl Policy {
+    pub fn new(info: &mlu::DeviceInfo, k: usize) -> Self {
+        let per_row = 4 * (4 + k + 1);
+        let tile_rows = ((NRAM_BUDGET - TILES * 64) / per_row).max(1);
+        Policy { task_dim: info.cores(), tile_rows, tile: STREAM_TILE }
+    }
+}
+
+impl GetIndicePairs {
+    /// Bits of the output site bitmap: batch_size * Do * Ho * Wo.
+    fn sites(&self) -> Option<usize> {
+        self.output_space.iter().try_fold(self.batch as usize, |acc, &o| acc.checked_mul(o as usize))
+    }
+
+    fn geometry(&self) -> Option<GipGeometry> {
+        let c = |v: [i64; DIM_NB]| -> Option<[i32; 3]> {
+            Some([i32::try_from(v[0]).ok()?, i32::try_from(v[1]).ok()?, i32::try_from(v[2]).ok()?])
+        };
+        Some(GipGeometry {
+            in_space: c(self.input_space)?,
+            out_space: c(self.output_space)?,
+            kernel: c(self.filter_space)?,
+            stride: c(self.stride)?,
+            pad: c(self.pad)?,
+            dilation: c(self.dilation)?,
+            subm: i32::from(self.sub_m),
+        })
+    }
+}
+
+/// Card scratch of `n` int32, alive until the caller's queue synchronisation.
+fn ints(outputs: &mut dyn DeviceOutputs, n: usize) -> Result<*mut i32> {
+    Ok(outputs.workspace(n * 4)?.cast())
+}
+
+impl MluOperator for GetIndicePairs {
+    fn mlu_supported(&self) -> std::result::Result<(), String> {
+        if self.transpose {
+            return Err("transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)".into());
+        }
+        if self.geometry().is_none() {
+            return Err("a padding, stride, dilation or size beyond int32".into());
+        }
+        match self.sites() {
+            Some(v) if v <= i32::MAX as usize - 31 => Ok(()),
+            _ => Err(format!(
+                "batch_size {} * output volume {:?} exceeds the MLU kernels' int32 linear site index",
+                self.batch, self.output_space
+            )),
+        }
+    }
+
+    fn mlu_compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        self.mlu_supported().map_err(|why| Error::Runtime(format!("GetIndicePairs on the MLU: {why}")))?;
+        let (l, k, _) = self.validate(inputs)?;
+        let geometry = self.geometry().expect("checked by mlu_supported");
+        let sites = self.sites().expect("checked by mlu_supported");
+        let words = sites.div_ceil(32);
+        let pairs = outputs.allocate(0, &OutputSpec::new(DType::I32, [k, 2, l]))?;
+        let num = outputs.allocate(2, &OutputSpec::new(DType::I32, [k]))?;
+        if l == 0 {
+            outputs.allocate(1, &OutputSpec::new(DType::I32, [0, 4]))?;
+            // SAFETY: `num` was just allocated for K int32.
+            return unsafe { device.zero_raw(num, k * 4) };
+        }
+        let p = Policy::new(&device.info, k);
+        let i = device::i32_of;
+        let (rows, kv, tile_rows, tile, nwords) =
+            (i("L", l)?, i("K", k)?, i("tile_rows", p.tile_rows)?, i("tile", p.tile)?, i("words", words)?);
+        let expand = ints(outputs, k * l)?;
+        let bitmap = ints(outputs, words)?;
+        // SAFETY: `bitmap` was just allocated for `words` int32.
+        unsafe { device.zero_raw(bitmap.cast(), words * 4)? };
+        let word_rank = ints(outputs, words)?;
+        // One cluster: a UNION1 __sync_all_ipu synchronises the cores of one cluster only.
+        let rank_tasks = device.info.cores_per_cluster;
+        let core_totals = ints(outputs, rank_tasks as usize)?;
+        let total = ints(outputs, 1)?;
+        let (site, perm) = if self.sub_m { (ints(outputs, l)?, ints(outputs, l)?) } else { (std::ptr::null_mut(), std::ptr::null_mut()) };
+        let kernels = &device.kernels;
+        let indices: *const i32 = device_inputs[INDICES].cast();
+        // SAFETY (all launches): device buffers of the sizes computed above; each launch
+        // only enqueues, and the caller synchronises the queue before the workspace is freed.
+        queue.launch("mluops_get_indice_pairs_expand", |q| unsafe {
+            (kernels.mluops_get_indice_pairs_expand)(
+                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand, site,
+            )
+        })?;
+        // Subm marks the rows' own sites, the default mode every expanded one.
+        let (marked, count) = if self.sub_m { (site, rows) } else { (expand, i("K*L", k * l)?) };
+        // SAFETY: as above.
+        queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
+            (kernels.mluops_get_indice_pairs_mark)(
+                q, p.task_dim, TASK_UNION1, count, nwords, tile, marked.cast_const(), bitmap,
+            )
+        })?;
+        // SAFETY: as above.
+        queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
+            (kernels.mluops_get_indice_pairs_rank)(
+                q, rank_tasks, TASK_UNION1, nwords, tile, bitmap, word_rank, core_totals, total,
+            )
+        })?;
+        // The one wait before the end: out_indices' size is the site count.
+        queue.sync()?;
+        let mut count = [0i32];
+        // SAFETY: `total` holds one int32 the rank kernel wrote; `count` has room for it.
+        unsafe { device.copy_raw(count.as_mut_ptr().cast(), total.cast_const().cast(), 4, Copy::DeviceToHost)? };
+        let num_out = usize::try_from(count[0])
+            .map_err(|_| Error::Runtime(format!("GetIndicePairs on the MLU: negative site count {}", count[0])))?;
+        if self.sub_m && num_out != l {
+            // Two rows share a site: the CPU check names them.
+            let (_, _, max) = self.validate(inputs)?;
+            let v = inputs.get::<i32>(INDICES)?;
+            let layout_bits = super::get_indice_pairs::Layout::new(max).bits;
+            let err = if layout_bits > u64::BITS {
+                self.subm_book::<u128>(inputs, v.data, max).err()
+            } else {
+                self.subm_book::<u64>(inputs, v.data, max).err()
+            };
+            return Err(err.unwrap_or_else(|| {
+                inputs.error(INDICES, format!("{} distinct sites among {l} rows: duplicate input sites are not allowed in subm mode", num_out))
+            }));
+        }
+        let out = outputs.allocate(1, &OutputSpec::new(DType::I32, [num_out, 4]))?;
+        if self.sub_m {
+            // SAFETY: `out` holds L*4 int32 (num_out == L), the input as many.
+            unsafe { device.copy_raw(out, indices.cast(), l * 16, Copy::DeviceToDevice)? };
+        }
+        // SAFETY: as above.
+        queue.launch("mluops_get_indice_pairs_out", |q| unsafe {
+            (kernels.mluops_get_indice_pairs_out)(
+                q, p.task_dim, TASK_UNION1, &geometry, rows, nwords, tile, bitmap, word_rank, site,
+                if self.sub_m { std::ptr::null_mut() } else { out.cast() }, perm,
+            )
+        })?;
+        // SAFETY: as above.
+        queue.launch("mluops_get_indice_pairs_pairs", |q| unsafe {
+            (kernels.mluops_get_indice_pairs_pairs)(
+                q, mlu::union1_tasks(&device.info, k), TASK_UNION1, kv, rows, geometry.subm, tile, expand,
+                bitmap, word_rank, perm, pairs.cast(), num.cast(),
+            )
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GipGeometry;
+
+    #[test]
+    fn geometry_matches_the_kernels_struct() {
+        // 19 int32 fields in declaration order, no padding.
+        assert_eq!(size_of::<GipGeometry>(), 19 * 4);
+        assert_eq!(std::mem::offset_of!(GipGeometry, subm), 18 * 4);
+        assert_eq!(std::mem::offset_of!(GipGeometry, dilation), 15 * 4);
+    }
+}

@@ -1,0 +1,653 @@
+//! ThreeInterpolateBackward (docs/CONTRACT.md §3): the gradient of PointNet++
+//! three_interpolate with respect to the source features,
+//! `grad_features[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k]`.
+//!
+//! Each task owns whole output rows (one batch, a block of channels), so no two tasks touch
+//! the same accumulator. Inside a task, L channels (16; 8 when M rows of 16 would not fit L1; 4 or 1 when C is small) are
+//! processed together: a tile of grad_output is transposed to [n][lane] so each (n, k) term
+//! is one short vector multiply-add into accumulator row `indices[b, n, k]` (kept as
+//! [m][lane], cache-resident for the seed sizes).
+//! Every (c, j) accumulator sums its terms in (n, k) order, the order of the plain scatter
+//! loop, in float32; float16 inputs are widened on load and rounded once on store.
+
+
+use crate::ops::Operator;
+use crate::error::{Error, Result};
+use crate::parallel::{Parallel, for_each_part_mut};
+use crate::scratch::{self, FirstError};
+use crate::schema::Attrs;
+use crate::tensor::{DType, Element, Inputs, OutElement, OutputSpec, Outputs};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+const GRAD_OUTPUT: usize = 0;
+const INDICES: usize = 1;
+const WEIGHTS: usize = 2;
+
+/// Channels accumulated together (one 64-byte accumulator row per source point).
+const LANES: usize = 16;
+/// Lanes for 4 <= C < 16, and 1 below that: L <= C keeps a task's accumulators (L rows of
+/// m) no larger than one batch's output, however large m is.
+const FEW_LANES: usize = 4;
+/// Target points per transposed tile, tuned on the seed case 7: short tiles suit float32;
+/// float16 widens each tile row with one call, whose fixed cost favours longer rows.
+const TILE_F32: usize = 64;
+const TILE_F16: usize = 64;
+/// Accumulator bytes (M rows of L lanes) that stay in a 32 KiB L1 data cache next to the
+/// tiles; more rows than this take 8 lanes.
+const L1_ACC_BYTES: usize = 24 * 1024;
+/// Tiles ahead that the rows of grad_output are prefetched.
+const PREFETCH_AHEAD: usize = 2;
+/// Multiply-adds (or output elements) per parallel task.
+const GRAIN: usize = 32 * 1024;
+
+/// The configured node: `m` is the number of source points M.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreeInterpolateBackward {
+    pub m: usize,
+}
+
+/// Validated sizes and the element type T.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub(super) b: usize,
+    pub(super) c: usize,
+    pub(super) n: usize,
+    pub(super) m: usize,
+    pub(super) dtype: DType,
+}
+
+/// float32 or float16, computed in float32.
+pub(super) trait Real: OutElement {
+    /// Target points per transposed tile.
+    const TILE: usize;
+    /// The data as float32 without a copy, when it already is float32.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// Widens `src` into `dst` (same length).
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Rounds `src` into `dst` (same length).
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+
+impl Real for f32 {
+    const TILE: usize = TILE_F32;
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn narrow(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Real for f16 {
+    const TILE: usize = TILE_F16;
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() {
+            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
+            return unsafe { widen_f16c(src, dst) };
+        }
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow(src: &[f32], dst: &mut [f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() {
+            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
+            return unsafe { narrow_f16c(src, dst) };
+        }
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+/// Whether this CPU converts float16 in hardware (F16C) and the OS lets it (AVX state).
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    // std caches the CPU's features after the first query. The F16C instructions are
+    // VEX-encoded and use ymm registers: they also need the OS to have enabled AVX state,
+    // which std reports with "avx" but not with "f16c".
+    std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
+}
+
+/// `dst[i] = src[i]` as float32, 8 values per instruction. The half crate's slice
+/// conversion calls a function per 8 values and returns them through memory, which took 45%
+/// of a float16 ThreeInterpolateBackward run. Exact, NaN payloads included (the same bits
+/// as the half crate, tested).
+///
+/// # Safety
+/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+    by_eights(src, dst, f16::to_f32, |s, d| {
+        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 16
+        // bytes of `s` (8 f16 values, unaligned load), the store writes the 8 floats of `d`.
+        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>()))) }
+    });
+}
+
+/// `dst[i] = src[i]` rounded to float16 (to nearest even), as [`widen_f16c`] the other way.
+///
+/// # Safety
+/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
+    by_eights(src, dst, f16::from_f32, |s, d| {
+        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 8
+        // floats of `s`, the store writes the 16 bytes of `d` (8 f16 values, unaligned store).
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+            _mm_storeu_si128(d.as_mut_ptr().cast::<__m128i>(), h);
+        }
+    });
+}
+
+/// `dst[i] = one(src[i])`, whole blocks of 8 through `eight` (inlined into the caller, whose
+/// target features its closure shares). The slices must be equally long, as for the half
+/// crate's conversions (a mismatch is a bug: it panics rather than leave `dst` partly
+/// unwritten).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn by_eights<S: Copy, D>(src: &[S], dst: &mut [D], one: impl Fn(S) -> D, eight: impl Fn(&[S], &mut [D])) {
+    assert_eq!(src.len(), dst.len(), "float16 conversion between slices of different lengths");
+    let mut d8 = dst.chunks_exact_mut(8);
+    let mut s8 = src.chunks_exact(8);
+    for (d, s) in d8.by_ref().zip(s8.by_ref()) {
+        eight(s, d);
+    }
+    for (d, &s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+        *d = one(s);
+    }
+}
+
+impl ThreeInterpolateBackward {
+    /// Checks dtypes and shapes (not index values) and returns the sizes.
+    fn dims(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        match float_dtype(inputs, GRAD_OUTPUT)? {
+            DType::F16 => self.dims_of::<f16>(inputs),
+            _ => self.dims_of::<f32>(inputs),
+        }
+    }
+
+    fn dims_of<T: Element>(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        let go = inputs.get_shaped::<T>(GRAD_OUTPUT, &[None, None, None], "[B, C, N]")?;
+        let (b, c, n) = (go.shape[0], go.shape[1], go.shape[2]);
+        if let Some(w) = inputs.dtype(WEIGHTS).filter(|&w| w != T::DTYPE) {
+            return Err(inputs.error(
+                WEIGHTS,
+                format!(
+                    "dtype {} differs from grad_output's {}: both must be the same T",
+                    w.onnx_name(),
+                    T::DTYPE.onnx_name()
+                ),
+            ));
+        }
+        let pattern = format!("[B, N, 3] = [{b}, {n}, 3] (B, N from grad_output)");
+        inputs.get_shaped::<i32>(INDICES, &[Some(b), Some(n), Some(3)], &pattern)?;
+        inputs.get_shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &pattern)?;
+        let m = self.m;
+        let numel = b.checked_mul(c).and_then(|x| x.checked_mul(m));
+        let bytes = numel.and_then(|x| x.checked_mul(T::DTYPE.size()));
+        if bytes.is_none_or(|x| x > isize::MAX as usize) {
+            return Err(Error::output("grad_features", format!("[B, C, m] = [{b}, {c}, {m}] is too large")));
+        }
+        Ok(Dims { b, c, n, m, dtype: T::DTYPE })
+    }
+}
+
+impl Operator for ThreeInterpolateBackward {
+    const NAME: &'static str = "ThreeInterpolateBackward";
+    const SCHEMA: &'static str = include_str!("../../../schemas/three_interpolate/three_interpolate_backward.json");
+    type Plan = Dims;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        let m = attrs.int("m")?;
+        let m = usize::try_from(m).map_err(|_| Error::attribute("m", format!("must be >= 0, got {m}")))?;
+        Ok(ThreeInterpolateBackward { m })
+    }
+
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
+        let d = self.dims(inputs)?;
+        let indices = inputs.get::<i32>(INDICES)?.data;
+        check_indices(inputs, INDICES, indices, d.n, d.m, "m")?;
+        Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])], d))
+    }
+
+    fn execute(&self, plan: Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+        let d = self.dims(inputs)?;
+        if d != plan {
+            return Err(Error::Runtime(format!("{}: inputs changed between plan and execute", Self::NAME)));
+        }
+        match d.dtype {
+            DType::F16 => run::<f16>(&d, inputs, outputs, par),
+            _ => run::<f32>(&d, inputs, outputs, par),
+        }
+    }
+}
+
+/// The element type T of input `i`: float32 or float16, else the contract error.
+pub(super) fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
+    match inputs.dtype(i) {
+        Some(t @ (DType::F32 | DType::F16)) => Ok(t),
+        Some(other) => {
+            Err(inputs.error(i, format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name())))
+        }
+        None => Err(inputs.error(i, "required input is missing")),
+    }
+}
+
+/// Every value of `indices` ([B, n, 3], input `i`) must lie in [0, m); `m_name` says where m
+/// comes from. A negative index wraps to a huge value, so one compare checks both bounds.
+pub(super) fn check_indices(inputs: &Inputs<'_>, i: usize, indices: &[i32], n: usize, m: usize, m_name: &str) -> Result<()> {
+    match indices.iter().position(|&j| j as u32 as usize >= m) {
+        None => Ok(()),
+        Some(p) => {
+            let (bn, k) = (p / 3, p % 3);
+            let (b, n) = (bn / n.max(1), bn % n.max(1));
+            Err(inputs.error(i, format!("indices[{b}, {n}, {k}] = {} is outside [0, {m_name}) with {m_name} = {m}", indices[p])))
+        }
+    }
+}
+
+fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    let go = inputs.get::<T>(GRAD_OUTPUT)?.data;
+    let indices = inputs.get::<i32>(INDICES)?.data;
+    let weights = inputs.get::<T>(WEIGHTS)?.data;
+    let out = outputs.take::<T>(0)?;
+    if out.len() != d.b * d.c * d.m {
+        return Err(Error::output("grad_features", format!("buffer holds {} elements, expected B*C*m", out.len())));
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    match d.c {
+        c if c >= LANES && d.m * LANES * 4 <= L1_ACC_BYTES => split::<T, LANES>(d, go, indices, weights, out, par),
+        c if c >= 8 => split::<T, 8>(d, go, indices, weights, out, par),
+        c if c >= FEW_LANES => split::<T, FEW_LANES>(d, go, indices, weights, out, par),
+        _ => split::<T, 1>(d, go, indices, weights, out, par),
+    }
+}
+
+/// Splits the output into tasks of whole (batch, channel block) rows and runs them.
+fn split<T: Real, const L: usize>(
+    d: &Dims,
+    go: &[T],
+    indices: &[i32],
+    weights: &[T],
+    out: &mut [T],
+    par: &dyn Parallel,
+) -> Result<()> {
+    // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
+    let per_block = L.saturating_mul(d.n.saturating_mul(3).saturating_add(d.m));
+    let channels = (GRAIN.div_ceil(per_block) * L).min(d.c);
+    let per_batch = d.c.div_ceil(channels);
+    let mut bounds = Vec::with_capacity(d.b * per_batch + 1);
+    for b in 0..d.b {
+        for t in 0..per_batch {
+            bounds.push((b * d.c + t * channels) * d.m);
+        }
+    }
+    bounds.push(out.len());
+    let errors = FirstError::default();
+    for_each_part_mut(par, out, &bounds, |task, part| {
+        let (b, t) = (task / per_batch, task % per_batch);
+        let first = t * channels;
+        let span = 3 * d.n;
+        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span))
+        else {
+            return;
+        };
+        let rows = part.len() / d.m;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = Avx2::detect() {
+            // SAFETY: an `Avx2` exists only when the CPU supports AVX2.
+            return errors.record(unsafe { batch_channels_avx2::<T, L>(d, go, b, first..first + rows, idx, w, part, avx2) });
+        }
+        errors.record(batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose));
+    });
+    errors.into_result()
+}
+
+/// Asks the CPU to bring the cache lines of one tile row (T::TILE elements from `data`'s
+/// start) closer; a hint only.
+#[inline(always)]
+fn prefetch<T: Real>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = T::TILE.min(data.len()) * size_of::<T>();
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults or changes memory; the address lies inside
+            // `data` (offset < its length in bytes).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().cast::<i8>().add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
+/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`.
+trait Transpose: Copy {
+    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]);
+}
+
+/// The portable transpose: one element at a time.
+#[derive(Clone, Copy)]
+struct ScalarTranspose;
+
+impl Transpose for ScalarTranspose {
+    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
+        scalar_transpose(rows, 0..nt, tile, 0);
+    }
+}
+
+/// `tile[n][lane0 + r] = rows[r][n]` for n in `points`.
+#[inline(always)]
+fn scalar_transpose<const L: usize>(rows: &[&[f32]], points: std::ops::Range<usize>, tile: &mut [[f32; L]], lane0: usize) {
+    for (r, src) in rows.iter().enumerate() {
+        let (Some(src), Some(tile)) = (src.get(points.clone()), tile.get_mut(points.clone())) else { continue };
+        for (t, &g) in tile.iter_mut().zip(src) {
+            if let Some(x) = t.get_mut(lane0 + r) {
+                *x = g;
+            }
+        }
+    }
+}
+
+/// Proof that this CPU has AVX2: only [`Avx2::detect`] makes one.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2(());
+
+#[cfg(target_arch = "x86_64")]
+impl Avx2 {
+    fn detect() -> Option<Self> {
+        // std caches the CPU's features after the first query.
+        std::arch::is_x86_feature_detected!("avx2").then_some(Avx2(()))
+    }
+}
+
+/// [`batch_channels`] compiled with AVX2: the lane loops use 8-wide vectors and the tiles
+/// are transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
+/// in the same order (no FMA: that feature is not enabled), so the result is bit-identical
+/// to the baseline build. Callers hold an [`Avx2`], which proves the feature.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+fn batch_channels_avx2<T: Real, const L: usize>(
+    d: &Dims,
+    go: &[T],
+    b: usize,
+    channels: std::ops::Range<usize>,
+    idx: &[i32],
+    w: &[T],
+    part: &mut [T],
+    avx2: Avx2,
+) -> Result<()> {
+    batch_channels::<T, L>(d, go, b, channels, idx, w, part, avx2)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Transpose for Avx2 {
+    #[inline(always)]
+    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
+        let full = nt - nt % 8;
+        let mut lane0 = 0;
+        for group in rows.chunks(8) {
+            match <&[&[f32]; 8]>::try_from(group) {
+                // Whole 8 x 8 blocks through registers: only when every row holds `full`
+                // points, the tile `full` rows and its rows 8 lanes from lane0 on.
+                Ok(group) if lane0 + 8 <= L && tile.len() >= full && group.iter().all(|r| r.len() >= full) => {
+                    // SAFETY: `self` exists only when the CPU supports AVX2; the bounds the
+                    // function requires were checked just above.
+                    unsafe { transpose_blocks(group, full, tile, lane0) };
+                    scalar_transpose(group, full..nt, tile, lane0);
+                }
+                _ => scalar_transpose(group, 0..nt, tile, lane0),
+            }
+            lane0 += 8;
+        }
+    }
+}
+
+/// `tile[p][lane0 + r] = rows[r][p]` for p in 0..full (a multiple of 8) and r in 0..8,
+/// 8 x 8 blocks at a time through registers.
+///
+/// # Safety
+/// The CPU must support AVX2; every row must hold at least `full` floats, `tile` at least
+/// `full` rows, and `lane0 + 8 <= L`. Not a `target_feature` function so that it inlines
+/// into [`batch_channels_avx2`], whose AVX2 context the intrinsics then inline into.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose_blocks<const L: usize>(rows: &[&[f32]; 8], full: usize, tile: &mut [[f32; L]], lane0: usize) {
+    use std::arch::x86_64::*;
+    let src = rows.map(<[f32]>::as_ptr);
+    let dst = tile.as_mut_ptr().cast::<f32>();
+    for p0 in (0..full).step_by(8) {
+        // SAFETY (this block): AVX2 and the bounds are the caller's guarantee: the loads
+        // read rows[r][p0..p0 + 8] with p0 + 8 <= full, the stores write
+        // tile[p0 + q][lane0..lane0 + 8] with p0 + q < full and lane0 + 8 <= L.
+        unsafe {
+            let [r0, r1, r2, r3, r4, r5, r6, r7] = src.map(|row| _mm256_loadu_ps(row.add(p0)));
+            // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
+            let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+            let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+            let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+            let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+            // Point q of rows 0-3 in the low half and point q + 4 in the high half.
+            let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+            let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+            let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+            let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+            let columns = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            for (q, column) in columns.into_iter().enumerate() {
+                _mm256_storeu_ps(dst.add((p0 + q) * L + lane0), column);
+            }
+        }
+    }
+}
+
+/// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
+/// weights.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn batch_channels<T: Real, const L: usize>(
+    d: &Dims,
+    go: &[T],
+    b: usize,
+    channels: std::ops::Range<usize>,
+    idx: &[i32],
+    w: &[T],
+    part: &mut [T],
+    tr: impl Transpose,
+) -> Result<()> {
+    let (n, m) = (d.n, d.m);
+    let widened;
+    let w: &[f32] = match T::as_f32(w) {
+        Some(w) => w,
+        None => {
+            let mut v = scratch::filled(w.len(), 0.0, "the widened float16 weights of a batch")?;
+            T::widen(w, &mut v);
+            widened = v;
+            &widened
+        }
+    };
+    // The accumulators (m rows of L lanes) and one output row take memory in proportion
+    // to m, which only the input's attribute bounds.
+    let mut acc_buf = Vec::new();
+    let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
+    let mut tile_buf = Vec::new();
+    let tile = line_aligned_rows::<L>(&mut tile_buf, T::TILE.min(n))?;
+    let mut row = scratch::filled(m, 0f32, "an output row of m floats")?;
+    // float16 tiles are widened here first: L rows of T::TILE points.
+    let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f32; L * T::TILE.min(n)] };
+    let mut c0 = channels.start;
+    while c0 < channels.end {
+        let lanes = L.min(channels.end - c0);
+        acc.fill([0.0; L]);
+        let mut n0 = 0;
+        while n0 < n {
+            let nt = T::TILE.min(n - n0);
+            // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
+            // stale values; their accumulators are never stored.
+            let mut rows: [&[f32]; L] = [&[]; L];
+            let mut staged = stage.chunks_exact_mut(T::TILE.min(n));
+            for (lane, dst) in rows.iter_mut().take(lanes).enumerate() {
+                let start = ((b * d.c + c0 + lane) * n) + n0;
+                // The L rows are L separate streams, more than the hardware prefetcher
+                // follows: ask for this row's next tiles now.
+                if let Some(ahead) = go.get(start + PREFETCH_AHEAD * T::TILE..) {
+                    prefetch(ahead);
+                }
+                let Some(src) = go.get(start..start + nt) else { continue };
+                *dst = match T::as_f32(src) {
+                    Some(s) => s,
+                    None => match staged.next() {
+                        Some(row) => {
+                            T::widen(src, &mut row[..nt]);
+                            &row[..nt]
+                        }
+                        None => continue,
+                    },
+                };
+            }
+            tr.transpose(&rows[..lanes], nt, &mut tile[..nt]);
+            let terms = n0 * 3..(n0 + nt) * 3;
+            if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
+                accumulate(acc, &tile[..nt], js, ws);
+            }
+            n0 += nt;
+        }
+        for lane in 0..lanes {
+            let start = (c0 - channels.start + lane) * m;
+            let Some(dst) = part.get_mut(start..start + m) else { continue };
+            for (r, a) in row[..m].iter_mut().zip(acc.iter()) {
+                *r = a[lane];
+            }
+            T::narrow(&row[..m], dst);
+        }
+        c0 += lanes;
+    }
+    Ok(())
+}
+
+/// `rows` zeroed rows of L floats carved out of `buf`, starting on a 64-byte boundary: a
+/// row's vector loads and stores then never straddle two cache lines (a heap block is only
+/// 16-byte aligned, which would split every other 32-byte access of a 64-byte row).
+fn line_aligned_rows<const L: usize>(buf: &mut Vec<f32>, rows: usize) -> Result<&mut [[f32; L]]> {
+    const LINE_FLOATS: usize = 64 / size_of::<f32>();
+    *buf = scratch::filled(rows * L + LINE_FLOATS, 0.0, "the accumulator rows of a task")?;
+    let skip = buf.as_ptr().align_offset(64).min(LINE_FLOATS);
+    Ok(buf[skip..skip + rows * L].as_chunks_mut::<L>().0)
+}
+
+/// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so
+/// the AVX2 build vectorises it with 8-wide registers.
+#[inline(always)]
+fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i32], w: &[f32]) {
+    for ((&g, js), ws) in tile.iter().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
+        for (&j, &wk) in js.iter().zip(ws) {
+            // Indices were validated by `plan`; an out-of-range one is skipped, not a panic.
+            let Some(a) = acc.get_mut(j as u32 as usize) else { continue };
+            // Whole rows as values: the compiler need not fear that `a` aliases `g`, so the
+            // lanes become one vector operation each.
+            let mut row = *a;
+            for (x, gl) in row.iter_mut().zip(g) {
+                // Separate multiply and add (no FMA): the contract's rounding.
+                *x += gl * wk;
+            }
+            *a = row;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The F16C conversions give the half crate's bits: every float16 widened, and float32
+    /// values of every kind (ties, subnormals, overflow, NaN payloads) narrowed, at lengths
+    /// that are and are not multiples of 8.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16c_conversions_match_the_half_crate() {
+        if !has_f16c() {
+            return;
+        }
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        for len in [all.len(), all.len() - 3, 7, 0] {
+            let mut got = vec![0f32; len];
+            <f16 as Real>::widen(&all[..len], &mut got);
+            let want: Vec<u32> = all[..len].iter().map(|h| h.to_f32().to_bits()).collect();
+            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+        }
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
+        let mut values: Vec<f32> = (0..100_000).map(|_| f32::from_bits((next() >> 32) as u32)).collect();
+        // Halfway between neighbouring float16 values, around the subnormal and overflow edges.
+        values.extend((0..=u16::MAX).map(|b| f32::from_bits(f16::from_bits(b).to_f32().to_bits() + (1 << 12))));
+        values.extend([65504.0, 65519.99, 65520.0, 1e-8, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001)]);
+        for len in [values.len(), values.len() - 5, 3] {
+            let mut got = vec![f16::ZERO; len];
+            <f16 as Real>::narrow(&values[..len], &mut got);
+            let want: Vec<u16> = values[..len].iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+            assert_eq!(got.iter().map(|h| h.to_bits()).collect::<Vec<_>>(), want);
+        }
+    }
+
+    /// The AVX2 build of the inner kernel (register transposes, 8-wide vectors) must give the
+    /// same bits as the baseline build, for every lane count (the tests elsewhere run
+    /// whichever one this CPU and shape select).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_and_baseline_builds_agree_bit_for_bit() {
+        let Some(avx2) = Avx2::detect() else { return };
+        let d = Dims { b: 1, c: 37, n: 301, m: 53, dtype: DType::F32 };
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
+        let go: Vec<f32> = (0..d.c * d.n).map(|_| (next() % 20001) as f32 * 1.3e-4 - 1.3).collect();
+        let idx: Vec<i32> = (0..d.n * 3).map(|_| (next() % d.m as u64) as i32).collect();
+        let w: Vec<f32> = (0..d.n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();
+        let mut base = vec![f32::NAN; d.c * d.m];
+        let mut avx2_out = vec![f32::NAN; d.c * d.m];
+        batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose).unwrap();
+        // SAFETY (each call below): an `Avx2` exists only when the CPU supports AVX2.
+        unsafe { batch_channels_avx2::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out, avx2).unwrap() };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&base), bits(&avx2_out));
+        // 8 lanes (large M) and 4: the same sums in the same order, so the same bits.
+        let mut eight = vec![f32::NAN; d.c * d.m];
+        unsafe { batch_channels_avx2::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight, avx2).unwrap() };
+        assert_eq!(bits(&base), bits(&eight));
+        let mut four = vec![f32::NAN; d.c * d.m];
+        batch_channels::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose).unwrap();
+        assert_eq!(bits(&base), bits(&four));
+        // float16: widened tiles, same rule.
+        let d16 = Dims { dtype: DType::F16, ..d };
+        let go16: Vec<f16> = go.iter().map(|&x| f16::from_f32(x)).collect();
+        let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
+        let mut base16 = vec![f16::NAN; d.c * d.m];
+        let mut avx2_16 = vec![f16::NAN; d.c * d.m];
+        batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose).unwrap();
+        unsafe { batch_channels_avx2::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16, avx2).unwrap() };
+        let bits16 = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits16(&base16), bits16(&avx2_16));
+        assert!(base16.iter().all(|x| x.is_finite()));
+        assert!(base.iter().all(|x| x.is_finite()));
+    }
+}

@@ -1,0 +1,103 @@
+//! ThreeInterpolateBackward on the MLU: host policy for kernels/three_interpolate.
+//!
+//! UNION1 over the card's cores, B * ceil(M / Mo) (batch, M-tile) units split evenly
+//!. NRAM: the Mo x Co accumulator (twice: transposed and stored layouts)
+//! is fixed first, then the N tile No takes everything left, as the seed gives N priority.
+
+use super::backward::{Dims, ThreeInterpolateBackward};
+use crate::error::{Error, Result};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::Operator;
+use crate::tensor::{DType, Inputs};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Largest channel tile (floats; a multiple of 32 keeps rows whole 128-byte vectors).
+const MAX_CO: usize = 128;
+/// Largest M tile (a multiple of 16 keeps the transposes' 64-byte rule).
+const MAX_MO: usize = 256;
+/// No is a multiple of this (3 * No float16 weights are whole 128-byte vectors).
+const NO_STEP: usize = 64;
+/// Tiles carved, each rounded up to 64 bytes.
+const TILES: usize = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub task_dim: u32,
+    pub mo: usize,
+    pub no: usize,
+    pub co: usize,
+}
+
+impl Policy {
+    pub fn new(info: &mlu::DeviceInfo, d: &Dims) -> Self {
+        let half = d.dtype == DType::F16;
+        let co = d.c.next_multiple_of(32).clamp(32, MAX_CO);
+        let mo = d.m.next_multiple_of(16).clamp(16, MAX_MO);
+        // accT + acc in float32 (+ the float16 copy) and the product row.
+        let fixed = 8 * mo * co + if half { 2 * mo * co } else { 0 } + 4 * co + TILES * 64;
+        // Per point of the N tile: indices, weights (+ widened), grad_output (+ widened), transposed.
+        let per_n = if half { 12 + 6 + 12 + 2 * co + 4 * co + 4 * co } else { 12 + 12 + 4 * co + 4 * co };
+        let fit = (NRAM_BUDGET - fixed) / per_n / NO_STEP * NO_STEP;
+        let no = fit.min(d.n.next_multiple_of(NO_STEP)).max(NO_STEP);
+        let units = d.b * d.m.div_ceil(mo);
+        Policy { task_dim: mlu::union1_tasks(info, units), mo, no, co }
+    }
+}
+
+impl MluOperator for ThreeInterpolateBackward {
+    fn mlu_supported(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+        device::int32_inputs(shapes)?;
+        // grad_output [B, C, N] -> output B * C * m.
+        device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
+    }
+
+    fn mlu_compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        // The host part of the MLU path runs on the calling thread.
+        let (specs, d) = self.plan(inputs, &crate::parallel::Serial)?;
+        // The kernel's offsets are int32 products of these sizes.
+        if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
+            return Err(Error::MluLimit(format!(
+                "{}: [B, C, N] = [{}, {}, {}], M = {}: too large for the MLU kernel's int32 offsets",
+                Self::NAME,
+                d.b,
+                d.c,
+                d.n,
+                d.m
+            )));
+        }
+        let out = outputs.allocate(0, &specs[0])?;
+        if d.b * d.c * d.m == 0 {
+            return Ok(());
+        }
+        let p = Policy::new(&device.info, &d);
+        let i = device::i32_of;
+        let (b, c, n, m) = (i("B", d.b)?, i("C", d.c)?, i("N", d.n)?, i("M", d.m)?);
+        let (mo, no, co) = (i("Mo", p.mo)?, i("No", p.no)?, i("Co", p.co)?);
+        let (go, idx, w) = (device_inputs[0], device_inputs[1].cast(), device_inputs[2]);
+        // SAFETY: device buffers of the validated shapes; the launch only enqueues.
+        queue.launch("mluops_three_interpolate_backward", |q| unsafe {
+            if d.dtype == DType::F16 {
+                (device.kernels.mluops_three_interpolate_backward_f16)(
+                    q, p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                )
+            } else {
+                (device.kernels.mluops_three_interpolate_backward_f32)(
+                    queue.ptr(), p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                )
+            }
+        })
+    }
+}

@@ -1,0 +1,116 @@
+//! VoxelPoolingForward on the MLU: host policy for kernels/voxel_pooling.
+//!
+//! UNION1 over all cores of the card, the B*N points split evenly. NRAM
+//! per core: 13 int32 per point of the tile (geom 3, x/y/z 3, mask, tmp, batch, pos 3,
+//! cell offset) plus one feature chunk of `tile_channels` floats.
+
+use super::forward::{VoxelPlan, VoxelPoolingForward};
+use crate::error::{Error, Result};
+use crate::ops::device::{self, DeviceOutputs, MluOperator};
+use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::ops::Operator;
+use crate::tensor::Inputs;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Largest feature chunk moved per __memcpy / atomic add.
+const MAX_TILE_CHANNELS: usize = 8192;
+const INTS_PER_POINT: usize = 13;
+/// Tiles carved from the budget, each rounded up to 64 bytes.
+const TILES: usize = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub task_dim: u32,
+    pub tile_points: usize,
+    pub tile_channels: usize,
+}
+
+impl Policy {
+    pub fn new(info: &mlu::DeviceInfo, plan: &VoxelPlan) -> Self {
+        let tile_channels = plan.channels.clamp(1, MAX_TILE_CHANNELS);
+        let free = NRAM_BUDGET - (tile_channels * 4).next_multiple_of(64) - TILES * 64;
+        // Multiples of 32 points keep every int32 vector a whole number of 128-byte units.
+        let tile_points = (free / (INTS_PER_POINT * 4)) / 32 * 32;
+        let points = plan.batches * plan.points;
+        let task_dim = mlu::union1_tasks(info, points.div_ceil(tile_points));
+        Policy { task_dim, tile_points, tile_channels }
+    }
+}
+
+impl MluOperator for VoxelPoolingForward {
+    fn mlu_supported(&self) -> std::result::Result<(), String> {
+        // The kernel takes the grid as int32 values.
+        match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
+            Some((axis, n)) => Err(format!("num_voxel_{axis} = {n} exceeds the MLU kernel's int32 grid sizes")),
+            None => Ok(()),
+        }
+    }
+
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+        device::int32_inputs(shapes)?;
+        // features [B, N, C] -> output B * ny * nx * C.
+        device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
+    }
+
+    fn mlu_compute(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        inputs: &Inputs<'_>,
+        device_inputs: &[*const c_void],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        // The host part of the MLU path runs on the calling thread.
+        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
+        // The kernel addresses cells and points with int32 offsets.
+        let cells = plan.batches * self.cells * plan.channels;
+        let coords = plan.batches * plan.points * 3;
+        if cells > i32::MAX as usize || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
+            || coords > i32::MAX as usize
+        {
+            return Err(Error::MluLimit(format!(
+                "{}: the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements",
+                Self::NAME
+            )));
+        }
+        let out = outputs.allocate(0, &specs[0])?;
+        let pos = outputs.allocate(1, &specs[1])?;
+        // SAFETY: `out` was just allocated for the B*ny*nx*C floats of output 0.
+        unsafe { device.zero_raw(out, cells * 4)? };
+        if plan.batches * plan.points == 0 {
+            return Ok(());
+        }
+        let p = Policy::new(&device.info, &plan);
+        let i32_of = device::i32_of;
+        let batches = i32_of("B", plan.batches)?;
+        let points = i32_of("N", plan.points)?;
+        let channels = i32_of("C", plan.channels)?;
+        let nx = i32_of("nx", self.nx)?;
+        let ny = i32_of("ny", self.ny)?;
+        let nz = i32_of("nz", self.nz)?;
+        let tile_points = i32_of("tile_points", p.tile_points)?;
+        let tile_channels = i32_of("tile_channels", p.tile_channels)?;
+        // SAFETY: the pointers are device buffers of the planned sizes (inputs checked by
+        // `plan`, outputs allocated above); the launch only enqueues.
+        queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
+            (device.kernels.mluops_voxel_pooling_forward)(
+                q,
+                p.task_dim,
+                TASK_UNION1,
+                batches,
+                points,
+                channels,
+                nx,
+                ny,
+                nz,
+                tile_points,
+                tile_channels,
+                device_inputs[0].cast(),
+                device_inputs[1].cast(),
+                out.cast(),
+                pos.cast(),
+            )
+        })
+    }
+}

@@ -1,0 +1,7 @@
+//! The voxel pooling family (BEVDepth's view transform): VoxelPoolingForward (CPU and BANG
+//! kernels).
+
+pub mod forward;
+pub mod mlu;
+
+pub use forward::VoxelPoolingForward;
