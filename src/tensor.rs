@@ -43,6 +43,9 @@ pub enum Data<'a> {
     F16(&'a [f16]),
     I32(&'a [i32]),
     I64(&'a [i64]),
+    /// `len` elements of `dtype` that stay in card memory: the host sees the shape only
+    /// (the MLU path's shape rules).
+    OnCard { dtype: DType, len: usize },
 }
 
 impl Data<'_> {
@@ -52,6 +55,7 @@ impl Data<'_> {
             Data::F16(_) => DType::F16,
             Data::I32(_) => DType::I32,
             Data::I64(_) => DType::I64,
+            Data::OnCard { dtype, .. } => *dtype,
         }
     }
     fn len(&self) -> usize {
@@ -60,6 +64,7 @@ impl Data<'_> {
             Data::F16(d) => d.len(),
             Data::I32(d) => d.len(),
             Data::I64(d) => d.len(),
+            Data::OnCard { len, .. } => *len,
         }
     }
 }
@@ -154,25 +159,48 @@ impl<'a> Inputs<'a> {
         self.tensors.get(i)?.as_ref().map(|t| t.data.dtype())
     }
 
+    /// Input `i`'s element count, `None` when absent.
+    pub fn numel(&self, i: usize) -> Option<usize> {
+        self.tensors.get(i)?.as_ref().map(|t| t.data.len())
+    }
+
     /// An error about input `i`.
     pub fn error(&self, i: usize, rule: impl Into<String>) -> Error {
         Error::input(self.name(i), rule)
     }
 
-    /// Input `i` as a view of element type `T`; an error if absent or of another dtype.
-    pub fn get<T: Element>(&self, i: usize) -> Result<View<'_, T>> {
+    /// Input `i`'s shape, checking it is present and of element type `T` (its values may
+    /// be on the card).
+    pub fn shape_of<T: Element>(&self, i: usize) -> Result<&[usize]> {
         let t = self
             .tensors
             .get(i)
             .and_then(Option::as_ref)
             .ok_or_else(|| self.error(i, "required input is missing"))?;
-        let data = T::from_data(&t.data).ok_or_else(|| {
-            self.error(
+        if t.data.dtype() != T::DTYPE {
+            return Err(self.error(
                 i,
                 format!("expected dtype {}, got {}", T::DTYPE.onnx_name(), t.data.dtype().onnx_name()),
-            )
+            ));
+        }
+        Ok(&self.shapes[i])
+    }
+
+    /// Input `i` as a view of element type `T`; an error if absent or of another dtype.
+    pub fn get<T: Element>(&self, i: usize) -> Result<View<'_, T>> {
+        let shape = self.shape_of::<T>(i)?;
+        let data = self.tensors[i].as_ref().and_then(|t| T::from_data(&t.data)).ok_or_else(|| {
+            Error::Runtime(format!("input '{}': its values are in card memory, not on the host", self.name(i)))
         })?;
-        Ok(View { shape: &self.shapes[i], data })
+        Ok(View { shape, data })
+    }
+
+    /// Like [`shape_of`](Self::shape_of), checking the rank and the dimensions given as
+    /// `Some`; errors name the input and the expected shape.
+    pub fn shaped<T: Element>(&self, i: usize, expected: &[Option<usize>], pattern: &str) -> Result<&[usize]> {
+        let shape = self.shape_of::<T>(i)?;
+        let ok = shape.len() == expected.len() && shape.iter().zip(expected).all(|(&d, e)| e.is_none_or(|e| e == d));
+        if ok { Ok(shape) } else { Err(self.error(i, format!("expected shape {pattern}, got {shape:?}"))) }
     }
 
     /// Like [`get`](Self::get) but `None` when the optional input is absent.
@@ -183,14 +211,8 @@ impl<'a> Inputs<'a> {
     /// Input `i` as `T`, checking its rank and the dimensions given as `Some`.
     /// Returns the view; errors name the input and the expected shape.
     pub fn get_shaped<T: Element>(&self, i: usize, expected: &[Option<usize>], pattern: &str) -> Result<View<'_, T>> {
-        let v = self.get::<T>(i)?;
-        let ok = v.shape.len() == expected.len()
-            && v.shape.iter().zip(expected).all(|(&d, e)| e.is_none_or(|e| e == d));
-        if ok {
-            Ok(v)
-        } else {
-            Err(self.error(i, format!("expected shape {pattern}, got {:?}", v.shape)))
-        }
+        self.shaped::<T>(i, expected, pattern)?;
+        self.get::<T>(i)
     }
 }
 

@@ -6,7 +6,7 @@
 //! definitions the compiler cannot see (its types are checked, names are not).
 
 use onnxruntime_ep_mlu::mlu::KERNEL_SIGNATURES;
-use onnxruntime_ep_mlu::mlu::GipGeometry;
+use onnxruntime_ep_mlu::mlu::{GipGeometry, IntBounds};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -15,7 +15,8 @@ type Fields<'a> = &'a [(&'a str, &'a str)];
 type Signature<'a> = (&'a str, Fields<'a>);
 
 /// The headers' structs with their Rust counterparts: (C name, Rust name, Rust fields).
-const STRUCTS: &[(&str, &str, Fields)] = &[("MluopsGipGeometry", "GipGeometry", GipGeometry::FIELDS)];
+const STRUCTS: &[(&str, &str, Fields)] =
+    &[("MluopsGipGeometry", "GipGeometry", GipGeometry::FIELDS), ("MluopsIntBounds", "IntBounds", IntBounds::FIELDS)];
 
 /// A parameter or struct member: C type tokens, name, array length.
 struct Decl {
@@ -369,7 +370,7 @@ fn a_changed_type_or_a_missing_entry_is_reported() {
         "MLUOPS_EXPORT int mluops_psroipool_backward(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
              int32_t rois_num, int32_t pooled, int32_t output_dim, int32_t height, int32_t width, int32_t channels,
              int32_t spatial_scale, int32_t bins_per_load, int32_t deal, const float *top_grad, const float *rois,
-             const int32_t *mapping_channel, float *bottom_grad);
+             const int32_t *mapping_channel, float *bottom_grad, const int32_t *gate, int32_t gates);
          MLUOPS_EXPORT int mluops_three_interpolate_backward_f16(cnrtQueue_t queue, uint32_t task_dim,
              int32_t task_type, int32_t batches, int32_t channels, int32_t n_points, int32_t m_points, int32_t mo,
              int32_t no, int32_t co, const half *grad_output, const int32_t *indices, const float *weights,
@@ -398,7 +399,8 @@ fn a_changed_struct_member_is_reported() {
         "typedef struct MluopsGipGeometry {
            int32_t in_space[3]; int32_t out_space[3]; int32_t kernel[3];
            int32_t pad[3]; int32_t stride[3]; int32_t dilation[3]; int32_t subm[2];
-         } MluopsGipGeometry;",
+         } MluopsGipGeometry;
+         typedef struct MluopsIntBounds { int32_t lo[4]; int32_t hi[4]; } MluopsIntBounds;",
     )
     .unwrap();
     let report = compare_structs(&header.structs);

@@ -94,3 +94,15 @@ __mlu_func__ void mluops_share(long total, int task, int tasks, long *begin, lon
 #endif
 
 #define MLUOPS_EXPORT extern "C" __attribute__((visibility("default")))
+
+// ---- the value-check gate --------------------------------------------------------------
+// A node's value-check records (../check/check.h): -1 each while its rule holds. A kernel
+// that would address memory with an input's values returns at once when one is not; the
+// host reports the broken rule after its queue synchronisation. Scalar GDRAM loads: the
+// allow-list (Cambricon/mlu-ops@v1.4.0 kernels/psroipool/psroipool_block.mlu:78; mtp_372).
+__mlu_func__ bool mluops_gate_closed(const int32_t *gate, int32_t gates) {
+  for (int32_t i = 0; i < gates; ++i) {
+    if (gate[i] >= 0) return true;
+  }
+  return false;
+}

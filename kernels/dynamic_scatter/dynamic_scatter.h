@@ -10,4 +10,4 @@ MLUOPS_EXPORT int mluops_dynamic_scatter_backward_max(cnrtQueue_t queue, uint32_
                                                       int32_t fill_tile, const float *grad_voxel_feats,
                                                       const float *feats, const float *voxel_feats,
                                                       const int32_t *point2voxel_map, int32_t *reduce_from,
-                                                      float *grad_feats);
+                                                      float *grad_feats, const int32_t *gate, int32_t gates);

@@ -19,7 +19,8 @@ typedef struct MluopsGipGeometry {
 
 MLUOPS_EXPORT int mluops_get_indice_pairs_expand(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
                                                  const MluopsGipGeometry *geometry, int32_t rows, int32_t tile_rows,
-                                                 const int32_t *indices, int32_t *expand, int32_t *site);
+                                                 const int32_t *indices, int32_t *expand, int32_t *site,
+                                                 const int32_t *gate, int32_t gates);
 
 MLUOPS_EXPORT int mluops_get_indice_pairs_mark(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t count,
                                                int32_t words, int32_t tile, const int32_t *src, int32_t *bitmap);

@@ -1,14 +1,14 @@
 //! The EP's kernel registry: one kernel per `mluops` operator, running the operator's BANG
-//! kernels on the EP's card. Inputs and outputs live in card memory. Before a launch the
-//! inputs are also copied to the host and validated with the same `plan` the CPU path
-//! uses, so bad input gives the same contract error on both paths (this costs one
-//! device-to-host copy of each input per run).
+//! kernels on the EP's card. Inputs and outputs live in card memory and stay there: the
+//! host reads shapes, the few bytes of the size inputs and the value checks' records
+//! (`ops::device`). Only a node whose sizes exceed the kernels' limits copies its inputs to
+//! the host, to run its CPU kernel.
 
 use super::provider::Ep;
 use super::{EP_NAME, ep_api, version};
 use crate::error::{Error, NodeError, Result};
-use crate::mlu::{Buffer, Copy, Device};
-use crate::ops::device::{DeviceOutputs, MluKernel};
+use crate::mlu::{Buffer, Device, Direction};
+use crate::ops::device::{DeviceOutputs, MluKernel, card_inputs, read_sizes};
 use crate::ops::{ALL, Kernel, OpEntry, OwnedOutputs};
 use crate::parallel::Serial;
 use crate::ort::custom_op::InfoAttributes;
@@ -110,21 +110,21 @@ pub fn registry() -> Result<Registry> {
         let state = (entry as *const OpEntry).cast_mut().cast::<c_void>();
         add_kernel(&registry, entry.name, schema::DOMAIN, HostSide::None, create_kernel, state)?;
     }
-    let to_device = (&TO_DEVICE as *const Copy).cast_mut().cast::<c_void>();
+    let to_device = (&TO_DEVICE as *const Direction).cast_mut().cast::<c_void>();
     add_kernel(&registry, "MemcpyFromHost", "", HostSide::Input0, create_memcpy, to_device)?;
-    let to_host = (&TO_HOST as *const Copy).cast_mut().cast::<c_void>();
+    let to_host = (&TO_HOST as *const Direction).cast_mut().cast::<c_void>();
     add_kernel(&registry, "MemcpyToHost", "", HostSide::Output0, create_memcpy, to_host)?;
     Ok(registry)
 }
 
-static TO_DEVICE: Copy = Copy::HostToDevice;
-static TO_HOST: Copy = Copy::DeviceToHost;
+static TO_DEVICE: Direction = Direction::HostToDevice;
+static TO_HOST: Direction = Direction::DeviceToHost;
 
 /// A MemcpyFromHost / MemcpyToHost node.
 #[repr(C)]
 struct MemcpyKernel {
     base: OrtKernelImpl,
-    dir: Copy,
+    dir: Direction,
     ep: *const Ep,
 }
 
@@ -142,7 +142,7 @@ fn kernel_ep(info: *const OrtKernelInfo) -> Result<*const Ep> {
 
 unsafe extern "system" fn create_memcpy(state: *mut c_void, info: *const OrtKernelInfo, out: *mut *mut OrtKernelImpl) -> OrtStatusPtr {
     // SAFETY: `state` is TO_DEVICE or TO_HOST.
-    let dir = unsafe { *(state as *const Copy) };
+    let dir = unsafe { *(state as *const Direction) };
     guard("MLUExecutionProvider Memcpy", || match kernel_ep(info) {
         Ok(ep) => {
             let k = Box::new(MemcpyKernel { base: kernel_impl(memcpy_compute, memcpy_release), dir, ep });
@@ -353,9 +353,37 @@ impl NodeKernel {
             // SAFETY: ctx is live; indices past the node's inputs are absent optionals.
             on_device.push(if i < count { unsafe { device_input(ctx, i)? } } else { None });
         }
-        // Host copies for validation (the same `plan` as the CPU path).
+        let described: Vec<Option<(DType, Vec<i64>)>> =
+            on_device.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).collect();
+        let ptrs: Vec<*const c_void> =
+            on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.ptr.cast_const())).collect();
+        let sizes = read_sizes(device, self.kernel.size_inputs(), &described, &ptrs)?;
+        let inputs = card_inputs(names.clone(), &described, &sizes)?;
+        let queue = ep.queue()?;
+        let mut card = ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new() };
+        // Synchronises the queue once, on every path (ops::device's rule).
+        let result = self.kernel.run_on_card(device, &queue, &inputs, &ptrs, &mut card);
+        ep.recycle(queue);
+        match result {
+            Err(Error::MluLimit(why)) => {
+                log::warn!("{} node '{}' runs on the host CPU: {why}", self.op, self.node);
+                self.run_on_host(device, names, &on_device, &mut card)
+            }
+            other => other,
+        }
+    }
+
+    /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs
+    /// into the node's card outputs.
+    fn run_on_host(
+        &self,
+        device: &Device,
+        names: Vec<String>,
+        on_device: &[Option<DeviceInput>],
+        card: &mut ContextOutputs,
+    ) -> Result<()> {
         let mut staged = Vec::with_capacity(on_device.len());
-        for (name, input) in names.iter().zip(&on_device) {
+        for (name, input) in names.iter().zip(on_device) {
             staged.push(match input {
                 None => None,
                 Some(d) => {
@@ -367,46 +395,24 @@ impl NodeKernel {
                         .map_err(|_| Error::Runtime(format!("negative dimension in {:?}", d.shape)))?;
                     let spec = OutputSpec::new(d.dtype, dims);
                     let mut data = OwnedData::poisoned(&spec, &format!("the host copy of input '{name}'"))?;
-                    let bytes = spec.bytes();
-                    // SAFETY: `data` holds `bytes` bytes; d.ptr is the card tensor of as many.
-                    unsafe { device.copy_raw(data.as_mut_ptr(), d.ptr, bytes, Copy::DeviceToHost)? };
+                    // SAFETY: `data` holds spec.bytes() bytes; d.ptr is the card tensor of as many.
+                    unsafe { device.copy_raw(data.as_mut_ptr(), d.ptr, spec.bytes(), Direction::DeviceToHost)? };
                     Some(Tensor { shape: spec.shape, data })
                 }
             });
         }
         let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
         let inputs = Inputs::new(names, refs)?;
-        let ptrs: Vec<*const c_void> =
-            on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.ptr.cast_const())).collect();
-        let queue = ep.queue()?;
-        let mut card = ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new() };
-        let result = self.kernel.compute(device, &queue, &inputs, &ptrs, &mut card).and_then(|()| queue.sync());
-        if result.is_err() {
-            // Whatever was enqueued must finish before ORT reuses the buffers.
-            let _ = queue.sync();
-        }
-        ep.recycle(queue);
-        match result {
-            Err(Error::MluLimit(why)) => {
-                log::warn!("{} node '{}' runs on the host CPU: {why}", self.op, self.node);
-                self.run_on_host(device, &inputs, &mut card)
-            }
-            other => other,
-        }
-    }
-
-    /// Runs the CPU kernel on the host copies of the inputs, then copies its outputs into
-    /// the node's card outputs.
-    fn run_on_host(&self, device: &Device, inputs: &Inputs<'_>, card: &mut ContextOutputs) -> Result<()> {
         let mut host = OwnedOutputs::named(self.schema.output_names());
-        self.host.compute(inputs, &mut host, &Serial)?;
+        let cpu: &dyn Kernel = &*self.kernel;
+        cpu.compute(&inputs, &mut host, &Serial)?;
         for (i, (spec, data)) in host.specs.iter().zip(&host.data).enumerate() {
             let dst = card.allocate(i, spec)?;
             let bytes = spec.bytes();
             if bytes > 0 {
                 // SAFETY: `dst` is the card output just allocated for `spec`, `data` the host
                 // buffer of the same spec: both hold `bytes` bytes.
-                unsafe { device.copy_raw(dst, data.as_ptr(), bytes, Copy::HostToDevice)? };
+                unsafe { device.copy_raw(dst, data.as_ptr(), bytes, Direction::HostToDevice)? };
             }
         }
         Ok(())

@@ -4,7 +4,7 @@
 
 use super::{VENDOR_ID, ep_api, version};
 use crate::error::{Error, Result};
-use crate::mlu::{Buffer, Copy, Device};
+use crate::mlu::{Buffer, Device, Direction};
 use crate::ort::ep_ffi::{OrtDataTransferImpl, OrtMemoryDevice};
 use crate::ort::{api, check, cstring, guard, status};
 use ort_sys::{
@@ -202,9 +202,9 @@ impl Transfer {
             return Ok(());
         }
         let (card, dir) = match (from, to) {
-            (Side::Card(i), Side::Card(j)) if i == j => (i, Copy::DeviceToDevice),
-            (Side::Card(i), Side::Host) => (i, Copy::DeviceToHost),
-            (Side::Host, Side::Card(j)) => (j, Copy::HostToDevice),
+            (Side::Card(i), Side::Card(j)) if i == j => (i, Direction::DeviceToDevice),
+            (Side::Card(i), Side::Host) => (i, Direction::DeviceToHost),
+            (Side::Host, Side::Card(j)) => (j, Direction::HostToDevice),
             (Side::Host, Side::Host) => {
                 // SAFETY: two host tensors of `bytes` bytes each, distinct allocations.
                 unsafe { std::ptr::copy_nonoverlapping(s.cast::<u8>(), d.cast::<u8>(), bytes) };

@@ -5,7 +5,7 @@
 //! No MLU hardware is reachable from this project's machines: this path compiles and is
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
-use super::{Copy, Device, DeviceInfo, Kernels, NRAM_BUDGET, QueuePtr, Runtime};
+use super::{Device, DeviceInfo, Direction, Kernels, NRAM_BUDGET, QueuePtr, Runtime};
 use crate::error::{Error, Result};
 use libloading::Library;
 use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
@@ -160,13 +160,13 @@ impl Runtime for Cnrt {
         // SAFETY: forwarded contract.
         self.check("cnrtFree", unsafe { (self.free)(ptr) })
     }
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Copy) -> Result<()> {
+    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
         self.bind()?;
         // cnrtMemTransDir_t: HostToDev 0, DevToDev 1, DevToHost 2.
         let kind = match dir {
-            Copy::HostToDevice => 0,
-            Copy::DeviceToDevice => 1,
-            Copy::DeviceToHost => 2,
+            Direction::HostToDevice => 0,
+            Direction::DeviceToDevice => 1,
+            Direction::DeviceToHost => 2,
         };
         // SAFETY: forwarded contract.
         self.check("cnrtMemcpy", unsafe { (self.memcpy)(dst, src.cast_mut(), bytes, kind) })

@@ -1,7 +1,7 @@
 //! The emulated card: kernels/emulator's runtime surface (kernels/emulator/emu_runtime.h),
 //! linked into this library by build.rs together with the host builds of the kernels.
 
-use super::{Copy, Device, DeviceInfo, Kernels, QueuePtr, Runtime};
+use super::{Device, DeviceInfo, Direction, Kernels, QueuePtr, Runtime};
 use crate::error::{Error, Result};
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Arc;
@@ -56,11 +56,11 @@ impl Runtime for Emulator {
         // SAFETY: forwarded contract (a live allocation of this runtime).
         check("free", unsafe { mlu_emu_free(ptr) })
     }
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Copy) -> Result<()> {
+    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
         let kind = match dir {
-            Copy::HostToDevice => 1,
-            Copy::DeviceToHost => 2,
-            Copy::DeviceToDevice => 3,
+            Direction::HostToDevice => 1,
+            Direction::DeviceToHost => 2,
+            Direction::DeviceToDevice => 3,
         };
         // SAFETY: forwarded contract; the emulator checks the device side's range.
         check("memcpy", unsafe { mlu_emu_memcpy(dst, src, bytes, kind) })

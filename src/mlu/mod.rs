@@ -21,7 +21,7 @@ pub type QueuePtr = *mut c_void;
 
 /// Direction of a host/device copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Copy {
+pub enum Direction {
     HostToDevice,
     DeviceToHost,
     DeviceToDevice,
@@ -61,7 +61,7 @@ pub trait Runtime: Send + Sync {
     unsafe fn free(&self, ptr: *mut c_void) -> Result<()>;
     /// # Safety
     /// Host pointers are valid for `bytes`; device pointers belong to this runtime.
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Copy) -> Result<()>;
+    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()>;
     /// # Safety
     /// `dst` is a device pointer of this runtime, valid for `bytes`.
     unsafe fn memset(&self, dst: *mut c_void, value: u8, bytes: usize) -> Result<()>;
@@ -134,7 +134,7 @@ kernels! {
         grad_output: *const u16, indices: *const i32, weights: *const u16, grad_features: *mut u16);
     mluops_get_indice_pairs_expand(task_dim: u32, task_type: i32,
         geometry: *const crate::mlu::GipGeometry, rows: i32, tile_rows: i32,
-        indices: *const i32, expand: *mut i32, site: *mut i32);
+        indices: *const i32, expand: *mut i32, site: *mut i32, gate: *const i32, gates: i32);
     mluops_get_indice_pairs_mark(task_dim: u32, task_type: i32, count: i32, words: i32, tile: i32,
         src: *const i32, bitmap: *mut i32);
     mluops_get_indice_pairs_rank(task_dim: u32, task_type: i32, words: i32, tile_words: i32,
@@ -147,11 +147,16 @@ kernels! {
         pairs: *mut i32, indice_num: *mut i32);
     mluops_psroipool_backward(task_dim: u32, task_type: i32, rois_num: i32, pooled: i32, output_dim: i32,
         height: i32, width: i32, channels: i32, spatial_scale: f32, bins_per_load: i32, deal: i32,
-        top_grad: *const f32, rois: *const f32, mapping_channel: *const i32, bottom_grad: *mut f32);
+        top_grad: *const f32, rois: *const f32, mapping_channel: *const i32, bottom_grad: *mut f32,
+        gate: *const i32, gates: i32);
     mluops_dynamic_scatter_backward_max(task_dim: u32, task_type: i32, points: i32, voxels: i32, channels: i32,
         padded: i32, tile_points: i32, tile_voxels: i32, fill_tile: i32,
         grad_voxel_feats: *const f32, feats: *const f32, voxel_feats: *const f32, point2voxel_map: *const i32,
-        reduce_from: *mut i32, grad_feats: *mut f32);
+        reduce_from: *mut i32, grad_feats: *mut f32, gate: *const i32, gates: i32);
+    mluops_check_int_rows(task_dim: u32, task_type: i32, data: *const i32, rows: i32, cols: i32,
+        bounds: *const crate::mlu::IntBounds, tile_rows: i32, task_first: *mut i32, record: *mut i32);
+    mluops_check_float_rows(task_dim: u32, task_type: i32, data: *const f32, rows: i32, cols: i32, col: i32,
+        above: f32, below: f32, tile_rows: i32, task_first: *mut i32, record: *mut i32);
 }
 
 /// Declares a `#[repr(C)]` struct passed to a launch entry, plus `FIELDS`, its fields as
@@ -186,6 +191,15 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// The value checks' inclusive bounds per column of an int32 row (kernels/check/check.h:
+    /// MluopsIntBounds).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct IntBounds {
+        pub lo: [i32; 4],
+        pub hi: [i32; 4],
+    }
+}
 
 unsafe extern "C" {
     fn mluops_nram_budget() -> u64;
@@ -232,7 +246,7 @@ impl Device {
         let buf = self.alloc(size_of_val(data))?;
         if buf.bytes > 0 {
             // SAFETY: `data` is valid for its byte size; `buf` is a fresh device buffer of it.
-            unsafe { self.runtime.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Copy::HostToDevice)? };
+            unsafe { self.runtime.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Direction::HostToDevice)? };
         }
         Ok(buf)
     }
@@ -248,7 +262,7 @@ impl Device {
         }
         if buf.bytes > 0 {
             // SAFETY: `out` is valid for `buf.bytes` bytes, `buf` is a live device buffer.
-            unsafe { self.runtime.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Copy::DeviceToHost)? };
+            unsafe { self.runtime.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Direction::DeviceToHost)? };
         }
         Ok(())
     }
@@ -269,7 +283,7 @@ impl Device {
     ///
     /// # Safety
     /// Both pointers are valid for `bytes` bytes on the sides `dir` names.
-    pub unsafe fn copy_raw(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Copy) -> Result<()> {
+    pub unsafe fn copy_raw(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
         if bytes > 0 {
             // SAFETY: forwarded contract.
             unsafe { self.runtime.memcpy(dst, src, bytes, dir)? };

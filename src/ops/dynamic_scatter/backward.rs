@@ -23,6 +23,7 @@
 
 
 use crate::ops::Operator;
+use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
@@ -68,7 +69,7 @@ pub struct DynamicScatterBackward {
 
 /// Validated sizes: N points, M voxel rows, C channels, V valid voxel rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Dims {
+pub struct Dims {
     pub(super) n: usize,
     pub(super) m: usize,
     pub(super) c: usize,
@@ -104,62 +105,72 @@ struct Views<'a> {
     count: &'a [i32],
 }
 
-/// Checks every dtype and shape rule and reads V; value rules are checked by `scan_map`.
-fn views<'a>(inputs: &'a Inputs<'_>) -> Result<Views<'a>> {
-    let gvf = inputs.get_shaped::<f32>(GRAD_VOXEL_FEATS, &[None, None], "[M, C]")?;
-    let (m, c) = (gvf.shape[0], gvf.shape[1]);
-    let feats =
-        inputs.get_shaped::<f32>(FEATS, &[None, Some(c)], &format!("[N, C] with C = {c} (from grad_voxel_feats)"))?;
-    let n = feats.shape[0];
-    let voxel_feats = inputs.get_shaped::<f32>(
-        VOXEL_FEATS,
-        &[Some(m), Some(c)],
-        &format!("[M, C] = [{m}, {c}] (the shape of grad_voxel_feats)"),
-    )?;
-    let map = inputs.get_shaped::<i32>(MAP, &[Some(n)], &format!("[N] with N = {n} (from feats)"))?;
-    let count = inputs.get_shaped::<i32>(COUNT, &[Some(m)], &format!("[M] with M = {m} (from grad_voxel_feats)"))?;
-    let v = match inputs.get_optional::<i32>(VOXEL_NUM)? {
-        None => m,
-        Some(t) => {
-            let value = match (t.shape, t.data) {
-                ([1], [value]) => *value,
-                _ => return Err(inputs.error(VOXEL_NUM, format!("expected shape [1], got {:?}", t.shape))),
-            };
-            match usize::try_from(value) {
-                Ok(v) if v <= m => v,
-                _ => {
-                    return Err(inputs.error(
-                        VOXEL_NUM,
-                        format!("voxel_num = {value} is outside [0, M] with M = {m} (the rows of grad_voxel_feats)"),
-                    ));
-                }
+/// The shape rules: every dtype and shape, and V from `voxel_num`.
+fn dims(inputs: &Inputs<'_>) -> Result<Dims> {
+    let gvf = inputs.shaped::<f32>(GRAD_VOXEL_FEATS, &[None, None], "[M, C]")?;
+    let (m, c) = (gvf[0], gvf[1]);
+    let n = inputs.shaped::<f32>(FEATS, &[None, Some(c)], &format!("[N, C] with C = {c} (from grad_voxel_feats)"))?[0];
+    inputs.shaped::<f32>(VOXEL_FEATS, &[Some(m), Some(c)], &format!("[M, C] = [{m}, {c}] (the shape of grad_voxel_feats)"))?;
+    inputs.shaped::<i32>(MAP, &[Some(n)], &format!("[N] with N = {n} (from feats)"))?;
+    inputs.shaped::<i32>(COUNT, &[Some(m)], &format!("[M] with M = {m} (from grad_voxel_feats)"))?;
+    let v = if inputs.is_present(VOXEL_NUM) {
+        inputs.shaped::<i32>(VOXEL_NUM, &[Some(1)], "[1]")?;
+        let value = inputs.get::<i32>(VOXEL_NUM)?.data[0];
+        match usize::try_from(value) {
+            Ok(v) if v <= m => v,
+            _ => {
+                return Err(inputs.error(
+                    VOXEL_NUM,
+                    format!("voxel_num = {value} is outside [0, M] with M = {m} (the rows of grad_voxel_feats)"),
+                ));
             }
         }
+    } else {
+        m
     };
+    Ok(Dims { n, m, c, v })
+}
+
+/// The typed input data after the shape rules.
+fn views<'a>(inputs: &'a Inputs<'_>, dims: Dims) -> Result<Views<'a>> {
     Ok(Views {
-        dims: Dims { n, m, c, v },
-        grad_voxel_feats: gvf.data,
-        feats: feats.data,
-        voxel_feats: voxel_feats.data,
-        map: map.data,
-        count: count.data,
+        dims,
+        grad_voxel_feats: inputs.get::<f32>(GRAD_VOXEL_FEATS)?.data,
+        feats: inputs.get::<f32>(FEATS)?.data,
+        voxel_feats: inputs.get::<f32>(VOXEL_FEATS)?.data,
+        map: inputs.get::<i32>(MAP)?.data,
+        count: inputs.get::<i32>(COUNT)?.data,
     })
 }
 
-/// The voxel row of a map value, `None` for a dropped point (-1), or the contract error.
-fn voxel_of(inputs: &Inputs<'_>, i: usize, value: i32, v: usize) -> Result<Option<usize>> {
-    if value == -1 {
-        return Ok(None);
+impl Rules for DynamicScatterBackward {
+    const SIZE_INPUTS: &'static [usize] = &[VOXEL_NUM];
+    type Dims = Dims;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        dims(inputs)
     }
-    match usize::try_from(value) {
-        Ok(row) if row < v => Ok(Some(row)),
-        Ok(_) => Err(inputs.error(
-            MAP,
-            format!("point2voxel_map[{i}] = {value} must be < voxel_num V = {v} (rows >= V are not valid voxels)"),
-        )),
-        Err(_) => {
-            Err(inputs
-                .error(MAP, format!("point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)")))
+
+    /// Every map value in [-1, V). The `mean` rule on counts reads the count a value points
+    /// at, so it is no row rule: `scan_map` checks it (the MLU kernels run `max` only).
+    fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
+        let (_, hi) = Check::half_open(-1, d.v);
+        vec![ValueRule { input: MAP, check: Check::int_range(-1, hi) }]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
+        let (i, v) = (broken.row, d.v);
+        let value = match &broken.values {
+            RowValues::I32(x) => x.first().copied().unwrap_or(0),
+            RowValues::F32(_) => 0,
+        };
+        if value < -1 {
+            inputs.error(MAP, format!("point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)"))
+        } else {
+            inputs.error(
+                MAP,
+                format!("point2voxel_map[{i}] = {value} must be < voxel_num V = {v} (rows >= V are not valid voxels)"),
+            )
         }
     }
 }
@@ -174,7 +185,8 @@ fn scan_map(inputs: &Inputs<'_>, x: &Views<'_>, reduce: Reduce) -> Result<Option
     // voxel_points_count data, so this allocation is bounded by the input size.
     let mut offsets = if want_csr { vec![0usize; v + 1] } else { Vec::new() };
     for (i, &value) in x.map.iter().enumerate() {
-        let Some(row) = voxel_of(inputs, i, value, v)? else { continue };
+        // Every value is in [-1, V) (the value rule, checked before).
+        let Ok(row) = usize::try_from(value) else { continue };
         if reduce == Reduce::Mean {
             // row < V <= M = count.len(), checked by `views`.
             let cnt = x.count.get(row).copied().unwrap_or(0);
@@ -230,14 +242,16 @@ impl Operator for DynamicScatterBackward {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
-        let x = views(inputs)?;
+        let d = dims(inputs)?;
+        check_values(self, inputs, &d)?;
+        let x = views(inputs, d)?;
         let csr = scan_map(inputs, &x, self.reduce)?;
         let spec = OutputSpec::new(DType::F32, [x.dims.n, x.dims.c]);
         Ok((vec![spec], Plan { dims: x.dims, csr }))
     }
 
     fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
-        let x = views(inputs)?;
+        let x = views(inputs, dims(inputs)?)?;
         if x.dims != plan.dims {
             return Err(Error::Runtime(format!(
                 "{}: inputs changed between plan and execute ({:?} vs {:?})",

@@ -7,14 +7,12 @@
 //! the two float tiles reused for mask and candidates) and one Cp row, kernel2 8 * C bytes
 //! per voxel of its tile.
 
-use super::backward::{DynamicScatterBackward, Reduce};
+use super::backward::{Dims, DynamicScatterBackward, Reduce};
 use crate::error::{Error, Result};
-use crate::ops::device::{self, DeviceOutputs, MluOperator};
-use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::Operator;
-use crate::tensor::Inputs;
-use std::ffi::c_void;
-use std::sync::Arc;
+use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::tensor::{DType, OutputSpec};
 
 /// int32 per fill copy (a multiple of 32).
 const FILL_TILE: usize = 16 * 1024;
@@ -33,15 +31,17 @@ pub struct Policy {
 impl Policy {
     /// `None` when one point's row does not fit in NRAM.
     pub fn new(info: &mlu::DeviceInfo, c: usize) -> Option<Self> {
+        let (padded, tile_points, tile_voxels) = Self::tiles(c)?;
+        Some(Policy { task_dim: info.cores(), padded, tile_points, tile_voxels })
+    }
+
+    /// (Cp, points per kernel1 tile, voxels per kernel2 tile), `None` when one point's row
+    /// does not fit in NRAM.
+    fn tiles(c: usize) -> Option<(usize, usize, usize)> {
         let padded = c.next_multiple_of(32);
         let tile_points = NRAM_BUDGET.saturating_sub(TILES_INDEX * 64 + 4 * padded) / (8 + 12 * padded);
-        let tile_voxels = (NRAM_BUDGET - TILES_SCATTER * 64) / (8 * c);
-        (tile_points > 0 && tile_voxels > 0).then_some(Policy {
-            task_dim: info.cores(),
-            padded,
-            tile_points,
-            tile_voxels,
-        })
+        let tile_voxels = (NRAM_BUDGET - TILES_SCATTER * 64) / (8 * c.max(1));
+        (tile_points > 0 && tile_voxels > 0).then_some((padded, tile_points, tile_voxels))
     }
 }
 
@@ -53,46 +53,37 @@ impl MluOperator for DynamicScatterBackward {
         }
     }
 
-    fn mlu_supported_shapes(&self, info: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
         device::int32_inputs(shapes)?;
         // feats [N, C]: one point's rows must fit a kernel1 tile.
         match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
-            Some(c) if c > 0 && Policy::new(info, c).is_none() => {
+            Some(c) if c > 0 && Policy::tiles(c).is_none() => {
                 Err(format!("C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile"))
             }
             _ => Ok(()),
         }
     }
 
-    fn mlu_compute(
-        &self,
-        device: &Arc<Device>,
-        queue: &Queue,
-        inputs: &Inputs<'_>,
-        device_inputs: &[*const c_void],
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        self.mlu_supported().map_err(|why| Error::Runtime(format!("{} on the MLU: {why}", Self::NAME)))?;
-        // The host part of the MLU path runs on the calling thread.
-        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
-        let d = plan.dims;
-        let out = outputs.allocate(0, &specs[0])?;
+    fn mlu_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+        let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
+        if too_big || Policy::tiles(d.c).is_none() {
+            return Err(format!(
+                "N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows",
+                d.n, d.v, d.c
+            ));
+        }
+        Ok(())
+    }
+
+    fn mlu_compute(&self, d: &Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let out = outputs.allocate(0, &OutputSpec::new(DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N * C floats.
-        unsafe { device.zero_raw(out, d.n * d.c * 4)? };
+        unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
         if d.n * d.c == 0 || d.v == 0 {
             return Ok(());
         }
-        let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
-        let policy = Policy::new(&device.info, d.c);
-        let Some(p) = policy.filter(|_| !too_big) else {
-            return Err(Error::MluLimit(format!(
-                "{}: N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows",
-                Self::NAME,
-                d.n,
-                d.v,
-                d.c
-            )));
-        };
+        let p = Policy::new(&card.device.info, d.c)
+            .ok_or_else(|| Error::Runtime(format!("{}: no NRAM tiling for C = {}", Self::NAME, d.c)))?;
         let reduce_from: *mut i32 = outputs.workspace(d.v * d.c * 4)?.cast();
         let i = device::i32_of;
         let points = i("N", d.n)?;
@@ -102,27 +93,15 @@ impl MluOperator for DynamicScatterBackward {
         let tile_points = i("tile_points", p.tile_points)?;
         let tile_voxels = i("tile_voxels", p.tile_voxels)?;
         let fill_tile = i("fill_tile", FILL_TILE)?;
+        let (gate, gates) = card.gate();
+        let k = &card.device.kernels;
         // SAFETY: device buffers of the validated shapes and the workspace above; the
-        // launches only enqueue, and the caller synchronises the queue before the workspace
-        // is freed.
-        queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
-            (device.kernels.mluops_dynamic_scatter_backward_max)(
-                q,
-                p.task_dim,
-                TASK_UNION1,
-                points,
-                voxels,
-                channels,
-                padded,
-                tile_points,
-                tile_voxels,
-                fill_tile,
-                device_inputs[0].cast(),
-                device_inputs[1].cast(),
-                device_inputs[2].cast(),
-                device_inputs[3].cast(),
-                reduce_from,
-                out.cast(),
+        // launches only enqueue (the node's driver synchronises before the workspace is
+        // freed); the map is read only behind the value-check gate.
+        card.queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
+            (k.mluops_dynamic_scatter_backward_max)(
+                q, p.task_dim, TASK_UNION1, points, voxels, channels, padded, tile_points, tile_voxels, fill_tile,
+                card.input(0), card.input(1), card.input(2), card.input(3), reduce_from, out.cast(), gate, gates,
             )
         })
     }

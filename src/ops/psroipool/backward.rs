@@ -13,12 +13,15 @@
 
 
 use crate::error::{Error, Result};
+use crate::ops::rules::{self, Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 /// Work units (output elements zeroed or updated) per task.
 const GRAIN: f64 = 32768.0;
+/// The input `bottom_shape`.
+const BOTTOM_SHAPE: usize = 3;
 /// Upper bound on tasks: each task re-scans the rois of its batches.
 const MAX_TASKS: usize = 256;
 /// Minimum roi extent, as in the R-FCN kernel (avoids zero-size rois).
@@ -94,19 +97,14 @@ impl PsRoiPoolBackward {
         roi.iter().all(|v| v.is_finite()).then(|| roi[0].trunc())
     }
 
-    /// Every roi with finite values must name a batch in [0, batches) (input `index`).
+    /// Every roi with finite values must name a batch in [0, batches) (input `index`):
+    /// the batch value rule, for PsRoiPool's plan.
     pub(super) fn check_batches(inputs: &Inputs<'_>, index: usize, rois: &[f32], batches: usize) -> Result<()> {
-        for (k, roi) in rois.chunks_exact(5).enumerate() {
-            if let Some(b) = Self::finite_batch(roi) {
-                // Compared in f64: exact for every f32 and every realistic batch count.
-                if !(b >= 0.0 && f64::from(b) < batches as f64) {
-                    return Err(
-                        inputs.error(index, format!("roi {k}: batch_id {} (truncated {b}) outside [0, {batches})", roi[0]))
-                    );
-                }
-            }
+        let (above, below) = batch_bounds(batches);
+        match rules::first_broken_float(rois, 5, 0, above, below) {
+            None => Ok(()),
+            Some(row) => Err(batch_error(inputs, index, row, &rois[row * 5..row * 5 + 5], batches)),
         }
-        Ok(())
     }
 
     /// Row and column spans of every bin of one roi, or `None` when the roi contributes
@@ -187,6 +185,102 @@ fn ceil_clamped(v: f32, limit: usize) -> usize {
     t + usize::from((t as f64) < f64::from(v))
 }
 
+/// The batch rule on `rois` (input `index`, [R, 5]): a truncated batch id in [0, batches)
+/// in every roi whose five values are finite.
+fn batch_rule(index: usize, batches: usize) -> ValueRule {
+    let (above, below) = batch_bounds(batches);
+    ValueRule { input: index, check: Check::GuardedFloat { cols: 5, col: 0, above, below } }
+}
+
+/// trunc(x) in [0, batches) exactly when above < x < below: x > -1 truncates to >= 0 (to
+/// -0 on (-1, 0), which is 0) and, for batches >= 1, trunc(x) < batches exactly when
+/// x < batches; no x qualifies when batches = 0.
+fn batch_bounds(batches: usize) -> (f32, f32) {
+    if batches == 0 { (-1.0, -1.0) } else { (-1.0, Check::float_below(batches)) }
+}
+
+fn batch_error(inputs: &Inputs<'_>, index: usize, k: usize, roi: &[f32], batches: usize) -> Error {
+    let id = roi.first().copied().unwrap_or(f32::NAN);
+    inputs.error(index, format!("roi {k}: batch_id {id} (truncated {}) outside [0, {batches})", id.trunc()))
+}
+
+impl PsRoiPoolBackward {
+    pub(super) fn output_spec(&self, plan: &PsRoiPlan) -> OutputSpec {
+        OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])
+    }
+}
+
+impl Rules for PsRoiPoolBackward {
+    const SIZE_INPUTS: &'static [usize] = &[BOTTOM_SHAPE];
+    type Dims = PsRoiPlan;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<PsRoiPlan> {
+        let (p, od) = (Some(self.pooled), Some(self.output_dim));
+        let top = inputs.shaped::<f32>(0, &[None, p, p, od], "[R, pooled_height, pooled_width, output_dim]")?;
+        let r = top[0];
+        inputs.shaped::<f32>(1, &[Some(r), Some(5)], "[R, 5] (R of top_grad)")?;
+        inputs.shaped::<i32>(2, &[Some(r), p, p, od], "[R, pooled_height, pooled_width, output_dim] (R of top_grad)")?;
+        let shape = inputs.shape_of::<i64>(BOTTOM_SHAPE)?;
+        if inputs.numel(BOTTOM_SHAPE) != Some(4) {
+            return Err(inputs.error(
+                BOTTOM_SHAPE,
+                format!("must hold 4 values (batches, height, width, channels), got shape {shape:?}"),
+            ));
+        }
+        if shape.len() != 1 {
+            return Err(inputs.error(BOTTOM_SHAPE, format!("must be a 1-D tensor of 4 values, got shape {shape:?}")));
+        }
+        let values = inputs.get::<i64>(BOTTOM_SHAPE)?.data;
+        let &[batches, height, width, channels] = values else {
+            return Err(inputs.error(BOTTOM_SHAPE, format!("must hold 4 values, got {values:?}")));
+        };
+        let dims: Vec<usize> = values
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| inputs.error(BOTTOM_SHAPE, format!("values must be >= 0, got {values:?}")))?;
+        if dims[3] != self.channels {
+            return Err(inputs.error(
+                BOTTOM_SHAPE,
+                format!(
+                    "channels ({channels}) must equal pooled_height * pooled_width * output_dim = {}",
+                    self.channels
+                ),
+            ));
+        }
+        let numel = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if numel.is_none_or(|n| n > isize::MAX as usize / size_of::<f32>()) {
+            return Err(inputs.error(
+                BOTTOM_SHAPE,
+                format!("bottom_grad size {batches} * {height} * {width} * {channels} overflows"),
+            ));
+        }
+        Ok(PsRoiPlan { rois: r, batches: dims[0], height: dims[1], width: dims[2] })
+    }
+
+    /// The batch rule, then `mapping_channel` in [0, channels) everywhere.
+    fn value_rules(&self, plan: &PsRoiPlan) -> Vec<ValueRule> {
+        let (lo, hi) = Check::half_open(0, self.channels);
+        vec![batch_rule(1, plan.batches), ValueRule { input: 2, check: Check::int_range(lo, hi) }]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, plan: &PsRoiPlan, broken: &Broken) -> Error {
+        match (&broken.values, broken.rule) {
+            (RowValues::F32(roi), 0) => batch_error(inputs, 1, broken.row, roi, plan.batches),
+            (RowValues::I32(v), _) => inputs.error(
+                2,
+                format!(
+                    "value {} at flat index {} outside [0, channels = {})",
+                    v.first().copied().unwrap_or(0),
+                    broken.row,
+                    self.channels
+                ),
+            ),
+            (values, rule) => Error::Runtime(format!("PsRoiPoolBackward: value rule {rule} reported {values:?}")),
+        }
+    }
+}
+
 impl crate::ops::Operator for PsRoiPoolBackward {
     const NAME: &'static str = "PsRoiPoolBackward";
     const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool_backward.json");
@@ -202,62 +296,9 @@ impl crate::ops::Operator for PsRoiPoolBackward {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, PsRoiPlan)> {
-        let (p, od) = (Some(self.pooled), Some(self.output_dim));
-        let top = inputs.get_shaped::<f32>(0, &[None, p, p, od], "[R, pooled_height, pooled_width, output_dim]")?;
-        let r = top.shape[0];
-        let rois = inputs.get_shaped::<f32>(1, &[Some(r), Some(5)], "[R, 5] (R of top_grad)")?;
-        inputs.get_shaped::<i32>(
-            2,
-            &[Some(r), p, p, od],
-            "[R, pooled_height, pooled_width, output_dim] (R of top_grad)",
-        )?;
-        let mapping = inputs.get::<i32>(2)?.data;
-        let shape = inputs.get::<i64>(3)?;
-        let &[batches, height, width, channels] = shape.data else {
-            return Err(inputs.error(
-                3,
-                format!("must hold 4 values (batches, height, width, channels), got shape {:?}", shape.shape),
-            ));
-        };
-        if shape.shape.len() != 1 {
-            return Err(inputs.error(3, format!("must be a 1-D tensor of 4 values, got shape {:?}", shape.shape)));
-        }
-        let dims: Vec<usize> = shape
-            .data
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|_| inputs.error(3, format!("values must be >= 0, got {:?}", shape.data)))?;
-        if dims[3] != self.channels {
-            return Err(inputs.error(
-                3,
-                format!(
-                    "channels ({channels}) must equal pooled_height * pooled_width * output_dim = {}",
-                    self.channels
-                ),
-            ));
-        }
-        let numel = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if numel.is_none_or(|n| n > isize::MAX as usize / size_of::<f32>()) {
-            return Err(
-                inputs.error(3, format!("bottom_grad size {batches} * {height} * {width} * {channels} overflows"))
-            );
-        }
-        let (batches, height, width) = (dims[0], dims[1], dims[2]);
-        Self::check_batches(inputs, 1, rois.data, batches)?;
-        // One unsigned compare per value (negative values wrap above 2^31 - 1, the largest
-        // valid one), folded without early exit so that it vectorises; the offending position
-        // is looked up only on failure.
-        let limit = self.channels.min(1 << 31) as u32;
-        if mapping.iter().fold(false, |bad, &c| bad | (c as u32 >= limit)) {
-            let k = mapping.iter().position(|&c| c as u32 >= limit).unwrap_or(0);
-            return Err(inputs.error(
-                2,
-                format!("value {} at flat index {k} outside [0, channels = {})", mapping[k], self.channels),
-            ));
-        }
-        let specs = vec![OutputSpec::new(DType::F32, [batches, height, width, self.channels])];
-        Ok((specs, PsRoiPlan { rois: r, batches, height, width }))
+        let plan = self.shape_rules(inputs)?;
+        check_values(self, inputs, &plan)?;
+        Ok((vec![self.output_spec(&plan)], plan))
     }
 
     fn execute(

@@ -5,14 +5,10 @@
 //! case (a) when one bin's output_dim vector fits, T = bins_per_load * output_dim;
 //! case (b) otherwise, one bin in chunks of `deal` elements.
 
-use super::backward::PsRoiPoolBackward;
-use crate::error::{Error, Result};
-use crate::ops::device::{self, DeviceOutputs, MluOperator};
-use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
-use crate::ops::Operator;
-use crate::tensor::Inputs;
-use std::ffi::c_void;
-use std::sync::Arc;
+use super::backward::{PsRoiPlan, PsRoiPoolBackward};
+use crate::error::Result;
+use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 
 /// Tiles carved (each rounded up to 64 bytes) and the roi tile's bytes.
 const TILES: usize = 4;
@@ -44,33 +40,25 @@ impl MluOperator for PsRoiPoolBackward {
         Ok(())
     }
 
-    fn mlu_compute(
-        &self,
-        device: &Arc<Device>,
-        queue: &Queue,
-        inputs: &Inputs<'_>,
-        device_inputs: &[*const c_void],
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        // The host part of the MLU path runs on the calling thread.
-        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
-        let out_len = specs[0].numel();
-        let bins = plan.rois * self.pooled * self.pooled;
-        // Checked before allocating: a node that cannot run should not take device memory.
-        if out_len > i32::MAX as usize || bins * self.output_dim > i32::MAX as usize {
-            return Err(Error::MluLimit(format!(
-                "{}: {out_len} output or {} top_grad elements exceed the MLU kernel's int32 offsets",
-                Self::NAME,
-                bins * self.output_dim
-            )));
+    fn mlu_fits(&self, plan: &PsRoiPlan) -> std::result::Result<(), String> {
+        let out_len = self.output_spec(plan).numel();
+        let top = plan.rois * self.pooled * self.pooled * self.output_dim;
+        if out_len > i32::MAX as usize || top > i32::MAX as usize {
+            return Err(format!("{out_len} output or {top} top_grad elements exceed the MLU kernel's int32 offsets"));
         }
-        let out = outputs.allocate(0, &specs[0])?;
-        // SAFETY: `out` was just allocated for `out_len` floats.
-        unsafe { device.zero_raw(out, out_len * 4)? };
-        if out_len == 0 || bins * self.output_dim == 0 {
+        Ok(())
+    }
+
+    fn mlu_compute(&self, plan: &PsRoiPlan, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let spec = self.output_spec(plan);
+        let out = outputs.allocate(0, &spec)?;
+        // SAFETY: `out` was just allocated for the spec's bytes.
+        unsafe { card.device.zero_raw(out, spec.bytes())? };
+        let bins = plan.rois * self.pooled * self.pooled;
+        if spec.numel() == 0 || bins * self.output_dim == 0 {
             return Ok(());
         }
-        let p = Policy::new(&device.info, self.output_dim, bins);
+        let p = Policy::new(&card.device.info, self.output_dim, bins);
         let i = device::i32_of;
         let rois = i("R", plan.rois)?;
         let pooled = i("pooled", self.pooled)?;
@@ -80,25 +68,14 @@ impl MluOperator for PsRoiPoolBackward {
         let channels = i("channels", self.channels)?;
         let bins_per_load = i("bins_per_load", p.bins_per_load)?;
         let deal = i("deal", p.deal)?;
-        // SAFETY: device buffers of the validated shapes; the launch only enqueues.
-        queue.launch("mluops_psroipool_backward", |q| unsafe {
-            (device.kernels.mluops_psroipool_backward)(
-                q,
-                p.task_dim,
-                TASK_UNION1,
-                rois,
-                pooled,
-                output_dim,
-                height,
-                width,
-                channels,
-                self.spatial_scale,
-                bins_per_load,
-                deal,
-                device_inputs[0].cast(),
-                device_inputs[1].cast(),
-                device_inputs[2].cast(),
-                out.cast(),
+        let (gate, gates) = card.gate();
+        let k = &card.device.kernels;
+        // SAFETY: device buffers of the validated shapes; the batch ids and channels are
+        // used only behind the value-check gate; the launch only enqueues.
+        card.queue.launch("mluops_psroipool_backward", |q| unsafe {
+            (k.mluops_psroipool_backward)(
+                q, p.task_dim, TASK_UNION1, rois, pooled, output_dim, height, width, channels, self.spatial_scale,
+                bins_per_load, deal, card.input(0), card.input(1), card.input(2), out.cast(), gate, gates,
             )
         })
     }

@@ -35,6 +35,7 @@
 
 use crate::ops::Operator;
 use crate::error::{Error, Result};
+use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch::{self, FirstError};
@@ -445,45 +446,18 @@ fn rows4(data: &[i32]) -> impl Iterator<Item = [i32; 4]> + '_ {
 impl GetIndicePairs {
     /// The input rules every path shares (shape, int32 ranges of the outputs, each row's
     /// bounds; not subm duplicates): returns L, K and each column's largest value.
+    /// The shape and value rules (the CPU path), and the largest value of each column.
     pub(super) fn validate(&self, inputs: &Inputs<'_>) -> Result<(usize, usize, [u32; 4])> {
-        let v = inputs.get_shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?;
-        let l = v.shape[0];
-        let k = self.kernel_volume();
-        // Every element offset of indice_pairs (and so every row index, L * K and the
-        // output count) must fit int32.
-        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
-        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
-            return Err(Error::output(
-                "indice_pairs",
-                format!("K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})", i32::MAX),
-            ));
-        }
-        Ok((l, k, self.check_rows(inputs, v.data)?))
-    }
-
-    /// Checks every row and returns the largest value of each column.
-    fn check_rows(&self, inputs: &Inputs<'_>, data: &[i32]) -> Result<[u32; 4]> {
+        let d = self.shape_rules(inputs)?;
+        check_values(self, inputs, &d)?;
         let mut max = [0u32; 4];
-        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
-        for (r, row) in rows4(data).enumerate() {
+        // Every value is in [0, limit) of its column (the value rule, checked above).
+        for row in rows4(inputs.get::<i32>(INDICES)?.data) {
             for f in 0..4 {
-                let v = row[f];
-                if v < 0 || i64::from(v) >= limits[f] {
-                    let what = match f {
-                        0 => format!("batch {v} is outside [0, batch_size = {})", self.batch),
-                        _ => format!(
-                            "coordinate {v} on axis {} is outside [0, {}) of spatial_shape {:?}",
-                            AXIS[f - 1],
-                            limits[f],
-                            self.input_space
-                        ),
-                    };
-                    return Err(inputs.error(INDICES, format!("row {r} = {row:?}: {what}")));
-                }
-                max[f] = max[f].max(v as u32);
+                max[f] = max[f].max(row[f] as u32);
             }
         }
-        Ok(max)
+        Ok((d.l, d.k, max))
     }
 
     fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> Result<ConvBook<K>> {
@@ -807,6 +781,59 @@ fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mut [i32], l:
     });
     for (n, c) in num.iter_mut().zip(&counts) {
         *n = c.load(Ordering::Relaxed) as i32;
+    }
+}
+
+/// The sizes GetIndicePairs' shape rules find: L input rows, K kernel offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GipDims {
+    pub l: usize,
+    pub k: usize,
+}
+
+impl Rules for GetIndicePairs {
+    type Dims = GipDims;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<GipDims> {
+        let l = inputs.shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?[0];
+        let k = self.kernel_volume();
+        // Every element offset of indice_pairs (and so every row index, L * K and the
+        // output count) must fit int32.
+        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
+        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
+            return Err(Error::output(
+                "indice_pairs",
+                format!("K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})", i32::MAX),
+            ));
+        }
+        Ok(GipDims { l, k })
+    }
+
+    /// Every row's batch in [0, batch_size) and z, y, x inside `spatial_shape`.
+    fn value_rules(&self, _: &GipDims) -> Vec<ValueRule> {
+        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
+        let bounds = limits.map(|n| Check::half_open(0, usize::try_from(n).unwrap_or(0)));
+        vec![ValueRule { input: INDICES, check: Check::Int { cols: 4, bounds } }]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, _: &GipDims, broken: &Broken) -> Error {
+        let r = broken.row;
+        let RowValues::I32(row) = &broken.values else {
+            return inputs.error(INDICES, format!("row {r} = {:?} breaks the coordinate rule", broken.values));
+        };
+        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
+        let f = (0..4).find(|&f| row.get(f).is_some_and(|&v| v < 0 || i64::from(v) >= limits[f])).unwrap_or(0);
+        let v = row.get(f).copied().unwrap_or(0);
+        let what = match f {
+            0 => format!("batch {v} is outside [0, batch_size = {})", self.batch),
+            _ => format!(
+                "coordinate {v} on axis {} is outside [0, {}) of spatial_shape {:?}",
+                AXIS[f - 1],
+                limits[f],
+                self.input_space
+            ),
+        };
+        inputs.error(INDICES, format!("row {r} = {row:?}: {what}"))
     }
 }
 

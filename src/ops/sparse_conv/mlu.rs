@@ -8,13 +8,12 @@
 //! many bits). Workspace: expand K*L int32, bitmap and word ranks 2 * ceil(V/32) int32,
 //! subm adds 2 * L int32.
 
-use super::get_indice_pairs::{DIM_NB, GetIndicePairs, INDICES};
+use super::get_indice_pairs::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
-use crate::ops::device::{self, DeviceOutputs, MluOperator};
-use crate::mlu::{self, Copy, Device, GipGeometry, NRAM_BUDGET, Queue, TASK_UNION1};
-use crate::tensor::{DType, Inputs, OutputSpec};
+use crate::mlu::{self, Direction, GipGeometry, NRAM_BUDGET, TASK_UNION1};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::tensor::{DType, Data, Inputs, OutputSpec, TensorRef};
 use std::ffi::c_void;
-use std::sync::Arc;
 
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
@@ -82,18 +81,14 @@ impl MluOperator for GetIndicePairs {
         }
     }
 
-    fn mlu_compute(
-        &self,
-        device: &Arc<Device>,
-        queue: &Queue,
-        inputs: &Inputs<'_>,
-        device_inputs: &[*const c_void],
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        self.mlu_supported().map_err(|why| Error::Runtime(format!("GetIndicePairs on the MLU: {why}")))?;
-        let (l, k, _) = self.validate(inputs)?;
-        let geometry = self.geometry().expect("checked by mlu_supported");
-        let sites = self.sites().expect("checked by mlu_supported");
+    fn mlu_compute(&self, d: &GipDims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let unsupported = |why: String| Error::Runtime(format!("GetIndicePairs on the MLU: {why}"));
+        self.mlu_supported().map_err(unsupported)?;
+        let (Some(geometry), Some(sites)) = (self.geometry(), self.sites()) else {
+            return Err(unsupported("geometry beyond int32".into()));
+        };
+        let (l, k) = (d.l, d.k);
+        let device = card.device;
         let words = sites.div_ceil(32);
         let pairs = outputs.allocate(0, &OutputSpec::new(DType::I32, [k, 2, l]))?;
         let num = outputs.allocate(2, &OutputSpec::new(DType::I32, [k]))?;
@@ -117,12 +112,15 @@ impl MluOperator for GetIndicePairs {
         let total = ints(outputs, 1)?;
         let (site, perm) = if self.sub_m { (ints(outputs, l)?, ints(outputs, l)?) } else { (std::ptr::null_mut(), std::ptr::null_mut()) };
         let kernels = &device.kernels;
-        let indices: *const i32 = device_inputs[INDICES].cast();
+        let (queue, indices) = (card.queue, card.input::<i32>(INDICES));
+        let (gate, gates) = card.gate();
         // SAFETY (all launches): device buffers of the sizes computed above; each launch
-        // only enqueues, and the caller synchronises the queue before the workspace is freed.
+        // only enqueues, and the node's driver synchronises the queue before the workspace
+        // is freed. Coordinates are read only behind the value-check gate (expand); the
+        // later kernels read what expand wrote, each bounds-checked against the bitmap.
         queue.launch("mluops_get_indice_pairs_expand", |q| unsafe {
             (kernels.mluops_get_indice_pairs_expand)(
-                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand, site,
+                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand, site, gate, gates,
             )
         })?;
         // Subm marks the rows' own sites, the default mode every expanded one.
@@ -139,31 +137,22 @@ impl MluOperator for GetIndicePairs {
                 q, rank_tasks, TASK_UNION1, nwords, tile, bitmap, word_rank, core_totals, total,
             )
         })?;
-        // The one wait before the end: out_indices' size is the site count.
+        // The one wait before the end: out_indices' size is the site count. The value
+        // checks have run too, so a broken rule is reported here, before the count is used.
         queue.sync()?;
+        card.verify()?;
         let mut count = [0i32];
         // SAFETY: `total` holds one int32 the rank kernel wrote; `count` has room for it.
-        unsafe { device.copy_raw(count.as_mut_ptr().cast(), total.cast_const().cast(), 4, Copy::DeviceToHost)? };
+        unsafe { device.copy_raw(count.as_mut_ptr().cast(), total.cast_const().cast(), 4, Direction::DeviceToHost)? };
         let num_out = usize::try_from(count[0])
             .map_err(|_| Error::Runtime(format!("GetIndicePairs on the MLU: negative site count {}", count[0])))?;
         if self.sub_m && num_out != l {
-            // Two rows share a site: the CPU check names them.
-            let (_, _, max) = self.validate(inputs)?;
-            let v = inputs.get::<i32>(INDICES)?;
-            let layout_bits = super::get_indice_pairs::Layout::new(max).bits;
-            let err = if layout_bits > u64::BITS {
-                self.subm_book::<u128>(inputs, v.data, max).err()
-            } else {
-                self.subm_book::<u64>(inputs, v.data, max).err()
-            };
-            return Err(err.unwrap_or_else(|| {
-                inputs.error(INDICES, format!("{} distinct sites among {l} rows: duplicate input sites are not allowed in subm mode", num_out))
-            }));
+            return Err(self.duplicate_sites(card, l, num_out));
         }
         let out = outputs.allocate(1, &OutputSpec::new(DType::I32, [num_out, 4]))?;
         if self.sub_m {
             // SAFETY: `out` holds L*4 int32 (num_out == L), the input as many.
-            unsafe { device.copy_raw(out, indices.cast(), l * 16, Copy::DeviceToDevice)? };
+            unsafe { device.copy_raw(out, indices.cast(), l * 16, Direction::DeviceToDevice)? };
         }
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_out", |q| unsafe {
@@ -180,6 +169,37 @@ impl MluOperator for GetIndicePairs {
             )
         })?;
         Ok(())
+    }
+}
+
+impl GetIndicePairs {
+    /// The error of two subm rows holding one site, found on the card (fewer distinct sites
+    /// than rows). Naming the rows takes the CPU check, so on this error path, and only
+    /// here, `indices` comes to the host.
+    fn duplicate_sites(&self, card: &Card<'_>, l: usize, num_out: usize) -> Error {
+        let fallback = || {
+            Error::input("indices", format!("{num_out} distinct sites among {l} rows: duplicate input sites are not allowed in subm mode"))
+        };
+        let Ok(mut host) = crate::scratch::filled(l * 4, 0i32, "the host copy of indices") else { return fallback() };
+        // SAFETY: `host` holds L*4 int32, the card's `indices` as many.
+        let copied = unsafe {
+            card.device.copy_raw(host.as_mut_ptr().cast(), card.input::<c_void>(INDICES), l * 16, Direction::DeviceToHost)
+        };
+        let tensor = TensorRef { shape: vec![l as i64, 4], data: Data::I32(&host) };
+        let Ok(inputs) = copied.and_then(|()| Inputs::new(vec!["indices".into()], vec![Some(tensor)])) else {
+            return fallback();
+        };
+        match self.validate(&inputs) {
+            Err(e) => e,
+            Ok((_, _, max)) => {
+                let err = if Layout::new(max).bits > u64::BITS {
+                    self.subm_book::<u128>(&inputs, &host, max).err()
+                } else {
+                    self.subm_book::<u64>(&inputs, &host, max).err()
+                };
+                err.unwrap_or_else(fallback)
+            }
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 
 
 use crate::ops::Operator;
+use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::scratch::{self, FirstError};
@@ -178,8 +179,8 @@ impl ThreeInterpolateBackward {
     }
 
     fn dims_of<T: Element>(&self, inputs: &Inputs<'_>) -> Result<Dims> {
-        let go = inputs.get_shaped::<T>(GRAD_OUTPUT, &[None, None, None], "[B, C, N]")?;
-        let (b, c, n) = (go.shape[0], go.shape[1], go.shape[2]);
+        let go = inputs.shaped::<T>(GRAD_OUTPUT, &[None, None, None], "[B, C, N]")?;
+        let (b, c, n) = (go[0], go[1], go[2]);
         if let Some(w) = inputs.dtype(WEIGHTS).filter(|&w| w != T::DTYPE) {
             return Err(inputs.error(
                 WEIGHTS,
@@ -191,8 +192,8 @@ impl ThreeInterpolateBackward {
             ));
         }
         let pattern = format!("[B, N, 3] = [{b}, {n}, 3] (B, N from grad_output)");
-        inputs.get_shaped::<i32>(INDICES, &[Some(b), Some(n), Some(3)], &pattern)?;
-        inputs.get_shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &pattern)?;
+        inputs.shaped::<i32>(INDICES, &[Some(b), Some(n), Some(3)], &pattern)?;
+        inputs.shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &pattern)?;
         let m = self.m;
         let numel = b.checked_mul(c).and_then(|x| x.checked_mul(m));
         let bytes = numel.and_then(|x| x.checked_mul(T::DTYPE.size()));
@@ -215,9 +216,8 @@ impl Operator for ThreeInterpolateBackward {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let d = self.dims(inputs)?;
-        let indices = inputs.get::<i32>(INDICES)?.data;
-        check_indices(inputs, INDICES, indices, d.n, d.m, "m")?;
+        let d = self.shape_rules(inputs)?;
+        check_values(self, inputs, &d)?;
         Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])], d))
     }
 
@@ -244,17 +244,37 @@ pub(super) fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
     }
 }
 
-/// Every value of `indices` ([B, n, 3], input `i`) must lie in [0, m); `m_name` says where m
-/// comes from. A negative index wraps to a huge value, so one compare checks both bounds.
-pub(super) fn check_indices(inputs: &Inputs<'_>, i: usize, indices: &[i32], n: usize, m: usize, m_name: &str) -> Result<()> {
-    match indices.iter().position(|&j| j as u32 as usize >= m) {
-        None => Ok(()),
-        Some(p) => {
-            let (bn, k) = (p / 3, p % 3);
-            let (b, n) = (bn / n.max(1), bn % n.max(1));
-            Err(inputs.error(i, format!("indices[{b}, {n}, {k}] = {} is outside [0, {m_name}) with {m_name} = {m}", indices[p])))
-        }
+impl Rules for ThreeInterpolateBackward {
+    type Dims = Dims;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        self.dims(inputs)
     }
+
+    fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
+        vec![indices_rule(d.m)]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
+        indices_error(inputs, d.n, d.m, "m", broken)
+    }
+}
+
+/// The value rule of `indices` ([B, n, 3], input 1 of both operators): every value in [0, m).
+pub(super) fn indices_rule(m: usize) -> ValueRule {
+    let (lo, hi) = Check::half_open(0, m);
+    ValueRule { input: INDICES, check: Check::int_range(lo, hi) }
+}
+
+/// The contract error of [`indices_rule`]; `m_name` says where m comes from.
+pub(super) fn indices_error(inputs: &Inputs<'_>, n: usize, m: usize, m_name: &str, broken: &Broken) -> Error {
+    let (bn, k) = (broken.row / 3, broken.row % 3);
+    let (b, n) = (bn / n.max(1), bn % n.max(1));
+    let value = match &broken.values {
+        RowValues::I32(v) => v.first().map_or(String::new(), i32::to_string),
+        RowValues::F32(v) => format!("{v:?}"),
+    };
+    inputs.error(INDICES, format!("indices[{b}, {n}, {k}] = {value} is outside [0, {m_name}) with {m_name} = {m}"))
 }
 
 fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {

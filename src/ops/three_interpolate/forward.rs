@@ -7,7 +7,8 @@
 //! the batch's indices and weights once per row block. No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
-use super::backward::{Real, check_indices, float_dtype};
+use super::backward::{Real, float_dtype, indices_error, indices_rule};
+use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
@@ -72,9 +73,8 @@ impl Operator for ThreeInterpolate {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let d = Self::dims(inputs)?;
-        let indices = inputs.get::<i32>(INDICES)?.data;
-        check_indices(inputs, INDICES, indices, d.n, d.m, "M")?;
+        let d = self.shape_rules(inputs)?;
+        check_values(self, inputs, &d)?;
         Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.n])], d))
     }
 
@@ -86,6 +86,22 @@ impl Operator for ThreeInterpolate {
             DType::F16 => run::<f16>(&plan, inputs, outputs, par),
             _ => run::<f32>(&plan, inputs, outputs, par),
         }
+    }
+}
+
+impl Rules for ThreeInterpolate {
+    type Dims = Dims;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        Self::dims(inputs)
+    }
+
+    fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
+        vec![indices_rule(d.m)]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
+        indices_error(inputs, d.n, d.m, "M", broken)
     }
 }
 

@@ -5,13 +5,11 @@
 //! is fixed first, then the N tile No takes everything left, as the seed gives N priority.
 
 use super::backward::{Dims, ThreeInterpolateBackward};
-use crate::error::{Error, Result};
-use crate::ops::device::{self, DeviceOutputs, MluOperator};
-use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
-use crate::ops::Operator;
-use crate::tensor::{DType, Inputs};
+use crate::error::Result;
+use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::tensor::{DType, OutputSpec};
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// Largest channel tile (floats; a multiple of 32 keeps rows whole 128-byte vectors).
 const MAX_CO: usize = 128;
@@ -57,45 +55,38 @@ impl MluOperator for ThreeInterpolateBackward {
         device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
-    fn mlu_compute(
-        &self,
-        device: &Arc<Device>,
-        queue: &Queue,
-        inputs: &Inputs<'_>,
-        device_inputs: &[*const c_void],
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        // The host part of the MLU path runs on the calling thread.
-        let (specs, d) = self.plan(inputs, &crate::parallel::Serial)?;
+    fn mlu_fits(&self, d: &Dims) -> std::result::Result<(), String> {
         // The kernel's offsets are int32 products of these sizes.
         if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
-            return Err(Error::MluLimit(format!(
-                "{}: [B, C, N] = [{}, {}, {}], M = {}: too large for the MLU kernel's int32 offsets",
-                Self::NAME,
-                d.b,
-                d.c,
-                d.n,
-                d.m
-            )));
+            return Err(format!(
+                "[B, C, N] = [{}, {}, {}], M = {}: too large for the MLU kernel's int32 offsets",
+                d.b, d.c, d.n, d.m
+            ));
         }
-        let out = outputs.allocate(0, &specs[0])?;
+        Ok(())
+    }
+
+    // Out-of-range indices need no gate: the kernel adds only indices inside its M tile.
+    fn mlu_compute(&self, d: &Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.m]))?;
         if d.b * d.c * d.m == 0 {
             return Ok(());
         }
-        let p = Policy::new(&device.info, &d);
+        let p = Policy::new(&card.device.info, d);
         let i = device::i32_of;
         let (b, c, n, m) = (i("B", d.b)?, i("C", d.c)?, i("N", d.n)?, i("M", d.m)?);
         let (mo, no, co) = (i("Mo", p.mo)?, i("No", p.no)?, i("Co", p.co)?);
-        let (go, idx, w) = (device_inputs[0], device_inputs[1].cast(), device_inputs[2]);
+        let (go, idx, w) = (card.input::<c_void>(0), card.input::<i32>(1), card.input::<c_void>(2));
+        let k = &card.device.kernels;
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
-        queue.launch("mluops_three_interpolate_backward", |q| unsafe {
+        card.queue.launch("mluops_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {
-                (device.kernels.mluops_three_interpolate_backward_f16)(
+                (k.mluops_three_interpolate_backward_f16)(
                     q, p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
                 )
             } else {
-                (device.kernels.mluops_three_interpolate_backward_f32)(
-                    queue.ptr(), p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                (k.mluops_three_interpolate_backward_f32)(
+                    q, p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
                 )
             }
         })

@@ -31,6 +31,7 @@
 
 
 use crate::error::{Error, Result};
+use crate::ops::rules::Rules;
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -97,21 +98,15 @@ impl VoxelPoolingForward {
     }
 }
 
-impl crate::ops::Operator for VoxelPoolingForward {
-    const NAME: &'static str = "VoxelPoolingForward";
-    const SCHEMA: &'static str = include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
-    type Plan = VoxelPlan;
+/// No value rules: a point outside the grid is skipped, never an error.
+impl Rules for VoxelPoolingForward {
+    type Dims = VoxelPlan;
 
-    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        Self::new(attrs.ints_n::<3>("voxel_num")?)
-    }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
-        let geom = inputs.get_shaped::<i32>(0, &[None, None, Some(3)], "[B, N, 3]")?;
-        let (batches, points) = (geom.shape[0], geom.shape[1]);
-        let feats =
-            inputs.get_shaped::<f32>(1, &[Some(batches), Some(points), None], "[B, N, C] (B, N of geom_xyz)")?;
-        let channels = feats.shape[2];
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<VoxelPlan> {
+        let geom = inputs.shaped::<i32>(0, &[None, None, Some(3)], "[B, N, 3]")?;
+        let (batches, points) = (geom[0], geom[1]);
+        let feats = inputs.shaped::<f32>(1, &[Some(batches), Some(points), None], "[B, N, C] (B, N of geom_xyz)")?;
+        let channels = feats[2];
         let out_len = batches
             .checked_mul(self.cells)
             .and_then(|n| n.checked_mul(channels))
@@ -129,11 +124,31 @@ impl crate::ops::Operator for VoxelPoolingForward {
                 batches,
             )?;
         }
-        let specs = vec![
-            OutputSpec::new(DType::F32, [batches, self.ny, self.nx, channels]),
-            OutputSpec::new(DType::I32, [batches, points, 3]),
-        ];
-        Ok((specs, VoxelPlan { batches, points, channels }))
+        Ok(VoxelPlan { batches, points, channels })
+    }
+}
+
+impl VoxelPoolingForward {
+    pub(super) fn output_specs(&self, plan: &VoxelPlan) -> Vec<OutputSpec> {
+        vec![
+            OutputSpec::new(DType::F32, [plan.batches, self.ny, self.nx, plan.channels]),
+            OutputSpec::new(DType::I32, [plan.batches, plan.points, 3]),
+        ]
+    }
+}
+
+impl crate::ops::Operator for VoxelPoolingForward {
+    const NAME: &'static str = "VoxelPoolingForward";
+    const SCHEMA: &'static str = include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
+    type Plan = VoxelPlan;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        Self::new(attrs.ints_n::<3>("voxel_num")?)
+    }
+
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
+        let plan = self.shape_rules(inputs)?;
+        Ok((self.output_specs(&plan), plan))
     }
 
     fn execute(

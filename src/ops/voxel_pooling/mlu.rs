@@ -5,13 +5,9 @@
 //! cell offset) plus one feature chunk of `tile_channels` floats.
 
 use super::forward::{VoxelPlan, VoxelPoolingForward};
-use crate::error::{Error, Result};
-use crate::ops::device::{self, DeviceOutputs, MluOperator};
-use crate::mlu::{self, Device, NRAM_BUDGET, Queue, TASK_UNION1};
-use crate::ops::Operator;
-use crate::tensor::Inputs;
-use std::ffi::c_void;
-use std::sync::Arc;
+use crate::error::Result;
+use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 
 /// Largest feature chunk moved per __memcpy / atomic add.
 const MAX_TILE_CHANNELS: usize = 8192;
@@ -53,35 +49,30 @@ impl MluOperator for VoxelPoolingForward {
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
-    fn mlu_compute(
-        &self,
-        device: &Arc<Device>,
-        queue: &Queue,
-        inputs: &Inputs<'_>,
-        device_inputs: &[*const c_void],
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        // The host part of the MLU path runs on the calling thread.
-        let (specs, plan) = self.plan(inputs, &crate::parallel::Serial)?;
+    fn mlu_fits(&self, plan: &VoxelPlan) -> std::result::Result<(), String> {
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
         if cells > i32::MAX as usize || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
             || coords > i32::MAX as usize
         {
-            return Err(Error::MluLimit(format!(
-                "{}: the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements",
-                Self::NAME
-            )));
+            return Err(format!(
+                "the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements"
+            ));
         }
+        Ok(())
+    }
+
+    fn mlu_compute(&self, plan: &VoxelPlan, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let specs = self.output_specs(plan);
         let out = outputs.allocate(0, &specs[0])?;
         let pos = outputs.allocate(1, &specs[1])?;
         // SAFETY: `out` was just allocated for the B*ny*nx*C floats of output 0.
-        unsafe { device.zero_raw(out, cells * 4)? };
+        unsafe { card.device.zero_raw(out, specs[0].bytes())? };
         if plan.batches * plan.points == 0 {
             return Ok(());
         }
-        let p = Policy::new(&device.info, &plan);
+        let p = Policy::new(&card.device.info, plan);
         let i32_of = device::i32_of;
         let batches = i32_of("B", plan.batches)?;
         let points = i32_of("N", plan.points)?;
@@ -91,25 +82,14 @@ impl MluOperator for VoxelPoolingForward {
         let nz = i32_of("nz", self.nz)?;
         let tile_points = i32_of("tile_points", p.tile_points)?;
         let tile_channels = i32_of("tile_channels", p.tile_channels)?;
-        // SAFETY: the pointers are device buffers of the planned sizes (inputs checked by
-        // `plan`, outputs allocated above); the launch only enqueues.
-        queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
-            (device.kernels.mluops_voxel_pooling_forward)(
-                q,
-                p.task_dim,
-                TASK_UNION1,
-                batches,
-                points,
-                channels,
-                nx,
-                ny,
-                nz,
-                tile_points,
-                tile_channels,
-                device_inputs[0].cast(),
-                device_inputs[1].cast(),
-                out.cast(),
-                pos.cast(),
+        let (geom, feats) = (card.input::<i32>(0), card.input::<f32>(1));
+        let k = &card.device.kernels;
+        // SAFETY: the pointers are device buffers of the validated sizes (inputs checked by
+        // the shape rules, outputs allocated above); the launch only enqueues.
+        card.queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
+            (k.mluops_voxel_pooling_forward)(
+                q, p.task_dim, TASK_UNION1, batches, points, channels, nx, ny, nz, tile_points, tile_channels, geom,
+                feats, out.cast(), pos.cast(),
             )
         })
     }

@@ -1,0 +1,155 @@
+//! The contract's rules, split as the two paths need them. Shape rules read attributes,
+//! input dtypes and shapes, and the few inputs whose values are sizes (DynamicScatterBackward's
+//! `voxel_num`, PsRoiPoolBackward's `bottom_shape`); both paths run them on the host. Value
+//! rules, the rules on index values, are data ([`ValueRule`]): the CPU path checks them on
+//! the host ([`check_values`]), the MLU path on the card (kernels/check, through
+//! `ops::device`), and both report the first broken row through the operator's
+//! [`Rules::describe`], so the two paths give the same error text.
+
+use super::Operator;
+use crate::error::{Error, Result};
+use crate::tensor::Inputs;
+
+/// What a value rule requires of the rows of one input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Check {
+    /// int32 rows of `cols` values (at most 4): each within its column's inclusive bounds.
+    Int { cols: usize, bounds: [(i32, i32); 4] },
+    /// float32 rows of `cols` values: in every row whose values are all finite,
+    /// `above < row[col] < below`.
+    GuardedFloat { cols: usize, col: usize, above: f32, below: f32 },
+}
+
+impl Check {
+    /// One inclusive range for every value of a flat int32 input.
+    pub fn int_range(lo: i32, hi: i32) -> Self {
+        Check::Int { cols: 1, bounds: [(lo, hi); 4] }
+    }
+
+    /// The inclusive int32 bounds of `[lo, end)` (`end` clamped to the int32 range; an empty
+    /// range gives hi < lo).
+    pub fn half_open(lo: i32, end: usize) -> (i32, i32) {
+        (lo, i32::try_from(end).map_or(i32::MAX, |e| e - 1))
+    }
+
+    pub fn cols(&self) -> usize {
+        match *self {
+            Check::Int { cols, .. } | Check::GuardedFloat { cols, .. } => cols,
+        }
+    }
+
+    /// The strictest float bound `below` for "truncated value < `n`": the least float32
+    /// >= n, so that for every float x, x < below exactly when x < n.
+    pub fn float_below(n: usize) -> f32 {
+        let f = n as f32;
+        if (f as f64) < n as f64 { f.next_up() } else { f }
+    }
+}
+
+/// A contract rule on the values of input `input`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ValueRule {
+    pub input: usize,
+    pub check: Check,
+}
+
+/// The values of the row that broke a rule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowValues {
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+}
+
+/// The first row that broke a rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Broken {
+    /// Index into the operator's [`Rules::value_rules`].
+    pub rule: usize,
+    pub row: usize,
+    pub values: RowValues,
+}
+
+/// An operator's rules as the two paths run them (the five operators with BANG kernels).
+pub trait Rules: Operator {
+    /// Inputs whose values the shape rules read: sizes of at most [`SIZE_INPUT_BYTES`] each
+    /// (the MLU path copies these, and only these, to the host).
+    const SIZE_INPUTS: &'static [usize] = &[];
+    /// What the shape rules learn: the sizes every later step works from.
+    type Dims: Clone + Send + Sync + std::fmt::Debug;
+
+    /// The shape rules: reads shapes, dtypes and the [`Self::SIZE_INPUTS`] values only.
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Self::Dims>;
+
+    /// The value rules, in the order they are reported.
+    fn value_rules(&self, _dims: &Self::Dims) -> Vec<ValueRule> {
+        Vec::new()
+    }
+
+    /// The contract error of a broken value rule (operators with value rules say it in
+    /// the contract's words).
+    fn describe(&self, inputs: &Inputs<'_>, dims: &Self::Dims, broken: &Broken) -> Error {
+        let input = self.value_rules(dims).get(broken.rule).map_or(0, |r| r.input);
+        inputs.error(input, format!("row {} = {:?} breaks a value rule", broken.row, broken.values))
+    }
+}
+
+/// The most bytes a size input may hold (PsRoiPoolBackward's `bottom_shape`: 4 int64).
+pub const SIZE_INPUT_BYTES: usize = 64;
+
+/// The first row of `data` that breaks `check`, if any (the host's version of kernels/check).
+fn first_broken_int(data: &[i32], cols: usize, bounds: &[(i32, i32); 4]) -> Option<usize> {
+    data.chunks_exact(cols).position(|row| row.iter().zip(bounds).any(|(&v, &(lo, hi))| v < lo || v > hi))
+}
+
+pub(super) fn first_broken_float(data: &[f32], cols: usize, col: usize, above: f32, below: f32) -> Option<usize> {
+    data.chunks_exact(cols).position(|row| row.iter().all(|v| v.is_finite()) && !(row[col] > above && row[col] < below))
+}
+
+/// Checks the value rules on host data (the CPU path), in order; the first broken one is
+/// the error.
+pub fn check_values<O: Rules>(op: &O, inputs: &Inputs<'_>, dims: &O::Dims) -> Result<()> {
+    for (rule, r) in op.value_rules(dims).iter().enumerate() {
+        let broken = match r.check {
+            Check::Int { cols, bounds } => {
+                let data = inputs.get::<i32>(r.input)?.data;
+                first_broken_int(data, cols, &bounds)
+                    .map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_vec())))
+            }
+            Check::GuardedFloat { cols, col, above, below } => {
+                let data = inputs.get::<f32>(r.input)?.data;
+                first_broken_float(data, cols, col, above, below)
+                    .map(|row| (row, RowValues::F32(data[row * cols..(row + 1) * cols].to_vec())))
+            }
+        };
+        if let Some((row, values)) = broken {
+            return Err(op.describe(inputs, dims, &Broken { rule, row, values }));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_below_is_exact_for_sizes_floats_cannot_hold() {
+        assert_eq!(Check::float_below(3), 3.0);
+        let n = (1usize << 24) + 1;
+        let below = Check::float_below(n);
+        assert!(((1u32 << 24) as f32) < below);
+        assert_eq!(below as f64, n as f64 + 1.0);
+    }
+
+    #[test]
+    fn hosts_checks_find_the_first_broken_row() {
+        let b = [(0, 3), (0, 9), (0, 9), (0, 9)];
+        assert_eq!(first_broken_int(&[0, 1, 2, 3, 3, 9, 9, 9, 4, 0, 0, 0], 4, &b), Some(2));
+        assert_eq!(first_broken_int(&[0, 1, 2, 3], 4, &b), None);
+        let nan = f32::NAN;
+        let rows = [5.0, 0.0, 1.0, nan, 0.0, -0.5, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(first_broken_float(&rows, 5, 0, -1.0, 2.0), Some(2));
+        assert_eq!(Check::half_open(0, 0), (0, -1));
+        assert_eq!(Check::half_open(-1, 1usize << 40), (-1, i32::MAX));
+    }
+}
