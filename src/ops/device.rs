@@ -137,21 +137,25 @@ impl<O: MluOperator> MluKernel for O {
         self.mlu_fits(&dims).map_err(limit)?;
         let rules = self.value_rules(&dims);
         let records: *mut i32 = outputs.workspace(rules.len() * 4)?.cast();
-        for (k, rule) in rules.iter().enumerate() {
-            let data = device_inputs.get(rule.input).copied().unwrap_or(std::ptr::null());
-            // SAFETY: `records` holds one int32 per rule.
-            let record = unsafe { records.add(k) };
-            launch_check(device, queue, rule, data, inputs.numel(rule.input).unwrap_or(0), record, outputs)?;
-        }
         let verify = || {
             let broken = read_records(device, &rules, records, device_inputs)?;
             broken.map_or(Ok(()), |b| Err(self.describe(inputs, &dims, &b)))
         };
         let card = Card { device, queue, inputs: device_inputs, records, rules: rules.len(), verify: &verify };
-        let computed = self.mlu_compute(&dims, &card, outputs);
-        // The node's one wait, on every path: the workspace must not be freed under a kernel.
+        let mut enqueue = || {
+            for (k, rule) in rules.iter().enumerate() {
+                let data = device_inputs.get(rule.input).copied().unwrap_or(std::ptr::null());
+                // SAFETY: `records` holds one int32 per rule.
+                let record = unsafe { records.add(k) };
+                launch_check(device, queue, rule, data, inputs.numel(rule.input).unwrap_or(0), record, outputs)?;
+            }
+            self.mlu_compute(&dims, &card, outputs)
+        };
+        let enqueued = enqueue();
+        // The node's one wait, on every path once anything may be enqueued: the workspace
+        // must not be freed under a kernel.
         let synced = queue.sync();
-        computed?;
+        enqueued?;
         synced?;
         card.verify()
     }
