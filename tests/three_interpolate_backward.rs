@@ -560,3 +560,15 @@ proptest! {
 // ---------------------------------------------------------------------------------------
 // Timing (release): cargo test --release --test three_interpolate_backward -- --ignored --nocapture
 // ---------------------------------------------------------------------------------------
+
+/// A negative index is outside [0, m) whatever m: with m beyond 2^32 too (an unsigned
+/// 32-bit compare would wrap -1 to 2^32 - 1 < m and accept it).
+#[test]
+fn negative_index_with_m_beyond_u32_is_error() {
+    let m = 1i64 << 33;
+    let go = Tensor::f32([1, 0, 1], vec![]);
+    let idx = Tensor::i32([1, 1, 3], vec![0, -1, 2]);
+    let w = Tensor::f32([1, 1, 3], vec![1.0; 3]);
+    let msg = expect_error(m, &[go, idx, w], "indices");
+    assert!(msg.contains(&format!("indices[0, 0, 1] = -1 is outside [0, m) with m = {m}")), "{msg}");
+}
