@@ -25,6 +25,24 @@ pub fn filled<T: Clone>(len: usize, value: T, what: &str) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// An empty vector with room for `n` elements, or an error naming `what`.
+pub fn with_capacity<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| out_of_memory::<T>(what, n))?;
+    Ok(v)
+}
+
+/// The items of `iter`, collected without aborting: room for the iterator's lower size
+/// bound is reserved up front, anything beyond it grows as [`push`] does.
+pub fn collect<T>(iter: impl IntoIterator<Item = T>, what: &str) -> Result<Vec<T>> {
+    let iter = iter.into_iter();
+    let mut v = with_capacity(iter.size_hint().0, what)?;
+    for x in iter {
+        push(&mut v, x, what)?;
+    }
+    Ok(v)
+}
+
 /// Appends `x` to `v`, growing it (amortised, as `push` does) without aborting.
 #[inline]
 pub fn push<T>(v: &mut Vec<T>, x: T, what: &str) -> Result<()> {
@@ -72,6 +90,8 @@ mod tests {
             push(&mut w, i, "w").unwrap();
         }
         assert_eq!(w, (0..100).collect::<Vec<_>>());
+        assert!(with_capacity::<u64>(usize::MAX / 4, "huge").is_err());
+        assert_eq!(collect((0..5).filter(|x| x % 2 == 0), "evens").unwrap(), [0, 2, 4]);
     }
 
     #[test]

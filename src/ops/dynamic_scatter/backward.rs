@@ -25,6 +25,7 @@
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::cache;
+use crate::scratch;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
@@ -181,9 +182,8 @@ fn scan_map(inputs: &Inputs<'_>, x: &Views<'_>, reduce: Reduce) -> Result<Option
     let Dims { n, c, v, .. } = x.dims;
     // The CSR is needed only when `max` has output to fill.
     let want_csr = reduce == Reduce::Max && n > 0 && c > 0;
-    // Histogram in `offsets[row + 1]`; V + 1 <= M + 1 entries, and M is backed by the
-    // voxel_points_count data, so this allocation is bounded by the input size.
-    let mut offsets = if want_csr { vec![0usize; v + 1] } else { Vec::new() };
+    // Histogram in `offsets[row + 1]`.
+    let mut offsets = if want_csr { scratch::filled(v + 1, 0usize, "the voxel offsets")? } else { Vec::new() };
     for (i, &value) in x.map.iter().enumerate() {
         // Every value is in [-1, V) (the value rule, checked before).
         let Ok(row) = usize::try_from(value) else { continue };
@@ -210,10 +210,11 @@ fn scan_map(inputs: &Inputs<'_>, x: &Views<'_>, reduce: Reduce) -> Result<Option
         offsets[r] += offsets[r - 1];
     }
     let total = offsets.last().copied().unwrap_or(0);
-    let mut order = vec![0usize; total];
-    let mut pos = vec![usize::MAX; n];
+    let mut order = scratch::filled(total, 0usize, "the points in voxel order")?;
+    let mut pos = scratch::filled(n, usize::MAX, "each point's place in voxel order")?;
     // Next free position of each voxel; filling in point order keeps each group ascending.
-    let mut cursor = offsets.clone();
+    let mut cursor = scratch::filled(offsets.len(), 0usize, "the voxel cursors")?;
+    cursor.copy_from_slice(&offsets);
     for (i, &value) in x.map.iter().enumerate() {
         let Ok(row) = usize::try_from(value) else { continue };
         if let Some(cur) = cursor.get_mut(row) {
@@ -268,7 +269,7 @@ impl Operator for DynamicScatterBackward {
             return Ok(());
         }
         match (self.reduce, plan.csr) {
-            (Reduce::Max, Some(csr)) => max(&x, &csr, out, par),
+            (Reduce::Max, Some(csr)) => max(&x, &csr, out, par)?,
             (Reduce::Max, None) => out.fill(0.0),
             (reduce, _) => sum_or_mean(&x, reduce == Reduce::Mean, out, par),
         }
@@ -318,7 +319,7 @@ fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
 /// `max`, in one pass over the voxels: each voxel walks its points in ascending order and
 /// writes each point's whole output row, giving every channel's gradient to the first point
 /// that matches there.
-fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
+fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) -> Result<()> {
     let Dims { c, v, .. } = x.dims;
     let stream = cache::worth_streaming(out.len());
     let total = csr.order.len();
@@ -338,7 +339,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
     // The output rows in CSR order: then the rows of a block of voxels form one contiguous
     // run of `slots`, which `for_each_part_mut` hands to one task, so each task owns its
     // (scattered) rows without any shared mutable state.
-    let mut slots: Vec<Option<&mut [f32]>> = Vec::with_capacity(total);
+    let mut slots: Vec<Option<&mut [f32]>> = scratch::with_capacity(total, "the output rows in voxel order")?;
     slots.resize_with(total, || None);
     for (row, &p) in out.chunks_exact_mut(c).zip(&csr.pos) {
         if let Some(slot) = slots.get_mut(p) {
@@ -361,6 +362,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) {
     for_each_part_mut(par, &mut slots, &bounds, |t, part| {
         voxel_block(x, csr, first_voxel[t]..first_voxel[t + 1], part, stream);
     });
+    Ok(())
 }
 
 /// Points ahead whose feature rows are prefetched, with the non-temporal hint: each row is

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::ops::rules::{self, Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
 use crate::schema::Attrs;
+use crate::scratch;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 /// Work units (output elements zeroed or updated) per task.
@@ -329,10 +330,10 @@ impl crate::ops::Operator for PsRoiPoolBackward {
 
         // Bin spans of every contributing roi, and the rois of each batch in roi order
         // (a stable counting sort by batch).
-        let mut rows = vec![Span::default(); r_count * p];
-        let mut cols = vec![Span::default(); r_count * p];
-        let mut batch_of = vec![usize::MAX; r_count];
-        let mut batch_start = vec![0usize; batches + 1];
+        let mut rows = scratch::filled(r_count * p, Span::default(), "the rois' row spans")?;
+        let mut cols = scratch::filled(r_count * p, Span::default(), "the rois' column spans")?;
+        let mut batch_of = scratch::filled(r_count, usize::MAX, "the rois' batches")?;
+        let mut batch_start = scratch::filled(batches + 1, 0usize, "the batches' first rois")?;
         for (r, roi) in rois.chunks_exact(5).enumerate() {
             let Some(b) = Self::finite_batch(roi) else { continue };
             let spans =
@@ -346,8 +347,9 @@ impl crate::ops::Operator for PsRoiPoolBackward {
         for b in 0..batches {
             batch_start[b + 1] += batch_start[b];
         }
-        let mut cursor = batch_start.clone();
-        let mut by_batch = vec![0usize; batch_start[batches]];
+        let mut cursor = scratch::filled(batches + 1, 0usize, "the batch cursors")?;
+        cursor.copy_from_slice(&batch_start);
+        let mut by_batch = scratch::filled(batch_start[batches], 0usize, "the rois by batch")?;
         for (r, &b) in batch_of.iter().enumerate() {
             if b != usize::MAX {
                 by_batch[cursor[b]] = r;
@@ -357,7 +359,7 @@ impl crate::ops::Operator for PsRoiPoolBackward {
 
         // Work per output row (zeroing + updates), for balanced contiguous row ranges.
         let total_rows = batches * height;
-        let mut diff = vec![0f64; total_rows + 1];
+        let mut diff = scratch::filled(total_rows + 1, 0f64, "the work per output row")?;
         for (r, &b) in batch_of.iter().enumerate() {
             if b == usize::MAX {
                 continue;
@@ -371,13 +373,13 @@ impl crate::ops::Operator for PsRoiPoolBackward {
             }
         }
         let mut acc = 0.0;
-        let weights: Vec<f64> = diff[..total_rows]
-            .iter()
-            .map(|d| {
+        let weights = scratch::collect(
+            diff[..total_rows].iter().map(|d| {
                 acc += d;
                 acc + row_len as f64
-            })
-            .collect();
+            }),
+            "the weights of the output rows",
+        )?;
         let total: f64 = weights.iter().sum();
         let tasks = pieces((total / GRAIN).ceil() as usize, 1).min(MAX_TASKS).min(total_rows);
         // The weights are whole numbers below 2^53, exact in f64 and u64.

@@ -309,7 +309,7 @@ fn split<T: Real, const L: usize>(
     let per_block = L.saturating_mul(d.n.saturating_mul(3).saturating_add(d.m));
     let channels = (GRAIN.div_ceil(per_block) * L).min(d.c);
     let per_batch = d.c.div_ceil(channels);
-    let mut bounds = Vec::with_capacity(d.b * per_batch + 1);
+    let mut bounds = scratch::with_capacity(d.b * per_batch + 1, "the task bounds")?;
     for b in 0..d.b {
         for t in 0..per_batch {
             bounds.push((b * d.c + t * channels) * d.m);

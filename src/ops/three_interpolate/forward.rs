@@ -12,6 +12,7 @@ use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
+use crate::scratch;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
 
@@ -119,8 +120,9 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
     // Whole rows per task, never across a batch (a task widens its batch's weights once).
     let rows = GRAIN.div_ceil(d.n).clamp(1, d.c);
     let per_batch = d.c.div_ceil(rows);
-    let mut bounds: Vec<usize> = (0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * rows) * d.n)).collect();
-    bounds.push(out.len());
+    let mut bounds =
+        scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * rows) * d.n)), "the task bounds")?;
+    scratch::push(&mut bounds, out.len(), "the task bounds")?;
     for_each_part_mut(par, out, &bounds, |task, part| {
         let (b, first) = (task / per_batch, (task % per_batch) * rows);
         let idx = &indices[b * 3 * d.n..(b + 1) * 3 * d.n];

@@ -265,8 +265,11 @@ impl VoxelPoolingForward {
         if chunks > 1 {
             // out += scratch grids of the same batch, in chunk order; pieces never straddle batches.
             let piece = SUM_GRAIN.min(grid);
-            let mut bounds: Vec<usize> = (0..batches).flat_map(|b| (0..grid).step_by(piece).map(move |o| b * grid + o)).collect();
-            bounds.push(out.len());
+            let mut bounds = scratch::collect(
+                (0..batches).flat_map(|b| (0..grid).step_by(piece).map(move |o| b * grid + o)),
+                "the bounds of the grid sums",
+            )?;
+            scratch::push(&mut bounds, out.len(), "the bounds of the grid sums")?;
             for_each_part_mut(par, out, &bounds, |t, dst| {
                 let (b, offset, len) = (bounds[t] / grid, bounds[t] % grid, dst.len());
                 for k in 0..chunks - 1 {
