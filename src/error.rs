@@ -1,5 +1,5 @@
 //! Errors of the operator layer. Every contract violation becomes one of these; the C
-//! boundary (src/ort/) turns it into an ONNX Runtime status whose message names the op,
+//! boundary (src/ffi/) turns it into an ONNX Runtime status whose message names the op,
 //! the node, the tensor or attribute, and the rule.
 
 use thiserror::Error;

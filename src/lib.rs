@@ -13,11 +13,11 @@ pub mod scratch;
 pub mod tensor;
 #[cfg(test)]
 mod test_rng;
+pub mod ffi;
 pub mod mlu;
-pub mod ort;
 
 use ep::factory;
-use ort::ep_ffi::OrtEpFactory;
+use ffi::ep_abi::OrtEpFactory;
 use ort_sys::{OrtApiBase, OrtLogger, OrtSessionOptions, OrtStatusPtr};
 use std::ffi::c_char;
 
@@ -30,11 +30,11 @@ use std::ffi::c_char;
 pub unsafe extern "C" fn RegisterCustomOps(options: *mut OrtSessionOptions, api_base: *const OrtApiBase) -> OrtStatusPtr {
     let init = std::panic::catch_unwind(|| {
         // SAFETY: api_base is the pointer ONNX Runtime passed to this entry point.
-        unsafe { ort::init(api_base) }
+        unsafe { ffi::init(api_base) }
     });
     match init {
         // SAFETY: options is the session options ONNX Runtime passed to this entry point.
-        Ok(Ok(_)) => ort::guard("RegisterCustomOps", || unsafe { ort::custom_op::register(options) }),
+        Ok(Ok(_)) => ffi::guard("RegisterCustomOps", || unsafe { ffi::custom_op::register(options) }),
         Ok(Err(status)) => status,
         // Without an API table no status can be built; null is the only answer left.
         Err(_) => OrtStatusPtr(std::ptr::null_mut()),
@@ -63,15 +63,13 @@ pub unsafe extern "C" fn CreateEpFactories(
     }
     let init = std::panic::catch_unwind(|| {
         // SAFETY: api_base is the pointer ONNX Runtime passed to this entry point.
-        unsafe { ort::init(api_base) }
+        unsafe { ffi::init(api_base) }
     });
     match init {
-        Ok(Ok(_)) => ort::guard("CreateEpFactories", || {
-            // SAFETY: a host that served API >= 24 has a valid version string.
-            let host = unsafe { std::ffi::CStr::from_ptr(((*api_base).GetVersionString)()) };
-            // SAFETY: the API table was obtained above.
-            if let Err(m) = unsafe { ep::init(host) } {
-                return ort::status(ort_sys::OrtErrorCode::ORT_FAIL, &m);
+        Ok(Ok(_)) => ffi::guard("CreateEpFactories", || {
+            // SAFETY: api_base is ONNX Runtime's, and the API table was obtained from it above.
+            if let Err(m) = unsafe { ffi::init_ep(api_base) } {
+                return ffi::status(ort_sys::OrtErrorCode::ORT_FAIL, &m);
             }
             let name = if registered_name.is_null() {
                 String::new()
@@ -96,9 +94,9 @@ pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut OrtEpFactory) -> OrtStat
     if factory.is_null() {
         return OrtStatusPtr(std::ptr::null_mut());
     }
-    ort::guard("ReleaseEpFactory", || {
+    ffi::guard("ReleaseEpFactory", || {
         // SAFETY: caller contract.
         unsafe { factory::Factory::release(factory) };
-        OrtStatusPtr(std::ptr::null_mut())
+        ffi::ok()
     })
 }

@@ -1,6 +1,6 @@
 //! Work splitting. Kernels describe their work as `tasks` independent pieces; a [`Parallel`]
 //! runs them. Inside ONNX Runtime the pieces go to the session's intra-op thread pool
-//! (`KernelContext_ParallelFor`, see src/ort/kernel.rs); tests and benches use [`Threads`].
+//! (`KernelContext_ParallelFor`, see src/ffi/kernel.rs); tests and benches use [`Threads`].
 //! Kernels must not let results depend on how tasks are scheduled.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

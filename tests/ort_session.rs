@@ -641,6 +641,43 @@ fn get_indice_pairs_subm_run_pairs_every_site_with_itself_at_the_centre_offset()
     }
 }
 
+/// ONNX Runtime tells the kernel info's reader that a node lacks an attribute only by the
+/// message text (ORT_FAIL, as for a mistyped one); src/ffi/attributes.rs reads that text in
+/// one place, and this pins it for scalar and list attributes: an absent optional attribute
+/// takes its schema default, an absent required one is reported missing, a mistyped one is
+/// a type error (not a default).
+#[test]
+fn kernel_info_attribute_reads_tell_absent_from_mistyped() {
+    let inputs = named(vec![("indices", HostTensor::new(DType::I32, &[2, 4], vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]))]);
+    let required = serde_json::json!({"batch_size": {"int": 1}, "spatial_shape": {"ints": [3, 3, 3]}, "kernel_size": {"ints": [3, 3, 3]}});
+    let with = |extra: Value| {
+        let mut a = attrs(required.clone());
+        a.extend(attrs(extra));
+        a
+    };
+    let outputs = |a: &Map<String, Value>, node: &str| {
+        let mut s = session(&model_bytes("GetIndicePairs", a, &inputs, node), None).unwrap_or_else(|e| panic!("{node}: {e}"));
+        run(&mut s, &inputs).unwrap_or_else(|e| panic!("{node}: {e}")).into_iter().map(|t| (t.shape, t.values)).collect::<Vec<_>>()
+    };
+    let explicit = with(serde_json::json!({
+        "stride": {"ints": [1, 1, 1]}, "padding": {"ints": [0, 0, 0]}, "dilation": {"ints": [1, 1, 1]},
+        "output_padding": {"ints": [0, 0, 0]}, "subm": {"int": 0}, "transpose": {"int": 0}, "inverse": {"int": 0}
+    }));
+    assert_eq!(outputs(&attrs(required.clone()), "gip_defaults"), outputs(&explicit, "gip_explicit"));
+    let create_error = |a: &Map<String, Value>, node: &str| match session(&model_bytes("GetIndicePairs", a, &inputs, node), None) {
+        Ok(_) => panic!("{node}: the session was created"),
+        Err(e) => e.message().to_owned(),
+    };
+    for (absent, node) in [("batch_size", "gip_no_batch_size"), ("kernel_size", "gip_no_kernel_size")] {
+        let mut a = attrs(required.clone());
+        a.remove(absent);
+        let msg = create_error(&a, node);
+        assert!(msg.contains(&format!("node '{node}': attribute '{absent}': required attribute is missing")), "{msg}");
+    }
+    let msg = create_error(&with(serde_json::json!({"subm": {"float": 1.0}})), "gip_float_subm");
+    assert!(msg.contains("node 'gip_float_subm': attribute 'subm': expected type Int"), "{msg}");
+}
+
 #[test]
 fn voxel_pooling_forward_is_bit_identical_with_one_and_four_threads() {
     let (b, n, c, nx, ny) = (2usize, 5000usize, 4usize, 8i64, 8i64);

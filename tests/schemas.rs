@@ -1,6 +1,6 @@
 //! The schemas in schemas/ against the contract (docs/CONTRACT.md): names, input/output order,
 //! dtypes, optionality, attributes and defaults. Registration is derived from these
-//! schemas (src/ort/custom_op.rs), so this pins what ONNX Runtime sees.
+//! schemas (src/ffi/custom_op.rs), so this pins what ONNX Runtime sees.
 
 use onnxruntime_ep_mlu::ops;
 use onnxruntime_ep_mlu::schema::{AttrKind, AttrValue};

@@ -2,17 +2,19 @@
 //! (vendor 0xCABC) with their memory info, creates EP instances, allocators and the data
 //! transfer, and serves the `mluops` custom-op domain (the schemas and CPU kernels).
 
-use super::kernel::{self, Registry};
+use super::kernel;
 use super::memory::{self, Allocator, Transfer};
 use super::provider::Ep;
-use super::{EP_NAME, INFO, OPTION_PREFIX, VENDOR, VENDOR_ID, WARNING, ep_api, version, Logger};
+use super::{EP_NAME, OPTION_PREFIX, VENDOR, VENDOR_ID};
 use crate::error::{Error, Result};
+use crate::ffi::device::{self as ort_device, Pairs};
+use crate::ffi::ep_abi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl};
+use crate::ffi::registry::KernelRegistry;
+use crate::ffi::{INFO, Logger, WARNING, cstring, custom_op, guard, ok, status, version};
 use crate::mlu::{Device, cnrt, emulator};
-use crate::ort::ep_ffi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl};
-use crate::ort::{api, check, cstring, custom_op, guard, read_string, status};
 use ort_sys::{
-    OrtAllocator, OrtCustomOpDomain, OrtEpDevice, OrtErrorCode, OrtHardwareDevice, OrtHardwareDeviceType, OrtKeyValuePairs,
-    OrtLogger, OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
+    OrtAllocator, OrtCustomOpDomain, OrtEpDevice, OrtErrorCode, OrtHardwareDevice, OrtKeyValuePairs, OrtLogger,
+    OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
 };
 use std::ffi::{CString, c_char};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,7 +36,7 @@ pub struct Factory {
     version: CString,
     cards: Vec<Card>,
     transfer: Box<Transfer>,
-    registry: OnceLock<Registry>,
+    registry: OnceLock<KernelRegistry>,
     /// Serialises registry creation (OnceLock::get_or_try_init is unstable).
     registry_lock: Mutex<()>,
     lifetime: Mutex<Lifetime>,
@@ -63,34 +65,6 @@ fn this<'a>(f: *const OrtEpFactory) -> &'a Factory {
     unsafe { &*(f as *const Factory) }
 }
 
-fn ok() -> OrtStatusPtr {
-    OrtStatusPtr(std::ptr::null_mut())
-}
-
-/// Key/value pairs for device and EP metadata, released on drop.
-struct Pairs(*mut OrtKeyValuePairs);
-
-impl Pairs {
-    fn new(entries: &[(&str, String)]) -> Self {
-        let mut p = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        unsafe { (api().CreateKeyValuePairs)(&mut p) };
-        for (k, v) in entries {
-            let (k, v) = (cstring(k), cstring(v));
-            // SAFETY: p is live; ORT copies the strings.
-            unsafe { (api().AddKeyValuePair)(p, k.as_ptr(), v.as_ptr()) };
-        }
-        Pairs(p)
-    }
-}
-
-impl Drop for Pairs {
-    fn drop(&mut self) {
-        // SAFETY: created by CreateKeyValuePairs, released once.
-        unsafe { (api().ReleaseKeyValuePairs)(self.0) };
-    }
-}
-
 /// The cards this process can use: real ones through libcnrt, then the emulated card when
 /// `MLU_EP_EMULATE=1`.
 fn discover(logger: Logger) -> Vec<(u32, Arc<Device>)> {
@@ -117,7 +91,6 @@ fn discover(logger: Logger) -> Vec<(u32, Arc<Device>)> {
 
 impl Factory {
     pub fn new(logger: Logger) -> Result<Box<Self>> {
-        let ep = ep_api();
         let mut cards = Vec::new();
         for (id, device) in discover(logger) {
             let d = &device.info;
@@ -129,18 +102,12 @@ impl Factory {
                 ("cores_per_cluster", d.cores_per_cluster.to_string()),
                 ("Description", if d.emulated { "Cambricon MLU (emulated on the host)".into() } else { format!("Cambricon MLU {}", d.arch) }),
             ]);
-            let vendor = cstring(VENDOR);
-            let mut hardware = std::ptr::null_mut();
-            // SAFETY: valid strings and out pointer; ORT copies the metadata.
-            check(unsafe {
-                (ep.CreateHardwareDevice)(OrtHardwareDeviceType::OrtHardwareDeviceType_NPU, VENDOR_ID, id, vendor.as_ptr(), metadata.0, &mut hardware)
-            })
-            .map_err(|m| Error::Runtime(format!("CreateHardwareDevice: {m}")))?;
+            let hardware = ort_device::hardware_device(VENDOR_ID, id, VENDOR, &metadata)?;
             let memory_info = match memory::memory_info(id) {
                 Ok(m) => m,
                 Err(e) => {
                     // SAFETY: created just above, not handed out.
-                    unsafe { (ep.ReleaseHardwareDevice)(hardware) };
+                    unsafe { ort_device::release_hardware_device(hardware) };
                     return Err(e);
                 }
             };
@@ -210,21 +177,22 @@ impl Factory {
     /// The kernel registry, built on first use and shared by every EP of this factory.
     pub fn registry(&self) -> Result<*const OrtKernelRegistry> {
         if let Some(r) = self.registry.get() {
-            return Ok(r.0);
+            return Ok(r.as_ptr());
         }
         let _guard = self.registry_lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = self.registry.get() {
-            return Ok(r.0);
+            return Ok(r.as_ptr());
         }
         let r = kernel::registry()?;
-        Ok(self.registry.get_or_init(|| r).0)
+        Ok(self.registry.get_or_init(|| r).as_ptr())
     }
 
     /// The card an EP should use: the `device_id` option when given, else the selected
     /// hardware device, else the first card.
     fn pick(&self, devices: &[*const OrtHardwareDevice], options: *const OrtSessionOptions) -> Result<&Card> {
         let key = format!("{OPTION_PREFIX}device_id");
-        if let Some(v) = session_entry(options, &key)? {
+        // SAFETY: options is null or the live session options of CreateEp.
+        if let Some(v) = unsafe { ort_device::session_entry(options, &key) }? {
             let id: u32 = v.trim().parse().map_err(|_| {
                 Error::attribute(format!("{EP_NAME} option device_id"), format!("'{v}' is not a device number"))
             })?;
@@ -236,26 +204,6 @@ impl Factory {
         let selected = devices.iter().find_map(|&h| self.cards.iter().find(|c| c.hardware.cast_const() == h));
         selected.or(self.cards.first()).ok_or_else(|| Error::Runtime(format!("{EP_NAME}: no MLU device")))
     }
-}
-
-/// A session configuration entry (`None` when unset).
-fn session_entry(options: *const OrtSessionOptions, key: &str) -> Result<Option<String>> {
-    if options.is_null() {
-        return Ok(None);
-    }
-    let k = cstring(key);
-    let mut has = 0;
-    // SAFETY: options is live during CreateEp; valid out pointer.
-    check(unsafe { (api().HasSessionConfigEntry)(options, k.as_ptr(), &mut has) }).map_err(Error::Runtime)?;
-    if has == 0 {
-        return Ok(None);
-    }
-    read_string(|buf, size| {
-        // SAFETY: as above; buf is null or holds *size bytes.
-        unsafe { (api().GetSessionConfigEntry)(options, k.as_ptr(), buf, size) }
-    })
-    .map(Some)
-    .map_err(Error::Runtime)
 }
 
 unsafe extern "system" fn get_name(f: *const OrtEpFactory) -> *const c_char {
@@ -281,26 +229,17 @@ unsafe extern "system" fn get_supported_devices(
 ) -> OrtStatusPtr {
     let factory = this(f);
     guard("MLUExecutionProvider GetSupportedDevices", || {
-        let ep = ep_api();
         let mut n = 0usize;
         // ORT's own device discovery does not find MLU cards: the factory reports the
         // hardware devices it created for them.
         for card in factory.cards.iter().take(max_ep_devices) {
             let metadata = Pairs::new(&[("card", card.id.to_string())]);
-            let mut device = std::ptr::null_mut();
-            // SAFETY: f is this factory, card.hardware a live hardware device; ORT copies
-            // the metadata.
-            let s = unsafe { (ep.CreateEpDevice)(f, card.hardware, metadata.0, std::ptr::null(), &mut device) };
-            if !s.0.is_null() {
-                return s;
-            }
-            // SAFETY: device was just created; the memory info lives as long as the factory.
-            let s = unsafe { (ep.EpDevice_AddAllocatorInfo)(device, card.memory_info) };
-            if !s.0.is_null() {
-                // SAFETY: not handed to ORT yet.
-                unsafe { (ep.ReleaseEpDevice)(device) };
-                return s;
-            }
+            // SAFETY: f is this factory, card.hardware a live hardware device, and the memory
+            // info lives as long as the factory.
+            let device = match unsafe { ort_device::ep_device(f, card.hardware, &metadata, card.memory_info) } {
+                Ok(d) => d,
+                Err(e) => return status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME}: {e}")),
+            };
             // SAFETY: ep_devices has max_ep_devices slots and n < max_ep_devices.
             unsafe { *ep_devices.add(n) = device };
             n += 1;
@@ -361,12 +300,9 @@ unsafe extern "system" fn create_allocator(
 ) -> OrtStatusPtr {
     let factory = this(f);
     guard("MLUExecutionProvider CreateAllocator", || {
-        let ep = ep_api();
-        // SAFETY: info is a live memory info ORT passed in; ours live with the factory.
-        let wanted = unsafe { (ep.MemoryInfo_GetMemoryDevice)(info) };
         let card = factory.cards.iter().find(|c| {
-            // SAFETY: as above.
-            c.memory_info.cast_const() == info || unsafe { (ep.MemoryDevice_AreEqual)((ep.MemoryInfo_GetMemoryDevice)(c.memory_info), wanted) }
+            // SAFETY: info is a live memory info ORT passed in; ours live with the factory.
+            c.memory_info.cast_const() == info || unsafe { ort_device::same_memory_device(c.memory_info, info) }
         });
         match card {
             Some(c) => {

@@ -2,14 +2,16 @@
 //! 0xCABC, device id), an `OrtAllocator` handing out card memory, and the data transfer
 //! ONNX Runtime uses for the copies it inserts between CPU nodes and MLU nodes.
 
-use super::{VENDOR_ID, ep_api, version};
+use super::VENDOR_ID;
 use crate::error::{Error, Result};
+use crate::ffi::device::{self as ort_device, MemoryDevice};
+use crate::ffi::ep_abi::{OrtDataTransferImpl, OrtMemoryDevice};
+use crate::ffi::kernel::Value;
+use crate::ffi::{guard, ok, status, version};
 use crate::mlu::{Buffer, Device, Direction};
-use crate::ort::ep_ffi::{OrtDataTransferImpl, OrtMemoryDevice};
-use crate::ort::{api, check, cstring, guard, status};
 use ort_sys::{
-    OrtAllocator, OrtAllocatorType, OrtDeviceMemoryType, OrtErrorCode, OrtMemoryInfo, OrtMemoryInfoDeviceType,
-    OrtStatusPtr, OrtSyncStream, OrtValue,
+    OrtAllocator, OrtDeviceMemoryType, OrtErrorCode, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtStatusPtr, OrtSyncStream,
+    OrtValue,
 };
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -20,23 +22,7 @@ pub const ALIGNMENT: usize = 64;
 
 /// The memory info of card `id`, kept alive by the factory (ONNX Runtime does not copy it).
 pub fn memory_info(id: u32) -> Result<*mut OrtMemoryInfo> {
-    let name = cstring(&format!("MLU:{id}"));
-    let mut info = std::ptr::null_mut();
-    // SAFETY: name is a valid C string, `info` a valid out pointer.
-    check(unsafe {
-        (api().CreateMemoryInfo_V2)(
-            name.as_ptr(),
-            OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_NPU,
-            VENDOR_ID,
-            id as i32,
-            OrtDeviceMemoryType::OrtDeviceMemoryType_DEFAULT,
-            ALIGNMENT,
-            OrtAllocatorType::OrtDeviceAllocator,
-            &mut info,
-        )
-    })
-    .map_err(|m| Error::Runtime(format!("CreateMemoryInfo_V2: {m}")))?;
-    Ok(info)
+    ort_device::memory_info(&format!("MLU:{id}"), VENDOR_ID, id, ALIGNMENT)
 }
 
 /// Card memory for ONNX Runtime. `base` comes first so the `OrtAllocator*` casts back.
@@ -156,45 +142,26 @@ impl Transfer {
         if d.is_null() {
             return Side::Host;
         }
-        let ep = ep_api();
-        // SAFETY: d is a memory device ONNX Runtime passed in or returned.
-        let (kind, mem, vendor, id) = unsafe {
-            (
-                (ep.MemoryDevice_GetDeviceType)(d),
-                (ep.MemoryDevice_GetMemoryType)(d),
-                (ep.MemoryDevice_GetVendorId)(d),
-                (ep.MemoryDevice_GetDeviceId)(d),
-            )
-        };
+        // SAFETY: d is a non-null memory device ONNX Runtime passed in or returned.
+        let MemoryDevice { kind, memory, vendor_id, device_id } = unsafe { MemoryDevice::read(d) };
         if kind == OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_CPU
-            || mem == OrtDeviceMemoryType::OrtDeviceMemoryType_HOST_ACCESSIBLE
+            || memory == OrtDeviceMemoryType::OrtDeviceMemoryType_HOST_ACCESSIBLE
         {
             return Side::Host;
         }
         if kind == OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_NPU
-            && vendor == VENDOR_ID
-            && let Some(i) = self.cards.iter().position(|(cid, _)| *cid == id)
+            && vendor_id == VENDOR_ID
+            && let Some(i) = self.cards.iter().position(|(cid, _)| *cid == device_id)
         {
             return Side::Card(i);
         }
         Side::Other
     }
 
-    fn copy(&self, src: *const OrtValue, dst: *mut OrtValue) -> Result<()> {
-        let ep = ep_api();
-        let ort = api();
-        // SAFETY: src and dst are live tensors ONNX Runtime passed to CopyTensors.
-        let (from, to) = unsafe { (self.side((ep.Value_GetMemoryDevice)(src)), self.side((ep.Value_GetMemoryDevice)(dst))) };
-        let (mut bytes, mut dst_bytes) = (0usize, 0usize);
-        let mut s: *const c_void = std::ptr::null();
-        let mut d: *mut c_void = std::ptr::null_mut();
-        // SAFETY: as above; out pointers are valid.
-        unsafe {
-            check((ort.GetTensorSizeInBytes)(src, &mut bytes)).map_err(Error::Runtime)?;
-            check((ort.GetTensorSizeInBytes)(dst, &mut dst_bytes)).map_err(Error::Runtime)?;
-            check((ort.GetTensorData)(src, &mut s)).map_err(Error::Runtime)?;
-            check((ort.GetTensorMutableData)(dst, &mut d)).map_err(Error::Runtime)?;
-        }
+    fn copy(&self, src: Value<'_>, dst: Value<'_>) -> Result<()> {
+        let (from, to) = (self.side(src.memory_device()), self.side(dst.memory_device()));
+        let (bytes, dst_bytes) = (src.size_in_bytes()?, dst.size_in_bytes()?);
+        let (s, d) = (src.data()?, dst.data()?);
         if bytes != dst_bytes {
             return Err(Error::Runtime(format!("MLU copy: source has {bytes} bytes, destination {dst_bytes}")));
         }
@@ -240,12 +207,13 @@ unsafe extern "system" fn copy_tensors(
     let t = transfer(this);
     guard("MLUExecutionProvider data transfer", || {
         for i in 0..count {
-            // SAFETY: ONNX Runtime passes `count` source and destination tensors.
-            let (s, d) = unsafe { (*src.add(i), *dst.add(i)) };
+            // SAFETY: ONNX Runtime passes `count` source and destination tensors, live for
+            // this call.
+            let (s, d) = unsafe { (Value::from_raw(*src.add(i)), Value::from_raw(*dst.add(i))) };
             if let Err(e) = t.copy(s, d) {
                 return status(OrtErrorCode::ORT_FAIL, &format!("MLUExecutionProvider: {e}"));
             }
         }
-        OrtStatusPtr(std::ptr::null_mut())
+        ok()
     })
 }

@@ -1,16 +1,17 @@
 //! One `MLUExecutionProvider` instance (per session): partitioning (`GetCapability`) and
 //! the queues its kernels launch on.
 
+use super::EP_NAME;
 use super::factory::Factory;
-use super::{EP_NAME, INFO, WARNING, ep_api, version, Logger};
 use crate::error::Result;
+use crate::ffi::ep_abi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelRegistry};
+use crate::ffi::graph::{Graph, Node, SupportInfo};
+use crate::ffi::{INFO, Logger, WARNING, cstring, guard, ok, status, version};
 use crate::mlu::{Device, Queue};
 use crate::ops;
-use crate::ort::ep_ffi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelDef, OrtKernelRegistry};
-use crate::ort::{api, check, cstring, guard, status};
-use crate::schema::{self, AttrKind, AttrValue, AttributeSource, Attrs};
-use ort_sys::{OrtErrorCode, OrtGraph, OrtNode, OrtOpAttr, OrtOpAttrType, OrtStatusPtr, OrtValueInfo};
-use std::ffi::{CStr, CString, c_char, c_void};
+use crate::schema::{self, Attrs};
+use ort_sys::{OrtErrorCode, OrtGraph, OrtStatusPtr};
+use std::ffi::{CString, c_char};
 use std::sync::{Arc, Mutex};
 
 /// `base` comes first so ONNX Runtime's `OrtEp*` casts back.
@@ -105,17 +106,16 @@ impl Ep {
     }
 
     /// Why the MLU declines `node`, or `None` when it takes it.
-    fn decline_reason(&self, node: *const OrtNode, op_type: &str) -> Option<String> {
+    fn decline_reason(&self, node: Node<'_>, op_type: &str) -> Option<String> {
         let Some(entry) = ops::entry(op_type) else {
             return Some("not an operator of this library".into());
         };
         let Some(create_mlu) = entry.create_mlu else {
             return Some("no MLU kernel for this operator (its CPU kernel runs it)".into());
         };
-        let source = NodeAttributes { node };
-        match create_mlu(&Attrs::new(ops::schema(op_type), &source)) {
+        match create_mlu(&Attrs::new(ops::schema(op_type), &node.attributes())) {
             Err(e) => Some(format!("invalid attributes ({e}); the CPU kernel reports the error")),
-            Ok(kernel) => kernel.supported().err().or_else(|| match input_shapes(node) {
+            Ok(kernel) => kernel.supported().err().or_else(|| match node.input_shapes() {
                 Ok(shapes) => kernel.supported_shapes(&self.device.info, &shapes).err(),
                 Err(m) => Some(format!("its input shapes cannot be read: {m}")),
             }),
@@ -123,83 +123,22 @@ impl Ep {
     }
 }
 
-/// The node's input shapes as the graph declares them.
-fn input_shapes(node: *const OrtNode) -> std::result::Result<Vec<Option<Vec<Option<usize>>>>, String> {
-    let api = api();
-    let mut n = 0usize;
-    // SAFETY: node is live during GetCapability; valid out pointers throughout.
-    check(unsafe { (api.Node_GetNumInputs)(node, &mut n) })?;
-    let mut inputs: Vec<*const OrtValueInfo> = vec![std::ptr::null(); n];
-    // SAFETY: `inputs` holds n slots.
-    check(unsafe { (api.Node_GetInputs)(node, inputs.as_mut_ptr(), n) })?;
-    let mut shapes = Vec::with_capacity(n);
-    for v in inputs {
-        if v.is_null() {
-            shapes.push(None);
-            continue;
-        }
-        let mut type_info = std::ptr::null();
-        let mut tensor = std::ptr::null();
-        let mut rank = 0usize;
-        // SAFETY: v is a live value info of the node; the type info it returns is owned by
-        // the graph.
-        unsafe {
-            check((api.GetValueInfoTypeInfo)(v, &mut type_info))?;
-            check((api.CastTypeInfoToTensorInfo)(type_info, &mut tensor))?;
-        }
-        if tensor.is_null() {
-            shapes.push(None);
-            continue;
-        }
-        // SAFETY: tensor is a live shape info.
-        check(unsafe { (api.GetDimensionsCount)(tensor, &mut rank) })?;
-        let mut dims = vec![0i64; rank];
-        // SAFETY: dims holds rank values.
-        check(unsafe { (api.GetDimensions)(tensor, dims.as_mut_ptr(), rank) })?;
-        shapes.push(Some(dims.into_iter().map(|d| usize::try_from(d).ok()).collect()));
-    }
-    Ok(shapes)
-}
-
 unsafe extern "system" fn get_name(ep: *const OrtEp) -> *const c_char {
     this(ep).name.as_ptr()
 }
 
-/// Reads a C string ONNX Runtime returned through an out pointer.
-fn ort_str(call: impl FnOnce(*mut *const c_char) -> OrtStatusPtr) -> std::result::Result<String, String> {
-    let mut p: *const c_char = std::ptr::null();
-    check(call(&mut p))?;
-    if p.is_null() {
-        return Ok(String::new());
-    }
-    // SAFETY: ORT returned a NUL-terminated string that lives as long as the graph.
-    Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-}
-
-fn capability(ep: &Ep, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo) -> std::result::Result<(), String> {
-    let api = api();
-    let mut n = 0usize;
-    // SAFETY: graph is live for the call; valid out pointer.
-    check(unsafe { (api.Graph_GetNumNodes)(graph, &mut n) })?;
-    let mut nodes: Vec<*const OrtNode> = vec![std::ptr::null(); n];
-    // SAFETY: `nodes` holds n slots.
-    check(unsafe { (api.Graph_GetNodes)(graph, nodes.as_mut_ptr(), n) })?;
-    for node in nodes {
-        // SAFETY (the three string reads): node is a live node of the graph.
-        let domain = ort_str(|p| unsafe { (api.Node_GetDomain)(node, p) })?;
-        if domain != schema::DOMAIN {
+fn capability(ep: &Ep, graph: Graph<'_>, info: &mut SupportInfo<'_>) -> std::result::Result<(), String> {
+    for node in graph.nodes()? {
+        if node.domain()? != schema::DOMAIN {
             continue;
         }
-        let op_type = ort_str(|p| unsafe { (api.Node_GetOperatorType)(node, p) })?;
-        let name = ort_str(|p| unsafe { (api.Node_GetName)(node, p) })?;
-        let mut def: *const OrtKernelDef = std::ptr::null();
-        // SAFETY: info and node are live; valid out pointer.
-        check(unsafe { (ep_api().EpGraphSupportInfo_LookUpKernel)(info, node, &mut def) })?;
-        let reason = if def.is_null() { Some("no MLU kernel is registered for it".into()) } else { ep.decline_reason(node, &op_type) };
+        let op_type = node.op_type()?;
+        let name = node.name()?;
+        let reason =
+            if info.has_kernel(node)? { ep.decline_reason(node, &op_type) } else { Some("no MLU kernel is registered for it".into()) };
         match reason {
             None => {
-                // SAFETY: info and node are live.
-                check(unsafe { (ep_api().EpGraphSupportInfo_AddSingleNode)(info, node) })?;
+                info.claim(node)?;
                 ep.logger.log(INFO, &format!("{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {}", ep.card));
             }
             Some(why) => ep.logger.log(
@@ -213,8 +152,10 @@ fn capability(ep: &Ep, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo)
 
 unsafe extern "system" fn get_capability(ep: *mut OrtEp, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo) -> OrtStatusPtr {
     let ep = this(ep);
-    guard("MLUExecutionProvider GetCapability", || match capability(ep, graph, info) {
-        Ok(()) => OrtStatusPtr(std::ptr::null_mut()),
+    // SAFETY: ORT's graph and support info, live for this call.
+    let (graph, mut info) = unsafe { (Graph::from_raw(graph), SupportInfo::from_raw(info)) };
+    guard("MLUExecutionProvider GetCapability", || match capability(ep, graph, &mut info) {
+        Ok(()) => ok(),
         Err(m) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME} GetCapability: {m}")),
     })
 }
@@ -227,7 +168,7 @@ unsafe extern "system" fn get_kernel_registry(ep: *mut OrtEp, out: *mut *const O
             Ok(r) => {
                 // SAFETY: ORT's out pointer.
                 unsafe { *out = r };
-                OrtStatusPtr(std::ptr::null_mut())
+                ok()
             }
             Err(e) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME}: kernel registry: {e}")),
         }
@@ -237,94 +178,5 @@ unsafe extern "system" fn get_kernel_registry(ep: *mut OrtEp, out: *mut *const O
 unsafe extern "system" fn is_concurrent_run_supported(_: *mut OrtEp, out: *mut bool) -> OrtStatusPtr {
     // SAFETY: ORT's out pointer. Every kernel call takes its own queue.
     unsafe { *out = true };
-    OrtStatusPtr(std::ptr::null_mut())
-}
-
-/// A node's attributes, read through the graph API during partitioning.
-struct NodeAttributes {
-    node: *const OrtNode,
-}
-
-impl NodeAttributes {
-    fn find(&self, name: &str) -> std::result::Result<Option<*const OrtOpAttr>, String> {
-        let api = api();
-        let mut n = 0usize;
-        // SAFETY: node is live during GetCapability; valid out pointer.
-        check(unsafe { (api.Node_GetNumAttributes)(self.node, &mut n) })?;
-        let mut attrs: Vec<*const OrtOpAttr> = vec![std::ptr::null(); n];
-        // SAFETY: `attrs` holds n slots.
-        check(unsafe { (api.Node_GetAttributes)(self.node, attrs.as_mut_ptr(), n) })?;
-        for a in attrs {
-            // SAFETY: a is a live attribute of the node.
-            if ort_str(|p| unsafe { (api.OpAttr_GetName)(a, p) })? == name {
-                return Ok(Some(a));
-            }
-        }
-        Ok(None)
-    }
-}
-
-/// Reads the raw bytes of an attribute's value. Scalars are read into a buffer of their
-/// size; lists and strings ask `ReadOpAttr` for the size first. A scalar whose value field
-/// is absent from the protobuf (writers may omit a 0) reads as 0, as through the kernel
-/// info API.
-fn read_attr(a: *const OrtOpAttr, ty: OrtOpAttrType) -> std::result::Result<Vec<u8>, String> {
-    let api = api();
-    let scalar = match ty {
-        OrtOpAttrType::ORT_OP_ATTR_INT => Some(8),
-        OrtOpAttrType::ORT_OP_ATTR_FLOAT => Some(4),
-        _ => None,
-    };
-    let needed = match scalar {
-        Some(n) => n,
-        None => {
-            let mut needed = 0usize;
-            // SAFETY: size query; ORT writes the required size (the status says the empty
-            // buffer is too small and is dropped).
-            let _ = check(unsafe { (api.ReadOpAttr)(a, ty, std::ptr::null_mut(), 0, &mut needed) });
-            needed
-        }
-    };
-    if needed == 0 {
-        return Ok(Vec::new());
-    }
-    let mut buf = vec![0u8; needed];
-    let mut got = 0usize;
-    // SAFETY: buf holds `needed` bytes.
-    match check(unsafe { (api.ReadOpAttr)(a, ty, buf.as_mut_ptr().cast::<c_void>(), needed, &mut got) }) {
-        Ok(()) => {
-            buf.truncate(got);
-            Ok(buf)
-        }
-        Err(m) if scalar.is_some() && m.contains("has no") => Ok(vec![0u8; needed]),
-        Err(m) => Err(m),
-    }
-}
-
-impl AttributeSource for NodeAttributes {
-    fn get(&self, name: &str, kind: AttrKind) -> std::result::Result<Option<AttrValue>, String> {
-        let Some(a) = self.find(name)? else { return Ok(None) };
-        let mut ty = OrtOpAttrType::ORT_OP_ATTR_UNDEFINED;
-        // SAFETY: a is a live attribute; valid out pointer.
-        check(unsafe { (api().OpAttr_GetType)(a, &mut ty) })?;
-        let want = match kind {
-            AttrKind::Int => OrtOpAttrType::ORT_OP_ATTR_INT,
-            AttrKind::Ints => OrtOpAttrType::ORT_OP_ATTR_INTS,
-            AttrKind::Float => OrtOpAttrType::ORT_OP_ATTR_FLOAT,
-            AttrKind::String => OrtOpAttrType::ORT_OP_ATTR_STRING,
-        };
-        if ty != want {
-            return Err(format!("expected type {kind:?}, the node has {ty:?}"));
-        }
-        let bytes = read_attr(a, ty)?;
-        let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect::<Vec<_>>();
-        Ok(Some(match kind {
-            AttrKind::Int => AttrValue::Int(*ints().first().ok_or("empty int attribute")?),
-            AttrKind::Ints => AttrValue::Ints(ints()),
-            AttrKind::Float => {
-                AttrValue::Float(f32::from_ne_bytes(bytes.get(..4).ok_or("empty float attribute")?.try_into().expect("4 bytes")))
-            }
-            AttrKind::String => AttrValue::String(crate::ort::attribute_text(bytes)?),
-        }))
-    }
+    ok()
 }

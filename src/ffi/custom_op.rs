@@ -3,11 +3,11 @@
 //! CPU-typed (no execution-provider type), so the same domain serves `RegisterCustomOps`
 //! and, later, the MLU execution provider's factory.
 
-use super::kernel::{ContextOutputs, OrtPool, inputs, onnx_type};
-use super::{api, check, cstring, guard, node_status, read_string, status};
+use super::kernel::{ContextOutputs, KernelContext, KernelInfo, onnx_type};
+use super::{api, cstring, guard, node_status, ok, status};
 use crate::error::NodeError;
 use crate::ops::{Kernel, OpEntry};
-use crate::schema::{self, AttrKind, AttrValue, AttributeSource, Attrs, Schema};
+use crate::schema::{self, Attrs, Schema};
 use ort_sys::{
     ONNXTensorElementDataType as Ty, OrtApi, OrtCustomOp, OrtCustomOpDomain,
     OrtCustomOpInputOutputCharacteristic as Characteristic, OrtErrorCode, OrtKernelContext, OrtKernelInfo, OrtMemType,
@@ -88,61 +88,6 @@ unsafe extern "system" fn end_version(_: *const OrtCustomOp) -> c_int {
     c_int::MAX
 }
 
-/// Attributes of a node, read through `KernelInfoGetAttribute*`.
-pub(crate) struct InfoAttributes {
-    pub(crate) info: *const OrtKernelInfo,
-}
-
-/// ONNX Runtime reports an absent attribute with one of these messages (1.31.1: "No attribute
-/// with name:..." for scalars, "No attribute with this name is defined." for lists). Any other
-/// failure is a type mismatch and must not silently fall back to the default.
-fn is_missing(msg: &str) -> bool {
-    msg.contains("No attribute with name") || msg.contains("No attribute with this name")
-}
-
-impl AttributeSource for InfoAttributes {
-    fn get(&self, name: &str, kind: AttrKind) -> Result<Option<AttrValue>, String> {
-        let api = api();
-        let cname = cstring(name);
-        let res = match kind {
-            AttrKind::Int => {
-                let mut v = 0i64;
-                // SAFETY: info is the live kernel info of CreateKernelV2; out pointer valid.
-                check(unsafe { (api.KernelInfoGetAttribute_int64)(self.info, cname.as_ptr(), &mut v) })
-                    .map(|()| AttrValue::Int(v))
-            }
-            AttrKind::Float => {
-                let mut v = 0f32;
-                // SAFETY: as above.
-                check(unsafe { (api.KernelInfoGetAttribute_float)(self.info, cname.as_ptr(), &mut v) })
-                    .map(|()| AttrValue::Float(v))
-            }
-            AttrKind::String => read_string(|buf, size| {
-                // SAFETY: as above; `buf` is null (size query) or holds `*size` bytes.
-                unsafe { (api.KernelInfoGetAttribute_string)(self.info, cname.as_ptr(), buf, size) }
-            })
-            .map(AttrValue::String),
-            AttrKind::Ints => {
-                let mut n = 0usize;
-                // SAFETY: size query with a null buffer.
-                check(unsafe { (api.KernelInfoGetAttributeArray_int64)(self.info, cname.as_ptr(), std::ptr::null_mut(), &mut n) })
-                    .and_then(|()| {
-                        let mut v = vec![0i64; n];
-                        // SAFETY: `v` holds `n` values, the size ORT reported.
-                        check(unsafe { (api.KernelInfoGetAttributeArray_int64)(self.info, cname.as_ptr(), v.as_mut_ptr(), &mut n) })?;
-                        v.truncate(n);
-                        Ok(AttrValue::Ints(v))
-                    })
-            }
-        };
-        match res {
-            Ok(v) => Ok(Some(v)),
-            Err(m) if is_missing(&m) => Ok(None),
-            Err(m) => Err(format!("expected type {kind:?}: {m}")),
-        }
-    }
-}
-
 unsafe extern "system" fn create_kernel(
     op: *const OrtCustomOp,
     _api: *const OrtApi,
@@ -150,20 +95,17 @@ unsafe extern "system" fn create_kernel(
     kernel: *mut *mut c_void,
 ) -> OrtStatusPtr {
     let op = this(op);
+    // SAFETY: info is live during CreateKernelV2.
+    let info = unsafe { KernelInfo::from_raw(info) };
     guard(op.entry.name, || {
-        let node = read_string(|buf, size| {
-            // SAFETY: info is live during CreateKernelV2; `buf` is null or holds `*size` bytes.
-            unsafe { (api().KernelInfo_GetNodeName)(info, buf, size) }
-        })
-        .unwrap_or_default();
-        let source = InfoAttributes { info };
-        match (op.entry.create)(&Attrs::new(op.schema, &source)) {
+        let node = info.node_name();
+        match (op.entry.create)(&Attrs::new(op.schema, &info.attributes())) {
             Ok(k) => {
                 let boxed = Box::new(NodeKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
                 // SAFETY: `kernel` is ORT's out pointer; ORT hands the value back to
                 // compute and to destroy, which frees it.
                 unsafe { *kernel = Box::into_raw(boxed).cast() };
-                OrtStatusPtr(std::ptr::null_mut())
+                ok()
             }
             Err(error) => node_status(&NodeError { op: op.entry.name, node, error }),
         }
@@ -174,14 +116,15 @@ unsafe extern "system" fn compute(kernel: *mut c_void, ctx: *mut OrtKernelContex
     // SAFETY: `kernel` is the NodeKernel create_kernel made; ORT may call compute from
     // several threads at once, which only needs shared access (Kernel: Sync).
     let k = unsafe { &*(kernel as *const NodeKernel) };
+    // SAFETY: ctx is the live context of this call; nothing read through it outlives the call.
+    let ctx = unsafe { KernelContext::from_raw(ctx) };
     guard(k.op, || {
-        // SAFETY: ctx is the live context of this call; the views do not outlive it.
-        let result = unsafe { inputs(ctx, k.schema.input_names()) }.and_then(|inputs| {
+        let result = ctx.host_inputs(k.schema.input_names()).and_then(|inputs| {
             let mut host = ContextOutputs { ctx, names: k.schema.output_names() };
-            k.kernel.compute(&inputs, &mut host, &OrtPool { ctx })
+            k.kernel.compute(&inputs, &mut host, &ctx.pool())
         });
         match result {
-            Ok(()) => OrtStatusPtr(std::ptr::null_mut()),
+            Ok(()) => ok(),
             Err(error) => node_status(&NodeError { op: k.op, node: k.node.clone(), error }),
         }
     })

@@ -1,13 +1,27 @@
-//! The C boundary with ONNX Runtime's classic custom-op API: the `OrtApi` table handed to
-//! us by the host, statuses, and the `mluops` custom-op domain (src/ort/custom_op.rs) whose
-//! kernels run the CPU operators of src/ops/.
+//! The C boundary with ONNX Runtime: the only module that calls the `OrtApi` / `OrtEpApi`
+//! tables. Everything above it (the crate root, the custom-op domain's kernels, the EP's
+//! policy in src/ep/) goes through the small wrappers here:
+//! - this file: the tables, statuses, the panic guard, strings, logging;
+//! - [`ep_abi`]: the hand-written plugin-EP structs (API 24 layout, pinned by tests);
+//! - [`custom_op`]: the schema-derived `mluops` custom-op domain and its CPU kernels;
+//! - [`attributes`]: the one attribute reader, for kernel infos and graph nodes;
+//! - [`kernel`]: kernel infos, kernel contexts (inputs, outputs, the intra-op pool), values;
+//! - [`graph`]: graph reads for `GetCapability` and claiming nodes;
+//! - [`registry`]: the EP's kernel registry and kernel definitions;
+//! - [`device`]: hardware and EP devices, memory infos and devices, key/value pairs,
+//!   session configuration entries.
 
+pub mod attributes;
 pub mod custom_op;
-pub mod ep_ffi;
+pub mod device;
+pub mod ep_abi;
+pub mod graph;
 pub mod kernel;
+pub mod registry;
 
 use crate::error::NodeError;
-use ort_sys::{OrtApi, OrtApiBase, OrtErrorCode, OrtStatus, OrtStatusPtr};
+use ep_abi::OrtEpApi;
+use ort_sys::{OrtApi, OrtApiBase, OrtErrorCode, OrtLogger, OrtLoggingLevel, OrtStatus, OrtStatusPtr};
 use std::ffi::{CStr, CString, c_char};
 use std::sync::OnceLock;
 
@@ -82,17 +96,42 @@ pub fn node_status(e: &NodeError) -> OrtStatusPtr {
     status(code, &e.to_string())
 }
 
-/// Turns a status returned by an OrtApi call into `Err(message)`, releasing it.
-pub fn check(s: OrtStatusPtr) -> Result<(), String> {
+/// A failed OrtApi call: the status's code and message (the status itself is released).
+#[derive(Debug)]
+pub struct OrtError {
+    pub code: OrtErrorCode,
+    pub message: String,
+}
+
+/// Turns a status returned by an OrtApi call into `Err(OrtError)`, releasing it.
+pub fn check_code(s: OrtStatusPtr) -> Result<(), OrtError> {
     if s.0.is_null() {
         return Ok(());
     }
     let api = api();
+    let status = s.0 as *const OrtStatus;
     // SAFETY: `s` is a status the API returned; it is read then released exactly once.
-    let msg = unsafe { CStr::from_ptr((api.GetErrorMessage)(s.0 as *const OrtStatus)) }.to_string_lossy().into_owned();
+    let (code, message) = unsafe {
+        ((api.GetErrorCode)(status), CStr::from_ptr((api.GetErrorMessage)(status)).to_string_lossy().into_owned())
+    };
     // SAFETY: as above.
     unsafe { (api.ReleaseStatus)(s.0) };
-    Err(msg)
+    Err(OrtError { code, message })
+}
+
+/// Turns a status returned by an OrtApi call into `Err(message)`, releasing it.
+pub fn check(s: OrtStatusPtr) -> Result<(), String> {
+    check_code(s).map_err(|e| e.message)
+}
+
+/// As [`check`], for the operator layer: a runtime error naming the call.
+pub fn checked(call: &str, s: OrtStatusPtr) -> crate::error::Result<()> {
+    check(s).map_err(|m| crate::error::Error::Runtime(format!("{call}: {m}")))
+}
+
+/// The null status: success.
+pub fn ok() -> OrtStatusPtr {
+    OrtStatusPtr(std::ptr::null_mut())
 }
 
 /// Runs `f`, turning a panic into an ONNX Runtime status: no unwinding crosses the boundary.
@@ -111,13 +150,18 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Reads a string through the two-call (size query, then fill) pattern of the C API.
-pub fn read_string(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<String, String> {
+pub fn read_string(call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<String, String> {
+    attribute_text(read_bytes(call).map_err(|e| e.message)?)
+}
+
+/// The bytes of a string read through the two-call pattern (terminating NUL included).
+pub fn read_bytes(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<Vec<u8>, OrtError> {
     let mut size = 0usize;
-    check(call(std::ptr::null_mut(), &mut size))?;
+    check_code(call(std::ptr::null_mut(), &mut size))?;
     let mut buf = vec![0u8; size.max(1)];
-    check(call(buf.as_mut_ptr().cast(), &mut size))?;
+    check_code(call(buf.as_mut_ptr().cast(), &mut size))?;
     buf.truncate(size);
-    attribute_text(buf)
+    Ok(buf)
 }
 
 /// An attribute string's bytes (one terminating NUL allowed) as text. A NUL before the end
@@ -131,6 +175,93 @@ pub fn attribute_text(mut bytes: Vec<u8>) -> Result<String, String> {
     }
     String::from_utf8(bytes).map_err(|e| format!("the string is not UTF-8: {e}"))
 }
+
+/// Reads a C string ONNX Runtime returned through an out pointer (empty for null).
+pub(crate) fn out_str(call: impl FnOnce(*mut *const c_char) -> OrtStatusPtr) -> Result<String, String> {
+    let mut p: *const c_char = std::ptr::null();
+    check(call(&mut p))?;
+    if p.is_null() {
+        return Ok(String::new());
+    }
+    // SAFETY: ORT returned a NUL-terminated string that outlives this call (it belongs to
+    // the graph or node it was read from).
+    Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+static EP_API: OnceLock<&'static OrtEpApi> = OnceLock::new();
+static VERSION: OnceLock<u32> = OnceLock::new();
+
+/// The host's `OrtEpApi` table (set by [`init_ep`]).
+pub fn ep_api() -> &'static OrtEpApi {
+    EP_API.get().expect("OrtEpApi requested before CreateEpFactories")
+}
+
+/// The version written into every `ort_version_supported`: the lower of the layout these
+/// bindings declare (API 24) and the host's minor version.
+pub fn version() -> u32 {
+    *VERSION.get().unwrap_or(&API_VERSION)
+}
+
+/// Fetches `OrtEpApi` and negotiates the struct version with the host.
+///
+/// # Safety
+/// `base` is the `OrtApiBase` ONNX Runtime passed to `CreateEpFactories`, and [`init`]
+/// succeeded with it.
+pub unsafe fn init_ep(base: *const OrtApiBase) -> Result<(), String> {
+    // SAFETY: a host that served API >= 24 (caller contract) has a valid version string.
+    let host = unsafe { CStr::from_ptr(((*base).GetVersionString)()) };
+    let minor = host
+        .to_str()
+        .ok()
+        .and_then(|v| v.split('.').nth(1))
+        .and_then(|m| m.parse::<u32>().ok())
+        .unwrap_or(API_VERSION);
+    VERSION.get_or_init(|| minor.min(API_VERSION));
+    // SAFETY: GetEpApi is a member of every API table >= 1.22 and returns a static table.
+    let table = unsafe { (api().GetEpApi)() };
+    if table.is_null() {
+        return Err("ONNX Runtime returned no OrtEpApi".into());
+    }
+    // SAFETY: non-null, static for the life of the ONNX Runtime library; the host is
+    // >= 1.24 (checked by init), so every member declared in OrtEpApi exists.
+    EP_API.get_or_init(|| unsafe { &*table.cast::<OrtEpApi>() });
+    Ok(())
+}
+
+/// An ONNX Runtime logger (the factory's default logger or a session's), or none.
+#[derive(Clone, Copy)]
+pub struct Logger(*const OrtLogger);
+
+// SAFETY: ONNX Runtime loggers are thread-safe and only used through `Logger_LogMessage`.
+unsafe impl Send for Logger {}
+// SAFETY: as above.
+unsafe impl Sync for Logger {}
+
+impl Logger {
+    /// # Safety
+    /// `logger` is null or a live ONNX Runtime logger that outlives every copy of the result
+    /// (ORT's default logger lives as long as the environment, a session logger as long as the
+    /// EP created with it).
+    pub unsafe fn new(logger: *const OrtLogger) -> Self {
+        Logger(logger)
+    }
+
+    /// Writes one line (nothing when there is no logger).
+    pub fn log(self, level: OrtLoggingLevel, msg: &str) {
+        if self.0.is_null() {
+            return;
+        }
+        let text = cstring(msg);
+        // SAFETY: a live ORT logger (the contract of `Logger::new`); the strings are
+        // NUL-terminated and outlive the call.
+        let s = unsafe {
+            (api().Logger_LogMessage)(self.0, level, text.as_ptr(), c"onnxruntime-ep-mlu".as_ptr(), 0, c"MLUExecutionProvider".as_ptr())
+        };
+        let _ = check(s);
+    }
+}
+
+pub use ort_sys::OrtLoggingLevel::{ORT_LOGGING_LEVEL_INFO as INFO, ORT_LOGGING_LEVEL_WARNING as WARNING};
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,93 @@
+//! The layering rules of docs/LAYOUT.md that a grep can check: only src/ffi/ calls ONNX
+//! Runtime, and the device runtime (src/mlu/) knows no operator.
+
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code lines of a file (comment lines dropped), numbered from 1.
+fn code_lines(path: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .map(|(i, l)| (i + 1, l.to_owned()))
+        .collect()
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// A call through a C function table: `(<expr>.<Member>)(`, the member capitalised as in
+/// `OrtApi`, `OrtEpApi` and `OrtApiBase` (`(api.KernelContext_GetInput)(`,
+/// `((*base).GetVersionString)(`).
+fn table_call(line: &str) -> bool {
+    let bytes = line.as_bytes();
+    (1..bytes.len()).filter(|&i| bytes[i - 1] == b')' && bytes[i] == b'(').any(|close| {
+        let close = close - 1;
+        let mut depth = 0usize;
+        let open = (0..=close).rev().find(|&j| {
+            match bytes[j] {
+                b')' => depth += 1,
+                b'(' => depth -= 1,
+                _ => {}
+            }
+            depth == 0
+        });
+        let Some(open) = open else { return false };
+        let inner = &line[open + 1..close];
+        inner.rsplit_once('.').is_some_and(|(_, member)| {
+            member.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                && member.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    })
+}
+
+#[test]
+fn the_table_call_pattern_finds_calls_and_only_calls() {
+    assert!(table_call("check(unsafe { (api.KernelContext_GetInput)(ctx, i, &mut v) })"));
+    assert!(table_call("let s = unsafe { (api().CreateStatus)(code, c.as_ptr()) };"));
+    assert!(table_call("CStr::from_ptr(((*api_base).GetVersionString)())"));
+    assert!(!table_call("(job.f)(i)"));
+    assert!(!table_call("(0..tasks).for_each(f)"));
+    assert!(!table_call("unsafe { std::slice::from_raw_parts(p, n) }"));
+}
+
+#[test]
+fn only_the_ffi_module_calls_onnx_runtime() {
+    let ffi = src().join("ffi");
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !f.starts_with(&ffi)) {
+        for (n, line) in code_lines(file) {
+            if line.contains("api()") || line.contains("ep_api()") || table_call(&line) {
+                found.push(format!("{}:{n}: {}", file.display(), line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "ONNX Runtime called outside src/ffi/:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_device_runtime_knows_no_operator() {
+    let mut files = Vec::new();
+    sources(&src().join("mlu"), &mut files);
+    let found: Vec<String> = files
+        .iter()
+        .flat_map(|f| code_lines(f).into_iter().map(move |(n, l)| (f, n, l)))
+        .filter(|(_, _, l)| l.contains("crate::ops"))
+        .map(|(f, n, l)| format!("{}:{n}: {}", f.display(), l.trim()))
+        .collect();
+    assert!(found.is_empty(), "src/mlu/ uses the operators:\n{}", found.join("\n"));
+}
