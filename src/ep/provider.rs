@@ -127,7 +127,7 @@ unsafe extern "system" fn get_name(ep: *const OrtEp) -> *const c_char {
     this(ep).name.as_ptr()
 }
 
-fn capability(ep: &Ep, graph: Graph<'_>, info: &mut SupportInfo<'_>) -> std::result::Result<(), String> {
+fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::Result<(), String> {
     for node in graph.nodes()? {
         if node.domain()? != schema::DOMAIN {
             continue;
@@ -153,8 +153,8 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: &mut SupportInfo<'_>) -> std::res
 unsafe extern "system" fn get_capability(ep: *mut OrtEp, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo) -> OrtStatusPtr {
     let ep = this(ep);
     // SAFETY: ORT's graph and support info, live for this call.
-    let (graph, mut info) = unsafe { (Graph::from_raw(graph), SupportInfo::from_raw(info)) };
-    guard("MLUExecutionProvider GetCapability", || match capability(ep, graph, &mut info) {
+    let (graph, info) = unsafe { (Graph::from_raw(graph), SupportInfo::from_raw(info)) };
+    guard("MLUExecutionProvider GetCapability", || match capability(ep, graph, info) {
         Ok(()) => ok(),
         Err(m) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME} GetCapability: {m}")),
     })

@@ -54,7 +54,7 @@ fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result
     match kind {
         AttrKind::Int => {
             let mut v = 0i64;
-            // SAFETY: the info is live (KernelInfo's contract); valid out pointer.
+            // SAFETY: the info is live (Handle::from_raw's contract); valid out pointer.
             answer(check_code(unsafe { (api.KernelInfoGetAttribute_int64)(p, name, &mut v) }).map(|()| AttrValue::Int(v)))
         }
         AttrKind::Float => {

@@ -3,25 +3,18 @@
 
 use super::attributes::Attributes;
 use super::ep_abi::{OrtEpGraphSupportInfo, OrtKernelDef};
-use super::{api, check, check_code, ep_api, out_str};
+use super::{Handle, api, check, check_code, ep_api, out_str};
 use ort_sys::{OrtErrorCode, OrtGraph, OrtNode, OrtOpAttr, OrtValueInfo};
 use std::ffi::CStr;
-use std::marker::PhantomData;
 
 /// The graph handed to `GetCapability`.
-#[derive(Clone, Copy)]
-pub struct Graph<'a> {
-    ptr: *const OrtGraph,
-    life: PhantomData<&'a OrtGraph>,
-}
+pub type Graph<'a> = Handle<'a, OrtGraph>;
+/// One node of a [`Graph`].
+pub type Node<'a> = Handle<'a, OrtNode>;
+/// What `GetCapability` reports back: the nodes the EP takes.
+pub type SupportInfo<'a> = Handle<'a, OrtEpGraphSupportInfo>;
 
 impl<'a> Graph<'a> {
-    /// # Safety
-    /// `ptr` is the graph of the `GetCapability` call in progress, live for `'a`.
-    pub unsafe fn from_raw(ptr: *const OrtGraph) -> Self {
-        Graph { ptr, life: PhantomData }
-    }
-
     pub fn nodes(self) -> Result<Vec<Node<'a>>, String> {
         let api = api();
         let mut n = 0usize;
@@ -30,15 +23,9 @@ impl<'a> Graph<'a> {
         let mut nodes: Vec<*const OrtNode> = vec![std::ptr::null(); n];
         // SAFETY: `nodes` holds n slots.
         check(unsafe { (api.Graph_GetNodes)(self.ptr, nodes.as_mut_ptr(), n) })?;
-        Ok(nodes.into_iter().map(|ptr| Node { ptr, life: PhantomData }).collect())
+        // SAFETY: the graph's nodes live as long as the graph.
+        Ok(nodes.into_iter().map(|ptr| unsafe { Node::from_raw(ptr) }).collect())
     }
-}
-
-/// One node of a [`Graph`].
-#[derive(Clone, Copy)]
-pub struct Node<'a> {
-    ptr: *const OrtNode,
-    life: PhantomData<&'a OrtNode>,
 }
 
 impl<'a> Node<'a> {
@@ -113,21 +100,9 @@ impl<'a> Node<'a> {
     }
 }
 
-/// What `GetCapability` reports back: the nodes the EP takes.
-pub struct SupportInfo<'a> {
-    ptr: *mut OrtEpGraphSupportInfo,
-    life: PhantomData<&'a mut OrtEpGraphSupportInfo>,
-}
-
 impl SupportInfo<'_> {
-    /// # Safety
-    /// `ptr` is the support info of the `GetCapability` call in progress, live for `'a`.
-    pub unsafe fn from_raw(ptr: *mut OrtEpGraphSupportInfo) -> Self {
-        SupportInfo { ptr, life: PhantomData }
-    }
-
     /// Whether the EP's kernel registry has a kernel for `node`.
-    pub fn has_kernel(&self, node: Node<'_>) -> Result<bool, String> {
+    pub fn has_kernel(self, node: Node<'_>) -> Result<bool, String> {
         let mut def: *const OrtKernelDef = std::ptr::null();
         // SAFETY: the support info and the node are live; valid out pointer.
         check(unsafe { (ep_api().EpGraphSupportInfo_LookUpKernel)(self.ptr, node.ptr, &mut def) })?;
@@ -135,7 +110,7 @@ impl SupportInfo<'_> {
     }
 
     /// Assigns `node` to the EP.
-    pub fn claim(&mut self, node: Node<'_>) -> Result<(), String> {
+    pub fn claim(self, node: Node<'_>) -> Result<(), String> {
         // SAFETY: the support info and the node are live.
         check(unsafe { (ep_api().EpGraphSupportInfo_AddSingleNode)(self.ptr, node.ptr) })
     }

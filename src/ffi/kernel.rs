@@ -6,14 +6,13 @@
 
 use super::attributes::Attributes;
 use super::ep_abi::{OrtEp, OrtMemoryDevice};
-use super::{api, check, checked, ep_api, read_string};
+use super::{Handle, api, check, checked, ep_api, read_string};
 use crate::error::{Error, Result};
 use crate::ops::OutputHost;
 use crate::parallel::Parallel;
 use crate::tensor::{Data, DType, Inputs, OutData, OutputSpec, Outputs, TensorRef};
 use ort_sys::{ONNXTensorElementDataType as Ty, OrtKernelContext, OrtKernelInfo, OrtValue};
 use std::ffi::c_void;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub fn dtype_of(t: Ty) -> Option<DType> {
@@ -61,23 +60,18 @@ unsafe fn slice_mut<'a, T>(ptr: *mut c_void, len: usize) -> &'a mut [T] {
 }
 
 /// The kernel info ONNX Runtime passes when it creates a kernel (custom op or EP kernel).
-#[derive(Clone, Copy)]
-pub struct KernelInfo<'a> {
-    pub(super) ptr: *const OrtKernelInfo,
-    life: PhantomData<&'a OrtKernelInfo>,
-}
+pub type KernelInfo<'a> = Handle<'a, OrtKernelInfo>;
+/// A tensor handed out by ONNX Runtime (a kernel's input or output, or a data-transfer
+/// operand).
+pub type Value<'a> = Handle<'a, OrtValue>;
+/// The kernel context of one compute call.
+pub type KernelContext<'a> = Handle<'a, OrtKernelContext>;
 
 impl<'a> KernelInfo<'a> {
-    /// # Safety
-    /// `ptr` is the kernel info of the kernel creation in progress, live for `'a`.
-    pub unsafe fn from_raw(ptr: *const OrtKernelInfo) -> Self {
-        KernelInfo { ptr, life: PhantomData }
-    }
-
     /// The node's name (empty when ONNX Runtime has none for it).
     pub fn node_name(self) -> String {
         read_string(|buf, size| {
-            // SAFETY: the info is live (from_raw's contract); `buf` is null or holds `*size` bytes.
+            // SAFETY: the info is live (Handle::from_raw's contract); `buf` is null or holds `*size` bytes.
             unsafe { (api().KernelInfo_GetNodeName)(self.ptr, buf, size) }
         })
         .unwrap_or_default()
@@ -100,25 +94,11 @@ impl<'a> KernelInfo<'a> {
     }
 }
 
-/// A tensor handed out by ONNX Runtime (a kernel's input or output, or a data-transfer
-/// operand).
-#[derive(Clone, Copy)]
-pub struct Value<'a> {
-    ptr: *const OrtValue,
-    life: PhantomData<&'a OrtValue>,
-}
-
 impl<'a> Value<'a> {
-    /// # Safety
-    /// `ptr` is a live tensor for `'a`.
-    pub unsafe fn from_raw(ptr: *const OrtValue) -> Self {
-        Value { ptr, life: PhantomData }
-    }
-
     /// The element type and the shape (which ONNX Runtime keeps as long as the value).
     pub fn type_and_shape(self) -> Result<(Ty, &'a [i64])> {
         let (mut ty, mut dims, mut rank) = (Ty::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, std::ptr::null(), 0usize);
-        // SAFETY: the value is live (from_raw's contract); valid out pointers.
+        // SAFETY: the value is live (Handle::from_raw's contract); valid out pointers.
         checked("GetTensorElementTypeAndShapeDataReference", unsafe {
             (api().GetTensorElementTypeAndShapeDataReference)(self.ptr, &mut ty, &mut dims, &mut rank)
         })?;
@@ -131,7 +111,7 @@ impl<'a> Value<'a> {
         let mut data = std::ptr::null_mut();
         // SAFETY: the value is live; GetTensorMutableData only returns its buffer (inputs are
         // never written through it).
-        checked("GetTensorMutableData", unsafe { (api().GetTensorMutableData)(self.ptr.cast_mut(), &mut data) })?;
+        checked("GetTensorMutableData", unsafe { (api().GetTensorMutableData)(self.ptr, &mut data) })?;
         Ok(data)
     }
 
@@ -156,23 +136,10 @@ pub struct ContextTensor {
     pub data: *mut c_void,
 }
 
-/// The kernel context of one compute call.
-#[derive(Clone, Copy)]
-pub struct KernelContext<'a> {
-    ptr: *mut OrtKernelContext,
-    life: PhantomData<&'a mut OrtKernelContext>,
-}
-
 impl<'a> KernelContext<'a> {
-    /// # Safety
-    /// `ptr` is the context of the compute call in progress, live for `'a`.
-    pub unsafe fn from_raw(ptr: *mut OrtKernelContext) -> Self {
-        KernelContext { ptr, life: PhantomData }
-    }
-
     pub fn input_count(self) -> Result<usize> {
         let mut count = 0usize;
-        // SAFETY: the context is live (from_raw's contract); valid out pointer.
+        // SAFETY: the context is live (Handle::from_raw's contract); valid out pointer.
         checked("KernelContext_GetInputCount", unsafe { (api().KernelContext_GetInputCount)(self.ptr, &mut count) })?;
         Ok(count)
     }

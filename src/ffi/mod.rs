@@ -23,7 +23,32 @@ use crate::error::NodeError;
 use ep_abi::OrtEpApi;
 use ort_sys::{OrtApi, OrtApiBase, OrtErrorCode, OrtLogger, OrtLoggingLevel, OrtStatus, OrtStatusPtr};
 use std::ffi::{CStr, CString, c_char};
+use std::marker::PhantomData;
 use std::sync::OnceLock;
+
+/// An object ONNX Runtime lends for the call in progress (a graph, a node, a kernel info or
+/// context, a tensor): its pointer and the lifetime of the loan. The wrappers of each kind
+/// are inherent methods (`Graph`, `Node`, `KernelInfo`, ...).
+pub struct Handle<'a, T> {
+    ptr: *mut T,
+    life: PhantomData<&'a T>,
+}
+
+impl<T> Clone for Handle<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Handle<'_, T> {}
+
+impl<T> Handle<'_, T> {
+    /// # Safety
+    /// `ptr` is an object ONNX Runtime lends for the call in progress, live for the handle's
+    /// lifetime.
+    pub unsafe fn from_raw(ptr: *const T) -> Self {
+        Handle { ptr: ptr.cast_mut(), life: PhantomData }
+    }
+}
 
 /// The C API version this library is built against and requires (ONNX Runtime 1.24).
 pub const API_VERSION: u32 = ort_sys::ORT_API_VERSION;

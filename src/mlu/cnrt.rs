@@ -72,7 +72,7 @@ fn open_kernels(path: impl AsRef<OsStr>) -> std::result::Result<Library, String>
     unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Library::from).map_err(|e| e.to_string())
 }
 
-fn sym<T: std::marker::Copy>(lib: &Library, name: &str) -> Result<T> {
+fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T> {
     // SAFETY: each name is a cnrt entry point whose C signature is the field type it fills.
     let s = unsafe { lib.get::<T>(name.as_bytes()) };
     s.map(|s| *s).map_err(|e| Error::Runtime(format!("libcnrt.so lacks {name}: {e}")))

@@ -242,7 +242,7 @@ impl Device {
         Ok(ptr)
     }
 
-    pub fn upload<T: std::marker::Copy>(self: &Arc<Self>, data: &[T]) -> Result<Buffer> {
+    pub fn upload<T: Copy>(self: &Arc<Self>, data: &[T]) -> Result<Buffer> {
         let buf = self.alloc(size_of_val(data))?;
         if buf.bytes > 0 {
             // SAFETY: `data` is valid for its byte size; `buf` is a fresh device buffer of it.
@@ -252,7 +252,7 @@ impl Device {
     }
 
     /// Copies the whole buffer into `out` (whose byte size must match).
-    pub fn download<T: std::marker::Copy>(&self, buf: &Buffer, out: &mut [T]) -> Result<()> {
+    pub fn download<T: Copy>(&self, buf: &Buffer, out: &mut [T]) -> Result<()> {
         if size_of_val(out) != buf.bytes {
             return Err(Error::Runtime(format!(
                 "MLU download: buffer of {} bytes into host memory of {}",
