@@ -13,6 +13,7 @@ use super::backward::{DynamicScatterBackward, Reduce};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
+use crate::scratch;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 const FEATS: usize = 0;
@@ -67,7 +68,7 @@ impl Operator for DynamicScatter {
         crate::ops::check_i32_range(|| inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")), n)?;
         let coors = coors.data;
         let row = |i: u32| &coors[i as usize * d..(i as usize + 1) * d];
-        let mut order: Vec<u32> = (0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)).collect();
+        let mut order = scratch::collect((0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)), "the valid points")?;
         // (row, index) is a total order, so the unstable sort gives the same result as a
         // stable sort by row.
         order.sort_unstable_by(|&a, &b| row(a).cmp(row(b)).then(a.cmp(&b)));

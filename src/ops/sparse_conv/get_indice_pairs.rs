@@ -586,8 +586,10 @@ impl GetIndicePairs {
 
     pub(super) fn subm_book<K: Key>(&self, inputs: &Inputs<'_>, data: &[i32], max: [u32; 4]) -> Result<SubmBook<K>> {
         let layout = Layout::new(max);
-        let mut sites: Vec<(K, u32)> =
-            rows4(data).enumerate().map(|(r, row)| (K::pack(&layout, row.map(|v| v as u32)), r as u32)).collect();
+        let mut sites = scratch::collect(
+            rows4(data).enumerate().map(|(r, row)| (K::pack(&layout, row.map(|v| v as u32)), r as u32)),
+            "the sorted input sites",
+        )?;
         // Stable: equal sites keep ascending rows, so a duplicate is reported by its rows.
         radix_sort(&mut sites, layout.bits, |s| s.0)?;
         if let Some(w) = sites.windows(2).find(|w| w[0].0 == w[1].0) {

@@ -1,0 +1,189 @@
+//! The audit of host allocations sized by inputs or attributes (docs/CONTRACT.md §1.6: an
+//! allocation that cannot be obtained is an error, never an abort). Every allocation
+//! construct in the library's non-test code (`vec![x; n]`, `with_capacity`, `resize`,
+//! `resize_with`, `to_vec`, `collect`, `Box::new([..])`) must either go through the fallible
+//! helpers of `src/scratch.rs` (not matched here) or be listed below with why its size is
+//! bounded without them. A new site fails this test until it is made fallible or listed;
+//! a listed site that no longer exists fails it too, so the list stays the audit.
+
+use std::path::Path;
+
+/// Sized by the schema (inputs, outputs, attributes), by a rank or an attribute array ONNX
+/// Runtime already holds, or by the cards.
+const META: &str = "schema, rank, attribute array or card count";
+/// One row of a value rule: at most 5 values.
+const ROW: &str = "one value-rule row (<= 5 values)";
+/// A constant bound named at the site (radix digits, K <= 4096, task caps, 4 dims).
+const CONST: &str = "bounded by a constant";
+/// One entry per parallel task; tasks are cut from data already in memory by a grain.
+const TASKS: &str = "one per task";
+/// Per-task scratch of one row of an output that is already allocated and non-empty.
+const OUTPUT_ROW: &str = "one row of an allocated, non-empty output";
+/// At most the element count of an input tensor already in memory.
+const INPUT: &str = "at most an input's size";
+/// Inside a capacity reserved fallibly just before, or the fallible helpers themselves.
+const FALLIBLE: &str = "within a fallible reservation";
+
+/// (file, the line's start, why it needs no fallible allocation).
+const AUDITED: &[(&str, &str, &str)] = &[
+    ("src/ep/factory.rs", "let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.d", META),
+    ("src/ep/factory.rs", "let ids: Vec<u32> = self.cards.iter().map(|c| c.id).collect();", META),
+    ("src/ep/kernel.rs", "on_device.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone())))", META),
+    ("src/ep/kernel.rs", "on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.", META),
+    ("src/ep/kernel.rs", "let mut staged = Vec::with_capacity(on_device.len());", CONST),
+    ("src/ep/kernel.rs", ".collect::<std::result::Result<Vec<usize>, _>>()", META),
+    ("src/ep/kernel.rs", "let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().", META),
+    ("src/ffi/attributes.rs", "let mut v = vec![0i64; n];", META),
+    ("src/ffi/attributes.rs", "let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_int", META),
+    ("src/ffi/attributes.rs", "let mut buf = vec![0u8; needed];", META),
+    ("src/ffi/attributes.rs", "Err(e) if scalar.is_some() && e.code == OrtErrorCode::ORT_INVALID_ARGUME", META),
+    ("src/ffi/custom_op.rs", "input_types: schema.inputs.iter().map(|f| onnx_type(schema.dtype(f, &bin", META),
+    ("src/ffi/custom_op.rs", "output_types: schema.outputs.iter().map(|f| onnx_type(schema.dtype(f, &b", META),
+    ("src/ffi/custom_op.rs", ".collect()", META),
+    ("src/ffi/graph.rs", "let mut nodes: Vec<*const OrtNode> = vec![std::ptr::null(); n];", META),
+    ("src/ffi/graph.rs", "Ok(nodes.into_iter().map(|ptr| unsafe { Node::from_raw(ptr) }).collect()", META),
+    ("src/ffi/graph.rs", "let mut inputs: Vec<*const OrtValueInfo> = vec![std::ptr::null(); n];", META),
+    ("src/ffi/graph.rs", "let mut shapes = Vec::with_capacity(n);", META),
+    ("src/ffi/graph.rs", "let mut dims = vec![0i64; rank];", META),
+    ("src/ffi/graph.rs", "shapes.push(Some(dims.into_iter().map(|d| usize::try_from(d).ok()).colle", META),
+    ("src/ffi/kernel.rs", "let mut tensors = Vec::with_capacity(n);", META),
+    ("src/ffi/kernel.rs", "Some(ContextTensor { shape: shape.to_vec(), dtype, data: v.data()? })", META),
+    ("src/ffi/kernel.rs", "let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();", META),
+    ("src/ffi/kernel.rs", "let mut views = Vec::with_capacity(names.len());", META),
+    ("src/ffi/kernel.rs", "let mut bufs = Vec::with_capacity(specs.len());", META),
+    ("src/ffi/mod.rs", "let mut buf = vec![0u8; size.max(1)];", META),
+    ("src/ops/device.rs", "let mut v = vec![0i32; cols];", ROW),
+    ("src/ops/device.rs", "let mut v = vec![0f32; cols];", ROW),
+    ("src/ops/device.rs", ".collect();", META),
+    ("src/ops/device.rs", "let mut sizes = vec![None; inputs.len()];", META),
+    ("src/ops/device.rs", "let Ok(dims) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::", META),
+    ("src/ops/device.rs", "uploaded.iter().map(|b| b.as_ref().map_or(std::ptr::null(), |b| b.ptr::<", META),
+    ("src/ops/device.rs", ".map(|t| t.map(|t| (t.data.as_data().dtype(), t.shape.iter().map(|&d| d ", META),
+    ("src/ops/device.rs", "self.bufs.resize_with(index + 1, || None);", META),
+    ("src/ops/dynamic_scatter/backward.rs", "let mut quotient = vec![0f32; if mean { c } else { 0 }];", OUTPUT_ROW),
+    ("src/ops/dynamic_scatter/backward.rs", "let zeros = vec![0f32; c];", OUTPUT_ROW),
+    ("src/ops/dynamic_scatter/backward.rs", "slots.resize_with(total, || None);", FALLIBLE),
+    ("src/ops/dynamic_scatter/backward.rs", "let mut first_voxel = Vec::with_capacity(tasks + 1);", TASKS),
+    ("src/ops/dynamic_scatter/backward.rs", "let bounds: Vec<usize> = first_voxel.iter().map(|&vx| csr.offsets.get(vx", TASKS),
+    ("src/ops/dynamic_scatter/backward.rs", "let mut taken = vec![0u32; c];", OUTPUT_ROW),
+    ("src/ops/dynamic_scatter/backward.rs", "let mut row = vec![0f32; c];", OUTPUT_ROW),
+    ("src/ops/mod.rs", "SCHEMAS.get_or_init(|| ALL.iter().map(|e| Schema::parse(e.name, e.schema", META),
+    ("src/ops/mod.rs", "self.specs = specs.to_vec();", META),
+    ("src/ops/mod.rs", "Ok(Outputs::new(self.names.clone(), self.data.iter_mut().map(OwnedData::", META),
+    ("src/ops/mod.rs", "self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.", META),
+    ("src/ops/mod.rs", "let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tenso", META),
+    ("src/ops/psroipool/backward.rs", ".collect::<std::result::Result<_, _>>()", CONST),
+    ("src/ops/psroipool/backward.rs", "let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), ", CONST),
+    ("src/ops/psroipool/backward.rs", "let mut values = vec![0f32; od];", OUTPUT_ROW),
+    ("src/ops/psroipool/forward.rs", "let mut rows = vec![Span::default(); p];", OUTPUT_ROW),
+    ("src/ops/psroipool/forward.rs", "let mut cols = vec![Span::default(); p];", OUTPUT_ROW),
+    ("src/ops/psroipool/forward.rs", "let mut acc = vec![0f32; od];", OUTPUT_ROW),
+    ("src/ops/rules.rs", ".map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_ve", ROW),
+    ("src/ops/rules.rs", ".map(|row| (row, RowValues::F32(data[row * cols..(row + 1) * cols].to_ve", ROW),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let mut starts = vec![0usize; mask + 1];", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "rows: vec![Vec::new(); kernel_volume],", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "keys: vec![Vec::new(); kernel_volume],", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "starts: vec![0; prefix_mask + 2],", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);", TASKS),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let mut counts = vec![0usize; prefix_mask + 1];", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];", TASKS),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", ".collect()", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_m", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let mut ptrs = vec![0usize; x_taps.len()];", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let counts: Vec<AtomicUsize> = (0..num.len()).map(|_| AtomicUsize::new(0", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs.rs", "let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2", CONST),
+    ("src/ops/sparse_conv/indice_conv.rs", "let mut counts = Vec::with_capacity(k_count);", INPUT),
+    ("src/ops/sparse_conv/indice_conv.rs", "books.resize_with(n_pieces, Piece::default);", TASKS),
+    ("src/ops/sparse_conv/indice_conv.rs", "let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.rows", TASKS),
+    ("src/ops/three_interpolate/backward.rs", "let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f", CONST),
+    ("src/ops/three_interpolate/forward.rs", "let mut w = vec![0f32; 3 * d.n];", INPUT),
+    ("src/ops/three_interpolate/forward.rs", "let mut src = vec![0f32; d.m];", INPUT),
+    ("src/ops/three_interpolate/forward.rs", "let mut dst = vec![0f32; d.n];", OUTPUT_ROW),
+    ("src/ops/voxel_pooling/forward.rs", "Ok(counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().m", TASKS),
+    ("src/schema.rs", "Some(c) => c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t", META),
+    ("src/schema.rs", "None => DType::from_onnx_name(&formal.type_str).into_iter().collect(),", META),
+    ("src/schema.rs", "Some(c) => self.allowed_for_constraint(c).into_iter().map(|d| Some((c.ty", META),
+    ("src/schema.rs", "c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t)).collect(", META),
+    ("src/schema.rs", "self.inputs.iter().map(|f| f.name.clone()).collect()", META),
+    ("src/schema.rs", "self.outputs.iter().map(|f| f.name.clone()).collect()", META),
+    ("src/schema.rs", "AttrKind::Ints => AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64(", META),
+    ("src/scratch.rs", "v.resize(len, value);", FALLIBLE),
+    ("src/scratch.rs", "let mut v = with_capacity(iter.size_hint().0, what)?;", FALLIBLE),
+    ("src/tensor.rs", "let mut shapes = Vec::with_capacity(tensors.len());", META),
+    ("src/tensor.rs", "let mut dims = Vec::with_capacity(t.shape.len());", META),
+    ("src/tensor.rs", "TensorRef { shape: self.shape.iter().map(|&d| d as i64).collect(), data:", META),
+];
+
+const PATTERNS: &[&str] = &["with_capacity(", ".resize(", ".resize_with(", "Box::new([", ".to_vec()", ".collect"];
+
+/// `vec![x; n]`: a `vec![` with a `;` before its closing bracket.
+fn sized_vec(line: &str) -> bool {
+    line.split("vec![").skip(1).any(|rest| rest.split(']').next().is_some_and(|inside| inside.contains(';')))
+}
+
+/// Allocation sites of the non-test code of one file: (file, trimmed line).
+fn sites(file: &Path, rel: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("#[cfg(test)]") {
+            break;
+        }
+        let t = line.trim();
+        if t.starts_with("//") || t.contains("scratch::") {
+            continue;
+        }
+        if sized_vec(t) || PATTERNS.iter().any(|p| t.contains(p)) {
+            out.push((rel.to_string(), t.to_string()));
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_allocation_is_fallible_or_audited() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        found.extend(sites(f, &rel));
+    }
+    let unaudited: Vec<_> = found
+        .iter()
+        .filter(|(f, line)| !AUDITED.iter().any(|(af, start, _)| af == f && line.starts_with(start)))
+        .collect();
+    assert!(
+        unaudited.is_empty(),
+        "allocations neither fallible (src/scratch.rs) nor audited in tests/allocations.rs: {unaudited:#?}"
+    );
+    let stale: Vec<_> =
+        AUDITED.iter().filter(|(af, start, _)| !found.iter().any(|(f, line)| af == f && line.starts_with(start))).collect();
+    assert!(stale.is_empty(), "audited allocations that no longer exist: {stale:#?}");
+    assert!(AUDITED.iter().all(|(_, _, why)| !why.is_empty()));
+}
+
+#[test]
+fn the_scan_sees_the_constructs() {
+    assert!(sized_vec("let v = vec![0u8; n];"));
+    assert!(!sized_vec("let v = vec![a, b];"));
+    let dir = std::env::temp_dir().join(format!("alloc_scan_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("x.rs");
+    std::fs::write(&f, "fn a(n: usize) { let v = vec![0; n]; let w: Vec<u8> = (0..n).map(|i| i as u8).collect();\n// vec![0; n]\nlet s = scratch::filled(n, 0, \"x\");\n}\n#[cfg(test)]\nmod t { fn b() { let v = vec![0; 9]; } }\n").unwrap();
+    let found = sites(&f, "x.rs");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+}
