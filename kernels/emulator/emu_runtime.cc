@@ -544,6 +544,10 @@ DirSpaces dir_spaces(Loc at, int dir) {
 }
 }  // namespace
 
+// GDRAM bytes kernels moved (the traffic counters of mlu_emu_traffic): every copy with a
+// GDRAM end and every atomic add. Scalar GDRAM loads and stores are not counted.
+std::atomic<uint64_t> g_gdram_read{0}, g_gdram_written{0};
+
 void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir, long dst_stride, long src_stride,
              long segnum) {
   Core &c = core_at(at);
@@ -565,6 +569,9 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
               space_name(d.src), space_name(d.dst), space_name(ss), space_name(ds));
   if (c.mpu && (d.dst != Space::SRAM || d.src != Space::GDRAM) && (d.dst != Space::GDRAM || d.src != Space::SRAM))
     memory_core_breach(at, (std::string(op) + " " + d.name).c_str());
+  const uint64_t moved = static_cast<uint64_t>(bytes) * static_cast<uint64_t>(segnum + 1);
+  if (d.src == Space::GDRAM) g_gdram_read.fetch_add(moved, std::memory_order_relaxed);
+  if (d.dst == Space::GDRAM) g_gdram_written.fetch_add(moved, std::memory_order_relaxed);
   Pending p{dst, src, static_cast<size_t>(bytes), dst_stride, src_stride, segnum};
   c.pending.push_back(p);
   if (!async) run_pending(c);
@@ -629,6 +636,8 @@ void atomic_operands(Loc at, const char *op, T *gdram, const T *nram, long n) {
 
 void atomic_reduce_add(Loc at, float *gdram, const float *nram, long n) {
   atomic_operands(at, "__bang_atomic_reduce_add", gdram, nram, n);
+  g_gdram_read.fetch_add(n * sizeof(float), std::memory_order_relaxed);
+  g_gdram_written.fetch_add(n * sizeof(float), std::memory_order_relaxed);
   for (long i = 0; i < n; ++i) std::atomic_ref<float>(gdram[i]).fetch_add(nram[i], std::memory_order_relaxed);
 }
 
@@ -639,6 +648,8 @@ void atomic_reduce_add(Loc at, float *gdram, float value, long n) {
   if (n != 1) violation(at, "%s: count %ld, the single-value form is used with count 1 only", op, n);
   Space g = space_of(at, gdram, sizeof(float), op);
   if (g != Space::GDRAM) violation(at, "%s: destination is in %s, it must be in GDRAM", op, space_name(g));
+  g_gdram_read.fetch_add(sizeof(float), std::memory_order_relaxed);
+  g_gdram_written.fetch_add(sizeof(float), std::memory_order_relaxed);
   std::atomic_ref<float>(*gdram).fetch_add(value, std::memory_order_relaxed);
 }
 
@@ -740,6 +751,11 @@ using bang_emu::fail;
 extern "C" {
 
 const char *mlu_emu_last_error(void) { return bang_emu::t_last_error.c_str(); }
+
+void mlu_emu_traffic(uint64_t *gdram_read, uint64_t *gdram_written) {
+  *gdram_read = bang_emu::g_gdram_read.load(std::memory_order_relaxed);
+  *gdram_written = bang_emu::g_gdram_written.load(std::memory_order_relaxed);
+}
 
 int mlu_emu_device_count(int32_t *count) {
   if (!count) return fail(MLU_EMU_INVALID_ARGUMENT, "device count: null pointer");

@@ -41,6 +41,9 @@ int mlu_emu_queue_create(struct MluEmuQueue **queue);
 int mlu_emu_queue_sync(struct MluEmuQueue *queue);
 int mlu_emu_queue_destroy(struct MluEmuQueue *queue);
 const char *mlu_emu_last_error(void);
+// GDRAM bytes read and written by kernels since the library was loaded: copies with a GDRAM
+// end and atomic adds (scalar GDRAM loads and stores are not counted).
+void mlu_emu_traffic(uint64_t *gdram_read, uint64_t *gdram_written);
 
 #ifdef __cplusplus
 }

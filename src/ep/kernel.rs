@@ -127,10 +127,9 @@ struct NodeKernel {
     op: &'static str,
     node: String,
     schema: &'static Schema,
+    /// The node's descriptor, built once: its MLU kernels, and its CPU kernel for a node
+    /// whose run-time sizes exceed the MLU kernels' limits ([`Error::MluLimit`]).
     kernel: Box<dyn MluKernel>,
-    /// The node's CPU kernel: runs a node whose run-time sizes exceed the MLU kernels'
-    /// limits ([`Error::MluLimit`]).
-    host: Box<dyn Kernel>,
     ep: *const Ep,
 }
 
@@ -152,15 +151,14 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
         };
         let source = info.attributes();
         let attrs = Attrs::new(schema, &source);
-        match create_mlu(&attrs).and_then(|kernel| Ok((kernel, (entry.create)(&attrs)?))) {
-            Ok((kernel, host)) => {
+        match create_mlu(&attrs) {
+            Ok(kernel) => {
                 let k = Box::new(NodeKernel {
                     base: kernel_impl(compute, release),
                     op: entry.name,
                     node: node.clone(),
                     schema,
                     kernel,
-                    host,
                     ep,
                 });
                 // SAFETY: ORT's out pointer; the box is freed by `release`.
