@@ -14,7 +14,15 @@ transpose): they run on ONNX Runtime's CPU provider inside the EP session, and t
 lists them.
 
 Usage: python models/run_zoo.py [path/to/libonnxruntime_ep_mlu.so] [--models bevdepth,...]
-       [--providers cpu,mlu] [--repeat 5] [-v]
+       [--providers cpu,mlu] [--repeat 5] [-v] [--traffic]
+
+--traffic instead runs every model once under the MLUExecutionProvider with MLU_EP_TRAFFIC
+set (src/ep/traffic.rs) and prints, per claimed node, what crossed the emulated card's
+boundaries: bytes host->card, card->host and card->card, device memsets, GDRAM bytes the
+kernels read and wrote (copies with a GDRAM end and atomics; scalar GDRAM accesses are not
+counted), launches and queue synchronisations, against the least the operator must move (its
+inputs' and outputs' bytes). The last line is
+`traffic: <nodes> nodes, max card->host per node <B> bytes, worst GDRAM/minimum <R>x`.
 The library defaults to $MLU_EP_LIB, else target/release/libonnxruntime_ep_mlu.so. Exits
 non-zero when any output of any model fails its tolerance or any session fails.
 """
@@ -144,7 +152,10 @@ def main():
     ap.add_argument("--providers", default="cpu,mlu", help="cpu, mlu or both (default)")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per session (median reported)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per output")
+    ap.add_argument("--traffic", action="store_true", help="per-node card traffic of one run of each model (MLU only)")
     args = ap.parse_args()
+    if args.traffic:
+        args.providers = "mlu"
 
     lib = (
         args.lib or os.environ.get("MLU_EP_LIB") or os.path.join(REPO, "target", "release", "libonnxruntime_ep_mlu.so")
@@ -177,6 +188,8 @@ def main():
         )
     print()
 
+    if args.traffic:
+        sys.exit(traffic_table(names, zoo, devices))
     rows = []
     for name in names:
         spec = zoo[name]
@@ -217,6 +230,50 @@ def main():
         )
         sys.exit(1)
     print(f"all {len(rows)} model runs match their goldens")
+
+
+def traffic_table(names, zoo, devices) -> int:
+    """Prints the per-node traffic of one run of each model; returns the exit status."""
+    import tempfile
+
+    rows = []
+    for name in names:
+        spec = zoo[name]
+        so = options()
+        so.add_provider_for_devices(devices, {})
+        sess = ort.InferenceSession(os.path.join(HERE, spec["model"]), so)
+        data = np.load(os.path.join(HERE, spec["data"]))
+        feeds = {i.name: data["in." + i.name] for i in sess.get_inputs()}
+        sess.run(None, feeds)  # warm-up, not recorded
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "traffic.jsonl")
+            os.environ["MLU_EP_TRAFFIC"] = path
+            try:
+                sess.run(None, feeds)
+            finally:
+                del os.environ["MLU_EP_TRAFFIC"]
+            with open(path) as f:
+                rows += [dict(json.loads(line), model=name) for line in f]
+    if not rows:
+        print("traffic: no node ran on the MLU")
+        return 1
+    header = (f"{'model':<13} {'op':<25} {'node':<14} {'h2d':>6} {'d2h':>6} {'d2d':>9} {'memset':>9} "
+              f"{'GDRAM rd':>10} {'GDRAM wr':>10} {'launch':>6} {'sync':>4} {'minimum':>10} {'GDRAM/min':>9}")
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    for r in rows:
+        gdram = r["gdram_read"] + r["gdram_write"] + r["memset"] + 2 * r["d2d"]
+        r["ratio"] = gdram / r["minimum"] if r["minimum"] else 0.0
+        worst = max(worst, r["ratio"])
+        print(f"{r['model']:<13} {r['op']:<25} {r['node'][:14]:<14} {r['h2d']:>6} {r['d2h']:>6} {r['d2d']:>9} "
+              f"{r['memset']:>9} {r['gdram_read']:>10} {r['gdram_write']:>10} {r['launches']:>6} {r['syncs']:>4} "
+              f"{r['minimum']:>10} {r['ratio']:>8.2f}x")
+    print()
+    print("GDRAM = kernels' reads + writes + memsets + 2 x card->card copies; minimum = the node's inputs + outputs.")
+    print(f"traffic: {len(rows)} nodes, max card->host per node {max(r['d2h'] for r in rows)} bytes, "
+          f"worst GDRAM/minimum {worst:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 
 use super::EP_NAME;
 use super::provider::Ep;
+use super::traffic;
 use crate::error::{Error, NodeError, Result};
 use crate::ffi::ep_abi::{OrtKernelCreateFunc, OrtKernelImpl};
 use crate::ffi::kernel::{ContextTensor, KernelContext, KernelInfo};
@@ -186,11 +187,14 @@ struct ContextOutputs<'a> {
     schema: &'static Schema,
     device: Arc<Device>,
     scratch: Vec<Buffer>,
+    /// Bytes of the outputs allocated so far (for the traffic report).
+    output_bytes: usize,
 }
 
 impl DeviceOutputs for ContextOutputs<'_> {
     fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void> {
         let name = self.schema.outputs.get(index).map_or_else(|| format!("#{index}"), |f| f.name.clone());
+        self.output_bytes = self.output_bytes.saturating_add(spec.bytes());
         self.ctx.allocate(index, spec, &name, "card")
     }
 
@@ -204,6 +208,7 @@ impl NodeKernel {
         // SAFETY: the EP outlives the kernels of its sessions.
         let ep = unsafe { &*self.ep };
         let device = ep.device();
+        let before = traffic::enabled().then(|| device.traffic());
         let names = self.schema.input_names();
         let on_device = ctx.tensors(names.len())?;
         let described: Vec<Option<(DType, Vec<i64>)>> =
@@ -213,17 +218,27 @@ impl NodeKernel {
         let sizes = read_sizes(device, self.kernel.size_inputs(), &described, &ptrs)?;
         let inputs = card_inputs(names.clone(), &described, &sizes)?;
         let queue = ep.queue()?;
-        let mut card = ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new() };
+        let mut card =
+            ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new(), output_bytes: 0 };
         // Synchronises the queue once, on every path (ops::device's rule).
         let result = self.kernel.run_on_card(device, &queue, &inputs, &ptrs, &mut card);
         ep.recycle(queue);
-        match result {
+        let result = match result {
             Err(Error::MluLimit(why)) => {
                 log::warn!("{} node '{}' runs on the host CPU: {why}", self.op, self.node);
                 self.run_on_host(device, names, &on_device, &mut card)
             }
             other => other,
+        };
+        if let Some(before) = before {
+            let inputs: usize = described
+                .iter()
+                .flatten()
+                .map(|(dtype, shape)| shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * dtype.size())
+                .sum();
+            traffic::record(self.op, &self.node, &device.traffic().since(&before), inputs + card.output_bytes);
         }
+        result
     }
 
     /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs

@@ -14,6 +14,7 @@ pub mod factory;
 pub mod kernel;
 pub mod memory;
 pub mod provider;
+pub mod traffic;
 
 pub const EP_NAME: &str = "MLUExecutionProvider";
 pub const VENDOR: &str = "Cambricon";

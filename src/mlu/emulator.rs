@@ -27,6 +27,7 @@ unsafe extern "C" {
     fn mlu_emu_queue_sync(queue: QueuePtr) -> i32;
     fn mlu_emu_queue_destroy(queue: QueuePtr) -> i32;
     fn mlu_emu_last_error() -> *const c_char;
+    fn mlu_emu_traffic(gdram_read: *mut u64, gdram_written: *mut u64);
 }
 
 struct Emulator;
@@ -90,6 +91,12 @@ impl Runtime for Emulator {
     fn bind_thread(&self) -> Result<()> {
         // One emulated card, reachable from every thread.
         Ok(())
+    }
+    fn kernel_traffic(&self) -> Option<(u64, u64)> {
+        let (mut read, mut written) = (0u64, 0u64);
+        // SAFETY: two valid out pointers.
+        unsafe { mlu_emu_traffic(&mut read, &mut written) };
+        Some((read, written))
     }
 }
 

@@ -10,6 +10,10 @@
 
 pub mod cnrt;
 pub mod emulator;
+mod traffic;
+
+pub use traffic::Traffic;
+use traffic::Counters;
 
 use crate::error::{Error, Result};
 
@@ -76,6 +80,10 @@ pub trait Runtime: Send + Sync {
     fn launch_error(&self, code: i32) -> String;
     /// Makes this card the calling thread's current device (before a kernel launch).
     fn bind_thread(&self) -> Result<()>;
+    /// GDRAM bytes (read, written) by kernels so far, where the runtime can see them.
+    fn kernel_traffic(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 macro_rules! kernels {
@@ -216,11 +224,12 @@ pub struct Device {
     runtime: Box<dyn Runtime>,
     pub info: DeviceInfo,
     pub kernels: Kernels,
+    counters: Counters,
 }
 
 impl Device {
     pub fn new(runtime: Box<dyn Runtime>, info: DeviceInfo, kernels: Kernels) -> Arc<Self> {
-        Arc::new(Device { runtime, info, kernels })
+        Arc::new(Device { runtime, info, kernels, counters: Counters::default() })
     }
 
     /// The emulated card (kernels/ compiled for the host).
@@ -246,7 +255,7 @@ impl Device {
         let buf = self.alloc(size_of_val(data))?;
         if buf.bytes > 0 {
             // SAFETY: `data` is valid for its byte size; `buf` is a fresh device buffer of it.
-            unsafe { self.runtime.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Direction::HostToDevice)? };
+            unsafe { self.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Direction::HostToDevice)? };
         }
         Ok(buf)
     }
@@ -262,7 +271,7 @@ impl Device {
         }
         if buf.bytes > 0 {
             // SAFETY: `out` is valid for `buf.bytes` bytes, `buf` is a live device buffer.
-            unsafe { self.runtime.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Direction::DeviceToHost)? };
+            unsafe { self.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Direction::DeviceToHost)? };
         }
         Ok(())
     }
@@ -273,6 +282,7 @@ impl Device {
     /// `ptr` is device memory of this card valid for `bytes` bytes.
     pub unsafe fn zero_raw(&self, ptr: *mut c_void, bytes: usize) -> Result<()> {
         if bytes > 0 {
+            Counters::add(&self.counters.memset, bytes);
             // SAFETY: forwarded contract.
             unsafe { self.runtime.memset(ptr, 0, bytes)? };
         }
@@ -286,9 +296,30 @@ impl Device {
     pub unsafe fn copy_raw(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
         if bytes > 0 {
             // SAFETY: forwarded contract.
-            unsafe { self.runtime.memcpy(dst, src, bytes, dir)? };
+            unsafe { self.memcpy(dst, src, bytes, dir)? };
         }
         Ok(())
+    }
+
+    /// The card's traffic counters now ([`Traffic::since`] gives a span's).
+    pub fn traffic(&self) -> Traffic {
+        self.counters.snapshot(self.runtime.kernel_traffic())
+    }
+
+    /// Every copy goes through here, to be counted.
+    ///
+    /// # Safety
+    /// As [`Runtime::memcpy`].
+    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
+        let c = &self.counters;
+        let counter = match dir {
+            Direction::HostToDevice => &c.host_to_card,
+            Direction::DeviceToHost => &c.card_to_host,
+            Direction::DeviceToDevice => &c.card_to_card,
+        };
+        Counters::add(counter, bytes);
+        // SAFETY: forwarded contract.
+        unsafe { self.runtime.memcpy(dst, src, bytes, dir) }
     }
 
     pub fn queue(self: &Arc<Self>) -> Result<Queue> {
@@ -343,6 +374,7 @@ impl Queue {
     /// Waits for everything enqueued; a kernel failure (an emulator rule violation names
     /// kernel, task and source line) comes back here.
     pub fn sync(&self) -> Result<()> {
+        Counters::add(&self.device.counters.syncs, 1);
         // SAFETY: a live queue of this device.
         unsafe { self.device.runtime.queue_sync(self.ptr) }
     }
@@ -352,6 +384,7 @@ impl Queue {
     /// with the queue and returns its code.
     pub fn launch(&self, kernel: &str, enqueue: impl FnOnce(QueuePtr) -> i32) -> Result<()> {
         self.device.runtime.bind_thread()?;
+        Counters::add(&self.device.counters.launches, 1);
         self.launched(kernel, enqueue(self.ptr))
     }
 

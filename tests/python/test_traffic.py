@@ -1,0 +1,32 @@
+"""The MLU data path's traffic table (models/run_zoo.py --traffic, src/ep/traffic.rs): every
+claimed node of the zoo reports its card traffic, and no node reads more than 64 bytes back
+from the card (records and size inputs; no input comes back to the host)."""
+
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+LAST = re.compile(r"^traffic: (\d+) nodes, max card->host per node (\d+) bytes, worst GDRAM/minimum ([\d.]+)x$")
+
+
+def test_traffic_table_of_the_zoo(mlu_lib):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "models" / "run_zoo.py"), str(mlu_lib), "--traffic"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.strip().splitlines()
+    m = LAST.match(lines[-1])
+    assert m, lines[-1]
+    nodes, d2h = int(m.group(1)), int(m.group(2))
+    # The zoo's claimed nodes: one DynamicScatterBackward, three GetIndicePairs, one each of
+    # VoxelPoolingForward, ThreeInterpolateBackward and PsRoiPoolBackward.
+    assert nodes == 7, run.stdout
+    assert d2h <= 64, run.stdout
+    rows = [l for l in lines if re.match(r"^\w+\s+(DynamicScatterBackward|GetIndicePairs|VoxelPoolingForward|"
+                                         r"ThreeInterpolateBackward|PsRoiPoolBackward)\s", l)]
+    assert len(rows) == nodes
+    # No host->card copy inside a node: its inputs are on the card already.
+    assert all(int(r.split()[3]) == 0 for r in rows), run.stdout
