@@ -3,7 +3,7 @@
 
 pub mod get_indice_pairs;
 pub mod indice_conv;
-pub mod mlu;
+
 
 pub use get_indice_pairs::GetIndicePairs;
 pub use indice_conv::IndiceConv;

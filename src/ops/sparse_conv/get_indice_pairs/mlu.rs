@@ -8,7 +8,7 @@
 //! many bits). Workspace: expand K*L int32, bitmap and word ranks 2 * ceil(V/32) int32,
 //! subm adds 2 * L int32.
 
-use super::get_indice_pairs::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
+use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, GipGeometry, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
