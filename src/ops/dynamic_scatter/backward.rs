@@ -366,8 +366,7 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) -> Result<
 }
 
 /// Points ahead whose feature rows are prefetched, with the non-temporal hint: each row is
-/// read once. Against the all-levels hint: 2T 1.45 -> 1.21-1.36 ms in the warm profiling
-/// harness, the same from cold caches.
+/// read once.
 const AHEAD: usize = 4;
 
 /// Writes the output rows of the points of `voxels`; `part` holds those rows in CSR order.

@@ -148,8 +148,8 @@ fn clamp_f32(v: f32, limit: usize) -> f32 {
     if v < l { v } else { l }
 }
 
-/// `floor(v)` clamped to [0, limit] and converted, without a libm call (one per bin edge
-/// was about 4% of the run): floor and the clamp commute, and on [0, limit] floor is the
+/// `floor(v)` clamped to [0, limit] and converted, without a libm call per bin edge: floor
+/// and the clamp commute, and on [0, limit] floor is the
 /// truncation. NaN gives 0; comparisons with a large `limit` are done in f64, where both
 /// sides are exact.
 fn floor_clamped(v: f32, limit: usize) -> usize {

@@ -11,15 +11,15 @@
 //! loop, in float32; float16 inputs are widened on load and rounded once on store.
 
 
+use super::{Real, float_dtype, indices_error, indices_rule};
 use crate::ops::Operator;
-use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::scratch::{self, FirstError};
 use crate::schema::Attrs;
-use crate::tensor::{DType, Element, Inputs, OutElement, OutputSpec, Outputs};
+use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 const GRAD_OUTPUT: usize = 0;
 const INDICES: usize = 1;
@@ -30,10 +30,6 @@ const LANES: usize = 16;
 /// Lanes for 4 <= C < 16, and 1 below that: L <= C keeps a task's accumulators (L rows of
 /// m) no larger than one batch's output, however large m is.
 const FEW_LANES: usize = 4;
-/// Target points per transposed tile, tuned on the seed case 7: short tiles suit float32;
-/// float16 widens each tile row with one call, whose fixed cost favours longer rows.
-const TILE_F32: usize = 64;
-const TILE_F16: usize = 64;
 /// Accumulator bytes (M rows of L lanes) that stay in a 32 KiB L1 data cache next to the
 /// tiles; more rows than this take 8 lanes.
 const L1_ACC_BYTES: usize = 24 * 1024;
@@ -56,117 +52,6 @@ pub struct Dims {
     pub(super) n: usize,
     pub(super) m: usize,
     pub(super) dtype: DType,
-}
-
-/// float32 or float16, computed in float32.
-pub(super) trait Real: OutElement {
-    /// Target points per transposed tile.
-    const TILE: usize;
-    /// The data as float32 without a copy, when it already is float32.
-    fn as_f32(s: &[Self]) -> Option<&[f32]>;
-    /// Widens `src` into `dst` (same length).
-    fn widen(src: &[Self], dst: &mut [f32]);
-    /// Rounds `src` into `dst` (same length).
-    fn narrow(src: &[f32], dst: &mut [Self]);
-}
-
-impl Real for f32 {
-    const TILE: usize = TILE_F32;
-    fn as_f32(s: &[f32]) -> Option<&[f32]> {
-        Some(s)
-    }
-    fn widen(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-    fn narrow(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-}
-
-impl Real for f16 {
-    const TILE: usize = TILE_F16;
-    fn as_f32(_: &[f16]) -> Option<&[f32]> {
-        None
-    }
-    fn widen(src: &[f16], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if has_f16c() {
-            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
-            return unsafe { widen_f16c(src, dst) };
-        }
-        src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [f16]) {
-        #[cfg(target_arch = "x86_64")]
-        if has_f16c() {
-            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
-            return unsafe { narrow_f16c(src, dst) };
-        }
-        dst.convert_from_f32_slice(src);
-    }
-}
-
-/// Whether this CPU converts float16 in hardware (F16C) and the OS lets it (AVX state).
-#[cfg(target_arch = "x86_64")]
-fn has_f16c() -> bool {
-    // std caches the CPU's features after the first query. The F16C instructions are
-    // VEX-encoded and use ymm registers: they also need the OS to have enabled AVX state,
-    // which std reports with "avx" but not with "f16c".
-    std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
-}
-
-/// `dst[i] = src[i]` as float32, 8 values per instruction. The half crate's slice
-/// conversion calls a function per 8 values and returns them through memory, which took 45%
-/// of a float16 ThreeInterpolateBackward run. Exact, NaN payloads included (the same bits
-/// as the half crate, tested).
-///
-/// # Safety
-/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "f16c")]
-unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
-    by_eights(src, dst, f16::to_f32, |s, d| {
-        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 16
-        // bytes of `s` (8 f16 values, unaligned load), the store writes the 8 floats of `d`.
-        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>()))) }
-    });
-}
-
-/// `dst[i] = src[i]` rounded to float16 (to nearest even), as [`widen_f16c`] the other way.
-///
-/// # Safety
-/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "f16c")]
-unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
-    use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
-    by_eights(src, dst, f16::from_f32, |s, d| {
-        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 8
-        // floats of `s`, the store writes the 16 bytes of `d` (8 f16 values, unaligned store).
-        unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
-            _mm_storeu_si128(d.as_mut_ptr().cast::<__m128i>(), h);
-        }
-    });
-}
-
-/// `dst[i] = one(src[i])`, whole blocks of 8 through `eight` (inlined into the caller, whose
-/// target features its closure shares). The slices must be equally long, as for the half
-/// crate's conversions (a mismatch is a bug: it panics rather than leave `dst` partly
-/// unwritten).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn by_eights<S: Copy, D>(src: &[S], dst: &mut [D], one: impl Fn(S) -> D, eight: impl Fn(&[S], &mut [D])) {
-    assert_eq!(src.len(), dst.len(), "float16 conversion between slices of different lengths");
-    let mut d8 = dst.chunks_exact_mut(8);
-    let mut s8 = src.chunks_exact(8);
-    for (d, s) in d8.by_ref().zip(s8.by_ref()) {
-        eight(s, d);
-    }
-    for (d, &s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
-        *d = one(s);
-    }
 }
 
 impl ThreeInterpolateBackward {
@@ -233,16 +118,6 @@ impl Operator for ThreeInterpolateBackward {
     }
 }
 
-/// The element type T of input `i`: float32 or float16, else the contract error.
-pub(super) fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
-    match inputs.dtype(i) {
-        Some(t @ (DType::F32 | DType::F16)) => Ok(t),
-        Some(other) => {
-            Err(inputs.error(i, format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name())))
-        }
-        None => Err(inputs.error(i, "required input is missing")),
-    }
-}
 
 impl Rules for ThreeInterpolateBackward {
     type Dims = Dims;
@@ -260,22 +135,7 @@ impl Rules for ThreeInterpolateBackward {
     }
 }
 
-/// The value rule of `indices` ([B, n, 3], input 1 of both operators): every value in [0, m).
-pub(super) fn indices_rule(m: usize) -> ValueRule {
-    let (lo, hi) = Check::half_open(0, m);
-    ValueRule { input: INDICES, check: Check::int_range(lo, hi) }
-}
 
-/// The contract error of [`indices_rule`]; `m_name` says where m comes from.
-pub(super) fn indices_error(inputs: &Inputs<'_>, n: usize, m: usize, m_name: &str, broken: &Broken) -> Error {
-    let (bn, k) = (broken.row / 3, broken.row % 3);
-    let (b, n) = (bn / n.max(1), bn % n.max(1));
-    let value = match &broken.values {
-        RowValues::I32(v) => v.first().map_or(String::new(), i32::to_string),
-        RowValues::F32(v) => format!("{v:?}"),
-    };
-    inputs.error(INDICES, format!("indices[{b}, {n}, {k}] = {value} is outside [0, {m_name}) with {m_name} = {m}"))
-}
 
 fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
     let go = inputs.get::<T>(GRAD_OUTPUT)?.data;
@@ -601,35 +461,6 @@ fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i3
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The F16C conversions give the half crate's bits: every float16 widened, and float32
-    /// values of every kind (ties, subnormals, overflow, NaN payloads) narrowed, at lengths
-    /// that are and are not multiples of 8.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn f16c_conversions_match_the_half_crate() {
-        if !has_f16c() {
-            return;
-        }
-        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
-        for len in [all.len(), all.len() - 3, 7, 0] {
-            let mut got = vec![0f32; len];
-            <f16 as Real>::widen(&all[..len], &mut got);
-            let want: Vec<u32> = all[..len].iter().map(|h| h.to_f32().to_bits()).collect();
-            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
-        }
-        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
-        let mut values: Vec<f32> = (0..100_000).map(|_| f32::from_bits((next() >> 32) as u32)).collect();
-        // Halfway between neighbouring float16 values, around the subnormal and overflow edges.
-        values.extend((0..=u16::MAX).map(|b| f32::from_bits(f16::from_bits(b).to_f32().to_bits() + (1 << 12))));
-        values.extend([65504.0, 65519.99, 65520.0, 1e-8, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001)]);
-        for len in [values.len(), values.len() - 5, 3] {
-            let mut got = vec![f16::ZERO; len];
-            <f16 as Real>::narrow(&values[..len], &mut got);
-            let want: Vec<u16> = values[..len].iter().map(|&x| f16::from_f32(x).to_bits()).collect();
-            assert_eq!(got.iter().map(|h| h.to_bits()).collect::<Vec<_>>(), want);
-        }
-    }
 
     /// The AVX2 build of the inner kernel (register transposes, 8-wide vectors) must give the
     /// same bits as the baseline build, for every lane count (the tests elsewhere run

@@ -7,7 +7,8 @@
 //! the batch's indices and weights once per row block. No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
-use super::backward::{Real, float_dtype, indices_error, indices_rule};
+use super::Real;
+use super::{float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};

@@ -4,6 +4,44 @@
 pub mod backward;
 pub mod forward;
 pub mod mlu;
+mod real;
+
+use real::Real;
 
 pub use backward::ThreeInterpolateBackward;
 pub use forward::ThreeInterpolate;
+
+use crate::error::{Error, Result};
+use crate::ops::rules::{Broken, Check, RowValues, ValueRule};
+use crate::tensor::{DType, Inputs};
+
+/// The input `indices` of both operators.
+const INDICES: usize = 1;
+
+/// The element type T of input `i`: float32 or float16, else the contract error.
+fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
+    match inputs.dtype(i) {
+        Some(t @ (DType::F32 | DType::F16)) => Ok(t),
+        Some(other) => {
+            Err(inputs.error(i, format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name())))
+        }
+        None => Err(inputs.error(i, "required input is missing")),
+    }
+}
+
+/// The value rule of `indices` ([B, n, 3], input 1 of both operators): every value in [0, m).
+fn indices_rule(m: usize) -> ValueRule {
+    let (lo, hi) = Check::half_open(0, m);
+    ValueRule { input: INDICES, check: Check::int_range(lo, hi) }
+}
+
+/// The contract error of [`indices_rule`]; `m_name` says where m comes from.
+fn indices_error(inputs: &Inputs<'_>, n: usize, m: usize, m_name: &str, broken: &Broken) -> Error {
+    let (bn, k) = (broken.row / 3, broken.row % 3);
+    let (b, n) = (bn / n.max(1), bn % n.max(1));
+    let value = match &broken.values {
+        RowValues::I32(v) => v.first().map_or(String::new(), i32::to_string),
+        RowValues::F32(v) => format!("{v:?}"),
+    };
+    inputs.error(INDICES, format!("indices[{b}, {n}, {k}] = {value} is outside [0, {m_name}) with {m_name} = {m}"))
+}

@@ -10,13 +10,13 @@
 //! is owned by exactly one task, so how the cells are split among tasks never changes a bit
 //! of the result; it only decides speed.
 //!
-//! Speed: the op streams B*N*C features once. Gathering each cell's points (a counting
-//! sort by cell) reads 4*C-byte rows in random order and measured 2-3x slower than
-//! scanning the points in order and scattering into the (cache-sized) output of the task,
-//! so tasks own a contiguous cell range of one grid and scan that chunk's points in order.
-//! Cutting one batch's cells between two cores made both stream all its features (the
-//! hardware prefetcher fetches the rows of the other core's points too); two point chunks
-//! instead read each row once, 1.5-1.8x faster for B = 1 on 2 cores.
+//! Speed: the op streams B*N*C features once. Scanning the points in order and scattering
+//! into the (cache-sized) output of the task beats gathering each cell's points, whose
+//! 4*C-byte rows would be read in random order, so tasks own a contiguous cell range of one
+//! grid and scan that chunk's points in order. Cutting one batch's cells between cores
+//! makes each stream all its features (the hardware prefetcher fetches the other core's
+//! rows too), so one batch is instead cut into point chunks, each row read once
+//! (docs/BENCHMARKS.md has the measurements).
 //! Extra memory: one scratch grid per extra chunk (5.2 MB for B = 1 at seed scale, at most
 //! 256 MiB), plus B * ny * nx counts when a grid is cut among several tasks.
 //! Both the feature rows (non-temporally, so they do not evict the grid) and the output

@@ -430,8 +430,7 @@ pub(super) fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mu
         let shifts = (book.taps[0].get(kz).copied().flatten(), book.taps[1].get(ky).copied().flatten());
         let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();
         // Scatter straight into the output rows (one slot per input row), then compact each
-        // in place: no scratch memory. (Per-row records of kw targets were measured slower
-        // on two threads.)
+        // in place: no scratch memory.
         for (_, outs) in halves.iter_mut() {
             outs.fill(-1);
         }
