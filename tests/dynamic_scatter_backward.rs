@@ -412,7 +412,7 @@ fn streamed_output_with_odd_channels() {
 #[test]
 fn default_reduce_type_is_max() {
     let op = descriptor::<DynamicScatterBackward>(&attrs(None)).expect("default");
-    assert_eq!(op, DynamicScatterBackward { reduce: onnxruntime_ep_mlu::ops::dynamic_scatter::backward::Reduce::Max });
+    assert_eq!(op, DynamicScatterBackward { reduce: onnxruntime_ep_mlu::ops::dynamic_scatter::Reduce::Max });
 }
 
 #[test]

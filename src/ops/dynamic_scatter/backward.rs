@@ -22,6 +22,7 @@
 //! output rows through a CSR-ordered vector of row slices, so no unsafe code is needed.
 
 
+use super::Reduce;
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::cache;
@@ -41,26 +42,6 @@ const VOXEL_NUM: usize = 5;
 
 /// Elements per parallel task: below this the thread-pool overhead dominates.
 const GRAIN: usize = 32 * 1024;
-
-/// The reduction the forward pass used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reduce {
-    Max,
-    Mean,
-    Sum,
-}
-
-impl Reduce {
-    /// Parses the `reduce_type` attribute value.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "max" => Some(Reduce::Max),
-            "mean" => Some(Reduce::Mean),
-            "sum" => Some(Reduce::Sum),
-            _ => None,
-        }
-    }
-}
 
 /// The configured node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,11 +216,7 @@ impl Operator for DynamicScatterBackward {
     type Plan = Plan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        let s = attrs.string("reduce_type")?;
-        let reduce = Reduce::parse(&s).ok_or_else(|| {
-            Error::attribute("reduce_type", format!("must be one of \"max\", \"mean\", \"sum\", got {s:?}"))
-        })?;
-        Ok(DynamicScatterBackward { reduce })
+        Ok(DynamicScatterBackward { reduce: Reduce::from_attributes(attrs)? })
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {

@@ -9,7 +9,7 @@
 //! bits whatever the thread count. No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
-use super::backward::{DynamicScatterBackward, Reduce};
+use super::Reduce;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
@@ -52,7 +52,7 @@ impl Operator for DynamicScatter {
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         // Same attribute, same rule as the backward op.
-        let DynamicScatterBackward { reduce } = <DynamicScatterBackward as Operator>::from_attributes(attrs)?;
+        let reduce = Reduce::from_attributes(attrs)?;
         Ok(DynamicScatter { reduce })
     }
 

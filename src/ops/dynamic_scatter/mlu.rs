@@ -7,7 +7,8 @@
 //! the two float tiles reused for mask and candidates) and one Cp row, kernel2 8 * C bytes
 //! per voxel of its tile.
 
-use super::backward::{Dims, DynamicScatterBackward, Reduce};
+use super::Reduce;
+use super::backward::{Dims, DynamicScatterBackward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::Operator;
