@@ -34,7 +34,7 @@ at 1 and 2 onnxruntime intra-op threads:
   is saved and inspected).
 
     cargo build --release --lib
-    "$VENV/bin/pip" install -r benches/requirements.txt   # spconv 2.3.8 (torch: scripts/setup.sh --test)
+    "$VENV/bin/pip" install --no-deps -r scripts/requirements-peers.txt   # spconv 2.3.8 (torch: scripts/setup.sh --test)
     "$VENV/bin/python" benches/backbone_peer.py            # --repeat N, --seed S, --sites
 
 The library is $MLU_EP_LIB, else target/release/libonnxruntime_ep_mlu.so.
@@ -53,8 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from networks.common import interleaved  # noqa: E402
+from networks.lidar import centerpoint_sites, scan_points  # noqa: E402 (the simulated scan)
 HINT = ('install the bench requirements into the project venv: "$VENV/bin/pip" install -r '
-        'benches/requirements.txt, then run "$VENV/bin/python" benches/backbone_peer.py')
+        'scripts/requirements-peers.txt (or run scripts/setup.sh --test), then run "$VENV/bin/python" benches/backbone_peer.py')
 
 try:
     import numpy as np
@@ -79,91 +82,9 @@ BN_EPS = 1e-3  # CenterPoint's BatchNorm1d(eps=1e-3)
 
 
 # ----------------------------------------------------------------------------- input
-def scan_sites(rng, sweeps: int = 10) -> np.ndarray:
-    """Voxel sites (batch 0, z, y, x) of a simulated 32-beam scan; see the module doc.
-    Rows in random order, as a voxelizer emitting voxels in point order gives."""
-    h = 1.84  # sensor height above the road
-    elev = np.deg2rad(np.linspace(-30.67, 10.67, 32))
-    az_steps = 2170  # 1.39M points/s / 20 Hz / 32 beams
-    boxes = []  # [xmin, xmax, ymin, ymax, zmin, zmax], road at z = -h
-    for _ in range(60):  # cars in four lanes
-        cx, cy = rng.uniform(-50, 50), rng.choice([-7.5, -4.0, 4.0, 7.5]) + rng.normal(0, 0.3)
-        length, width, height = rng.uniform(3.8, 5.0), rng.uniform(1.7, 2.0), rng.uniform(1.4, 1.8)
-        if abs(cx) < 4 and abs(cy) < 3:
-            continue
-        boxes.append([cx - length / 2, cx + length / 2, cy - width / 2, cy + width / 2, -h, -h + height])
-    for _ in range(80):  # parked cars along the curbs
-        cx, cy = rng.uniform(-54, 54), rng.choice([-9.5, 9.5]) + rng.normal(0, 0.2)
-        length, width, height = rng.uniform(3.8, 5.0), rng.uniform(1.7, 2.0), rng.uniform(1.4, 1.8)
-        boxes.append([cx - length / 2, cx + length / 2, cy - width / 2, cy + width / 2, -h, -h + height])
-    for _ in range(150):  # bushes, hedges, bins
-        cx, cy = rng.uniform(-54, 54), rng.choice([-1, 1]) * rng.uniform(10.5, 14)
-        r = rng.uniform(0.3, 1.5)
-        boxes.append([cx - r, cx + r, cy - r, cy + r, -h, -h + rng.uniform(0.5, 1.5)])
-    for _ in range(40):  # pedestrians on the sidewalks
-        cx, cy = rng.uniform(-50, 50), rng.choice([-11.0, 11.0]) + rng.normal(0, 0.8)
-        boxes.append([cx - 0.3, cx + 0.3, cy - 0.3, cy + 0.3, -h, -h + 1.75])
-    x = -54.0
-    while x < 54:  # building fronts on both sides, with gaps
-        length = rng.uniform(8, 25)
-        for side in (-1, 1):
-            if rng.random() < 0.8:
-                y0 = side * rng.uniform(14, 18)
-                boxes.append([x, x + length, min(y0, y0 + side * 10), max(y0, y0 + side * 10), -h, -h + rng.uniform(4, 15)])
-        x += length + rng.uniform(2, 8)
-    for _ in range(120):  # tree crowns
-        cx, cy = rng.uniform(-54, 54), rng.choice([-12.5, 12.5]) + rng.normal(0, 0.5)
-        r, z0 = rng.uniform(1.0, 2.5), rng.uniform(2.0, 3.5)
-        boxes.append([cx - r, cx + r, cy - r, cy + r, -h + z0, -h + z0 + rng.uniform(2, 5)])
-    for _ in range(50):  # poles and trunks
-        cx, cy = rng.uniform(-50, 50), rng.choice([-12.5, 12.5])
-        boxes.append([cx - 0.15, cx + 0.15, cy - 0.15, cy + 0.15, -h, -h + rng.uniform(3, 8)])
-    boxes = np.array(boxes, np.float32)
-
-    pts = []
-    step = 2 * np.pi / az_steps
-    for s in range(sweeps):
-        origin = np.array([-0.5 * s, 0.0, 0.0], np.float32)  # 10 m/s, 20 Hz
-        a0 = rng.uniform(0, step)
-        az = a0 + step * np.arange(az_steps)
-        e, a = np.meshgrid(elev, az, indexing="ij")
-        d = np.stack([np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)], -1).astype(np.float32)  # [32, az, 3]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(d[..., 2] < 0, -h / d[..., 2], np.inf).astype(np.float32)  # the road
-            inv = 1.0 / d
-        t = np.minimum(t, 70.0)
-        for b in boxes:
-            # The rays of the box's azimuth window (all beams), slab test.
-            c = np.array([b[0:2].mean(), b[2:4].mean()]) - origin[:2]
-            ac = np.arctan2(c[1], c[0])
-            corners = np.array([[b[0], b[2]], [b[0], b[3]], [b[1], b[2]], [b[1], b[3]]]) - origin[:2]
-            rel = (np.arctan2(corners[:, 1], corners[:, 0]) - ac + np.pi) % (2 * np.pi) - np.pi
-            i0 = int(np.floor((ac + rel.min() - a0) / step)) - 1
-            i1 = int(np.ceil((ac + rel.max() - a0) / step)) + 1
-            idx = np.arange(i0, i1 + 1) % az_steps
-            iv = inv[:, idx, :]
-            with np.errstate(invalid="ignore"):
-                ta, tb = (b[0::2] - origin) * iv, (b[1::2] - origin) * iv
-                tn, tf = np.minimum(ta, tb).max(-1), np.maximum(ta, tb).min(-1)
-            hit = np.where((tn <= tf) & (tf > 0), np.maximum(tn, 0), np.inf)
-            t[:, idx] = np.minimum(t[:, idx], hit)
-        ok = t < 70.0
-        noise = 1 + rng.normal(0, 0.002, ok.sum()).astype(np.float32)  # ~2 cm at 10 m
-        pts.append(origin + d[ok] * (t[ok] * noise)[:, None])
-    p = np.concatenate(pts)
-    lo, vs = np.array([-54.0, -54.0, -5.0]), np.array([0.075, 0.075, 0.2])
-    v = np.floor((p - lo) / vs).astype(np.int64)  # (x, y, z)
-    v = v[(v >= 0).all(1) & (v < [1440, 1440, 40]).all(1)]
-    lin = np.unique((v[:, 2] * 1440 + v[:, 1]) * 1440 + v[:, 0])
-    lin = rng.permutation(lin)
-    z, yx = np.divmod(lin, 1440 * 1440)
-    y, x = np.divmod(yx, 1440)
-    return np.stack([np.zeros_like(z), z, y, x], 1).astype(np.int32)
-
-
 def sites(kind: str, rng, voxels: int) -> np.ndarray:
     if kind == "scan":
-        return scan_sites(rng)
+        return centerpoint_sites(scan_points(rng), rng)
     sys.path.insert(0, str(REPO / "benches"))
     import spconv_peer  # noqa: E402 (its generator, reused)
     cfg = spconv_peer.Config("lidar", voxels, 1, SPATIAL, (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), True)
@@ -411,24 +332,6 @@ def compare(label, spatial, ours_idx, ours_f, ref_idx, ref_f, problems: list) ->
 
 
 # ----------------------------------------------------------------------------- timing
-def interleaved(fns: dict, repeat: int, cpu: dict | None = None):
-    """One warm-up call of each, then `repeat` rounds calling each once in turn; the best wall
-    time of each (seconds) and its last result. `cpu`, when given, receives the process's CPU
-    time / wall time of each best run (about the number of busy threads)."""
-    results = {k: f() for k, f in fns.items()}
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, f in fns.items():
-            c0, t0 = time.process_time(), time.perf_counter()
-            results[k] = f()
-            wall = time.perf_counter() - t0
-            if wall < best[k]:
-                best[k] = wall
-                if cpu is not None:
-                    cpu[k] = (time.process_time() - c0) / wall
-    return best, results
-
-
 def profile_breakdown(model, lib, threads, feeds, runs: int = 3):
     """onnxruntime's profile of `runs` runs after a warm-up: the kernel time summed per op type
     (ms per run), and the run's wall time."""

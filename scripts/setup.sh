@@ -4,7 +4,8 @@
 #                  libonnxruntime.so.1.31.1), onnx and numpy (scripts/requirements.txt);
 #   --test         also what the tests need: pytest (scripts/requirements-test.txt) and
 #                  PyTorch 2.15.0 for the export path (scripts/requirements-torch.txt: about
-#                  2.4 GB of downloads, installed --no-deps).
+#                  2.4 GB of downloads, installed --no-deps), and the peer libraries
+#                  spconv 2.3.8 and torchvision 0.29.2 (scripts/requirements-peers.txt).
 # Idempotent: nothing is installed when .venv already has every pinned version. Every step
 # says what it does, on stderr.
 #
@@ -98,6 +99,8 @@ if [ "$WITH_TESTS" = 1 ]; then
     install "pytest (tests)" "$ROOT/scripts/requirements-test.txt"
     install "PyTorch 2.15.0 (export tests; about 2.4 GB of downloads the first time)" \
         "$ROOT/scripts/requirements-torch.txt" --no-deps
+    install "spconv 2.3.8 and torchvision 0.29.2 (the network runner's peers)" \
+        "$ROOT/scripts/requirements-peers.txt" --no-deps
     install "Ray 2.60.0 with Ray Data (dataset regression tests)" "$ROOT/scripts/requirements-ray.txt"
 fi
 ORT_DYLIB_PATH="$("$VENV/bin/python" -c 'import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so." + onnxruntime.__version__))')"

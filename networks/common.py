@@ -1,0 +1,156 @@
+"""What the network runner (networks/run.py) needs from every network: the case a network
+module builds, the export, the sessions of both paths, the comparison and the timing."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import onnxruntime_ep_mlu as mlu
+from onnxruntime_ep_mlu import torch as mlu_torch
+from onnxruntime_ep_mlu.regression import compare as compare_output
+
+#: The op types the MLUExecutionProvider has kernels for: the nodes a network must place on
+#: the card (the forward partners DynamicScatter, IndiceConv, ThreeInterpolate and PsRoiPool
+#: run on ONNX Runtime's CPU provider inside the EP session).
+MLU_OPS = frozenset(
+    {"DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"}
+)
+SCALES = ("ci", "full")
+
+
+@dataclass
+class Graph:
+    """One exported graph of a network (its inference, or its training gradient), the inputs
+    it runs on, and its peer: the eager PyTorch computation users run today on the same
+    inputs and weights. ``peer(threads)`` returns the outputs named like the graph's;
+    ``canonical`` maps an output name to a function applied to both sides before comparing
+    (sets of sparse coordinates, say); ``peer_threads`` lists the torch thread counts the
+    peer may be timed at."""
+
+    name: str
+    model: bytes
+    feeds: dict[str, np.ndarray]
+    peer: Callable[[int], dict[str, np.ndarray]]
+    peer_name: str
+    canonical: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+    peer_threads: tuple[int, ...] = (1, 2)
+    note: str = ""
+
+
+@dataclass
+class Case:
+    network: str
+    config: str
+    graphs: list[Graph]
+
+
+def export(module: torch.nn.Module, args: tuple, input_names, output_names, dynamic_axes=None) -> bytes:
+    """The module exported as a user would, through the package's autograd Functions
+    (torch.onnx.export's TorchScript exporter, opset 17 and the mluops opset)."""
+    buf = io.BytesIO()
+    module.eval()
+    with torch.no_grad():
+        mlu_torch.export(
+            module, args, buf, input_names=list(input_names), output_names=list(output_names),
+            dynamic_axes=dynamic_axes or {},
+        )
+    return buf.getvalue()
+
+
+def cpu_session(model: bytes, threads: int, library: str):
+    import onnxruntime as ort
+
+    so = mlu.session_options(library=library)
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    # Idle pool threads sleep rather than spin, so that they do not take a core from the
+    # peer timed next.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def mlu_session(model: bytes, library: str):
+    """A session under the MLUExecutionProvider on the emulated card (no MLU hardware is
+    reachable here), recording which provider runs each node."""
+    import onnxruntime as ort
+
+    so = mlu.session_options(with_ep=True, record_assignment=True, emulate=True, library=library)
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3  # the EP's notes on the forward partners it declines, by design
+    return ort.InferenceSession(model, so)
+
+
+def placement(model: bytes, sess) -> tuple[int, int, list[str]]:
+    """(nodes on the MLU, nodes that must be there, the mluops nodes ONNX Runtime kept on CPU
+    that the EP has kernels for)."""
+    import onnx
+
+    graph = onnx.load_from_string(model).graph
+    want = {n.name: n.op_type for n in graph.node if n.domain == mlu.DOMAIN and n.op_type in MLU_OPS}
+    where = mlu.node_assignment(sess)
+    on = [n for n, ep in where.items() if ep == mlu.EP_NAME]
+    missed = sorted(f"{want[n]} {n}" for n in want if where.get(n) != mlu.EP_NAME)
+    return len(on), len(want), missed
+
+
+def compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], canonical) -> tuple[float, str]:
+    """The worst output (error / the contract's tolerance: exact for integers, the
+    accumulating class diff1, diff2 <= 3e-3 for floats) and its description."""
+    worst, what = 0.0, "no output"
+    for name, r in ref.items():
+        a = ours[name]
+        f = canonical.get(name)
+        if f is not None:
+            a, r = f(a), f(r)
+        ratio, text = compare_output(np.asarray(a), np.asarray(r), None)
+        if ratio >= worst:
+            worst, what = ratio, f"{name}: {text}"
+    return worst, what
+
+
+def interleaved(fns: dict, repeat: int, cpu: dict | None = None):
+    """One warm-up call of each, then ``repeat`` rounds calling each once in turn (so that a
+    noisy neighbour slows all alike): the best wall time of each (seconds) and its last
+    result. ``cpu``, when given, receives the process's CPU time / wall time of each best run
+    (about the number of busy threads)."""
+    results = {k: f() for k, f in fns.items()}
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, f in fns.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            results[k] = f()
+            wall = time.perf_counter() - t0
+            if wall < best[k]:
+                best[k] = wall
+                if cpu is not None:
+                    cpu[k] = (time.process_time() - c0) / wall
+    return best, results
+
+
+def tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def numpy_out(x: torch.Tensor) -> np.ndarray:
+    return x.detach().contiguous().numpy()
+
+
+def seed_batchnorms(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Gives every BatchNorm of ``module`` seeded running statistics and affine weights (a
+    freshly built one is the identity in eval mode) and puts it in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                c = m.num_features
+                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
+                m.running_mean.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
+                m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
+    return module.eval()

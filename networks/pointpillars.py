@@ -1,0 +1,199 @@
+"""PointPillars with dynamic voxelisation at mmdet3d's KITTI configuration: point cloud range
+[0, -39.68, -3, 69.12, 39.68, 1], pillars 0.16 x 0.16 x 4 (a 432 x 496 grid);
+DynamicPillarFeatureNet (the points' offsets from their pillar's mean, by DynamicScatter
+mean, and from the pillar centre; Linear 9 -> 64 + BatchNorm1d + ReLU; DynamicScatter max),
+PointPillarsScatter to the BEV canvas, the SECOND backbone (layer_nums [3, 5, 5], strides
+[2, 2, 2], channels [64, 128, 256]), SECONDFPN (upsample strides [1, 2, 4] to 3 x 128) and
+the Anchor3DHead's convolutions (3 classes x 2 rotations: 18 class, 42 box, 12 direction
+channels). The voxelisation (floor of the offset over the pillar size, -1 rows outside
+the range) is torch arithmetic inside the graph.
+
+Its training gradient is a second graph: the gradient of sum(canvas * G) for an upstream
+gradient G of the canvas, through DynamicScatterBackward (max), the ReLU and the
+BatchNorm, to the PFN's Linear weight.
+
+Peer: the same modules with mmcv's torch formulation of dynamic_scatter (torch.unique over
+the kept coordinates, scatter_reduce amax / index_add mean) in eager mode, and torch
+autograd for the gradient. torch's amax gradient splits a tie evenly where the contract
+gives it to the lowest point index; the ties here are at 0 (ReLU'd channels), where both
+gradients are 0 after the ReLU, so both must agree.
+
+Input: one sweep of the simulated 32-beam scan (networks/lidar.py) with random intensity;
+the CI scale halves the range (216 x 248)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from onnxruntime_ep_mlu import torch as mlu_torch
+
+from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
+from .lidar import scan_points
+
+BN_EPS = 1e-3
+VOXEL = (0.16, 0.16, 4.0)
+FULL_RANGE = (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
+
+
+def peer_dynamic_scatter(feats, coors, reduce_type):
+    """mmcv's dynamic_scatter in plain torch: voxels are the distinct kept coordinates
+    (torch.unique, sorted), max by scatter_reduce amax, mean by index_add / count."""
+    keep = (coors >= 0).all(dim=1)
+    voxels, inverse, counts = torch.unique(coors[keep], dim=0, return_inverse=True, return_counts=True)
+    p2v = torch.full((coors.shape[0],), -1, dtype=torch.long)
+    p2v[keep] = inverse
+    vals = feats[keep]
+    index = inverse.unsqueeze(1).expand(-1, feats.shape[1])
+    if reduce_type == "max":
+        out = feats.new_full((voxels.shape[0], feats.shape[1]), -torch.inf).scatter_reduce(0, index, vals, "amax")
+    else:
+        out = feats.new_zeros(voxels.shape[0], feats.shape[1]).index_add(0, inverse, vals) / counts.unsqueeze(1)
+    return out, voxels, p2v
+
+
+def ours_dynamic_scatter(feats, coors, reduce_type):
+    vf, vc, p2v, _, _ = mlu_torch.dynamic_scatter(feats, coors, reduce_type)
+    return vf, vc, p2v.long()
+
+
+class PointPillars(nn.Module):
+    def __init__(self, pc_range, scatter):
+        super().__init__()
+        self.scatter = scatter
+        lo, hi = torch.tensor(pc_range[:3]), torch.tensor(pc_range[3:])
+        size = torch.tensor(VOXEL)
+        self.grid = [int(round(float(v))) for v in (hi - lo) / size]  # nx, ny, nz
+        self.register_buffer("lo", lo)
+        self.register_buffer("size", size)
+        self.register_buffer("cells", torch.tensor(self.grid, dtype=torch.int32))
+        self.x_offset = VOXEL[0] / 2 + pc_range[0]
+        self.y_offset = VOXEL[1] / 2 + pc_range[1]
+        self.linear = nn.Linear(9, 64, bias=False)
+        self.norm = nn.BatchNorm1d(64, eps=BN_EPS, momentum=0.01)
+        blocks, cin = [], 64
+        for n, stride, cout in zip((3, 5, 5), (2, 2, 2), (64, 128, 256)):
+            layers = [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout, eps=BN_EPS), nn.ReLU()]
+            for _ in range(n):
+                layers += [nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout, eps=BN_EPS), nn.ReLU()]
+            blocks.append(nn.Sequential(*layers))
+            cin = cout
+        self.blocks = nn.ModuleList(blocks)
+        self.deblocks = nn.ModuleList(
+            nn.Sequential(nn.ConvTranspose2d(c, 128, s, s, bias=False), nn.BatchNorm2d(128, eps=BN_EPS), nn.ReLU())
+            for c, s in ((64, 1), (128, 2), (256, 4))
+        )
+        self.conv_cls = nn.Conv2d(384, 18, 1)
+        self.conv_reg = nn.Conv2d(384, 42, 1)
+        self.conv_dir = nn.Conv2d(384, 12, 1)
+
+    def voxelize(self, points):
+        """(batch 0, z, y, x) int32 per point, a -1 row outside the range."""
+        c = torch.floor((points[:, :3] - self.lo) / self.size).to(torch.int32)
+        inside = ((c >= 0) & (c < self.cells)).all(dim=1, keepdim=True)
+        zyx = torch.cat([torch.zeros_like(c[:, :1]), c[:, 2:3], c[:, 1:2], c[:, 0:1]], dim=1)
+        return torch.where(inside, zyx, torch.full_like(zyx, -1))
+
+    def point_features(self, points, coors):
+        """[N, 9]: x, y, z, r, the offsets from the pillar's point mean and from its centre."""
+        mean, _, p2v = self.scatter(points, coors, "mean")
+        f_cluster = points[:, :3] - mean[p2v.clamp(min=0)][:, :3]
+        f_x = points[:, 0:1] - (coors[:, 3:4].to(points.dtype) * VOXEL[0] + self.x_offset)
+        f_y = points[:, 1:2] - (coors[:, 2:3].to(points.dtype) * VOXEL[1] + self.y_offset)
+        return torch.cat([points, f_cluster, f_x, f_y], dim=1)
+
+    def pillars(self, points):
+        coors = self.voxelize(points)
+        features = self.point_features(points, coors)
+        point_feats = torch.relu(self.norm(self.linear(features)))
+        voxel_feats, voxel_coors, p2v = self.scatter(point_feats, coors, "max")
+        return features, point_feats, voxel_feats, voxel_coors, p2v, coors
+
+    def canvas(self, voxel_feats, voxel_coors):
+        nx, ny, _ = self.grid
+        cell = voxel_coors[:, 2].long() * nx + voxel_coors[:, 3].long()
+        flat = voxel_feats.new_zeros(ny * nx, voxel_feats.shape[1]).index_put((cell,), voxel_feats)
+        return flat.t().reshape(1, voxel_feats.shape[1], ny, nx)
+
+    def forward(self, points):
+        _, _, voxel_feats, voxel_coors, _, _ = self.pillars(points)
+        x = self.canvas(voxel_feats, voxel_coors)
+        ups = []
+        for block, deblock in zip(self.blocks, self.deblocks):
+            x = block(x)
+            ups.append(deblock(x))
+        x = torch.cat(ups, dim=1)
+        return self.conv_cls(x), self.conv_reg(x), self.conv_dir(x)
+
+
+class PillarGradient(nn.Module):
+    """The PFN Linear weight's gradient of sum(canvas * grad_canvas), written out with
+    DynamicScatterBackward (the graph a training step exports)."""
+
+    def __init__(self, net: PointPillars):
+        super().__init__()
+        self.net = net
+
+    def forward(self, points, grad_canvas):
+        net = self.net
+        coors = net.voxelize(points)
+        features = net.point_features(points, coors)
+        point_feats = torch.relu(net.norm(net.linear(features)))
+        voxel_feats, voxel_coors, p2v, counts, vn = mlu_torch.dynamic_scatter(point_feats, coors, "max")
+        nx = net.grid[0]
+        cell = voxel_coors[:, 2].long() * nx + voxel_coors[:, 3].long()
+        grad_voxels = grad_canvas.reshape(grad_canvas.shape[1], -1)[:, cell].t()
+        grad_points = mlu_torch.dynamic_scatter_backward(grad_voxels, point_feats, voxel_feats, p2v, counts, vn, "max")
+        scale = net.norm.weight / torch.sqrt(net.norm.running_var + net.norm.eps)
+        grad_pre = grad_points * (point_feats > 0).to(point_feats.dtype) * scale
+        return grad_pre.t() @ features
+
+
+def case(scale: str, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    xyz = scan_points(rng, sweeps=1)
+    points = np.concatenate([xyz, rng.random((xyz.shape[0], 1), dtype=np.float32)], 1).astype(np.float32)
+    pc_range = FULL_RANGE if scale == "full" else (0.0, -19.84, -3.0, 34.56, 19.84, 1.0)
+    torch.manual_seed(seed)
+    net = seed_batchnorms(PointPillars(pc_range, ours_dynamic_scatter), seed)
+    peer_net = copy.deepcopy(net)
+    peer_net.scatter = peer_dynamic_scatter
+    nx, ny, _ = net.grid
+    grad_canvas = rng.standard_normal((1, 64, ny, nx)).astype(np.float32)
+
+    fwd = export(net, (tensor(points),), ["points"], ["cls_score", "bbox_pred", "dir_cls_preds"], {"points": {0: "N"}})
+
+    def peer_forward(threads: int):
+        with torch.no_grad():
+            outs = peer_net(tensor(points))
+        return dict(zip(("cls_score", "bbox_pred", "dir_cls_preds"), (numpy_out(o) for o in outs)))
+
+    grad_model = export(PillarGradient(net), (tensor(points), tensor(grad_canvas)), ["points", "grad_canvas"],
+                        ["grad_pfn_weight"], {"points": {0: "N"}})
+
+    def peer_gradient(threads: int):
+        m = peer_net
+        m.linear.weight.grad = None
+        with torch.enable_grad():
+            p = tensor(points)
+            coors = m.voxelize(p)
+            with torch.no_grad():
+                features = m.point_features(p, coors)
+            pf = torch.relu(m.norm(m.linear(features)))
+            vf, vc, _ = m.scatter(pf, coors, "max")
+            (m.canvas(vf, vc) * tensor(grad_canvas)).sum().backward()
+        return {"grad_pfn_weight": numpy_out(m.linear.weight.grad)}
+
+    inside = int((net.voxelize(tensor(points))[:, 0] >= 0).sum())
+    return Case(
+        "pointpillars",
+        f"{nx} x {ny} grid, {points.shape[0]} points ({inside} in range)",
+        [
+            Graph("forward", fwd, {"points": points}, peer_forward, "torch (mmcv dynamic_scatter in torch)"),
+            Graph("gradient", grad_model, {"points": points, "grad_canvas": grad_canvas}, peer_gradient,
+                  "torch autograd"),
+        ],
+    )

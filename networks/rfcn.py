@@ -1,0 +1,135 @@
+"""The R-FCN position-sensitive head (ResNet-101 R-FCN on VOC: 7 x 7 bins, 21 classes, 300
+rois, stride 16 on a 600 x 1000 image, so a 38 x 63 map): conv_new_1 (1 x 1, 2048 -> 1024,
+ReLU), rfcn_cls (1 x 1 -> 7*7*21 score maps) and rfcn_bbox (1 x 1 -> 7*7*8), PsRoiPool of
+each, averaged over the bins (cls_score [R, 21], bbox_pred [R, 8]) and the class softmax.
+
+Its gradient is a second graph: the gradient of sum(cls_score * G) for an upstream gradient
+G with respect to rfcn_cls's weight, through PsRoiPoolBackward.
+
+Peer: torchvision's ps_roi_pool (NCHW) in eager mode, torch autograd for the gradient.
+torchvision rounds a roi after scaling (start = round(x1 * scale), end = round(x2 * scale))
+where the contract rounds before and adds one pixel (start = round(x1) * scale, end =
+(round(x2) + 1) * scale). The rois here have x1, y1 on the stride (multiples of 16) and
+x2 + 1, y2 + 1 too, and torchvision gets (x1, y1, x2 + 1, y2 + 1): then both give the same
+integer start and end cells. torchvision also adds the start to a bin edge after its
+floor / ceil (the contract before) and clamps bin ends to the last row and column (the
+contract to the map's size): the rois are 7, 14, 21 or 28 cells wide and high (every bin
+edge an exact integer) and clear of the map's last row and column, where both give the
+same bins. The CI scale is a 300 x 500 image (19 x 32)
+with 512 input channels and 64 rois."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from onnxruntime_ep_mlu import torch as mlu_torch
+
+from .common import Case, Graph, export, numpy_out, tensor
+
+GROUP, CLASSES, BOX = 7, 21, 8
+STRIDE = 16
+
+
+class RFCNHead(nn.Module):
+    def __init__(self, in_channels: int):
+        super().__init__()
+        self.conv_new_1 = nn.Conv2d(in_channels, 1024, 1)
+        self.rfcn_cls = nn.Conv2d(1024, GROUP * GROUP * CLASSES, 1)
+        self.rfcn_bbox = nn.Conv2d(1024, GROUP * GROUP * BOX, 1)
+
+    def maps(self, x):
+        h = torch.relu(self.conv_new_1(x))
+        return h, self.rfcn_cls(h), self.rfcn_bbox(h)
+
+    def forward(self, x, rois):
+        _, cls_maps, box_maps = self.maps(x)
+        cls_score = pool(cls_maps, rois, CLASSES)[0].mean(dim=(1, 2))
+        bbox_pred = pool(box_maps, rois, BOX)[0].mean(dim=(1, 2))
+        return cls_score.softmax(dim=1), bbox_pred
+
+
+def pool(maps, rois, out_dim):
+    """PsRoiPool of NCHW maps (the op is NHWC): ([R, 7, 7, out_dim], mapping_channel, NHWC maps)."""
+    nhwc = maps.permute(0, 2, 3, 1)
+    out, mapping = mlu_torch.psroi_pool(nhwc, rois, GROUP, GROUP, 1.0 / STRIDE, out_dim)
+    return out, mapping, nhwc
+
+
+class ClsGradient(nn.Module):
+    """d sum(cls_score * grad_score) / d rfcn_cls.weight, written out with PsRoiPoolBackward."""
+
+    def __init__(self, head: RFCNHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x, rois, grad_score):
+        h, cls_maps, _ = self.head.maps(x)
+        _, mapping, nhwc = pool(cls_maps, rois, CLASSES)
+        r = grad_score.shape[0]
+        top = (grad_score / (GROUP * GROUP)).reshape(r, 1, 1, CLASSES).expand(r, GROUP, GROUP, CLASSES).contiguous()
+        grad_maps = mlu_torch.psroi_pool_backward(top, rois, mapping, torch._shape_as_tensor(nhwc), GROUP, GROUP,
+                                                  1.0 / STRIDE, CLASSES)
+        c = grad_maps.shape[3]
+        return grad_maps.reshape(-1, c).t() @ h[0].reshape(h.shape[1], -1).t()
+
+
+def rois_on_stride(rng, count: int, height: int, width: int) -> np.ndarray:
+    """[count, 5] (0, x1, y1, x2, y2) in image pixels where the contract and torchvision must
+    agree (see the module doc): x1, y1, x2 + 1 and y2 + 1 multiples of the stride; 7, 14, 21
+    or 28 cells wide and high, so that every bin edge is an exact integer; clear of the
+    map's last row and column."""
+    out = np.zeros((count, 5), np.float32)
+    for r in range(count):
+        w = GROUP * rng.integers(1, max((width - 1) // GROUP, 1) + 1)
+        h = GROUP * rng.integers(1, max((height - 1) // GROUP, 1) + 1)
+        x0, y0 = rng.integers(0, width - w), rng.integers(0, height - h)
+        out[r, 1:] = (x0 * STRIDE, y0 * STRIDE, (x0 + w) * STRIDE - 1, (y0 + h) * STRIDE - 1)
+    return out
+
+
+def case(scale: str, seed: int) -> Case:
+    from torchvision.ops import ps_roi_pool
+
+    rng = np.random.default_rng(seed)
+    cin, height, width, count = (2048, 38, 63, 300) if scale == "full" else (512, 19, 32, 64)
+    x = np.maximum(rng.standard_normal((1, cin, height, width)), 0).astype(np.float32)  # a ReLU'd res5 map
+    rois = rois_on_stride(rng, count, height, width)
+    tv_rois = rois.copy()
+    tv_rois[:, 3:] += 1.0
+    grad_score = rng.standard_normal((count, CLASSES)).astype(np.float32)
+    torch.manual_seed(seed)
+    net = RFCNHead(cin).eval()
+    fwd = export(net, (tensor(x), tensor(rois)), ["features", "rois"], ["cls_prob", "bbox_pred"], {"rois": {0: "R"}})
+    grad_model = export(ClsGradient(net), (tensor(x), tensor(rois), tensor(grad_score)),
+                        ["features", "rois", "grad_score"], ["grad_rfcn_cls_weight"])
+
+    def peer_scores(feat):
+        _, cls_maps, box_maps = net.maps(feat)
+        cls_score = ps_roi_pool(cls_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE).mean(dim=(2, 3))
+        bbox_pred = ps_roi_pool(box_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE).mean(dim=(2, 3))
+        return cls_score, bbox_pred
+
+    def peer_forward(threads: int):
+        with torch.no_grad():
+            cls_score, bbox_pred = peer_scores(tensor(x))
+        return {"cls_prob": numpy_out(cls_score.softmax(dim=1)), "bbox_pred": numpy_out(bbox_pred)}
+
+    def peer_gradient(threads: int):
+        net.rfcn_cls.weight.grad = None
+        with torch.enable_grad():
+            cls_score, _ = peer_scores(tensor(x))
+            (cls_score * tensor(grad_score)).sum().backward()
+        return {"grad_rfcn_cls_weight": numpy_out(net.rfcn_cls.weight.grad[:, :, 0, 0])}
+
+    return Case(
+        "rfcn_head",
+        f"{cin} x {height} x {width} map, {count} rois, 7x7 bins, 21 classes",
+        [
+            Graph("forward", fwd, {"features": x, "rois": rois}, peer_forward, "torchvision ps_roi_pool",
+                  note="torchvision gets (x1, y1, x2 + 1, y2 + 1)"),
+            Graph("gradient", grad_model, {"features": x, "rois": rois, "grad_score": grad_score}, peer_gradient,
+                  "torchvision autograd"),
+        ],
+    )

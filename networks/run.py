@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Network regression runner: each named network (networks/<name>.py) built as a PyTorch
+module, exported with torch.onnx.export through onnxruntime_ep_mlu.torch, run under
+onnxruntime on the CPU path (the custom-op library) and under the MLUExecutionProvider on
+the emulated card (no MLU hardware is reachable here), and compared with the peer library
+its users run today on the same inputs and weights.
+
+One line per network, graph and path: nodes on the MLU / nodes the EP must take (those with
+an MLU kernel), the worst output against the peer relative to the contract's tolerance
+(<= 1 passes: exact for integers, diff1 and diff2 <= 3e-3 for floats), and, on the CPU
+path, onnxruntime's time at 1 and 2 intra-op threads against the peer's eager time at the
+same torch thread count, in the same run (best of --repeat interleaved rounds after a
+warm-up; spconv only at 1 thread, its CPU path being wrong on 2). The emulated card's time
+is printed for completeness: it measures the emulator, not an MLU.
+
+Exits non-zero when an output disagrees with its peer beyond the tolerance, a node that
+must run on the MLU does not, or a session fails. Speed is reported, never asserted.
+
+    python networks/run.py [--scale ci|full] [--networks centerpoint,...] [--repeat N]
+                           [--seed S] [--library path/to/libonnxruntime_ep_mlu.so]
+
+--scale ci (the test command) runs reduced sizes (each network module says which);
+--scale full the published configurations. The library defaults to $MLU_EP_LIB, else
+target/release/libonnxruntime_ep_mlu.so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from networks import common  # noqa: E402
+
+NETWORKS = {
+    "centerpoint": "centerpoint",
+    "pointpillars": "pointpillars",
+    "bevdepth": "bevdepth",
+    "pointnet2_fp": "pointnet2",
+    "rfcn_head": "rfcn",
+}
+
+
+def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int) -> tuple[list[str], bool]:
+    rows, ok = [], True
+    label = f"{case.network:<13} {g.name:<9}"
+    cpu = {t: common.cpu_session(g.model, t, library) for t in (1, 2)}
+    names = [o.name for o in cpu[1].get_outputs()]
+
+    def ours(t):
+        return lambda: dict(zip(names, cpu[t].run(None, g.feeds)))
+
+    def peer(t):
+        def call():
+            torch.set_num_threads(t)
+            return g.peer(t)
+
+        return call
+
+    fns = {("ort", 1): ours(1), ("ort", 2): ours(2)}
+    for t in g.peer_threads:
+        fns[("peer", t)] = peer(t)
+    best, results = common.interleaved(fns, repeat)
+    torch.set_num_threads(1)
+    ref = results[("peer", 1)]
+    worst = 0.0
+    what = ""
+    for t in (1, 2):
+        ratio, text = common.compare(results[("ort", t)], ref, g.canonical)
+        if ratio > worst or not what:
+            worst, what = ratio, text
+    if not results[("ort", 1)].keys() == results[("ort", 2)].keys() or any(
+        not (results[("ort", 1)][k] == results[("ort", 2)][k]).all() for k in names
+    ):
+        what += "; 1- and 2-thread outputs differ"
+    good = worst <= 1.0
+    ok &= good
+    speed = []
+    for t in (1, 2):
+        # A peer timed only at 1 thread (spconv) is compared at 1 thread: its only right setting.
+        p = best.get(("peer", t), best[("peer", 1)])
+        o = best[("ort", t)]
+        mark = "" if ("peer", t) in best else "*"
+        speed.append(f"{t}t {o * 1e3:8.1f} ms vs {p * 1e3:8.1f}{mark:1} ms = {p / o:5.2f}x")
+    rows.append(f"{label} CPU  {'-':>7}  {'OK ' if good else 'BAD'} {worst:8.2e}  {'; '.join(speed)}   {what}")
+
+    sess = common.mlu_session(g.model, library)
+    t0 = time.perf_counter()
+    out = dict(zip(names, sess.run(None, g.feeds)))
+    emu = time.perf_counter() - t0
+    on, want, missed = common.placement(g.model, sess)
+    ratio, text = common.compare(out, ref, g.canonical)
+    good = ratio <= 1.0 and on >= want and not missed
+    ok &= good
+    extra = f"; must be on MLU but not: {', '.join(missed)}" if missed else ""
+    rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  emulated card "
+                f"{emu * 1e3:8.1f} ms (the emulator's time, not an MLU's)   {text}{extra}")
+    return rows, ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", choices=common.SCALES, default="full")
+    ap.add_argument("--networks", default=",".join(NETWORKS), help="comma-separated subset of " + ",".join(NETWORKS))
+    ap.add_argument("--repeat", type=int, default=5, help="timed rounds after one warm-up (best is kept)")
+    ap.add_argument("--seed", type=int, default=20261125)
+    ap.add_argument("--library", default=os.environ.get("MLU_EP_LIB")
+                    or str(REPO / "target" / "release" / "libonnxruntime_ep_mlu.so"))
+    args = ap.parse_args(argv)
+    chosen = [n.strip() for n in args.networks.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in NETWORKS]
+    if unknown:
+        ap.error(f"unknown network(s) {unknown}; choose from {list(NETWORKS)}")
+    if not Path(args.library).is_file():
+        sys.exit(f"networks/run.py: {args.library} not found: build it with `cargo build --release --lib` or pass --library")
+    library = str(Path(args.library).resolve())
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    import onnxruntime
+    import spconv
+    import torchvision
+
+    print(f"networks ({args.scale} scale, seed {args.seed}): onnxruntime {onnxruntime.__version__} with "
+          f"{Path(library).name} against torch {torch.__version__}, torchvision {torchvision.__version__}, "
+          f"spconv {spconv.__version__}; {os.cpu_count()} cores; best of {args.repeat} interleaved rounds")
+    print("network       graph     path MLU/must  ok  worst/tol  time: onnxruntime vs peer eager at 1 and 2 threads "
+          "(peer / onnxruntime; * the peer at 1 thread)   worst output")
+    failed = []
+    for name in chosen:
+        mod = importlib.import_module(f"networks.{NETWORKS[name]}")
+        t0 = time.perf_counter()
+        try:
+            case = mod.case(args.scale, args.seed)
+        except Exception:
+            traceback.print_exc()
+            failed.append(f"{name}: building or exporting the network failed")
+            continue
+        peers = ", ".join(sorted({g.peer_name for g in case.graphs}))
+        print(f"# {name}: {case.config}; peer {peers} (built and exported in {time.perf_counter() - t0:.1f} s)")
+        for g in case.graphs:
+            try:
+                rows, ok = run_graph(case, g, library, args.repeat)
+            except Exception:
+                traceback.print_exc()
+                failed.append(f"{name} {g.name}: a session failed")
+                continue
+            for r in rows:
+                print(r, flush=True)
+            if g.note:
+                print(f"{'':23}({g.note})")
+            if not ok:
+                failed.append(f"{name} {g.name}")
+    if failed:
+        print("networks: FAILED: " + "; ".join(failed), file=sys.stderr)
+        return 1
+    print(f"networks: all {len(chosen)} networks agree with their peers on both paths")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
