@@ -4,7 +4,8 @@
 # library, runs the Rust unit and integration tests (including the sessions driven through
 # the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card), the
 # network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
-# Python session and export tests, the model-zoo regression runner, and the main job.
+# Python session and export tests, the model-zoo regression runner, the named networks
+# against their peer libraries (networks/run.py, CI scale), and the main job.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -42,6 +43,8 @@ echo "== model goldens are what the independent numpy models compute"
 "$VENV/bin/python" models/make_zoo_goldens.py --check
 echo "== model-level regression suite (CPU and emulated MLU provider)"
 "$VENV/bin/python" models/run_zoo.py "$MLU_EP_LIB"
+echo "== the named networks exported from PyTorch against their peers (spconv 2.3.8, torch, torchvision), CI scale, both paths"
+"$VENV/bin/python" networks/run.py --scale ci --repeat 3 --library "$MLU_EP_LIB"
 echo "== dataset regression: 20 generated frames per zoo model, CPU and emulated MLU, in-process (the Ray runs are in tests/python/test_ray_regression.py)"
 "$VENV/bin/python" models/run_dataset.py --generate 20 --library "$MLU_EP_LIB"
 echo "== main job"
