@@ -50,6 +50,21 @@ def layers(in_channels: int = 5, base: int = 16, out_channels: int = 128):
     return out
 
 
+def encode(net, x):
+    """The convolutions of ``net`` (its ``spec``, ``convs`` and ``norms``) on the sparse
+    tensor ``x``, ours or spconv's: conv, BatchNorm, the blocks' residual, ReLU."""
+    identity = None
+    for (_, _, _, _, _, _, _, _, block, second), conv, norm in zip(net.spec, net.convs, net.norms):
+        if block and not second:
+            identity = x.features
+        x = conv(x)
+        f = norm(x.features)
+        if second:
+            f = f + identity
+        x = x.replace_feature(torch.relu(f))
+    return x
+
+
 class SparseEncoder(nn.Module):
     """The backbone on the package's modules (GetIndicePairs + IndiceConv nodes)."""
 
@@ -69,15 +84,7 @@ class SparseEncoder(nn.Module):
 
     def forward(self, voxel_features, coors):
         x = mlu_torch.SparseTensor(voxel_features, coors, self.sparse_shape, 1)
-        identity = None
-        for (_, _, _, _, _, _, _, _, block, second), conv, norm in zip(self.spec, self.convs, self.norms):
-            if block and not second:
-                identity = x.features
-            x = conv(x)
-            f = norm(x.features)
-            if second:
-                f = f + identity
-            x = x.replace_feature(torch.relu(f))
+        x = encode(self, x)
         d, h, w = x.spatial_shape
         c = x.features.shape[1]
         idx = x.indices.long()
@@ -113,15 +120,7 @@ class SpconvEncoder(nn.Module):
 
     def forward(self, voxel_features, coors):
         x = self.spt.SparseConvTensor(voxel_features, coors, self.sparse_shape, 1)
-        identity = None
-        for (_, _, _, _, _, _, _, _, block, second), conv, norm in zip(self.spec, self.convs, self.norms):
-            if block and not second:
-                identity = x.features
-            x = conv(x)
-            f = norm(x.features)
-            if second:
-                f = f + identity
-            x = x.replace_feature(torch.relu(f))
+        x = encode(self, x)
         dense = x.dense()
         n, c, d, h, w = dense.shape
         return dense.view(n, c * d, h, w), x.indices
