@@ -133,9 +133,9 @@ def sorted_rows(a: np.ndarray) -> np.ndarray:
     return a[np.lexsort(a.T[::-1])] if a.size else a
 
 
-def case(scale: str, seed: int) -> Case:
+def case(scale: str, seed: int, sweeps: int = 10) -> Case:
     rng = np.random.default_rng(seed)
-    sites = centerpoint_sites(scan_points(rng), rng)
+    sites = centerpoint_sites(scan_points(rng, sweeps), rng)
     shape = [41, 1440, 1440]
     if scale == "ci":
         keep = (sites[:, 2] >= 540) & (sites[:, 2] < 900) & (sites[:, 3] >= 540) & (sites[:, 3] < 900)
