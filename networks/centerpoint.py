@@ -4,7 +4,9 @@ basicblock, encoder_channels ((16, 16, 32), (32, 32, 64), (64, 64, 128), (128, 1
 encoder_paddings ((0, 0, 1), (0, 0, 1), (0, 0, [0, 1, 1]), (0, 0)), conv_out (3, 1, 1) /
 (2, 1, 1) to 128 channels, BatchNorm1d(eps 1e-3) + ReLU after every convolution, then
 ``dense()`` viewed as [N, C*D, H, W]). As in mmdet3d, the SparseBasicBlocks' SubMConv3d
-have no indice_key, so each of their convolutions builds its own rulebook (on both sides).
+have no indice_key: spconv builds a rulebook for each of their convolutions (21 in all);
+onnxruntime_ep_mlu.torch reuses one built for the same sites and geometry, so the exported
+graph has 8 GetIndicePairs nodes.
 
 Peer: the same network built from spconv 2.3.8's modules (SubMConv3d / SparseConv3d,
 ConvAlgo.Native, the weights converted from [kd, kh, kw, Cin, Cout] to spconv's

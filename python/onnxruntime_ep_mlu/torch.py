@@ -615,16 +615,31 @@ class Rulebook:
 class SparseTensor:
     """Active sites of a batch of 3D grids: ``features`` [L, C] and ``indices`` int32
     [L, 4] = (batch, z, y, x), with the grid's (D, H, W) and the batch size.
-    ``rulebooks`` holds the rulebooks of layers with an ``indice_key``."""
+    ``rulebooks`` holds the rulebooks of layers with an ``indice_key``, ``unkeyed`` those of
+    layers without one; both are shared by every tensor derived from this one."""
 
     features: Tensor
     indices: Tensor
     spatial_shape: tuple[int, int, int]
     batch_size: int
     rulebooks: dict[str, Rulebook] = field(default_factory=dict)
+    unkeyed: list[Rulebook] = field(default_factory=list)
 
     def replace_feature(self, features: Tensor) -> SparseTensor:
-        return SparseTensor(features, self.indices, self.spatial_shape, self.batch_size, self.rulebooks)
+        return self._with(features, self.indices, self.spatial_shape)
+
+    def _with(self, features: Tensor, indices: Tensor, spatial_shape) -> SparseTensor:
+        return SparseTensor(features, indices, tuple(spatial_shape), self.batch_size, self.rulebooks, self.unkeyed)
+
+    def find_rulebook(self, geometry) -> Rulebook | None:
+        """A rulebook already built for these very sites (the same ``indices`` tensor) and
+        this geometry, keyed or not: GetIndicePairs is a function of the two, so a layer
+        without an ``indice_key`` reuses it rather than building (and exporting) it again,
+        as mmdet3d's SparseBasicBlocks would otherwise do for each convolution."""
+        for book in (*self.rulebooks.values(), *self.unkeyed):
+            if book.geometry == geometry and book.applies_to(self.indices):
+                return book
+        return None
 
 
 def _weight_shape(weight: Tensor) -> tuple[int, ...]:
@@ -647,7 +662,8 @@ def sparse_conv3d(
 ) -> SparseTensor:
     """A sparse 3D convolution: GetIndicePairs then IndiceConv. ``weight`` is
     [kd, kh, kw, Cin, Cout] (mmcv's layout). A rulebook stored under ``indice_key`` by an
-    earlier layer with the same geometry is reused (one GetIndicePairs node for both)."""
+    earlier layer with the same geometry is reused (one GetIndicePairs node for both), and
+    so is one built earlier, keyed or not, for the same sites and geometry."""
     kd, kh, kw, c_in, c_out = _weight_shape(weight)
     geo = _conv_geometry(
         x.batch_size,
@@ -664,6 +680,10 @@ def sparse_conv3d(
     if book is not None and book.geometry != geo:
         raise ValueError(f"indice_key {indice_key!r}: stored rulebook has geometry {book.geometry}, this layer {geo}")
     if book is None or not book.applies_to(x.indices):
+        book = x.find_rulebook(geo)
+        if book is not None and indice_key is not None:
+            x.rulebooks[indice_key] = book
+    if book is None:
         pairs, out_indices, num = get_indice_pairs(
             x.indices,
             geo.batch_size,
@@ -677,6 +697,8 @@ def sparse_conv3d(
         book = Rulebook(pairs, out_indices, num, x.indices, geo)
         if indice_key is not None:
             x.rulebooks[indice_key] = book
+        else:
+            x.unkeyed.append(book)
     out = indice_conv(
         x.features,
         weight.reshape(kd * kh * kw, c_in, c_out),
@@ -685,7 +707,7 @@ def sparse_conv3d(
         book.out_indices,
         bias,
     )
-    return SparseTensor(out, book.out_indices, book.out_spatial_shape, x.batch_size, x.rulebooks)
+    return x._with(out, book.out_indices, book.out_spatial_shape)
 
 
 class SparseConv3d(nn.Module):
@@ -785,7 +807,7 @@ class SparseInverseConv3d(nn.Module):
             self.bias,
             inverse=True,
         )
-        return SparseTensor(out, book.in_indices, book.in_spatial_shape, x.batch_size, x.rulebooks)
+        return x._with(out, book.in_indices, book.in_spatial_shape)
 
 
 # ----------------------------------------------------------------------------- DynamicScatter

@@ -407,6 +407,42 @@ def test_centerpoint_block_exports_rulebooks_and_convolutions_wired_per_the_sche
     assert isinstance(dims(feats)[0], str) and dims(feats)[1] == 24
 
 
+class UnkeyedBasicBlock(nn.Module):
+    """mmdet3d's SparseBasicBlock: two submanifold convolutions without an indice_key over
+    the same sites, then one with another kernel size (another rulebook), and a strided
+    one over the same sites (another geometry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = mt.SubMConv3d(4, 8, 3, bias=False)
+        self.conv2 = mt.SubMConv3d(8, 8, 3, bias=False)
+        self.conv3 = mt.SubMConv3d(8, 8, 1, bias=False)
+        self.down = mt.SparseConv3d(8, 8, 3, stride=2, padding=1, bias=False)
+
+    def forward(self, voxel_feats, voxel_coors):
+        x = mt.SparseTensor(voxel_feats, voxel_coors, SPATIAL, BATCH)
+        x = self.conv1(x)
+        y = self.conv2(x.replace_feature(torch.relu(x.features)))
+        y = self.conv3(y.replace_feature(y.features + x.features))
+        return self.down(y).features
+
+
+def test_convolutions_without_indice_key_share_the_rulebook_of_the_same_sites_and_geometry(lib):
+    torch.manual_seed(3)
+    model = UnkeyedBasicBlock().eval()
+    args = sparse_args(300, 34)
+    proto = export(model, args, SPARSE_INPUTS, ["out"], {"voxel_feats": {0: "sites"}, "voxel_coors": {0: "sites"}})
+    rules = mluops_nodes(proto, "GetIndicePairs")
+    # conv1 and conv2: one rulebook; conv3 (1x1x1) and down (strided) build their own
+    assert [attrs(r)["kernel_size"] for r in rules] == [[3, 3, 3], [1, 1, 1], [3, 3, 3]]
+    assert [attrs(r)["subm"] for r in rules] == [1, 1, 0]
+    conv1, conv2, _, _ = mluops_nodes(proto, "IndiceConv")
+    assert conv1.input[2:5] == conv2.input[2:5] == rules[0].output[:1] + rules[0].output[2:3] + rules[0].output[1:2]
+    want = eager(model, args)
+    got = cpu_session(proto, lib).run(None, feeds_of(SPARSE_INPUTS, args))
+    assert_outputs(got, want, ["out"])
+
+
 @pytest.mark.parametrize("count, seed", [(300, 30), (57, 31), (900, 32), (0, 33)])
 def test_centerpoint_block_on_cpu_matches_eager_torch(sparse_model, lib, count, seed):
     model, proto = sparse_model
