@@ -75,6 +75,7 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/psroipool/backward.rs", ".collect::<std::result::Result<_, _>>()", CONST),
     ("src/ops/psroipool/backward.rs", "let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), ", CONST),
     ("src/ops/psroipool/backward.rs", "let mut values = vec![0f32; od];", OUTPUT_ROW),
+    ("src/ops/psroipool/forward.rs", "let (mut rows, mut cols) = (vec![Span::default(); d.pooled], vec![Span::", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut rows = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut cols = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut acc = vec![0f32; od];", OUTPUT_ROW),

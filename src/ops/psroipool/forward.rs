@@ -5,14 +5,19 @@
 //!
 //! Output channel o of bin (i, j) averages input channel c = (o*ph + i)*pw + j over the bin.
 //! Tasks own whole rois. For one bin the pixels are visited rows then columns, and each
-//! pixel's channel vector is read once for all o (cache-resident), so every output sums its
-//! pixels in the contract's order. No MLU kernel: the EP declines it.
+//! pixel's channel vector is read once for all o, so every output sums its pixels in the
+//! contract's order. In NHWC a bin's od channels lie ph*pw floats apart, one cache line
+//! each; when the rois read more of those lines than re-laying the input costs, each pixel's
+//! channels are first re-laid in bin order ([ph*pw][od], a bin's channels contiguous) in a
+//! scratch copy. The sums and their order are the same either way, so is the result.
+//! No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
 use super::backward::{PsRoiPoolBackward, Span};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut};
 use crate::schema::Attrs;
+use crate::scratch;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 /// Input elements read per task, roughly.
@@ -31,6 +36,28 @@ pub struct Plan {
 }
 
 impl PsRoiPool {
+    /// Whether re-laying the input in bin order reads fewer cache lines than the rois' bins
+    /// read in NHWC, where each of a bin pixel's od channels is its own line once ph*pw
+    /// floats span one: the pixels the bins visit, times od lines in NHWC or the lines of od
+    /// contiguous floats re-laid, plus reading and writing the input once to re-lay it.
+    fn relayout_pays(&self, rois: &[f32], height: usize, width: usize, input_len: usize) -> bool {
+        const LINE: usize = 16; // floats per 64-byte cache line
+        let d = &self.0;
+        if d.pooled * d.pooled < LINE {
+            return false;
+        }
+        let (mut rows, mut cols) = (vec![Span::default(); d.pooled], vec![Span::default(); d.pooled]);
+        let mut visits = 0usize;
+        for roi in rois.chunks_exact(5) {
+            if PsRoiPoolBackward::finite_batch(roi).is_some() && d.roi_spans(roi, height, width, &mut rows, &mut cols).is_some() {
+                let (h, w) = (rows.iter().map(|s| s.len()).sum::<usize>(), cols.iter().map(|s| s.len()).sum::<usize>());
+                visits = visits.saturating_add(h.saturating_mul(w));
+            }
+        }
+        let od = d.output_dim;
+        visits.saturating_mul(od) > visits.saturating_mul(od.div_ceil(LINE)).saturating_add(input_len / LINE * 2)
+    }
+
     pub fn new(pooled_height: i64, pooled_width: i64, spatial_scale: f32, output_dim: i64) -> Result<Self> {
         PsRoiPoolBackward::new(pooled_height, pooled_width, spatial_scale, output_dim).map(PsRoiPool)
     }
@@ -97,6 +124,33 @@ impl Operator for PsRoiPool {
         if out.is_empty() {
             return Ok(());
         }
+        let pp = p * p;
+        let relaid = if self.relayout_pays(rois, height, width, input.len()) {
+            // A failed allocation only costs the faster layout.
+            scratch::filled(input.len(), 0f32, "PsRoiPool's bin-ordered input").ok().map(|mut t| {
+                let pixels_per_task = (GRAIN / channels.max(1)).max(1);
+                for_each_chunk_mut(par, &mut t, pixels_per_task * channels, |c, chunk| {
+                    let first = c * pixels_per_task;
+                    for (k, dst) in chunk.chunks_exact_mut(channels).enumerate() {
+                        let src = &input[(first + k) * channels..(first + k + 1) * channels];
+                        for (ij, bin) in dst.chunks_exact_mut(od).enumerate() {
+                            for (o, v) in bin.iter_mut().enumerate() {
+                                *v = src[o * pp + ij];
+                            }
+                        }
+                    }
+                });
+                t
+            })
+        } else {
+            None
+        };
+        // Where bin (i, j)'s channel o of a pixel is, from the pixel's first value: ij + o*pp
+        // in NHWC, ij*od + o re-laid.
+        let (source, bin_at, o_stride) = match &relaid {
+            Some(t) => (t.as_slice(), od, 1),
+            None => (input, 1, pp),
+        };
         let pixel_len = channels;
         // Rois per task: enough bins' pixels to amortise scheduling (a roi reads about
         // its area * channels / (p*p) * p*p input values).
@@ -122,13 +176,19 @@ impl Operator for PsRoiPool {
                             continue;
                         }
                         acc.fill(0.0);
+                        let first = (i * p + j) * bin_at;
                         for h in rs.start..rs.end {
                             let row = ((b * height + h) * width) * pixel_len;
                             for w in cs.start..cs.end {
-                                let pixel = &input[row + w * pixel_len..row + (w + 1) * pixel_len];
-                                // Channel (o*p + i)*p + j: stride p*p over o.
-                                for (o, a) in acc.iter_mut().enumerate() {
-                                    *a += pixel[(o * p + i) * p + j];
+                                let pixel = &source[row + w * pixel_len..row + (w + 1) * pixel_len];
+                                if o_stride == 1 {
+                                    for (a, v) in acc.iter_mut().zip(&pixel[first..first + od]) {
+                                        *a += v;
+                                    }
+                                } else {
+                                    for (o, a) in acc.iter_mut().enumerate() {
+                                        *a += pixel[first + o * o_stride];
+                                    }
                                 }
                             }
                         }
