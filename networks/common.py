@@ -86,9 +86,9 @@ def mlu_session(model: bytes, library: str):
     return ort.InferenceSession(model, so)
 
 
-def placement(model: bytes, sess) -> tuple[int, int, list[str]]:
-    """(nodes on the MLU, nodes that must be there, the mluops nodes ONNX Runtime kept on CPU
-    that the EP has kernels for)."""
+def placement(model: bytes, sess) -> tuple[int, int, int, list[str]]:
+    """(nodes on the MLU, nodes that must be there, nodes ONNX Runtime assigned to any
+    provider, the mluops nodes it kept on CPU that the EP has kernels for)."""
     import onnx
 
     graph = onnx.load_from_string(model).graph
@@ -96,7 +96,7 @@ def placement(model: bytes, sess) -> tuple[int, int, list[str]]:
     where = mlu.node_assignment(sess)
     on = [n for n, ep in where.items() if ep == mlu.EP_NAME]
     missed = sorted(f"{want[n]} {n}" for n in want if where.get(n) != mlu.EP_NAME)
-    return len(on), len(want), missed
+    return len(on), len(want), len(where), missed
 
 
 def compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], canonical) -> tuple[float, str]:

@@ -6,8 +6,9 @@ the emulated card (no MLU hardware is reachable here), and compared with the pee
 its users run today on the same inputs and weights.
 
 One line per network, graph and path: nodes on the MLU / nodes the EP must take (those with
-an MLU kernel), the worst output against the peer relative to the contract's tolerance
-(<= 1 passes: exact for integers, diff1 and diff2 <= 3e-3 for floats), and, on the CPU
+an MLU kernel) and, on the MLU path, how many nodes ONNX Runtime assigned in all; the worst
+output against the peer relative to the contract's tolerance (<= 1 passes: exact for
+integers, diff1 and diff2 <= 3e-3 for floats); and, on the CPU
 path, onnxruntime's time at 1 and 2 intra-op threads against the peer's eager time at the
 same torch thread count, in the same run (best of --repeat interleaved rounds after a
 warm-up; spconv only at 1 thread, its CPU path being wrong on 2). The emulated card's time
@@ -98,12 +99,12 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int) -> 
     t0 = time.perf_counter()
     out = dict(zip(names, sess.run(None, g.feeds)))
     emu = time.perf_counter() - t0
-    on, want, missed = common.placement(g.model, sess)
+    on, want, assigned, missed = common.placement(g.model, sess)
     ratio, text = common.compare(out, ref, g.canonical)
     good = ratio <= 1.0 and on >= want and not missed
     ok &= good
     extra = f"; must be on MLU but not: {', '.join(missed)}" if missed else ""
-    rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  emulated card "
+    rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; emulated card "
                 f"{emu * 1e3:8.1f} ms (the emulator's time, not an MLU's)   {text}{extra}")
     return rows, ok
 

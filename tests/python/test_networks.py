@@ -1,0 +1,52 @@
+"""The network runner (networks/run.py) can fail: a peer that disagrees, or a coordinate set
+that differs, makes its graph fail; the runs themselves are in scripts/test.sh
+(`networks/run.py --scale ci`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO))
+from networks import bevdepth, centerpoint, common, run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bev_case():
+    return bevdepth.case("ci", 7)
+
+
+def test_the_bevdepth_graph_agrees_with_its_peer_on_both_paths(bev_case, mlu_lib):
+    (graph,) = bev_case.graphs
+    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1)
+    assert ok, rows
+    assert "1/1" in rows[1], "VoxelPoolingForward on the MLU"
+
+
+def test_a_peer_that_disagrees_fails_the_graph(bev_case, mlu_lib):
+    (graph,) = bev_case.graphs
+
+    def off_by_one_cell(threads):
+        out = graph.peer(threads)
+        bev = out["bev"].copy()
+        bev[0, :, 64, 64] += np.abs(bev).max()
+        return {**out, "bev": bev}
+
+    rows, ok = run.run_graph(bev_case, dataclasses.replace(graph, peer=off_by_one_cell), str(mlu_lib), 1)
+    assert not ok
+    assert all("BAD" in r for r in rows), rows
+
+
+def test_sparse_coordinates_compare_as_sets_and_nothing_looser():
+    rng = np.random.default_rng(0)
+    sites = rng.integers(0, 50, (200, 4)).astype(np.int32)
+    shuffled = sites[rng.permutation(200)]
+    canonical = {"out_indices": centerpoint.sorted_rows}
+    assert common.compare({"out_indices": shuffled}, {"out_indices": sites}, canonical)[0] == 0.0
+    moved = shuffled.copy()
+    moved[5, 3] += 1
+    assert common.compare({"out_indices": moved}, {"out_indices": sites}, canonical)[0] > 1.0
