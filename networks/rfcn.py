@@ -13,10 +13,10 @@ where the contract rounds before and adds one pixel (start = round(x1) * scale, 
 x2 + 1, y2 + 1 too, and torchvision gets (x1, y1, x2 + 1, y2 + 1): then both give the same
 integer start and end cells. torchvision also adds the start to a bin edge after its
 floor / ceil (the contract before) and clamps bin ends to the last row and column (the
-contract to the map's size): the rois are 7, 14, 21 or 28 cells wide and high (every bin
+contract to the map's size): the rois are a multiple of 7 cells wide and high (every bin
 edge an exact integer) and clear of the map's last row and column, where both give the
-same bins. The CI scale is a 300 x 500 image (19 x 32)
-with 512 input channels and 64 rois."""
+same bins. The CI scale is a 300 x 500 image (19 x 32) with 512 input channels and 64
+rois."""
 
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ class ClsGradient(nn.Module):
 
 def rois_on_stride(rng, count: int, height: int, width: int) -> np.ndarray:
     """[count, 5] (0, x1, y1, x2, y2) in image pixels where the contract and torchvision must
-    agree (see the module doc): x1, y1, x2 + 1 and y2 + 1 multiples of the stride; 7, 14, 21
-    or 28 cells wide and high, so that every bin edge is an exact integer; clear of the
-    map's last row and column."""
+    agree (see the module doc): x1, y1, x2 + 1 and y2 + 1 multiples of the stride; a
+    multiple of 7 cells wide and high, so that every bin edge is an exact integer; clear of
+    the map's last row and column."""
     out = np.zeros((count, 5), np.float32)
     for r in range(count):
         w = GROUP * rng.integers(1, max((width - 1) // GROUP, 1) + 1)
