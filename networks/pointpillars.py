@@ -120,13 +120,13 @@ class PointPillars(nn.Module):
 
     def forward(self, points):
         _, _, voxel_feats, voxel_coors, _, _ = self.pillars(points)
-        x = self.canvas(voxel_feats, voxel_coors)
+        x = canvas = self.canvas(voxel_feats, voxel_coors)
         ups = []
         for block, deblock in zip(self.blocks, self.deblocks):
             x = block(x)
             ups.append(deblock(x))
         x = torch.cat(ups, dim=1)
-        return self.conv_cls(x), self.conv_reg(x), self.conv_dir(x)
+        return canvas, self.conv_cls(x), self.conv_reg(x), self.conv_dir(x)
 
 
 class PillarGradient(nn.Module):
@@ -164,12 +164,12 @@ def case(scale: str, seed: int) -> Case:
     nx, ny, _ = net.grid
     grad_canvas = rng.standard_normal((1, 64, ny, nx)).astype(np.float32)
 
-    fwd = export(net, (tensor(points),), ["points"], ["cls_score", "bbox_pred", "dir_cls_preds"], {"points": {0: "N"}})
+    fwd = export(net, (tensor(points),), ["points"], ["canvas", "cls_score", "bbox_pred", "dir_cls_preds"], {"points": {0: "N"}})
 
     def peer_forward(threads: int):
         with torch.no_grad():
             outs = peer_net(tensor(points))
-        return dict(zip(("cls_score", "bbox_pred", "dir_cls_preds"), (numpy_out(o) for o in outs)))
+        return dict(zip(("canvas", "cls_score", "bbox_pred", "dir_cls_preds"), (numpy_out(o) for o in outs)))
 
     grad_model = export(PillarGradient(net), (tensor(points), tensor(grad_canvas)), ["points", "grad_canvas"],
                         ["grad_pfn_weight"], {"points": {0: "N"}})
