@@ -65,17 +65,18 @@ class PointFP(nn.Module):
         self.norms = nn.ModuleList(nn.BatchNorm1d(b) for b in MLP[1:])
 
     def layers(self, unknown_feats, known_feats, idx, dist):
+        """(the interpolation weights, each layer's ReLU input, the output)."""
         recip = 1.0 / (dist + 1e-8)
         weight = recip / recip.sum(dim=2, keepdim=True)
         x = torch.cat([self.interpolate(known_feats, idx, weight), unknown_feats], dim=1)
-        acts = []
+        pres = []
         for conv, norm in zip(self.convs, self.norms):
-            x = torch.relu(norm(conv(x)))
-            acts.append(x)
-        return weight, acts
+            pres.append(norm(conv(x)))
+            x = torch.relu(pres[-1])
+        return weight, pres, x
 
     def forward(self, unknown_feats, known_feats, idx, dist):
-        return self.layers(unknown_feats, known_feats, idx, dist)[1][-1]
+        return self.layers(unknown_feats, known_feats, idx, dist)[2]
 
 
 class FPGradient(nn.Module):
@@ -87,11 +88,11 @@ class FPGradient(nn.Module):
         self.known_points = known_points
 
     def forward(self, unknown_feats, known_feats, idx, dist, grad_out):
-        weight, acts = self.fp.layers(unknown_feats, known_feats, idx, dist)
+        weight, pres, _ = self.fp.layers(unknown_feats, known_feats, idx, dist)
         g = grad_out
-        for conv, norm, y in reversed(list(zip(self.fp.convs, self.fp.norms, acts))):
+        for conv, norm, pre in reversed(list(zip(self.fp.convs, self.fp.norms, pres))):
             scale = norm.weight / torch.sqrt(norm.running_var + norm.eps)
-            g_pre = g * (y > 0).to(g.dtype) * scale.unsqueeze(1)
+            g_pre = g * (pre > 0).to(g.dtype) * scale.unsqueeze(1)
             g = torch.matmul(conv.weight[:, :, 0].t(), g_pre)
         return mlu_torch.three_interpolate_backward(g[:, :KNOWN_CHANNELS].contiguous(), idx, weight, self.known_points)
 
@@ -117,7 +118,7 @@ def case(scale: str, seed: int) -> Case:
 
     def peer_forward(threads: int):
         with torch.no_grad():
-            return {"new_features": numpy_out(peer_net(*(tensor(a) for a in feeds.values())))}
+            return {"new_features": numpy_out(peer_net(*args))}
 
     def peer_gradient(threads: int):
         known = tensor(known_feats).requires_grad_(True)
@@ -132,13 +133,8 @@ def case(scale: str, seed: int) -> Case:
     # a point with such an input (|x| < 1e-6 in the peer, at any layer; rounding moves these
     # inputs by about 1e-7) are left out of the gradient's comparison, on both sides.
     with torch.no_grad():
-        weight, _ = peer_net.layers(*args)
-        x = torch.cat([peer_interpolate(tensor(known_feats), tensor(idx), weight), tensor(unknown_feats)], dim=1)
-        ambiguous = torch.zeros(b, n, dtype=torch.bool)
-        for conv, norm in zip(peer_net.convs, peer_net.norms):
-            pre = norm(conv(x))
-            ambiguous |= (pre.abs() < 1e-6).any(dim=1)
-            x = torch.relu(pre)
+        _, pres, _ = peer_net.layers(*args)
+        ambiguous = torch.stack([(pre.abs() < 1e-6).any(dim=1) for pre in pres]).any(dim=0)
     left_out = np.zeros((b, m), bool)
     for i in range(b):
         left_out[i, np.unique(idx[i][ambiguous[i].numpy()])] = True

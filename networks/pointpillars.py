@@ -13,8 +13,8 @@ gradient G of the canvas, through DynamicScatterBackward (max), the ReLU and the
 BatchNorm, to the PFN's Linear weight.
 
 Peer: the same modules with dynamic_scatter written in plain torch (our formulation of
-mmcv's semantics: torch.unique over the kept coordinates, scatter_reduce amax / index_add mean) in eager mode, and torch
-autograd for the gradient. torch's amax gradient splits a tie evenly where the contract
+mmcv's semantics: torch.unique over the kept coordinates, scatter_reduce amax / index_add
+mean) in eager mode, and torch autograd for the gradient. torch's amax gradient splits a tie evenly where the contract
 gives it to the lowest point index; the ties here are at 0 (ReLU'd channels), where both
 gradients are 0 after the ReLU, so both must agree.
 
@@ -40,7 +40,7 @@ FULL_RANGE = (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
 
 
 def peer_dynamic_scatter(feats, coors, reduce_type):
-    """mmcv's dynamic_scatter in plain torch: voxels are the distinct kept coordinates
+    """mmcv's dynamic_scatter semantics in plain torch: voxels are the distinct kept coordinates
     (torch.unique, sorted), max by scatter_reduce amax, mean by index_add / count."""
     keep = (coors >= 0).all(dim=1)
     voxels, inverse, counts = torch.unique(coors[keep], dim=0, return_inverse=True, return_counts=True)
@@ -105,12 +105,11 @@ class PointPillars(nn.Module):
         f_y = points[:, 1:2] - (coors[:, 2:3].to(points.dtype) * VOXEL[1] + self.y_offset)
         return torch.cat([points, f_cluster, f_x, f_y], dim=1)
 
-    def pillars(self, points):
+    def point_stage(self, points):
+        """(coors, the PFN's input features, its point features), before the max scatter."""
         coors = self.voxelize(points)
         features = self.point_features(points, coors)
-        point_feats = torch.relu(self.norm(self.linear(features)))
-        voxel_feats, voxel_coors, p2v = self.scatter(point_feats, coors, "max")
-        return features, point_feats, voxel_feats, voxel_coors, p2v, coors
+        return coors, features, torch.relu(self.norm(self.linear(features)))
 
     def canvas(self, voxel_feats, voxel_coors):
         nx, ny, _ = self.grid
@@ -119,7 +118,8 @@ class PointPillars(nn.Module):
         return flat.t().reshape(1, voxel_feats.shape[1], ny, nx)
 
     def forward(self, points):
-        _, _, voxel_feats, voxel_coors, _, _ = self.pillars(points)
+        coors, _, point_feats = self.point_stage(points)
+        voxel_feats, voxel_coors, _ = self.scatter(point_feats, coors, "max")
         x = canvas = self.canvas(voxel_feats, voxel_coors)
         ups = []
         for block, deblock in zip(self.blocks, self.deblocks):
@@ -139,9 +139,7 @@ class PillarGradient(nn.Module):
 
     def forward(self, points, grad_canvas):
         net = self.net
-        coors = net.voxelize(points)
-        features = net.point_features(points, coors)
-        point_feats = torch.relu(net.norm(net.linear(features)))
+        coors, features, point_feats = net.point_stage(points)
         voxel_feats, voxel_coors, p2v, counts, vn = mlu_torch.dynamic_scatter(point_feats, coors, "max")
         nx = net.grid[0]
         cell = voxel_coors[:, 2].long() * nx + voxel_coors[:, 3].long()
@@ -177,11 +175,7 @@ def case(scale: str, seed: int) -> Case:
     def peer_gradient(threads: int):
         m = peer_net
         with torch.enable_grad():
-            p = tensor(points)
-            coors = m.voxelize(p)
-            with torch.no_grad():
-                features = m.point_features(p, coors)
-            pf = torch.relu(m.norm(m.linear(features)))
+            coors, _, pf = m.point_stage(tensor(points))
             vf, vc, _ = m.scatter(pf, coors, "max")
             # Only the gradient the graph computes (torch.autograd.grad prunes BatchNorm's).
             (grad,) = torch.autograd.grad((m.canvas(vf, vc) * tensor(grad_canvas)).sum(), m.linear.weight)
