@@ -54,9 +54,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from networks.common import interleaved  # noqa: E402
-from networks.lidar import centerpoint_sites, scan_points  # noqa: E402 (the simulated scan)
-HINT = ('install the bench requirements into the project venv: "$VENV/bin/pip" install -r '
+HINT = ('install the bench requirements into the project venv: "$VENV/bin/pip" install --no-deps -r '
         'scripts/requirements-peers.txt (or run scripts/setup.sh --test), then run "$VENV/bin/python" benches/backbone_peer.py')
 
 try:
@@ -74,6 +72,9 @@ try:
     from spconv.core import ConvAlgo
 except ImportError as e:
     sys.exit(f"backbone_peer: spconv or torch is not installed ({e});\n{HINT}")
+# After the guarded imports: networks.common needs torch and the package.
+from networks.common import interleaved  # noqa: E402
+from networks.lidar import centerpoint_sites, scan_points  # noqa: E402 (the simulated scan)
 
 SEED = 20241124
 REPEAT = 5
