@@ -1,5 +1,5 @@
-"""The network runner (networks/run.py) can fail: a peer that disagrees, or a coordinate set
-that differs, makes its graph fail; the runs themselves are in scripts/test.sh
+"""The network runner (networks/run.py) can fail: a peer that disagrees, a coordinate set
+that differs, or outputs that change with the thread count make its graph fail; the runs themselves are in scripts/test.sh
 (`networks/run.py --scale ci`)."""
 
 from __future__ import annotations
@@ -50,3 +50,31 @@ def test_sparse_coordinates_compare_as_sets_and_nothing_looser():
     moved = shuffled.copy()
     moved[5, 3] += 1
     assert common.compare({"out_indices": moved}, {"out_indices": sites}, canonical)[0] > 1.0
+
+
+def test_outputs_that_depend_on_the_thread_count_fail_the_graph(bev_case, mlu_lib, monkeypatch):
+    """One ulp at 2 threads, far inside the peer tolerance, still fails the CPU row."""
+    (graph,) = bev_case.graphs
+    real = common.cpu_session
+
+    class OneUlpOff:
+        def __init__(self, sess):
+            self.sess = sess
+
+        def get_outputs(self):
+            return self.sess.get_outputs()
+
+        def run(self, names, feeds):
+            out = self.sess.run(names, feeds)
+            out[0] = np.nextafter(out[0], np.float32(np.inf))
+            return out
+
+    def session(model, threads, library):
+        sess = real(model, threads, library)
+        return OneUlpOff(sess) if threads == 2 else sess
+
+    monkeypatch.setattr(common, "cpu_session", session)
+    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1)
+    assert not ok
+    assert "BAD" in rows[0] and "1- and 2-thread outputs differ" in rows[0], rows
+    assert "OK" in rows[1], rows
