@@ -9,7 +9,7 @@ output rows differently. Any mismatch exits non-zero; speed ratios are only repo
 
 Install (bench-only requirements, into the project venv; no torch needed):
     source scripts/setup.sh
-    "$VENV/bin/pip" install --no-deps -r scripts/requirements-peers.txt
+    "$VENV/bin/pip" install --no-deps -r scripts/requirements-spconv.txt
     cargo build --release --lib
     "$VENV/bin/python" benches/spconv_peer.py            # --sites lidar, --repeat N
 
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 INSTALL_HINT = (
     "install the bench requirements into the project venv:\n"
     "    source scripts/setup.sh\n"
-    '    "$VENV/bin/pip" install --no-deps -r scripts/requirements-peers.txt\n'
+    '    "$VENV/bin/pip" install --no-deps -r scripts/requirements-spconv.txt\n'
     'then run  "$VENV/bin/python" benches/spconv_peer.py'
 )
 

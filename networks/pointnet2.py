@@ -2,7 +2,12 @@
 256 channels to 16,384 points with 128 skip channels, batch 2: the three nearest known
 points of each point (three_nn, outside the graph as in mmcv, where it is its own op),
 inverse-distance weights (1 / (dist + 1e-8), normalised), ThreeInterpolate, the skip
-concatenation and the MLP (Conv1d 1 x 1 + BatchNorm + ReLU, 384 -> 256 -> 256).
+concatenation and the MLP (Conv1d 1 x 1 + BatchNorm + ReLU, 384 -> 256 -> 256). The
+channels are those of the second FP module of mmdet3d's PointNet2Head (configs/_base_/
+models/pointnet2_ssg.py: fp_channels (384, 256, 256), 256 known + 128 skip channels); the
+point counts are not published ones: that config runs the module at 64 -> 256 points of an
+8,192-point ScanNet crop, and these are the 4k -> 16k points of a full scan, where the
+operator's cost shows.
 
 Its gradient is a second graph: the gradient of sum(out * G) for an upstream gradient G
 with respect to the known points' features, back through the MLP (written out: the

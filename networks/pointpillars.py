@@ -4,9 +4,10 @@ DynamicPillarFeatureNet (the points' offsets from their pillar's mean, by Dynami
 mean, and from the pillar centre; Linear 9 -> 64 + BatchNorm1d + ReLU; DynamicScatter max),
 PointPillarsScatter to the BEV canvas, the SECOND backbone (layer_nums [3, 5, 5], strides
 [2, 2, 2], channels [64, 128, 256]), SECONDFPN (upsample strides [1, 2, 4] to 3 x 128) and
-the Anchor3DHead's convolutions (3 classes x 2 rotations: 18 class, 42 box, 12 direction
-channels). The voxelisation (floor of the offset over the pillar size, -1 rows outside
-the range) is torch arithmetic inside the graph.
+the Anchor3DHead's convolutions (mmdet3d's dynamic-voxel PointPillars config,
+dv_pointpillars_secfpn_6x8_160e_kitti-3d-car, is car-only: 1 class x 2 rotations, so 2
+class, 14 box and 4 direction channels). The voxelisation (floor of the offset over the
+pillar size, -1 rows outside the range) is torch arithmetic inside the graph.
 
 Its training gradient is a second graph: the gradient of sum(canvas * G) for an upstream
 gradient G of the canvas, through DynamicScatterBackward (max), the ReLU and the
@@ -86,9 +87,9 @@ class PointPillars(nn.Module):
             nn.Sequential(nn.ConvTranspose2d(c, 128, s, s, bias=False), nn.BatchNorm2d(128, eps=BN_EPS), nn.ReLU())
             for c, s in ((64, 1), (128, 2), (256, 4))
         )
-        self.conv_cls = nn.Conv2d(384, 18, 1)
-        self.conv_reg = nn.Conv2d(384, 42, 1)
-        self.conv_dir = nn.Conv2d(384, 12, 1)
+        self.conv_cls = nn.Conv2d(384, 2, 1)
+        self.conv_reg = nn.Conv2d(384, 14, 1)
+        self.conv_dir = nn.Conv2d(384, 4, 1)
 
     def voxelize(self, points):
         """(batch 0, z, y, x) int32 per point, a -1 row outside the range."""

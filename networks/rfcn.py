@@ -1,7 +1,9 @@
 """The R-FCN position-sensitive head (ResNet-101 R-FCN on VOC: 7 x 7 bins, 21 classes, 300
 rois, stride 16 on a 600 x 1000 image, so a 38 x 63 map): conv_new_1 (1 x 1, 2048 -> 1024,
 ReLU), rfcn_cls (1 x 1 -> 7*7*21 score maps) and rfcn_bbox (1 x 1 -> 7*7*8), PsRoiPool of
-each, averaged over the bins (cls_score [R, 21], bbox_pred [R, 8]) and the class softmax.
+each, averaged over the bins (cls_score [R, 21], bbox_pred [R, 8]) and the class softmax;
+the pooled class bins themselves (cls_bins [R, 7, 7, 21], PsRoiPool's output) are an output
+too, so that one wrong bin is not diluted by the average.
 
 Its gradient is a second graph: the gradient of sum(cls_score * G) for an upstream gradient
 G with respect to rfcn_cls's weight, through PsRoiPoolBackward.
@@ -9,13 +11,11 @@ G with respect to rfcn_cls's weight, through PsRoiPoolBackward.
 Peer: torchvision's ps_roi_pool (NCHW) in eager mode, torch autograd for the gradient.
 torchvision rounds a roi after scaling (start = round(x1 * scale), end = round(x2 * scale))
 where the contract rounds before and adds one pixel (start = round(x1) * scale, end =
-(round(x2) + 1) * scale). The rois here have x1, y1 on the stride (multiples of 16) and
-x2 + 1, y2 + 1 too, and torchvision gets (x1, y1, x2 + 1, y2 + 1): then both give the same
-integer start and end cells. torchvision also adds the start to a bin edge after its
-floor / ceil (the contract before) and clamps bin ends to the last row and column (the
-contract to the map's size): the rois are a multiple of 7 cells wide and high (every bin
-edge an exact integer) and clear of the map's last row and column, where both give the
-same bins. The CI scale is a 300 x 500 image (19 x 32) with 512 input channels and 64
+(round(x2) + 1) * scale); torchvision also adds the start after its floor / ceil (the
+contract before) and clamps bin ends to the last row and column (the contract to the map's
+size). The rois are shaped like RPN proposals (32-384 px) but on the stride, torchvision
+gets (x1, y1, x2 + 1, y2 + 1), and a roi is used only where both rules, computed in float32
+below, give the same bins. The CI scale is a 300 x 500 image (19 x 32) with 512 input channels and 64
 rois."""
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ class RFCNHead(nn.Module):
 
     def forward(self, x, rois):
         _, cls_maps, box_maps = self.maps(x)
-        cls_score = pool(cls_maps, rois, CLASSES)[0].mean(dim=(1, 2))
+        cls_bins = pool(cls_maps, rois, CLASSES)[0]
+        cls_score = cls_bins.mean(dim=(1, 2))
         bbox_pred = pool(box_maps, rois, BOX)[0].mean(dim=(1, 2))
-        return cls_score, cls_score.softmax(dim=1), bbox_pred
+        return cls_bins, cls_score, cls_score.softmax(dim=1), bbox_pred
 
 
 def pool(maps, rois, out_dim):
@@ -77,17 +78,50 @@ class ClsGradient(nn.Module):
         return (h[0].reshape(h.shape[1], -1) @ grad_maps.reshape(-1, c)).t()
 
 
-def rois_on_stride(rng, count: int, height: int, width: int) -> np.ndarray:
-    """[count, 5] (0, x1, y1, x2, y2) in image pixels where the contract and torchvision must
-    agree (see the module doc): x1, y1, x2 + 1 and y2 + 1 multiples of the stride; a
-    multiple of 7 cells wide and high, so that every bin edge is an exact integer; clear of
-    the map's last row and column."""
+def contract_bins(x1, x2, extent):
+    """The contract's bin edges of one axis (start, end per bin) for pixel coordinates x1, x2,
+    every step rounded to float32 as the contract says."""
+    f = np.float32
+    scale = f(1.0 / STRIDE)
+    start = f(np.round(x1)) * scale
+    size = max(f(f(np.round(x2)) + f(1)) * scale - start, f(0.1))
+    b = f(size / f(GROUP))
+    lo = [min(max(np.floor(f(f(f(i) * b) + start)), 0), extent) for i in range(GROUP)]
+    hi = [min(max(np.ceil(f(f(f(i + 1) * b) + start)), 0), extent) for i in range(GROUP)]
+    return lo, hi
+
+
+def torchvision_bins(x1, x2, extent):
+    """torchvision's (0.29, CPU forward): integer start and size rounded after scaling, bin
+    edges from the float32 bin size, then the start added and clamped to extent - 1."""
+    f = np.float32
+    start = int(np.round(f(f(x1) * f(1.0 / STRIDE))))
+    size = max(int(np.round(f(f(x2) * f(1.0 / STRIDE)))) - start, 1)
+    b = f(f(size) / f(GROUP))
+    lo = [min(max(int(np.floor(f(f(i) * b))) + start, 0), extent - 1) for i in range(GROUP)]
+    hi = [min(max(int(np.ceil(f(f(i + 1) * b))) + start, 0), extent - 1) for i in range(GROUP)]
+    return lo, hi
+
+
+def proposals(rng, count: int, height: int, width: int) -> np.ndarray:
+    """[count, 5] (0, x1, y1, x2, y2) image pixels shaped like RPN proposals: side sqrt(w h)
+    log-uniform in 2-24 cells (32-384 px), aspect log-uniform in 1:2-2:1, on the stride (x1,
+    y1, x2 + 1 and y2 + 1 multiples of 16, where both roundings give the same integer start
+    and end). A roi is kept when the contract's bins and torchvision's are the same on both
+    axes (computed above in float32 as each specifies); the rest are drawn again."""
     out = np.zeros((count, 5), np.float32)
-    for r in range(count):
-        w = GROUP * rng.integers(1, max((width - 1) // GROUP, 1) + 1)
-        h = GROUP * rng.integers(1, max((height - 1) // GROUP, 1) + 1)
-        x0, y0 = rng.integers(0, width - w), rng.integers(0, height - h)
-        out[r, 1:] = (x0 * STRIDE, y0 * STRIDE, (x0 + w) * STRIDE - 1, (y0 + h) * STRIDE - 1)
+    r = 0
+    while r < count:
+        side = np.exp(rng.uniform(np.log(2), np.log(24)))
+        aspect = np.exp(rng.uniform(np.log(0.5), np.log(2)))
+        w = int(np.clip(round(side * np.sqrt(aspect)), 1, width - 2))
+        h = int(np.clip(round(side / np.sqrt(aspect)), 1, height - 2))
+        x0, y0 = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
+        roi = (x0 * STRIDE, y0 * STRIDE, (x0 + w) * STRIDE - 1, (y0 + h) * STRIDE - 1)
+        if contract_bins(roi[0], roi[2], width) == torchvision_bins(roi[0], roi[2] + 1, width) and \
+                contract_bins(roi[1], roi[3], height) == torchvision_bins(roi[1], roi[3] + 1, height):
+            out[r, 1:] = roi
+            r += 1
     return out
 
 
@@ -97,25 +131,26 @@ def case(scale: str, seed: int) -> Case:
     rng = np.random.default_rng(seed)
     cin, height, width, count = (2048, 38, 63, 300) if scale == "full" else (512, 19, 32, 64)
     x = np.maximum(rng.standard_normal((1, cin, height, width)), 0).astype(np.float32)  # a ReLU'd res5 map
-    rois = rois_on_stride(rng, count, height, width)
+    rois = proposals(rng, count, height, width)
     tv_rois = rois.copy()
     tv_rois[:, 3:] += 1.0
     grad_score = rng.standard_normal((count, CLASSES)).astype(np.float32)
     torch.manual_seed(seed)
     net = RFCNHead(cin).eval()
-    fwd = export(net, (tensor(x), tensor(rois)), ["features", "rois"], ["cls_score", "cls_prob", "bbox_pred"], {"rois": {0: "R"}})
+    fwd = export(net, (tensor(x), tensor(rois)), ["features", "rois"], ["cls_bins", "cls_score", "cls_prob", "bbox_pred"], {"rois": {0: "R"}})
     grad_model = export(ClsGradient(net), (tensor(x), tensor(rois), tensor(grad_score)),
                         ["features", "rois", "grad_score"], ["grad_rfcn_cls_weight"])
 
     def peer_cls(cls_maps):
-        return ps_roi_pool(cls_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE).mean(dim=(2, 3))
+        return ps_roi_pool(cls_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE)
 
     def peer_forward(threads: int):
         with torch.no_grad():
             _, cls_maps, box_maps = net.maps(tensor(x))
-            cls_score = peer_cls(cls_maps)
+            cls_bins = peer_cls(cls_maps)
+            cls_score = cls_bins.mean(dim=(2, 3))
             bbox_pred = ps_roi_pool(box_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE).mean(dim=(2, 3))
-        return {"cls_score": numpy_out(cls_score), "cls_prob": numpy_out(cls_score.softmax(dim=1)),
+        return {"cls_bins": numpy_out(cls_bins.permute(0, 2, 3, 1)), "cls_score": numpy_out(cls_score), "cls_prob": numpy_out(cls_score.softmax(dim=1)),
                 "bbox_pred": numpy_out(bbox_pred)}
 
     def peer_gradient(threads: int):
@@ -123,7 +158,7 @@ def case(scale: str, seed: int) -> Case:
         with torch.enable_grad():
             # Only the score maps (the exported graph drops the unused box maps too).
             cls_maps = net.rfcn_cls(torch.relu(net.conv_new_1(tensor(x))))
-            loss = (peer_cls(cls_maps) * tensor(grad_score)).sum()
+            loss = (peer_cls(cls_maps).mean(dim=(2, 3)) * tensor(grad_score)).sum()
             (grad,) = torch.autograd.grad(loss, net.rfcn_cls.weight)
         return {"grad_rfcn_cls_weight": numpy_out(grad[:, :, 0, 0])}
 

@@ -54,18 +54,25 @@ done
 # Progress goes to stderr; stdout carries only the export lines.
 exec 3>&1 1>&2
 
-# unmet <requirements file>: prints each `name==version` pin of the file that .venv does not
-# have (as "name==version (installed: x)").
+# unmet <requirements file>: prints each `name==version` pin of the file (and of the files
+# it includes with -r) that .venv does not have (as "name==version (installed: x)").
 unmet() {
     "$VENV/bin/python" - "$1" <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
-for line in open(sys.argv[1]):
-    line = line.split("#", 1)[0].strip()
-    if "==" not in line:
-        continue
-    name, want = (part.strip() for part in line.split("==", 1))
+
+def pins(path):
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            yield from pins(Path(path).parent / line[3:].strip())
+        elif "==" in line:
+            yield (part.strip() for part in line.split("==", 1))
+
+
+for name, want in pins(sys.argv[1]):
     try:
         have = version(name)
     except PackageNotFoundError:
