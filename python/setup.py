@@ -51,7 +51,7 @@ def cargo_build() -> Path:
     if shutil.which(cargo) is None:
         raise SystemExit(
             f"error: {cargo!r} not found on PATH: building the wheel compiles the library with Rust "
-            "(>= 1.88, https://rustup.rs) and a C++20 compiler"
+            "(>= 1.89, https://rustup.rs) and a C++20 compiler"
         )
     cmd = [cargo, "build", "--release", "--lib", "--manifest-path", str(manifest), "--message-format=json-render-diagnostics"]
     print("onnxruntime-ep-mlu:", " ".join(cmd[:4]), "(in", ROOT, ")", flush=True)

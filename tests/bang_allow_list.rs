@@ -90,7 +90,7 @@ fn the_emulator_offers_nothing_off_the_list() {
     let mut offered = BTreeSet::new();
     for line in surface.lines() {
         if let Some(def) = line.strip_prefix("#define ") {
-            offered.insert(def.split(|c: char| c == '(' || c == ' ').next().unwrap().to_owned());
+            offered.insert(def.split(['(', ' ']).next().unwrap().to_owned());
         } else if let Some(f) = line.strip_prefix("inline ") {
             // `inline float round(float x) { ... }`: the function's name.
             offered.insert(f.split('(').next().unwrap().rsplit(' ').next().unwrap().to_owned());

@@ -911,6 +911,53 @@ fn sums_follow_k_then_j_across_chunks_and_row_tiles() {
     }
 }
 
+/// The fused path's arithmetic: for each pair in (k, j) order, each product added to the
+/// output element by one fused multiply-add, in input-channel order.
+fn fused_order(c: &Conv) -> Vec<f32> {
+    let mut out = vec![0f32; c.num_out * c.cout];
+    for (e, v) in out.iter_mut().enumerate() {
+        *v = c.bias.as_ref().map_or(0.0, |b| b[e % c.cout]);
+    }
+    for k in 0..c.k {
+        for j in 0..c.num[k] as usize {
+            let (src, dst) = (c.pairs[(k * 2) * c.p + j] as usize, c.pairs[(k * 2 + 1) * c.p + j] as usize);
+            for co in 0..c.cout {
+                let o = &mut out[dst * c.cout + co];
+                for ci in 0..c.cin {
+                    *o = c.features[src * c.cin + ci].mul_add(c.filters[(k * c.cin + ci) * c.cout + co], *o);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn cout_16_32_64_on_avx512_add_each_product_by_one_fma_in_channel_order() {
+    // On a CPU with AVX-512F (this machine's) Cout 16, 32 and 64 take the fused path: the
+    // bits must be exactly its order; elsewhere the GEMM path's, within the class. Random
+    // rulebooks repeat destinations within an offset, so groups of pairs with a repeated
+    // row (taken pair by pair) are covered too.
+    let fused = cfg!(target_arch = "x86_64") && is_avx512f();
+    let mut rng = Rng(19);
+    for (l, cin, cout, k, p, num_out) in [(300, 7, 16, 27, 200, 250), (200, 32, 32, 8, 300, 90), (90, 5, 64, 3, 400, 60), (50, 16, 16, 1, 600, 9)] {
+        for bias in [false, true] {
+            let conv = random_conv(&mut rng, l, cin, cout, k, p, num_out, bias);
+            let got = check(&conv, false);
+            if fused {
+                assert_eq!(bits(&got), bits(&fused_order(&conv)), "Cin {cin} Cout {cout} K {k}");
+            }
+        }
+    }
+}
+
+fn is_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[test]
 fn inverse_convolutions_at_backbone_channel_counts() {
     // An inverse convolution over a strided rulebook (features on the strided output sites,

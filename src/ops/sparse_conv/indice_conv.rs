@@ -18,15 +18,21 @@
 //!   submanifold centre offset's are), multiplies it by filters[k] with one single-threaded
 //!   GEMM (the `gemm` crate, Parallelism::None) into a [m, Cout] block, and adds that
 //!   block's rows to their output rows in j order.
+//! - With Cout 16, 32 or 64 on a CPU with AVX-512F the chunk needs no blocks: each pair's
+//!   products are fused multiply-added straight into its output row, held in registers
+//!   (`Fused`); chunks are then FUSED_CHUNK_ROWS pairs, so that their prefetched rows are
+//!   still in L1.
 //!
 //! Determinism: every output element is `bias`, then plus d(k, j) for its pairs in (k, j)
 //! order, each sum rounded to float32, where d(k, j) is the float32 dot product
 //! `features[src, :] . filters[k][:, c]` as the GEMM computes it (fused multiply-adds in the
-//! GEMM's order) within its chunk. The chunks (and so each GEMM's shape and each row's place
-//! in it) are a function of the inputs' shapes and the rulebook alone: not of the thread
-//! count, of how tasks are split, or of the plan's pieces. So the result is bit-identical
-//! across runs and thread counts. (The GEMM's kernels are picked by the CPU's instruction
-//! set: another CPU may round differently, within the accumulating class.)
+//! GEMM's order) within its chunk. On the fused path each pair instead adds its Cin products
+//! to the output element one fused multiply-add at a time, in input-channel order. The
+//! chunks (and so each GEMM's shape and each row's place in it) and the path are a function
+//! of the inputs' shapes, the rulebook and the CPU alone: not of the thread count, of how
+//! tasks are split, or of the plan's pieces. So the result is bit-identical across runs and
+//! thread counts. (The path and the GEMM's kernels are picked by the CPU's instruction set:
+//! another CPU may round differently, within the accumulating class.)
 //! No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
@@ -51,6 +57,9 @@ const TILE_PAIRS_PER_OFFSET: usize = 256;
 const MIN_TILE_ROWS: usize = 16;
 /// A chunk's gathered block plus its product, at most (rows of Cin + Cout floats).
 const CHUNK_BYTES: usize = 128 * 1024;
+/// A chunk's pairs on the fused path (Cout 16, 32 or 64 with AVX-512F: no blocks, only
+/// prefetched rows); 16-128 measured within 5% of each other, 512-2048 8-15% slower.
+const FUSED_CHUNK_ROWS: usize = 32;
 /// Multiply-adds per execution task, roughly.
 const GRAIN: usize = 4 << 20;
 /// Pairs per piece of the plan's parallel grouping, and the most pieces.
@@ -293,7 +302,15 @@ impl Operator for IndiceConv {
         let work = (0..tiles).map(weight).fold(0u64, u64::saturating_add);
         let cuts = balanced_cuts((0..tiles).map(weight), pieces(usize::try_from(work).unwrap_or(usize::MAX), GRAIN));
         let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.rows) * cout).collect();
-        let chunk_rows = (CHUNK_BYTES / cin.saturating_add(cout).saturating_mul(size_of::<f32>())).max(1);
+        #[cfg(target_arch = "x86_64")]
+        let fused = Fused::detect(cout);
+        #[cfg(not(target_arch = "x86_64"))]
+        let fused: Option<()> = None;
+        let chunk_rows = match fused {
+            // Prefetched source rows must still be in L1 when the fused kernel reads them.
+            Some(_) => FUSED_CHUNK_ROWS,
+            None => (CHUNK_BYTES / cin.saturating_add(cout).saturating_mul(size_of::<f32>())).max(1),
+        };
         let (shift, mask) = (r.shift, (1u32 << r.shift) - 1);
         let errors = FirstError::default();
         for_each_part_mut(par, out, &bounds, |task, part| {
@@ -320,6 +337,11 @@ impl Operator for IndiceConv {
                     let mut flush = |k: usize, srcs: &[usize], dsts: &[usize]| {
                         let m = srcs.len();
                         let (s0, w) = (srcs[0], &filters[k * cin * cout..(k + 1) * cin * cout]);
+                        #[cfg(target_arch = "x86_64")]
+                        if let Some(fused) = fused {
+                            fused.accumulate(cin, srcs, dsts, features, w, block);
+                            return;
+                        }
                         let lhs = if srcs.iter().enumerate().all(|(i, &s)| s == s0 + i) {
                             &features[s0 * cin..(s0 + m) * cin]
                         } else {
@@ -389,6 +411,106 @@ pub fn gemm_rows(m: usize, cin: usize, cout: usize, lhs: &[f32], w: &[f32], dst:
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+/// Proof that this CPU has AVX-512F and that Cout is 16, 32 or 64: only [`Fused::detect`]
+/// makes one. At those widths a chunk's products are accumulated straight into the output
+/// rows (no gathered block, no product block, no adds): there the gathers and adds around a
+/// GEMM took about as long as the GEMM (benches/indice_conv.rs).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Fused {
+    vectors: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Fused {
+    fn detect(cout: usize) -> Option<Self> {
+        // std caches the CPU's features after the first query.
+        (matches!(cout, 16 | 32 | 64) && std::arch::is_x86_feature_detected!("avx512f")).then_some(Fused { vectors: cout / 16 })
+    }
+
+    /// block[d] += features[s] @ w for each pair (s, d) of one offset k: each output
+    /// element gets x[s, i] * w[i, c] added for i = 0, 1, ..., one fused multiply-add (one
+    /// rounding) each, pair after pair in j order. Pairs are taken 16, 8 or 4 at a time (Cout
+    /// 16, 32, 64: 16 vector registers of rows; 8 measured 0-5% slower) when their output
+    /// rows are distinct (a rulebook from
+    /// GetIndicePairs never repeats one within an offset; a group that does is taken pair by
+    /// pair, so each pair still adds in order).
+    fn accumulate(self, cin: usize, srcs: &[usize], dsts: &[usize], features: &[f32], w: &[f32], block: &mut [f32]) {
+        let cout = 16 * self.vectors;
+        assert!(w.len() == cin * cout && srcs.len() == dsts.len());
+        assert!(srcs.iter().all(|&s| (s + 1) * cin <= features.len()));
+        assert!(dsts.iter().all(|&d| (d + 1) * cout <= block.len()));
+        match self.vectors {
+            // SAFETY: `self` exists only on a CPU with AVX-512F; every source row, output
+            // row and the filters are in bounds (asserted above), and `groups` passes a
+            // group's output rows only when they are distinct.
+            1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, features, w, block) },
+            2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, features, w, block) },
+            _ => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, features, w, block) },
+        }
+    }
+}
+
+/// [`Fused::accumulate`] with Z vectors per row, P pairs at a time.
+/// SAFETY (caller): AVX-512F; w holds cin * 16Z floats; every (s + 1) * cin <= features.len()
+/// and every (d + 1) * 16Z <= block.len().
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fused_groups<const Z: usize, const P: usize>(
+    cin: usize,
+    srcs: &[usize],
+    dsts: &[usize],
+    features: &[f32],
+    w: &[f32],
+    block: &mut [f32],
+) {
+    let (x, out) = (features.as_ptr(), block.as_mut_ptr());
+    let mut j = 0;
+    while j < srcs.len() {
+        let d = &dsts[j..(j + P).min(dsts.len())];
+        let distinct = d.len() == P && (1..P).all(|a| !d[..a].contains(&d[a]));
+        // SAFETY: the caller's bounds hold for every pair; a group's rows are distinct.
+        unsafe {
+            if distinct {
+                fused_group::<Z, P>(cin, std::array::from_fn(|p| x.add(srcs[j + p] * cin)), std::array::from_fn(|p| out.add(dsts[j + p] * 16 * Z)), w.as_ptr());
+                j += P;
+            } else {
+                fused_group::<Z, 1>(cin, [x.add(srcs[j] * cin)], [out.add(dsts[j] * 16 * Z)], w.as_ptr());
+                j += 1;
+            }
+        }
+    }
+}
+
+/// out[p] += x[p] @ w for P pairs, the P output rows (16Z floats each) held in registers
+/// while the cin products are added in i order.
+/// SAFETY (caller): AVX-512F; each x[p] readable for cin floats, each out[p] for 16Z floats
+/// and distinct, w for cin * 16Z floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fused_group<const Z: usize, const P: usize>(cin: usize, x: [*const f32; P], out: [*mut f32; P], w: *const f32) {
+    use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
+    // SAFETY: every pointer stays within the rows the caller vouches for.
+    unsafe {
+        let mut acc: [[_; Z]; P] = std::array::from_fn(|p| std::array::from_fn(|z| _mm512_loadu_ps(out[p].add(16 * z))));
+        for i in 0..cin {
+            let wi: [_; Z] = std::array::from_fn(|z| _mm512_loadu_ps(w.add(i * 16 * Z + 16 * z)));
+            for (row, xp) in acc.iter_mut().zip(x) {
+                let xi = _mm512_set1_ps(*xp.add(i));
+                for (a, wz) in row.iter_mut().zip(wi) {
+                    *a = _mm512_fmadd_ps(xi, wz, *a);
+                }
+            }
+        }
+        for (row, op) in acc.iter().zip(out) {
+            for (z, &a) in row.iter().enumerate() {
+                _mm512_storeu_ps(op.add(16 * z), a);
+            }
+        }
     }
 }
 
