@@ -346,14 +346,12 @@ def profile_breakdown(model, lib, threads, feeds, runs: int = 3):
         path = s.end_profiling()
         events = json.load(open(path))
     per_op = collections.defaultdict(float)
-    per_node = collections.defaultdict(float)
     run_events = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     # Drop the warm-up run: keep the last runs * nodes events.
     nodes = len({e["name"] for e in run_events})
     for e in run_events[-runs * nodes:]:
         per_op[e["args"]["op_name"]] += e["dur"] / 1e3 / runs
-        per_node[e["name"][: -len("_kernel_time")]] += e["dur"] / 1e3 / runs
-    return wall * 1e3, dict(per_op), dict(per_node)
+    return wall * 1e3, dict(per_op)
 
 
 def dump_layers(directory: str, coords, feats, weights, lib: str) -> None:
