@@ -435,9 +435,8 @@ impl Fused {
     /// element gets x[s, i] * w[i, c] added for i = 0, 1, ..., one fused multiply-add (one
     /// rounding) each, pair after pair in j order. Pairs are taken 16, 8 or 4 at a time (Cout
     /// 16, 32, 64: 16 vector registers of rows; 8 measured 0-5% slower) when their output
-    /// rows are distinct (a rulebook from
-    /// GetIndicePairs never repeats one within an offset; a group that does is taken pair by
-    /// pair, so each pair still adds in order).
+    /// rows are distinct (a rulebook from GetIndicePairs never repeats one within an offset;
+    /// a group that does is taken pair by pair, so each pair still adds in order).
     fn accumulate(self, cin: usize, srcs: &[usize], dsts: &[usize], features: &[f32], w: &[f32], block: &mut [f32]) {
         let cout = 16 * self.vectors;
         assert!(w.len() == cin * cout && srcs.len() == dsts.len());
@@ -445,8 +444,8 @@ impl Fused {
         assert!(dsts.iter().all(|&d| (d + 1) * cout <= block.len()));
         match self.vectors {
             // SAFETY: `self` exists only on a CPU with AVX-512F; every source row, output
-            // row and the filters are in bounds (asserted above), and `groups` passes a
-            // group's output rows only when they are distinct.
+            // row and the filters are in bounds (asserted above), and `fused_groups` passes
+            // a group's output rows together only when they are distinct.
             1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, features, w, block) },
             2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, features, w, block) },
             _ => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, features, w, block) },
