@@ -3,7 +3,8 @@ rois, stride 16 on a 600 x 1000 image, so a 38 x 63 map): conv_new_1 (1 x 1, 204
 ReLU), rfcn_cls (1 x 1 -> 7*7*21 score maps) and rfcn_bbox (1 x 1 -> 7*7*8), PsRoiPool of
 each, averaged over the bins (cls_score [R, 21], bbox_pred [R, 8]) and the class softmax;
 the pooled class bins themselves (cls_bins [R, 7, 7, 21], PsRoiPool's output) are an output
-too, so that one wrong bin is not diluted by the average.
+too, so that the pooled values are compared and not only their 49-bin means (the comparison
+is still the contract's diff1 / diff2 over the whole tensor).
 
 Its gradient is a second graph: the gradient of sum(cls_score * G) for an upstream gradient
 G with respect to rfcn_cls's weight, through PsRoiPoolBackward.
@@ -13,10 +14,10 @@ torchvision rounds a roi after scaling (start = round(x1 * scale), end = round(x
 where the contract rounds before and adds one pixel (start = round(x1) * scale, end =
 (round(x2) + 1) * scale); torchvision also adds the start after its floor / ceil (the
 contract before) and clamps bin ends to the last row and column (the contract to the map's
-size). The rois are shaped like RPN proposals (32-384 px) but on the stride, torchvision
-gets (x1, y1, x2 + 1, y2 + 1), and a roi is used only where both rules, computed in float32
-below, give the same bins. The CI scale is a 300 x 500 image (19 x 32) with 512 input channels and 64
-rois."""
+size). The rois are shaped like RPN proposals (about 32-384 px) but on the stride and clear
+of the map's last row and column, and torchvision gets (x1, y1, x2 + 1, y2 + 1): then both
+rules give the same bins, which `proposals` checks for every roi in float32. The CI scale
+is a 300 x 500 image (19 x 32) with 512 input channels and 64 rois."""
 
 from __future__ import annotations
 
@@ -78,13 +79,18 @@ class ClsGradient(nn.Module):
         return (h[0].reshape(h.shape[1], -1) @ grad_maps.reshape(-1, c)).t()
 
 
+def half_away(v) -> int:
+    """Rounding to nearest, halves away from zero (the contract's `round`, C's std::round)."""
+    return int(np.sign(v) * np.floor(np.abs(v) + 0.5))
+
+
 def contract_bins(x1, x2, extent):
     """The contract's bin edges of one axis (start, end per bin) for pixel coordinates x1, x2,
     every step rounded to float32 as the contract says."""
     f = np.float32
     scale = f(1.0 / STRIDE)
-    start = f(np.round(x1)) * scale
-    size = max(f(f(np.round(x2)) + f(1)) * scale - start, f(0.1))
+    start = f(half_away(x1)) * scale
+    size = max(f(f(half_away(x2)) + f(1)) * scale - start, f(0.1))
     b = f(size / f(GROUP))
     lo = [min(max(np.floor(f(f(f(i) * b) + start)), 0), extent) for i in range(GROUP)]
     hi = [min(max(np.ceil(f(f(f(i + 1) * b) + start)), 0), extent) for i in range(GROUP)]
@@ -95,8 +101,8 @@ def torchvision_bins(x1, x2, extent):
     """torchvision's (0.29, CPU forward): integer start and size rounded after scaling, bin
     edges from the float32 bin size, then the start added and clamped to extent - 1."""
     f = np.float32
-    start = int(np.round(f(f(x1) * f(1.0 / STRIDE))))
-    size = max(int(np.round(f(f(x2) * f(1.0 / STRIDE)))) - start, 1)
+    start = half_away(f(f(x1) * f(1.0 / STRIDE)))
+    size = max(half_away(f(f(x2) * f(1.0 / STRIDE))) - start, 1)
     b = f(f(size) / f(GROUP))
     lo = [min(max(int(np.floor(f(f(i) * b))) + start, 0), extent - 1) for i in range(GROUP)]
     hi = [min(max(int(np.ceil(f(f(i + 1) * b))) + start, 0), extent - 1) for i in range(GROUP)]
@@ -104,24 +110,26 @@ def torchvision_bins(x1, x2, extent):
 
 
 def proposals(rng, count: int, height: int, width: int) -> np.ndarray:
-    """[count, 5] (0, x1, y1, x2, y2) image pixels shaped like RPN proposals: side sqrt(w h)
-    log-uniform in 2-24 cells (32-384 px), aspect log-uniform in 1:2-2:1, on the stride (x1,
-    y1, x2 + 1 and y2 + 1 multiples of 16, where both roundings give the same integer start
-    and end). A roi is kept when the contract's bins and torchvision's are the same on both
-    axes (computed above in float32 as each specifies); the rest are drawn again."""
+    """[count, 5] (0, x1, y1, x2, y2) image pixels shaped like RPN proposals: sqrt(w h) drawn
+    log-uniform in 2-24 cells (about 32-384 px; sides 1-34 cells after rounding), aspect
+    log-uniform in 1:2-2:1, on the stride (x1, y1, x2 + 1 and y2 + 1 multiples of 16, where
+    both roundings give the same integer start and end) and clear of the map's last row and
+    column (where torchvision clamps bin ends). At these sizes the contract's bins and
+    torchvision's are then the same; each roi is checked with both rules computed in float32
+    as each specifies (they do differ for some wider rois, e.g. 57 cells at x 5 of 63), and a
+    disagreement raises rather than being drawn again."""
     out = np.zeros((count, 5), np.float32)
-    r = 0
-    while r < count:
+    for r in range(count):
         side = np.exp(rng.uniform(np.log(2), np.log(24)))
         aspect = np.exp(rng.uniform(np.log(0.5), np.log(2)))
         w = int(np.clip(round(side * np.sqrt(aspect)), 1, width - 2))
         h = int(np.clip(round(side / np.sqrt(aspect)), 1, height - 2))
         x0, y0 = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
         roi = (x0 * STRIDE, y0 * STRIDE, (x0 + w) * STRIDE - 1, (y0 + h) * STRIDE - 1)
-        if contract_bins(roi[0], roi[2], width) == torchvision_bins(roi[0], roi[2] + 1, width) and \
-                contract_bins(roi[1], roi[3], height) == torchvision_bins(roi[1], roi[3] + 1, height):
-            out[r, 1:] = roi
-            r += 1
+        for lo, hi, extent in ((roi[0], roi[2], width), (roi[1], roi[3], height)):
+            if contract_bins(lo, hi, extent) != torchvision_bins(lo, hi + 1, extent):
+                raise AssertionError(f"rfcn: roi {roi} has different bins under the contract and torchvision")
+        out[r, 1:] = roi
     return out
 
 

@@ -58,18 +58,32 @@ exec 3>&1 1>&2
 # it includes with -r) that .venv does not have (as "name==version (installed: x)").
 unmet() {
     "$VENV/bin/python" - "$1" <<'PY'
+import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 
-def pins(path):
+def pins(path, seen=()):
+    path = Path(path).resolve()
+    if path in seen:
+        sys.exit(f"setup: {path} includes itself")
     for line in open(path):
-        line = line.split("#", 1)[0].strip()
-        if line.startswith("-r "):
-            yield from pins(Path(path).parent / line[3:].strip())
-        elif "==" in line:
-            yield (part.strip() for part in line.split("==", 1))
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        # An included file, in any spelling pip accepts: -r F, -rF, --requirement F / =F.
+        head = words[0]
+        if head in ("-r", "--requirement"):
+            yield from pins(path.parent / words[1], seen + (path,))
+        elif head.startswith("--requirement="):
+            yield from pins(path.parent / head.split("=", 1)[1], seen + (path,))
+        elif head.startswith("-r"):
+            yield from pins(path.parent / head[2:], seen + (path,))
+        elif head.startswith("-"):
+            sys.exit(f"setup: {path}: an option this check does not read: {line.strip()}")
+        elif "==" in head:
+            yield (part.strip() for part in head.split("==", 1))
 
 
 for name, want in pins(sys.argv[1]):
