@@ -318,8 +318,10 @@ impl Operator for IndiceConv {
                 // Chunk buffers only for tasks with work (Cin may be huge when no pair is valid).
                 let work = cin > 0 && (cuts[task]..cuts[task + 1]).any(|t| r.tile_len(t) > 0);
                 let rows = if work { chunk_rows } else { 0 };
-                let mut gathered = scratch::filled(rows * cin, 0f32, "IndiceConv's gathered rows")?;
-                let mut product = scratch::filled(rows * cout, 0f32, "IndiceConv's product rows")?;
+                // The fused path has no gathered or product block.
+                let blocks = if fused.is_some() { 0 } else { rows };
+                let mut gathered = scratch::filled(blocks * cin, 0f32, "IndiceConv's gathered rows")?;
+                let mut product = scratch::filled(blocks * cout, 0f32, "IndiceConv's product rows")?;
                 let mut srcs = scratch::filled(rows, 0usize, "IndiceConv's chunk")?;
                 let mut dsts = scratch::filled(rows, 0usize, "IndiceConv's chunk")?;
                 for (t, block) in (cuts[task]..cuts[task + 1]).zip(part.chunks_mut(tile_rows.saturating_mul(cout))) {
@@ -448,12 +450,15 @@ impl Fused {
             // a group's output rows together only when they are distinct.
             1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, features, w, block) },
             2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, features, w, block) },
-            _ => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, features, w, block) },
+            4 => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, features, w, block) },
+            // The rows asserted above are 16 * vectors floats: only these three kernels match.
+            v => unreachable!("IndiceConv's fused path has no kernel for {v} vectors per row"),
         }
     }
 }
 
-/// [`Fused::accumulate`] with Z vectors per row, P pairs at a time.
+/// [`Fused::accumulate`] with Z vectors per row, P pairs at a time, or P / 2, P / 4, ... 1
+/// where the next P pairs run out or repeat an output row (the bits do not depend on it).
 /// SAFETY (caller): AVX-512F; w holds cin * 16Z floats; every (s + 1) * cin <= features.len()
 /// and every (d + 1) * 16Z <= block.len().
 #[cfg(target_arch = "x86_64")]
@@ -469,18 +474,33 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(
     let (x, out) = (features.as_ptr(), block.as_mut_ptr());
     let mut j = 0;
     while j < srcs.len() {
-        let d = &dsts[j..(j + P).min(dsts.len())];
-        let distinct = d.len() == P && (1..P).all(|a| !d[..a].contains(&d[a]));
-        // SAFETY: the caller's bounds hold for every pair; a group's rows are distinct.
+        let mut n = P.min(srcs.len() - j).next_power_of_two();
+        while n > 1 && !(j + n <= srcs.len() && (1..n).all(|a| !dsts[j..j + a].contains(&dsts[j + a]))) {
+            n /= 2;
+        }
+        // SAFETY: the caller's bounds hold for every pair; a group's n rows are distinct.
         unsafe {
-            if distinct {
-                fused_group::<Z, P>(cin, std::array::from_fn(|p| x.add(srcs[j + p] * cin)), std::array::from_fn(|p| out.add(dsts[j + p] * 16 * Z)), w.as_ptr());
-                j += P;
-            } else {
-                fused_group::<Z, 1>(cin, [x.add(srcs[j] * cin)], [out.add(dsts[j] * 16 * Z)], w.as_ptr());
-                j += 1;
+            match n {
+                16 => fused_pairs::<Z, 16>(cin, &srcs[j..], &dsts[j..], x, out, w),
+                8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], x, out, w),
+                4 => fused_pairs::<Z, 4>(cin, &srcs[j..], &dsts[j..], x, out, w),
+                2 => fused_pairs::<Z, 2>(cin, &srcs[j..], &dsts[j..], x, out, w),
+                _ => fused_pairs::<Z, 1>(cin, &srcs[j..], &dsts[j..], x, out, w),
             }
         }
+        j += n;
+    }
+}
+
+/// The first N pairs of srcs / dsts through [`fused_group`].
+/// SAFETY (caller): as [`fused_groups`]'; at least N pairs, their output rows distinct.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[usize], dsts: &[usize], x: *const f32, out: *mut f32, w: &[f32]) {
+    // SAFETY: the caller's bounds hold for these pairs and their rows are distinct.
+    unsafe {
+        fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] * cin)), std::array::from_fn(|p| out.add(dsts[p] * 16 * Z)), w.as_ptr())
     }
 }
 
