@@ -15,9 +15,9 @@ BatchNorm, to the PFN's Linear weight.
 
 Peer: the same modules with dynamic_scatter written in plain torch (our formulation of
 mmcv's semantics: torch.unique over the kept coordinates, scatter_reduce amax / index_add
-mean) in eager mode, and torch autograd for the gradient. torch's amax gradient splits a tie evenly where the contract
-gives it to the lowest point index; the ties here are at 0 (ReLU'd channels), where both
-gradients are 0 after the ReLU, so both must agree.
+mean) in eager mode, and torch autograd for the gradient. torch's amax gradient splits a
+tie evenly where the contract gives it to the lowest point index; the ties here are at 0
+(ReLU'd channels), where both gradients are 0 after the ReLU, so both must agree.
 
 Input: one sweep of the simulated 32-beam scan (networks/lidar.py) with random intensity;
 the CI scale halves the range (216 x 248)."""

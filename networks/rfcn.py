@@ -145,28 +145,29 @@ def case(scale: str, seed: int) -> Case:
     grad_score = rng.standard_normal((count, CLASSES)).astype(np.float32)
     torch.manual_seed(seed)
     net = RFCNHead(cin).eval()
-    fwd = export(net, (tensor(x), tensor(rois)), ["features", "rois"], ["cls_bins", "cls_score", "cls_prob", "bbox_pred"], {"rois": {0: "R"}})
+    fwd = export(net, (tensor(x), tensor(rois)), ["features", "rois"], ["cls_bins", "cls_score", "cls_prob", "bbox_pred"],
+                 {"rois": {0: "R"}})
     grad_model = export(ClsGradient(net), (tensor(x), tensor(rois), tensor(grad_score)),
                         ["features", "rois", "grad_score"], ["grad_rfcn_cls_weight"])
 
-    def peer_cls(cls_maps):
-        return ps_roi_pool(cls_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE)
+    def peer_pool(maps):
+        return ps_roi_pool(maps, tensor(tv_rois), GROUP, 1.0 / STRIDE)
 
     def peer_forward(threads: int):
         with torch.no_grad():
             _, cls_maps, box_maps = net.maps(tensor(x))
-            cls_bins = peer_cls(cls_maps)
+            cls_bins = peer_pool(cls_maps)
             cls_score = cls_bins.mean(dim=(2, 3))
-            bbox_pred = ps_roi_pool(box_maps, tensor(tv_rois), GROUP, 1.0 / STRIDE).mean(dim=(2, 3))
-        return {"cls_bins": numpy_out(cls_bins.permute(0, 2, 3, 1)), "cls_score": numpy_out(cls_score), "cls_prob": numpy_out(cls_score.softmax(dim=1)),
-                "bbox_pred": numpy_out(bbox_pred)}
+            bbox_pred = peer_pool(box_maps).mean(dim=(2, 3))
+        return {"cls_bins": numpy_out(cls_bins.permute(0, 2, 3, 1)), "cls_score": numpy_out(cls_score),
+                "cls_prob": numpy_out(cls_score.softmax(dim=1)), "bbox_pred": numpy_out(bbox_pred)}
 
     def peer_gradient(threads: int):
         # Only the gradient the graph computes (torch.autograd.grad prunes the rest).
         with torch.enable_grad():
             # Only the score maps (the exported graph drops the unused box maps too).
             cls_maps = net.rfcn_cls(torch.relu(net.conv_new_1(tensor(x))))
-            loss = (peer_cls(cls_maps).mean(dim=(2, 3)) * tensor(grad_score)).sum()
+            loss = (peer_pool(cls_maps).mean(dim=(2, 3)) * tensor(grad_score)).sum()
             (grad,) = torch.autograd.grad(loss, net.rfcn_cls.weight)
         return {"grad_rfcn_cls_weight": numpy_out(grad[:, :, 0, 0])}
 

@@ -1,6 +1,6 @@
 """The network runner (networks/run.py) can fail: a peer that disagrees, a coordinate set
-that differs, or outputs that change with the thread count make its graph fail; the runs themselves are in scripts/test.sh
-(`networks/run.py --scale ci`)."""
+that differs, or outputs that change with the thread count make its graph fail; the runs
+themselves are in scripts/test.sh (`networks/run.py --scale ci`)."""
 
 from __future__ import annotations
 

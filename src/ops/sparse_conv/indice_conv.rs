@@ -438,7 +438,8 @@ impl Fused {
     /// rounding) each, pair after pair in j order. Pairs are taken 16, 8 or 4 at a time (Cout
     /// 16, 32, 64: 16 vector registers of rows; 8 measured 0-5% slower) when their output
     /// rows are distinct (a rulebook from GetIndicePairs never repeats one within an offset;
-    /// a group that does is taken pair by pair, so each pair still adds in order).
+    /// where a group would, or the chunk ends first, `fused_groups` takes fewer pairs, down
+    /// to one, so each pair still adds in order).
     fn accumulate(self, cin: usize, srcs: &[usize], dsts: &[usize], features: &[f32], w: &[f32], block: &mut [f32]) {
         let cout = 16 * self.vectors;
         assert!(w.len() == cin * cout && srcs.len() == dsts.len());
