@@ -46,8 +46,15 @@ struct FakeToolkit {
     out: PathBuf,
 }
 
+/// Tests run on parallel threads of one process: a script being written has an open write
+/// descriptor that a child forked by another test's build inherits until it execs, and
+/// executing the script then fails with ETXTBSY ("Text file busy"). Scripts are written
+/// under the write lock and builds (which fork) run under the read lock.
+static FORKS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn write_script(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
+    let _writing = FORKS.write().unwrap_or_else(|e| e.into_inner());
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
@@ -102,7 +109,10 @@ fn build(test: &str, arch: &str) -> (FakeToolkit, PathBuf, Vec<Vec<String>>) {
     let sources = cncc::mlu_sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels")).unwrap();
     assert_eq!(sources, kernel_sources(), "mlu_sources finds every .mlu of kernels/");
     let toolchain = cncc::Toolchain { neuware_home: &tk.home, cncc: &cncc, cxx: &tk.cxx, arch };
-    let lib = cncc::build_library(&toolchain, &sources, &tk.out).expect("the fake toolkit succeeds");
+    let lib = {
+        let _forking = FORKS.read().unwrap_or_else(|e| e.into_inner());
+        cncc::build_library(&toolchain, &sources, &tk.out).expect("the fake toolkit succeeds")
+    };
     let calls = calls(&tk.log);
     (tk, lib, calls)
 }
@@ -179,7 +189,10 @@ fn a_failing_cncc_stops_the_build_with_its_own_diagnostics() {
     let cncc = cncc::cncc(&tk.home).unwrap();
     let sources = kernel_sources();
     let toolchain = cncc::Toolchain { neuware_home: &tk.home, cncc: &cncc, cxx: &tk.cxx, arch: cncc::DEFAULT_ARCH };
-    let err = cncc::build_library(&toolchain, &sources, &tk.out).expect_err("cncc exits 1").to_string();
+    let err = {
+        let _forking = FORKS.read().unwrap_or_else(|e| e.into_inner());
+        cncc::build_library(&toolchain, &sources, &tk.out).expect_err("cncc exits 1").to_string()
+    };
     let first = sources[0].display();
     assert!(err.contains(&format!("{first}:3:1: error: unknown type name '__nram_t'")), "cncc's stderr is carried: {err}");
     assert!(err.contains(&format!("{} -c {first}", cncc.display())), "the failing command is named: {err}");
