@@ -89,16 +89,30 @@ struct Piece {
     pairs: Vec<Pair>,
 }
 
-/// The validated rulebook, grouped by row tile.
+/// How the execution finds a tile's pairs.
+#[derive(Debug)]
+enum Book {
+    /// Every offset's destinations strictly ascend in j (a submanifold rulebook over sites in
+    /// (batch, z, y, x) order, which is what GetIndicePairs' non-submanifold outputs are):
+    /// the pairs are read in place. `starts[k * (tiles + 1) + t]` is the first j of offset
+    /// k whose destination is at or past tile t's first row; P is indice_pairs' last
+    /// dimension. (Strictly ascending also means no output row repeats within an offset.)
+    InPlace { starts: Vec<usize>, p: usize },
+    /// Otherwise: a grouped copy, made in pieces.
+    Grouped(Vec<Piece>),
+}
+
+/// The validated rulebook, by row tile.
 #[derive(Debug)]
 pub struct Rules {
     l: usize,
     cin: usize,
     cout: usize,
     rows: usize,
+    k_count: usize,
     /// log2 of the rows per tile: tile t holds output rows [t << shift, (t + 1) << shift).
     shift: u32,
-    pieces: Vec<Piece>,
+    book: Book,
 }
 
 impl Rules {
@@ -106,13 +120,16 @@ impl Rules {
         self.rows.div_ceil(1 << self.shift)
     }
 
-    /// Tile t's pairs, in (k, j) order.
-    fn tile_pairs(&self, t: usize) -> impl Iterator<Item = &Pair> {
-        self.pieces.iter().flat_map(move |p| &p.pairs[p.starts[t]..p.starts[t + 1]])
+    /// Tile t's pairs of offset k read in place: the range of j.
+    fn in_place(starts: &[usize], tiles: usize, k: usize, t: usize) -> std::ops::Range<usize> {
+        starts[k * (tiles + 1) + t]..starts[k * (tiles + 1) + t + 1]
     }
 
     fn tile_len(&self, t: usize) -> usize {
-        self.pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum()
+        match &self.book {
+            Book::InPlace { starts, .. } => (0..self.k_count).map(|k| Self::in_place(starts, self.tiles(), k, t).len()).sum(),
+            Book::Grouped(pieces) => pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum(),
+        }
     }
 }
 
@@ -194,6 +211,15 @@ impl Operator for IndiceConv {
         let shift = tile_shift(rows, cout, total, active, k_count);
         let tiles = rows.div_ceil(1 << shift);
 
+        let slots = [src_slot, dst_slot];
+        match in_place_starts(pairs.data, &counts, p, slots, [l, rows], shift, par)? {
+            InPlace::Starts(starts) => {
+                let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
+                return Ok((specs, Rules { l, cin, cout, rows, k_count, shift, book: Book::InPlace { starts, p } }));
+            }
+            InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows])),
+            InPlace::Unordered => {}
+        }
         // Pieces of the (k, j) sequence: piece q covers flat positions [q*len, (q+1)*len).
         let n_pieces = pieces(total, PLAN_GRAIN).min(MAX_PLAN_PIECES);
         let piece_len = total.div_ceil(n_pieces).max(1);
@@ -275,17 +301,19 @@ impl Operator for IndiceConv {
             })());
         });
         if invalid.into_inner() {
-            return Err(first_bad_pair(inputs, pairs.data, &counts, p, [src_slot, dst_slot], [l, rows]));
+            return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows]));
         }
         errors.into_result()?;
         let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-        Ok((specs, Rules { l, cin, cout, rows, shift, pieces: books }))
+        Ok((specs, Rules { l, cin, cout, rows, k_count, shift, book: Book::Grouped(books) }))
     }
 
     fn execute(&self, r: Rules, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
         let features = inputs.get::<f32>(FEATURES)?.data;
         let filters = inputs.get::<f32>(FILTERS)?.data;
         let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
+        let pairs = inputs.get::<i32>(PAIRS)?.data;
+        let (src_slot, dst_slot) = if self.inverse { (1, 0) } else { (0, 1) };
         let out = outputs.take::<f32>(0)?;
         let (cin, cout) = (r.cin, r.cout);
         if out.len() != r.rows * cout || features.len() != r.l * cin || filters.len() % (cin * cout).max(1) != 0 {
@@ -336,12 +364,12 @@ impl Operator for IndiceConv {
                     // source rows are prefetched as it is formed, then gathered (unless they
                     // are consecutive rows) and multiplied by filters[k]; the product rows are
                     // added to their output rows in j order.
-                    let mut flush = |k: usize, srcs: &[usize], dsts: &[usize]| {
+                    let mut flush = |k: usize, srcs: &[usize], dsts: &[usize], distinct: bool| {
                         let m = srcs.len();
                         let (s0, w) = (srcs[0], &filters[k * cin * cout..(k + 1) * cin * cout]);
                         #[cfg(target_arch = "x86_64")]
                         if let Some(fused) = fused {
-                            fused.accumulate(cin, srcs, dsts, features, w, block);
+                            fused.accumulate(cin, srcs, dsts, distinct, features, w, block);
                             return;
                         }
                         let lhs = if srcs.iter().enumerate().all(|(i, &s)| s == s0 + i) {
@@ -359,21 +387,42 @@ impl Operator for IndiceConv {
                             }
                         }
                     };
-                    let (mut m, mut chunk_k) = (0usize, 0usize);
-                    for pair in r.tile_pairs(t) {
-                        let k = (pair.kd >> shift) as usize;
-                        if m == chunk_rows || (m > 0 && k != chunk_k) {
-                            flush(chunk_k, &srcs[..m], &dsts[..m]);
-                            m = 0;
+                    match &r.book {
+                        Book::InPlace { starts, p } => {
+                            let first = t << shift;
+                            for k in 0..r.k_count {
+                                let (js, base) = (Rules::in_place(starts, tiles, k, t), k * 2 * p);
+                                let src = &pairs[base + src_slot * p..][js.clone()];
+                                let dst = &pairs[base + dst_slot * p..][js];
+                                for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows)) {
+                                    for ((sv, dv), (&s, &d)) in srcs.iter_mut().zip(dsts.iter_mut()).zip(src.iter().zip(dst)) {
+                                        let s = s as usize;
+                                        cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
+                                        (*sv, *dv) = (s, d as usize - first);
+                                    }
+                                    // Strictly ascending destinations: no row repeats.
+                                    flush(k, &srcs[..src.len()], &dsts[..src.len()], true);
+                                }
+                            }
                         }
-                        chunk_k = k;
-                        let s = pair.src as usize;
-                        cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
-                        (srcs[m], dsts[m]) = (s, (pair.kd & mask) as usize);
-                        m += 1;
-                    }
-                    if m > 0 {
-                        flush(chunk_k, &srcs[..m], &dsts[..m]);
+                        Book::Grouped(pieces) => {
+                            let (mut m, mut chunk_k) = (0usize, 0usize);
+                            for pair in pieces.iter().flat_map(|p| &p.pairs[p.starts[t]..p.starts[t + 1]]) {
+                                let k = (pair.kd >> shift) as usize;
+                                if m == chunk_rows || (m > 0 && k != chunk_k) {
+                                    flush(chunk_k, &srcs[..m], &dsts[..m], false);
+                                    m = 0;
+                                }
+                                chunk_k = k;
+                                let s = pair.src as usize;
+                                cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
+                                (srcs[m], dsts[m]) = (s, (pair.kd & mask) as usize);
+                                m += 1;
+                            }
+                            if m > 0 {
+                                flush(chunk_k, &srcs[..m], &dsts[..m], false);
+                            }
+                        }
                     }
                 }
                 Ok(())
@@ -381,6 +430,65 @@ impl Operator for IndiceConv {
         });
         errors.into_result()
     }
+}
+
+/// What [`in_place_starts`] found.
+enum InPlace {
+    /// Every offset's destinations strictly ascend and every pair is in range: the tile
+    /// starts of [`Book::InPlace`].
+    Starts(Vec<usize>),
+    /// Some offset's destinations do not strictly ascend (or the table of tile starts would
+    /// be large against the rulebook): the pairs are grouped instead.
+    Unordered,
+    /// A pair is out of range.
+    OutOfRange,
+}
+
+/// The tile starts of every offset when its destinations strictly ascend, checking the
+/// pairs' ranges on the way (one pass over each offset's pairs, offsets in parallel).
+fn in_place_starts(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2], shift: u32, par: &dyn Parallel) -> Result<InPlace> {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let tiles = limits[1].div_ceil(1 << shift);
+    let total: usize = counts.iter().sum();
+    // The table (K x (tiles + 1) positions) stays well below the grouped copy's size.
+    let len = counts.len().checked_mul(tiles + 1).filter(|&n| n <= total / 2 + 4096);
+    let Some(len) = len else { return Ok(InPlace::Unordered) };
+    let mut starts = scratch::filled(len, 0usize, "IndiceConv's tile starts")?;
+    let (unordered, invalid) = (AtomicBool::new(false), AtomicBool::new(false));
+    for_each_chunk_mut(par, &mut starts, tiles + 1, |k, row| {
+        if unordered.load(Relaxed) {
+            return;
+        }
+        let (n, base) = (counts[k], k * 2 * p);
+        let src = &data[base + slots[0] * p..base + slots[0] * p + n];
+        let dst = &data[base + slots[1] * p..base + slots[1] * p + n];
+        // In blocks, so that the comparisons vectorise and a disorder stops the pass early.
+        const BLOCK: usize = 256;
+        let ascending = n < 2 || dst[..n - 1].chunks(BLOCK).zip(dst[1..].chunks(BLOCK)).all(|(a, b)| a.iter().zip(b).fold(true, |ok, (x, y)| ok & (x < y)));
+        if !ascending {
+            unordered.store(true, Relaxed);
+            return;
+        }
+        // Unsigned maxima: a negative index reads as >= 2^31.
+        let src_max = src.iter().fold(0u32, |m, &x| m.max(x as u32)) as usize;
+        if n > 0 && (src_max >= limits[0] || dst[0] < 0 || dst[n - 1] as usize >= limits[1]) {
+            invalid.store(true, Relaxed);
+            return;
+        }
+        let mut j = 0;
+        for (t, slot) in row.iter_mut().enumerate() {
+            let first = t << shift;
+            j += dst[j..].partition_point(|&d| (d as usize) < first);
+            *slot = j;
+        }
+    });
+    Ok(if unordered.into_inner() {
+        InPlace::Unordered
+    } else if invalid.into_inner() {
+        InPlace::OutOfRange
+    } else {
+        InPlace::Starts(starts)
+    })
 }
 
 /// dst[m, cout] = lhs[m, cin] @ w[cin, cout] (row-major), one single-threaded GEMM.
@@ -439,8 +547,9 @@ impl Fused {
     /// 16, 32, 64: 16 vector registers of rows; 8 measured 0-5% slower) when their output
     /// rows are distinct (a rulebook from GetIndicePairs never repeats one within an offset;
     /// where a group would, or the chunk ends first, `fused_groups` takes fewer pairs, down
-    /// to one, so each pair still adds in order).
-    fn accumulate(self, cin: usize, srcs: &[usize], dsts: &[usize], features: &[f32], w: &[f32], block: &mut [f32]) {
+    /// to one, so each pair still adds in order). `distinct`: the caller knows the output
+    /// rows are distinct (a strictly ascending offset), so groups are not checked.
+    fn accumulate(self, cin: usize, srcs: &[usize], dsts: &[usize], distinct: bool, features: &[f32], w: &[f32], block: &mut [f32]) {
         let cout = 16 * self.vectors;
         assert!(w.len() == cin * cout && srcs.len() == dsts.len());
         assert!(srcs.iter().all(|&s| (s + 1) * cin <= features.len()));
@@ -449,9 +558,9 @@ impl Fused {
             // SAFETY: `self` exists only on a CPU with AVX-512F; every source row, output
             // row and the filters are in bounds (asserted above), and `fused_groups` passes
             // a group's output rows together only when they are distinct.
-            1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, features, w, block) },
-            2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, features, w, block) },
-            4 => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, features, w, block) },
+            1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, distinct, features, w, block) },
+            2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, distinct, features, w, block) },
+            4 => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, distinct, features, w, block) },
             // The rows asserted above are 16 * vectors floats: only these three kernels match.
             v => unreachable!("IndiceConv's fused path has no kernel for {v} vectors per row"),
         }
@@ -468,6 +577,7 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(
     cin: usize,
     srcs: &[usize],
     dsts: &[usize],
+    distinct: bool,
     features: &[f32],
     w: &[f32],
     block: &mut [f32],
@@ -476,7 +586,7 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(
     let mut j = 0;
     while j < srcs.len() {
         let mut n = P.min(srcs.len() - j).next_power_of_two();
-        while n > 1 && !(j + n <= srcs.len() && (1..n).all(|a| !dsts[j..j + a].contains(&dsts[j + a]))) {
+        while n > 1 && !(j + n <= srcs.len() && (distinct || (1..n).all(|a| !dsts[j..j + a].contains(&dsts[j + a])))) {
             n /= 2;
         }
         // SAFETY: the caller's bounds hold for every pair; a group's n rows are distinct.
