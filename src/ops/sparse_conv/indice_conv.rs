@@ -97,7 +97,7 @@ enum Book {
     /// the pairs are read in place. `starts[k * (tiles + 1) + t]` is the first j of offset
     /// k whose destination is at or past tile t's first row; P is indice_pairs' last
     /// dimension. (Strictly ascending also means no output row repeats within an offset.)
-    InPlace { starts: Vec<usize>, p: usize },
+    InPlace { reads: Vec<Read>, starts: Vec<usize>, p: usize, counts: Vec<usize>, slots: [usize; 2] },
     /// Otherwise: a grouped copy, made in pieces.
     Grouped(Vec<Piece>),
 }
@@ -212,10 +212,11 @@ impl Operator for IndiceConv {
         let tiles = rows.div_ceil(1 << shift);
 
         let slots = [src_slot, dst_slot];
-        match in_place_starts(pairs.data, &counts, p, slots, [l, rows], shift, par)? {
-            InPlace::Starts(starts) => {
+        match in_place(pairs.data, &counts, p, slots, [l, rows], shift, par)? {
+            InPlace::Found(reads, starts) => {
                 let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-                return Ok((specs, Rules { l, cin, cout, rows, k_count, shift, book: Book::InPlace { starts, p } }));
+                let book = Book::InPlace { reads, starts, p, counts, slots };
+                return Ok((specs, Rules { l, cin, cout, rows, k_count, shift, book }));
             }
             InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows])),
             InPlace::Unordered => {}
@@ -313,7 +314,6 @@ impl Operator for IndiceConv {
         let filters = inputs.get::<f32>(FILTERS)?.data;
         let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
         let pairs = inputs.get::<i32>(PAIRS)?.data;
-        let (src_slot, dst_slot) = if self.inverse { (1, 0) } else { (0, 1) };
         let out = outputs.take::<f32>(0)?;
         let (cin, cout) = (r.cin, r.cout);
         if out.len() != r.rows * cout || features.len() != r.l * cin || filters.len() % (cin * cout).max(1) != 0 {
@@ -350,8 +350,8 @@ impl Operator for IndiceConv {
                 let blocks = if fused.is_some() { 0 } else { rows };
                 let mut gathered = scratch::filled(blocks * cin, 0f32, "IndiceConv's gathered rows")?;
                 let mut product = scratch::filled(blocks * cout, 0f32, "IndiceConv's product rows")?;
-                let mut srcs = scratch::filled(rows, 0usize, "IndiceConv's chunk")?;
-                let mut dsts = scratch::filled(rows, 0usize, "IndiceConv's chunk")?;
+                let mut srcs = scratch::filled(rows, 0u32, "IndiceConv's chunk")?;
+                let mut dsts = scratch::filled(rows, 0u32, "IndiceConv's chunk")?;
                 for (t, block) in (cuts[task]..cuts[task + 1]).zip(part.chunks_mut(tile_rows.saturating_mul(cout))) {
                     match bias {
                         Some(bias) => block.chunks_exact_mut(cout).for_each(|row| copy_row(row, bias)),
@@ -364,41 +364,46 @@ impl Operator for IndiceConv {
                     // source rows are prefetched as it is formed, then gathered (unless they
                     // are consecutive rows) and multiplied by filters[k]; the product rows are
                     // added to their output rows in j order.
-                    let mut flush = |k: usize, srcs: &[usize], dsts: &[usize], distinct: bool| {
+                    let mut flush = |k: usize, srcs: &[u32], dsts: &[u32], distinct: bool| {
                         let m = srcs.len();
-                        let (s0, w) = (srcs[0], &filters[k * cin * cout..(k + 1) * cin * cout]);
+                        let (s0, w) = (srcs[0] as usize, &filters[k * cin * cout..(k + 1) * cin * cout]);
                         #[cfg(target_arch = "x86_64")]
                         if let Some(fused) = fused {
                             fused.accumulate(cin, srcs, dsts, distinct, features, w, block);
                             return;
                         }
-                        let lhs = if srcs.iter().enumerate().all(|(i, &s)| s == s0 + i) {
+                        let lhs = if srcs.iter().enumerate().all(|(i, &s)| s as usize == s0 + i) {
                             &features[s0 * cin..(s0 + m) * cin]
                         } else {
                             for (row, &s) in gathered.chunks_exact_mut(cin).zip(srcs) {
+                                let s = s as usize;
                                 copy_row(row, &features[s * cin..(s + 1) * cin]);
                             }
                             &gathered[..m * cin]
                         };
                         gemm_rows(m, cin, cout, lhs, w, &mut product[..m * cout]);
                         for (&d, prod) in dsts.iter().zip(product.chunks_exact(cout)) {
+                            let d = d as usize;
                             for (o, &v) in block[d * cout..(d + 1) * cout].iter_mut().zip(prod) {
                                 *o += v;
                             }
                         }
                     };
                     match &r.book {
-                        Book::InPlace { starts, p } => {
-                            let first = t << shift;
-                            for k in 0..r.k_count {
-                                let (js, base) = (Rules::in_place(starts, tiles, k, t), k * 2 * p);
-                                let src = &pairs[base + src_slot * p..][js.clone()];
-                                let dst = &pairs[base + dst_slot * p..][js];
+                        Book::InPlace { reads, starts, p, counts, slots } => {
+                            let first = (t << shift) as u32; // < rows <= u32::MAX
+                            for (k, &how) in reads.iter().enumerate() {
+                                let js = Rules::in_place(starts, tiles, k, t);
+                                let (src, dst) = offset_pairs(pairs, counts, *p, *slots, k, how);
+                                let (src, dst) = (&src[js.clone()], &dst[js]);
                                 for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows)) {
+                                    // (Validated: sources in [0, L), destinations in this tile.)
                                     for ((sv, dv), (&s, &d)) in srcs.iter_mut().zip(dsts.iter_mut()).zip(src.iter().zip(dst)) {
+                                        (*sv, *dv) = (s as u32, (d as u32).wrapping_sub(first));
+                                    }
+                                    for &s in &srcs[..src.len()] {
                                         let s = s as usize;
                                         cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
-                                        (*sv, *dv) = (s, d as usize - first);
                                     }
                                     // Strictly ascending destinations: no row repeats.
                                     flush(k, &srcs[..src.len()], &dsts[..src.len()], true);
@@ -416,7 +421,7 @@ impl Operator for IndiceConv {
                                 chunk_k = k;
                                 let s = pair.src as usize;
                                 cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
-                                (srcs[m], dsts[m]) = (s, (pair.kd & mask) as usize);
+                                (srcs[m], dsts[m]) = (pair.src, pair.kd & mask);
                                 m += 1;
                             }
                             if m > 0 {
@@ -432,49 +437,138 @@ impl Operator for IndiceConv {
     }
 }
 
-/// What [`in_place_starts`] found.
+/// Where offset k's pairs are read in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Its own, whose destinations strictly ascend.
+    Own,
+    /// Those of the mirror offset K - 1 - k with the slots swapped: the same set of pairs
+    /// (checked), ascending by destination. A submanifold rulebook is symmetric this way:
+    /// site a reaches site b at offset k exactly when b reaches a at the opposite offset,
+    /// and each offset's pairs ascend by source, so the mirror's ascend by destination.
+    Mirror,
+    /// Neither: the rulebook is grouped instead.
+    Neither,
+}
+
+/// What [`in_place`] found.
 enum InPlace {
-    /// Every offset's destinations strictly ascend and every pair is in range: the tile
-    /// starts of [`Book::InPlace`].
-    Starts(Vec<usize>),
-    /// Some offset's destinations do not strictly ascend (or the table of tile starts would
-    /// be large against the rulebook): the pairs are grouped instead.
+    /// Every offset can be read in place and every pair is in range: how to read each, and
+    /// the tile starts of [`Book::InPlace`].
+    Found(Vec<Read>, Vec<usize>),
+    /// Some offset cannot (or the table of tile starts would be large against the
+    /// rulebook): the pairs are grouped instead (which also finds any pair out of range).
     Unordered,
     /// A pair is out of range.
     OutOfRange,
 }
 
-/// The tile starts of every offset when its destinations strictly ascend, checking the
-/// pairs' ranges on the way (one pass over each offset's pairs, offsets in parallel).
-fn in_place_starts(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2], shift: u32, par: &dyn Parallel) -> Result<InPlace> {
+/// The pairs of offset k as (sources, destinations), read as `how` says.
+fn offset_pairs<'a>(data: &'a [i32], counts: &[usize], p: usize, slots: [usize; 2], k: usize, how: Read) -> (&'a [i32], &'a [i32]) {
+    let (from, [s, d]) = match how {
+        Read::Mirror => (counts.len() - 1 - k, [slots[1], slots[0]]),
+        _ => (k, slots),
+    };
+    let (n, base) = (counts[from], from * 2 * p);
+    (&data[base + s * p..base + s * p + n], &data[base + d * p..base + d * p + n])
+}
+
+/// Whether v strictly ascends (in blocks, so that the comparisons vectorise and a
+/// disorder stops the pass early).
+fn strictly_ascending(v: &[i32]) -> bool {
+    const BLOCK: usize = 256;
+    v.len() < 2 || v[..v.len() - 1].chunks(BLOCK).zip(v[1..].chunks(BLOCK)).all(|(a, b)| a.iter().zip(b).fold(true, |ok, (x, y)| ok & (x < y)))
+}
+
+/// The largest value of v read as unsigned (a negative index reads as >= 2^31), plus one;
+/// 0 when v is empty.
+fn unsigned_end(v: &[i32]) -> usize {
+    v.iter().fold(0u32, |m, &x| m.max(x as u32)) as usize + usize::from(!v.is_empty())
+}
+
+/// Whether every pair of `these` is one of `mirror`'s, given that the mirror's destinations
+/// are distinct and its pairs in range: the mirror's are written to `table` (one entry per
+/// output row, allocated on first use) by destination, tagged with k so that a stale entry
+/// of another offset never matches, and each of these is looked up.
+fn mirror_matches(table: &mut Vec<u64>, rows: usize, k: usize, mirror: [&[i32]; 2], these: [&[i32]; 2]) -> Result<bool> {
+    if table.is_empty() {
+        *table = scratch::filled(rows, u64::MAX, "IndiceConv's mirror check")?;
+    }
+    let tag = |s: i32| (k as u64) << 32 | u64::from(s as u32);
+    for (&s, &d) in mirror[0].iter().zip(mirror[1]) {
+        table[d as usize] = tag(s);
+    }
+    Ok(these[0].iter().zip(these[1]).fold(true, |ok, (&s, &d)| ok & (table.get(d as u32 as usize) == Some(&tag(s)))))
+}
+
+/// How each offset can be read in place, checking the pairs' ranges on the way, and the
+/// tile starts: one pass over each offset's pairs (a mirrored offset: three, one of them
+/// reading a table of the output rows at random), offsets in parallel.
+fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2], shift: u32, par: &dyn Parallel) -> Result<InPlace> {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    let tiles = limits[1].div_ceil(1 << shift);
+    let [l, rows] = limits;
+    let tiles = rows.div_ceil(1 << shift);
     let total: usize = counts.iter().sum();
     // The table (K x (tiles + 1) positions) stays well below the grouped copy's size.
     let len = counts.len().checked_mul(tiles + 1).filter(|&n| n <= total / 2 + 4096);
     let Some(len) = len else { return Ok(InPlace::Unordered) };
-    let mut starts = scratch::filled(len, 0usize, "IndiceConv's tile starts")?;
+    let mut reads = scratch::filled(counts.len(), Read::Neither, "IndiceConv's offsets")?;
     let (unordered, invalid) = (AtomicBool::new(false), AtomicBool::new(false));
+    let errors = FirstError::default();
+    // A few offsets per task, which share one table for the mirror checks.
+    let per_task = counts.len().div_ceil(MAX_PLAN_PIECES).max(1);
+    for_each_chunk_mut(par, &mut reads, per_task, |task, reads| {
+        let mut table: Vec<u64> = Vec::new();
+        for (i, read) in reads.iter_mut().enumerate() {
+            if unordered.load(Relaxed) {
+                return;
+            }
+            let k = task * per_task + i;
+            let (src, dst) = offset_pairs(data, counts, p, slots, k, Read::Own);
+            // Strictly ascending destinations are in range when the first and last are.
+            let in_rows = |d: &[i32]| d.first().is_none_or(|&d| d >= 0) && d.last().is_none_or(|&d| (d as usize) < rows);
+            if strictly_ascending(dst) {
+                if unsigned_end(src) > l || !in_rows(dst) {
+                    invalid.store(true, Relaxed);
+                    return;
+                }
+                *read = Read::Own;
+                continue;
+            }
+            // The mirror holds the same pairs when its count is the same, its pairs are
+            // distinct with each destination once (destinations strictly ascend) and in
+            // range, these pairs are distinct (sources strictly ascend) and each of them
+            // is one of the mirror's (looked up by destination, so also in range).
+            let (m_src, m_dst) = offset_pairs(data, counts, p, slots, k, Read::Mirror);
+            let same = m_src.len() == src.len()
+                && strictly_ascending(m_dst)
+                && in_rows(m_dst)
+                && unsigned_end(m_src) <= l
+                && strictly_ascending(src)
+                && match mirror_matches(&mut table, rows, k, [m_src, m_dst], [src, dst]) {
+                    Ok(same) => same,
+                    Err(e) => {
+                        errors.record(Err(e));
+                        false
+                    }
+                };
+            if !same {
+                unordered.store(true, Relaxed);
+                return;
+            }
+            *read = Read::Mirror;
+        }
+    });
+    errors.into_result()?;
+    if unordered.into_inner() {
+        return Ok(InPlace::Unordered);
+    }
+    if invalid.into_inner() {
+        return Ok(InPlace::OutOfRange);
+    }
+    let mut starts = scratch::filled(len, 0usize, "IndiceConv's tile starts")?;
     for_each_chunk_mut(par, &mut starts, tiles + 1, |k, row| {
-        if unordered.load(Relaxed) {
-            return;
-        }
-        let (n, base) = (counts[k], k * 2 * p);
-        let src = &data[base + slots[0] * p..base + slots[0] * p + n];
-        let dst = &data[base + slots[1] * p..base + slots[1] * p + n];
-        // In blocks, so that the comparisons vectorise and a disorder stops the pass early.
-        const BLOCK: usize = 256;
-        let ascending = n < 2 || dst[..n - 1].chunks(BLOCK).zip(dst[1..].chunks(BLOCK)).all(|(a, b)| a.iter().zip(b).fold(true, |ok, (x, y)| ok & (x < y)));
-        if !ascending {
-            unordered.store(true, Relaxed);
-            return;
-        }
-        // Unsigned maxima: a negative index reads as >= 2^31.
-        let src_max = src.iter().fold(0u32, |m, &x| m.max(x as u32)) as usize;
-        if n > 0 && (src_max >= limits[0] || dst[0] < 0 || dst[n - 1] as usize >= limits[1]) {
-            invalid.store(true, Relaxed);
-            return;
-        }
+        let (_, dst) = offset_pairs(data, counts, p, slots, k, reads[k]);
         let mut j = 0;
         for (t, slot) in row.iter_mut().enumerate() {
             let first = t << shift;
@@ -482,13 +576,7 @@ fn in_place_starts(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], 
             *slot = j;
         }
     });
-    Ok(if unordered.into_inner() {
-        InPlace::Unordered
-    } else if invalid.into_inner() {
-        InPlace::OutOfRange
-    } else {
-        InPlace::Starts(starts)
-    })
+    Ok(InPlace::Found(reads, starts))
 }
 
 /// dst[m, cout] = lhs[m, cin] @ w[cin, cout] (row-major), one single-threaded GEMM.
@@ -524,63 +612,89 @@ pub fn gemm_rows(m: usize, cin: usize, cout: usize, lhs: &[f32], w: &[f32], dst:
     }
 }
 
-/// Proof that this CPU has AVX-512F and that Cout is 16, 32 or 64: only [`Fused::detect`]
-/// makes one. At those widths a chunk's products are accumulated straight into the output
-/// rows (no gathered block, no product block, no adds): there the gathers and adds around a
-/// GEMM took about as long as the GEMM (benches/indice_conv.rs).
+/// Proof that this CPU has AVX-512F and that Cout is 16, 32, 64 or 128: only
+/// [`Fused::detect`] makes one. At those widths a chunk's products are accumulated straight
+/// into the output rows (no gathered block, no product block, no adds): at 16-64 the
+/// gathers and adds around a GEMM took about as long as the GEMM (benches/indice_conv.rs).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Fused {
+    /// Vectors of 16 floats per column block (1, 2 or 4).
     vectors: usize,
+    cout: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Fused {
     fn detect(cout: usize) -> Option<Self> {
-        // std caches the CPU's features after the first query.
-        (matches!(cout, 16 | 32 | 64) && std::arch::is_x86_feature_detected!("avx512f")).then_some(Fused { vectors: cout / 16 })
+        // std caches the CPU's features after the first query. Cout 128 is two blocks of 64
+        // columns, so that a block's filters (Cin x 64) stay in L1.
+        let vectors = match cout {
+            16 | 32 | 64 | 128 => std::env::var(format!("IC_V{cout}")).ok().and_then(|v| v.parse().ok()).unwrap_or((cout / 16).min(4)),
+            _ => return None,
+        };
+        if vectors == 0 { return None; }
+        std::arch::is_x86_feature_detected!("avx512f").then_some(Fused { vectors, cout })
     }
 
     /// block[d] += features[s] @ w for each pair (s, d) of one offset k: each output
     /// element gets x[s, i] * w[i, c] added for i = 0, 1, ..., one fused multiply-add (one
-    /// rounding) each, pair after pair in j order. Pairs are taken 16, 8 or 4 at a time (Cout
-    /// 16, 32, 64: 16 vector registers of rows; 8 measured 0-5% slower) when their output
-    /// rows are distinct (a rulebook from GetIndicePairs never repeats one within an offset;
-    /// where a group would, or the chunk ends first, `fused_groups` takes fewer pairs, down
-    /// to one, so each pair still adds in order). `distinct`: the caller knows the output
-    /// rows are distinct (a strictly ascending offset), so groups are not checked.
-    fn accumulate(self, cin: usize, srcs: &[usize], dsts: &[usize], distinct: bool, features: &[f32], w: &[f32], block: &mut [f32]) {
-        let cout = 16 * self.vectors;
-        assert!(w.len() == cin * cout && srcs.len() == dsts.len());
-        assert!(srcs.iter().all(|&s| (s + 1) * cin <= features.len()));
-        assert!(dsts.iter().all(|&d| (d + 1) * cout <= block.len()));
-        match self.vectors {
-            // SAFETY: `self` exists only on a CPU with AVX-512F; every source row, output
-            // row and the filters are in bounds (asserted above), and `fused_groups` passes
-            // a group's output rows together only when they are distinct.
-            1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, distinct, features, w, block) },
-            2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, distinct, features, w, block) },
-            4 => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, distinct, features, w, block) },
-            // The rows asserted above are 16 * vectors floats: only these three kernels match.
-            v => unreachable!("IndiceConv's fused path has no kernel for {v} vectors per row"),
+    /// rounding) each, pair after pair in j order, one column block after another. Pairs
+    /// are taken 16, 8 or 4 at a time (blocks of 16, 32, 64 columns: 16 vector registers of
+    /// rows; 8 measured 0-5% slower) when their output rows are distinct (a rulebook from
+    /// GetIndicePairs never repeats one within an offset; where a group would, or the chunk
+    /// ends first, `fused_groups` takes fewer pairs, down to one, so each pair still adds in
+    /// order). `distinct`: the caller knows the output rows are distinct (a strictly
+    /// ascending offset), so groups are not checked.
+    fn accumulate(self, cin: usize, srcs: &[u32], dsts: &[u32], distinct: bool, features: &[f32], w: &[f32], block: &mut [f32]) {
+        let cout = self.cout;
+        assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout % (16 * self.vectors) == 0);
+        // (Folds of comparisons, which vectorise.)
+        let (l, rows) = (features.len() / cin.max(1), block.len() / cout);
+        assert!(!srcs.iter().fold(false, |bad, &s| bad | (s as usize >= l)) || cin == 0);
+        assert!(!dsts.iter().fold(false, |bad, &d| bad | (d as usize >= rows)));
+        for col in (0..cout).step_by(16 * self.vectors) {
+            let at = Columns { cout, col };
+            match self.vectors {
+                // SAFETY: `self` exists only on a CPU with AVX-512F; every source row, output
+                // row and the filters are in bounds (asserted above), the block of columns
+                // lies within Cout, and `fused_groups` passes a group's output rows together
+                // only when they are distinct (or the caller vouches, with `distinct`).
+                1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, distinct, features, w, block, at) },
+                2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, distinct, features, w, block, at) },
+                4 => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, distinct, features, w, block, at) },
+                // `detect` makes only these three.
+                v => unreachable!("IndiceConv's fused path has no kernel for {v} vectors per block"),
+            }
         }
     }
 }
 
-/// [`Fused::accumulate`] with Z vectors per row, P pairs at a time, or P / 2, P / 4, ... 1
-/// where the next P pairs run out or repeat an output row (the bits do not depend on it).
-/// SAFETY (caller): AVX-512F; w holds cin * 16Z floats; every (s + 1) * cin <= features.len()
-/// and every (d + 1) * 16Z <= block.len().
+/// A block of 16Z columns starting at `col` of rows (and filter rows) of `cout` floats.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Columns {
+    cout: usize,
+    col: usize,
+}
+
+/// [`Fused::accumulate`] for one block of Z vectors, P pairs at a time, or P / 2, P / 4, ...
+/// 1 where the next P pairs run out or repeat an output row (the bits do not depend on it).
+/// SAFETY (caller): AVX-512F; col + 16Z <= cout; w holds cin * cout floats; every (s + 1) *
+/// cin <= features.len() and every (d + 1) * cout <= block.len(); with `distinct`, no output
+/// row repeats.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn fused_groups<const Z: usize, const P: usize>(
     cin: usize,
-    srcs: &[usize],
-    dsts: &[usize],
+    srcs: &[u32],
+    dsts: &[u32],
     distinct: bool,
     features: &[f32],
     w: &[f32],
     block: &mut [f32],
+    at: Columns,
 ) {
     let (x, out) = (features.as_ptr(), block.as_mut_ptr());
     let mut j = 0;
@@ -592,11 +706,11 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(
         // SAFETY: the caller's bounds hold for every pair; a group's n rows are distinct.
         unsafe {
             match n {
-                16 => fused_pairs::<Z, 16>(cin, &srcs[j..], &dsts[j..], x, out, w),
-                8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], x, out, w),
-                4 => fused_pairs::<Z, 4>(cin, &srcs[j..], &dsts[j..], x, out, w),
-                2 => fused_pairs::<Z, 2>(cin, &srcs[j..], &dsts[j..], x, out, w),
-                _ => fused_pairs::<Z, 1>(cin, &srcs[j..], &dsts[j..], x, out, w),
+                16 => fused_pairs::<Z, 16>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
+                8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
+                4 => fused_pairs::<Z, 4>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
+                2 => fused_pairs::<Z, 2>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
+                _ => fused_pairs::<Z, 1>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
             }
         }
         j += n;
@@ -608,27 +722,28 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[usize], dsts: &[usize], x: *const f32, out: *mut f32, w: &[f32]) {
+unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[u32], dsts: &[u32], x: *const f32, out: *mut f32, w: &[f32], at: Columns) {
     // SAFETY: the caller's bounds hold for these pairs and their rows are distinct.
     unsafe {
-        fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] * cin)), std::array::from_fn(|p| out.add(dsts[p] * 16 * Z)), w.as_ptr())
+        let rows = std::array::from_fn(|p| out.add(dsts[p] as usize * at.cout + at.col));
+        fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] as usize * cin)), rows, w.as_ptr().add(at.col), at.cout)
     }
 }
 
-/// out[p] += x[p] @ w for P pairs, the P output rows (16Z floats each) held in registers
-/// while the cin products are added in i order.
+/// out[p] += x[p] @ w for P pairs, the P output rows' 16Z floats held in registers while
+/// the cin products are added in i order; filter row i starts at w + i * stride.
 /// SAFETY (caller): AVX-512F; each x[p] readable for cin floats, each out[p] for 16Z floats
-/// and distinct, w for cin * 16Z floats.
+/// and distinct, w + i * stride for 16Z floats for every i < cin.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn fused_group<const Z: usize, const P: usize>(cin: usize, x: [*const f32; P], out: [*mut f32; P], w: *const f32) {
+unsafe fn fused_group<const Z: usize, const P: usize>(cin: usize, x: [*const f32; P], out: [*mut f32; P], w: *const f32, stride: usize) {
     use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
     // SAFETY: every pointer stays within the rows the caller vouches for.
     unsafe {
         let mut acc: [[_; Z]; P] = std::array::from_fn(|p| std::array::from_fn(|z| _mm512_loadu_ps(out[p].add(16 * z))));
         for i in 0..cin {
-            let wi: [_; Z] = std::array::from_fn(|z| _mm512_loadu_ps(w.add(i * 16 * Z + 16 * z)));
+            let wi: [_; Z] = std::array::from_fn(|z| _mm512_loadu_ps(w.add(i * stride + 16 * z)));
             for (row, xp) in acc.iter_mut().zip(x) {
                 let xi = _mm512_set1_ps(*xp.add(i));
                 for (a, wz) in row.iter_mut().zip(wi) {
