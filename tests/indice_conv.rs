@@ -933,20 +933,97 @@ fn fused_order(c: &Conv) -> Vec<f32> {
 }
 
 #[test]
-fn cout_16_32_64_on_avx512_add_each_product_by_one_fma_in_channel_order() {
-    // On a CPU with AVX-512F (this machine's) Cout 16, 32 and 64 take the fused path: the
-    // bits must be exactly its order; elsewhere the GEMM path's, within the class. Random
-    // rulebooks repeat destinations within an offset, so groups of pairs with a repeated
-    // row (taken pair by pair) are covered too.
+fn cout_16_32_64_128_on_avx512_add_each_product_by_one_fma_in_channel_order() {
+    // On a CPU with AVX-512F (this machine's) Cout 16, 32, 64 and 128 take the fused path:
+    // the bits must be exactly its order; elsewhere the GEMM path's, within the class.
+    // Random rulebooks repeat destinations within an offset, so groups of pairs with a
+    // repeated row (taken pair by pair) are covered too.
     let fused = cfg!(target_arch = "x86_64") && is_avx512f();
     let mut rng = Rng(19);
-    for (l, cin, cout, k, p, num_out) in [(300, 7, 16, 27, 200, 250), (200, 32, 32, 8, 300, 90), (90, 5, 64, 3, 400, 60), (50, 16, 16, 1, 600, 9)] {
+    for (l, cin, cout, k, p, num_out) in
+        [(300, 7, 16, 27, 200, 250), (200, 32, 32, 8, 300, 90), (90, 5, 64, 3, 400, 60), (50, 16, 16, 1, 600, 9), (80, 24, 128, 5, 150, 70)]
+    {
         for bias in [false, true] {
             let conv = random_conv(&mut rng, l, cin, cout, k, p, num_out, bias);
             let got = check(&conv, false);
             if fused {
                 assert_eq!(bits(&got), bits(&fused_order(&conv)), "Cin {cin} Cout {cout} K {k}");
             }
+        }
+    }
+}
+
+/// `c` with the valid pairs of every offset in a random order: the same pairs, so with no
+/// destination repeated within an offset every output element sums the same products in
+/// the same order, but no offset's sources or destinations ascend any more.
+fn shuffled_within_offsets(rng: &mut Rng, c: &Conv) -> Conv {
+    let mut s = c.clone();
+    for k in 0..c.k {
+        let n = c.num[k] as usize;
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        for slot in 0..2 {
+            let base = (k * 2 + slot) * c.p;
+            for (j, &o) in order.iter().enumerate() {
+                s.pairs[base + j] = c.pairs[base + o];
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn submanifold_rulebooks_in_any_site_order_give_the_bits_of_the_same_pairs_shuffled() {
+    // A submanifold rulebook over sites in (batch, z, y, x) order has every offset's
+    // destinations ascending; over sites in generation order its offsets ascend by source
+    // and their mirror offsets by destination; shuffled within each offset, neither. The
+    // kernel reads the first two in place (directly, or through the mirror offset) and
+    // groups the third: at the fused path's widths (AVX-512F) all three must give the bits
+    // of the fused order exactly, elsewhere results within the class (in `check`).
+    let fused = cfg!(target_arch = "x86_64") && is_avx512f();
+    let mut rng = Rng(23);
+    let g = Geometry::subm(2, [8, 40, 40], [3, 3, 3], [1; 3]);
+    for (cin, cout, n) in [(5, 16, 6000), (16, 16, 6000), (16, 32, 4000), (32, 64, 2000), (24, 128, 1200), (16, 48, 1500)] {
+        let sites = clustered_sites(&mut rng, &g, n);
+        let mut sorted = sites.clone();
+        sorted.sort();
+        for sites in [&sites, &sorted] {
+            let conv = conv_on_sites(&mut rng, &g, sites, cin, cout, true);
+            let shuffled = shuffled_within_offsets(&mut rng, &conv);
+            let (got, got_shuffled) = (check(&conv, false), check(&shuffled, false));
+            if fused && cout != 48 {
+                assert_eq!(bits(&got), bits(&fused_order(&conv)), "Cin {cin} Cout {cout}");
+                assert_eq!(bits(&got_shuffled), bits(&got), "Cin {cin} Cout {cout}, shuffled");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_mirror_offset_that_differs_by_one_pair_is_not_read_in_its_place() {
+    // Offsets whose pairs ascend by source but whose mirror offset holds other pairs (one
+    // source changed, one destination changed, or one pair fewer, with the count kept by
+    // moving a pair): reading the mirror would be wrong, so the result must still follow
+    // the offsets' own pairs (the rulebook reference, in `check`).
+    let mut rng = Rng(24);
+    let g = Geometry::subm(1, [6, 30, 30], [3, 3, 3], [1; 3]);
+    let sites = clustered_sites(&mut rng, &g, 1500);
+    let base = conv_on_sites(&mut rng, &g, &sites, 16, 16, false);
+    let (k, p) = (3, base.p);
+    let n = base.num[k] as usize;
+    assert!(n > 3, "offset {k} has pairs");
+    let mut one_source = base.clone();
+    one_source.pairs[(k * 2) * p + n / 2] = (one_source.pairs[(k * 2) * p + n / 2] + 1).min(one_source.pairs[(k * 2) * p + n / 2 + 1] - 1);
+    let mut one_destination = base.clone();
+    one_destination.pairs[(k * 2 + 1) * p + n / 2] = ((one_destination.pairs[(k * 2 + 1) * p + n / 2] + 1) % base.num_out as i32).max(0);
+    let mut one_fewer = base.clone();
+    one_fewer.num[k] -= 1;
+    for (what, conv) in [("one source", &one_source), ("one destination", &one_destination), ("one pair fewer", &one_fewer)] {
+        let got = check(conv, false);
+        if cfg!(target_arch = "x86_64") && is_avx512f() {
+            assert_eq!(bits(&got), bits(&fused_order(conv)), "{what}");
         }
     }
 }
