@@ -3,34 +3,41 @@
 //! for every valid pair of every kernel offset k, after `bias`.
 //!
 //! Gather -> GEMM -> scatter, tiled by output rows:
-//! - `plan` validates the rulebook and groups its pairs by *row tile* (2^shift consecutive
+//! - `plan` validates the rulebook and finds each *row tile*'s pairs (2^shift consecutive
 //!   output rows; the power of two is chosen from the shapes and the pair counts alone: about
-//!   TILE_PAIRS_PER_OFFSET pairs per offset, an output block of at most TILE_OUT_BYTES) with
-//!   a stable counting sort, so each tile's pairs stay in (k, j) order. The sort runs in
-//!   parallel over fixed pieces of the (k, j) sequence; each piece keeps its own grouped
-//!   copy, and a tile's pairs are its segments of the pieces read in piece order, which is
-//!   the (k, j) order whatever the pieces are.
+//!   TILE_PAIRS_PER_OFFSET pairs per offset, an output block of at most TILE_OUT_BYTES), in
+//!   (k, j) order within each offset's destinations. Read in place when it can: an offset
+//!   whose destinations strictly ascend (a submanifold rulebook over sites in (batch, z, y,
+//!   x) order, as every rulebook after a strided layer is) has each tile's pairs at one
+//!   range of j; otherwise, a submanifold offset (ascending by source, as GetIndicePairs
+//!   emits) holds the same pairs as its mirror offset read with the slots swapped, which
+//!   ascend by destination: checked pair by pair, then read instead. (With no destination
+//!   repeated within an offset, the order of an offset's pairs changes no output's sum.)
+//!   Any other rulebook is grouped by tile with a stable counting sort, run in parallel over
+//!   fixed pieces of the (k, j) sequence; each piece keeps its own grouped copy, and a
+//!   tile's pairs are its segments of the pieces read in piece order, which is the (k, j)
+//!   order whatever the pieces are.
 //! - `execute` gives each task whole tiles. A tile's output block starts as `bias` and stays
-//!   in L2 while the tile walks its pairs in (k, j) order, in *chunks*: consecutive pairs of
+//!   in L2 while the tile walks its pairs offset by offset, in *chunks*: consecutive pairs of
 //!   one offset k, at most `chunk_rows` of them (CHUNK_BYTES for the gathered block and its
 //!   product, in L1/L2). A chunk prefetches its source rows as it is formed, gathers them
 //!   into a [m, Cin] block (or reads them in place when they are consecutive rows, as the
 //!   submanifold centre offset's are), multiplies it by filters[k] with one single-threaded
 //!   GEMM (the `gemm` crate, Parallelism::None) into a [m, Cout] block, and adds that
-//!   block's rows to their output rows in j order.
-//! - With Cout 16, 32 or 64 on a CPU with AVX-512F the chunk needs no blocks: each pair's
-//!   products are fused multiply-added straight into its output row, held in registers
-//!   (`Fused`); chunks are then FUSED_CHUNK_ROWS pairs, so that their prefetched rows are
-//!   still in L1.
+//!   block's rows to their output rows in order.
+//! - With Cout 16, 32, 64 or 128 on a CPU with AVX-512F the chunk needs no blocks: each
+//!   pair's products are fused multiply-added straight into its output row, held in
+//!   registers (`Fused`); chunks are then FUSED_CHUNK_ROWS pairs, so that their prefetched
+//!   rows are still in L1.
 //!
 //! Determinism: every output element is `bias`, then plus d(k, j) for its pairs in (k, j)
 //! order, each sum rounded to float32, where d(k, j) is the float32 dot product
 //! `features[src, :] . filters[k][:, c]` as the GEMM computes it (fused multiply-adds in the
 //! GEMM's order) within its chunk. On the fused path each pair instead adds its Cin products
 //! to the output element one fused multiply-add at a time, in input-channel order. The
-//! chunks (and so each GEMM's shape and each row's place in it) and the path are a function
-//! of the inputs' shapes, the rulebook and the CPU alone: not of the thread count, of how
-//! tasks are split, or of the plan's pieces. So the result is bit-identical across runs and
+//! chunks (and so each GEMM's shape and each row's place in it), the way the pairs are read
+//! and the path are a function of the inputs' shapes, the rulebook and the CPU alone: not
+//! of the thread count, of how tasks are split, or of the plan's pieces. So the result is bit-identical across runs and
 //! thread counts. (The path and the GEMM's kernels are picked by the CPU's instruction set:
 //! another CPU may round differently, within the accumulating class.)
 //! No MLU kernel: the EP declines it.
@@ -57,7 +64,7 @@ const TILE_PAIRS_PER_OFFSET: usize = 256;
 const MIN_TILE_ROWS: usize = 16;
 /// A chunk's gathered block plus its product, at most (rows of Cin + Cout floats).
 const CHUNK_BYTES: usize = 128 * 1024;
-/// A chunk's pairs on the fused path (Cout 16, 32 or 64 with AVX-512F: no blocks, only
+/// A chunk's pairs on the fused path (Cout 16, 32, 64 or 128 with AVX-512F: no blocks, only
 /// prefetched rows); 16-128 measured within 5% of each other, 512-2048 8-15% slower.
 const FUSED_CHUNK_ROWS: usize = 32;
 /// Multiply-adds per execution task, roughly.
@@ -92,11 +99,11 @@ struct Piece {
 /// How the execution finds a tile's pairs.
 #[derive(Debug)]
 enum Book {
-    /// Every offset's destinations strictly ascend in j (a submanifold rulebook over sites in
-    /// (batch, z, y, x) order, which is what GetIndicePairs' non-submanifold outputs are):
-    /// the pairs are read in place. `starts[k * (tiles + 1) + t]` is the first j of offset
-    /// k whose destination is at or past tile t's first row; P is indice_pairs' last
-    /// dimension. (Strictly ascending also means no output row repeats within an offset.)
+    /// Every offset's pairs are read in place, as `reads` says (own or mirror), ascending by
+    /// destination: `starts[k * (tiles + 1) + t]` is the first of them whose destination is
+    /// at or past tile t's first row; P is indice_pairs' last dimension, `slots` the source
+    /// and destination slots. (Strictly ascending also means no output row repeats within
+    /// an offset.)
     InPlace { reads: Vec<Read>, starts: Vec<usize>, p: usize, counts: Vec<usize>, slots: [usize; 2] },
     /// Otherwise: a grouped copy, made in pieces.
     Grouped(Vec<Piece>),
@@ -367,9 +374,11 @@ impl Operator for IndiceConv {
                     let mut flush = |k: usize, srcs: &[u32], dsts: &[u32], distinct: bool| {
                         let m = srcs.len();
                         let (s0, w) = (srcs[0] as usize, &filters[k * cin * cout..(k + 1) * cin * cout]);
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let _ = distinct; // only the fused path uses it
                         #[cfg(target_arch = "x86_64")]
                         if let Some(fused) = fused {
-                            fused.accumulate(cin, srcs, dsts, distinct, features, w, block);
+                            fused.accumulate(cin, Chunk { srcs, dsts, distinct }, features, w, block);
                             return;
                         }
                         let lhs = if srcs.iter().enumerate().all(|(i, &s)| s as usize == s0 + i) {
@@ -647,9 +656,9 @@ impl Fused {
     /// ends first, `fused_groups` takes fewer pairs, down to one, so each pair still adds in
     /// order). `distinct`: the caller knows the output rows are distinct (a strictly
     /// ascending offset), so groups are not checked.
-    fn accumulate(self, cin: usize, srcs: &[u32], dsts: &[u32], distinct: bool, features: &[f32], w: &[f32], block: &mut [f32]) {
-        let cout = self.cout;
-        assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout % (16 * self.vectors) == 0);
+    fn accumulate(self, cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32]) {
+        let (cout, Chunk { srcs, dsts, .. }) = (self.cout, chunk);
+        assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout.is_multiple_of(16 * self.vectors));
         // (Folds of comparisons, which vectorise.)
         let (l, rows) = (features.len() / cin.max(1), block.len() / cout);
         assert!(!srcs.iter().fold(false, |bad, &s| bad | (s as usize >= l)) || cin == 0);
@@ -661,14 +670,24 @@ impl Fused {
                 // row and the filters are in bounds (asserted above), the block of columns
                 // lies within Cout, and `fused_groups` passes a group's output rows together
                 // only when they are distinct (or the caller vouches, with `distinct`).
-                1 => unsafe { fused_groups::<1, 16>(cin, srcs, dsts, distinct, features, w, block, at) },
-                2 => unsafe { fused_groups::<2, 8>(cin, srcs, dsts, distinct, features, w, block, at) },
-                4 => unsafe { fused_groups::<4, 4>(cin, srcs, dsts, distinct, features, w, block, at) },
+                1 => unsafe { fused_groups::<1, 16>(cin, chunk, features, w, block, at) },
+                2 => unsafe { fused_groups::<2, 8>(cin, chunk, features, w, block, at) },
+                4 => unsafe { fused_groups::<4, 4>(cin, chunk, features, w, block, at) },
                 // `detect` makes only these three.
                 v => unreachable!("IndiceConv's fused path has no kernel for {v} vectors per block"),
             }
         }
     }
+}
+
+/// One chunk's pairs: source rows, output rows within the tile's block, and whether the
+/// caller knows those output rows to be distinct.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Chunk<'a> {
+    srcs: &'a [u32],
+    dsts: &'a [u32],
+    distinct: bool,
 }
 
 /// A block of 16Z columns starting at `col` of rows (and filter rows) of `cout` floats.
@@ -686,17 +705,8 @@ struct Columns {
 /// row repeats.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn fused_groups<const Z: usize, const P: usize>(
-    cin: usize,
-    srcs: &[u32],
-    dsts: &[u32],
-    distinct: bool,
-    features: &[f32],
-    w: &[f32],
-    block: &mut [f32],
-    at: Columns,
-) {
+unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32], at: Columns) {
+    let Chunk { srcs, dsts, distinct } = chunk;
     let (x, out) = (features.as_ptr(), block.as_mut_ptr());
     let mut j = 0;
     while j < srcs.len() {
