@@ -482,23 +482,28 @@ fn offset_pairs<'a>(data: &'a [i32], counts: &[usize], p: usize, slots: [usize; 
     (&data[base + s * p..base + s * p + n], &data[base + d * p..base + d * p + n])
 }
 
-/// Whether v strictly ascends (in blocks, so that the comparisons vectorise and a
-/// disorder stops the pass early).
-fn strictly_ascending(v: &[i32]) -> bool {
+/// Whether `keys` strictly ascend, and if so the largest of `values` read as unsigned (a
+/// negative index reads as >= 2^31), plus one (0 when empty): one pass, in blocks so that
+/// it vectorises and a disorder stops it early.
+fn ascending_end(keys: &[i32], values: &[i32]) -> Option<usize> {
     const BLOCK: usize = 256;
-    v.len() < 2 || v[..v.len() - 1].chunks(BLOCK).zip(v[1..].chunks(BLOCK)).all(|(a, b)| a.iter().zip(b).fold(true, |ok, (x, y)| ok & (x < y)))
+    let mut max = 0u32;
+    for (i, v) in values.chunks(BLOCK).enumerate() {
+        let k = &keys[i * BLOCK..(i * BLOCK + v.len() + 1).min(keys.len())];
+        let ascending = k.iter().zip(&k[1..]).fold(true, |ok, (x, y)| ok & (x < y));
+        if !ascending {
+            return None;
+        }
+        max = v.iter().fold(max, |m, &x| m.max(x as u32));
+    }
+    Some(max as usize + usize::from(!values.is_empty()))
 }
 
-/// The largest value of v read as unsigned (a negative index reads as >= 2^31), plus one;
-/// 0 when v is empty.
-fn unsigned_end(v: &[i32]) -> usize {
-    v.iter().fold(0u32, |m, &x| m.max(x as u32)) as usize + usize::from(!v.is_empty())
-}
-
-/// Whether every pair of `these` is one of `mirror`'s, given that the mirror's destinations
-/// are distinct and its pairs in range: the mirror's are written to `table` (one entry per
-/// output row, allocated on first use) by destination, tagged with k so that a stale entry
-/// of another offset never matches, and each of these is looked up.
+/// Whether `these` pairs are distinct (their sources strictly ascend) and each is one of
+/// `mirror`'s, given that the mirror's destinations are distinct and its pairs in range:
+/// the mirror's are written to `table` (one entry per output row, allocated on first use)
+/// by destination, tagged with k so that a stale entry of another offset never matches,
+/// and each of these is looked up.
 fn mirror_matches(table: &mut Vec<u64>, rows: usize, k: usize, mirror: [&[i32]; 2], these: [&[i32]; 2]) -> Result<bool> {
     if table.is_empty() {
         *table = scratch::filled(rows, u64::MAX, "IndiceConv's mirror check")?;
@@ -507,7 +512,12 @@ fn mirror_matches(table: &mut Vec<u64>, rows: usize, k: usize, mirror: [&[i32]; 
     for (&s, &d) in mirror[0].iter().zip(mirror[1]) {
         table[d as usize] = tag(s);
     }
-    Ok(these[0].iter().zip(these[1]).fold(true, |ok, (&s, &d)| ok & (table.get(d as u32 as usize) == Some(&tag(s)))))
+    let (mut ok, mut previous) = (true, None);
+    for (&s, &d) in these[0].iter().zip(these[1]) {
+        ok &= previous < Some(s) && table.get(d as u32 as usize) == Some(&tag(s));
+        previous = Some(s);
+    }
+    Ok(ok)
 }
 
 /// How each offset can be read in place, checking the pairs' ranges on the way, and the
@@ -536,8 +546,8 @@ fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits:
             let (src, dst) = offset_pairs(data, counts, p, slots, k, Read::Own);
             // Strictly ascending destinations are in range when the first and last are.
             let in_rows = |d: &[i32]| d.first().is_none_or(|&d| d >= 0) && d.last().is_none_or(|&d| (d as usize) < rows);
-            if strictly_ascending(dst) {
-                if unsigned_end(src) > l || !in_rows(dst) {
+            if let Some(src_end) = ascending_end(dst, src) {
+                if src_end > l || !in_rows(dst) {
                     invalid.store(true, Relaxed);
                     return;
                 }
@@ -550,10 +560,8 @@ fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits:
             // is one of the mirror's (looked up by destination, so also in range).
             let (m_src, m_dst) = offset_pairs(data, counts, p, slots, k, Read::Mirror);
             let same = m_src.len() == src.len()
-                && strictly_ascending(m_dst)
+                && ascending_end(m_dst, m_src).is_some_and(|end| end <= l)
                 && in_rows(m_dst)
-                && unsigned_end(m_src) <= l
-                && strictly_ascending(src)
                 && match mirror_matches(&mut table, rows, k, [m_src, m_dst], [src, dst]) {
                     Ok(same) => same,
                     Err(e) => {
