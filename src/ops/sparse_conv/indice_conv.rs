@@ -341,6 +341,21 @@ impl Operator for IndiceConv {
         let fused = Fused::detect(cout);
         #[cfg(not(target_arch = "x86_64"))]
         let fused: Option<()> = None;
+        // The fused path loads whole filter rows: from a 64-byte-aligned copy when the input
+        // is not aligned (a load across two cache lines costs two; 128 -> 128 measured 18%
+        // slower with the filters 16 bytes off).
+        let aligned: Vec<f32>;
+        let filters = match fused {
+            Some(_) if filters.as_ptr().align_offset(64) != 0 => {
+                let mut copy = scratch::filled(filters.len() + 15, 0f32, "IndiceConv's aligned filters")?;
+                // (At most 15 floats; align_offset may decline, and then the copy is as is.)
+                let at = copy.as_ptr().align_offset(64).min(15);
+                copy[at..at + filters.len()].copy_from_slice(filters);
+                aligned = copy;
+                &aligned[at..at + filters.len()]
+            }
+            _ => filters,
+        };
         let chunk_rows = match fused {
             // Prefetched source rows must still be in L1 when the fused kernel reads them.
             Some(_) => FUSED_CHUNK_ROWS,
