@@ -425,9 +425,15 @@ impl Operator for IndiceConv {
                                     for ((sv, dv), (&s, &d)) in srcs.iter_mut().zip(dsts.iter_mut()).zip(src.iter().zip(dst)) {
                                         (*sv, *dv) = (s as u32, (d as u32).wrapping_sub(first));
                                     }
-                                    for &s in &srcs[..src.len()] {
-                                        let s = s as usize;
-                                        cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
+                                    // A mirrored offset's sources are in the sites' order, not
+                                    // the tile's: prefetched. (An own offset's, in a submanifold
+                                    // rulebook over sorted sites, ascend with their destinations:
+                                    // prefetching them measured 6-8% slower at 32 and 64 channels.)
+                                    if how == Read::Mirror {
+                                        for &s in &srcs[..src.len()] {
+                                            let s = s as usize;
+                                            cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
+                                        }
                                     }
                                     // Strictly ascending destinations: no row repeats.
                                     flush(k, &srcs[..src.len()], &dsts[..src.len()], true);
