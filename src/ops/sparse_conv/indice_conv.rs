@@ -679,8 +679,9 @@ impl Fused {
     /// block[d] += features[s] @ w for each pair (s, d) of one offset k: each output
     /// element gets x[s, i] * w[i, c] added for i = 0, 1, ..., one fused multiply-add (one
     /// rounding) each, pair after pair in j order, one column block after another. Pairs
-    /// are taken 16, 8 or 4 at a time (blocks of 16, 32, 64 columns: 16 vector registers of
-    /// rows; 8 measured 0-5% slower) when their output rows are distinct (a rulebook from
+    /// are taken 8, 8 or 4 at a time (blocks of 16, 32, 64 columns: 8-16 vector registers of
+    /// rows, enough to hide the multiply-adds' latency; 16 pairs of 16 columns, whose row
+    /// pointers no longer fit the registers, measured 3-4% slower) when their output rows are distinct (a rulebook from
     /// GetIndicePairs never repeats one within an offset; where a group would, or the chunk
     /// ends first, `fused_groups` takes fewer pairs, down to one, so each pair still adds in
     /// order). `distinct`: the caller knows the output rows are distinct (a strictly
@@ -699,7 +700,7 @@ impl Fused {
                 // row and the filters are in bounds (asserted above), the block of columns
                 // lies within Cout, and `fused_groups` passes a group's output rows together
                 // only when they are distinct (or the caller vouches, with `distinct`).
-                1 => unsafe { fused_groups::<1, 16>(cin, chunk, features, w, block, at) },
+                1 => unsafe { fused_groups::<1, 8>(cin, chunk, features, w, block, at) },
                 2 => unsafe { fused_groups::<2, 8>(cin, chunk, features, w, block, at) },
                 4 => unsafe { fused_groups::<4, 4>(cin, chunk, features, w, block, at) },
                 // `detect` makes only these three.
@@ -746,7 +747,6 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<
         // SAFETY: the caller's bounds hold for every pair; a group's n rows are distinct.
         unsafe {
             match n {
-                16 => fused_pairs::<Z, 16>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
                 8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
                 4 => fused_pairs::<Z, 4>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
                 2 => fused_pairs::<Z, 2>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
