@@ -372,8 +372,8 @@ impl Operator for IndiceConv {
                 let blocks = if fused.is_some() { 0 } else { rows };
                 let mut gathered = scratch::filled(blocks * cin, 0f32, "IndiceConv's gathered rows")?;
                 let mut product = scratch::filled(blocks * cout, 0f32, "IndiceConv's product rows")?;
-                let mut srcs = scratch::filled(rows, 0u32, "IndiceConv's chunk")?;
-                let mut dsts = scratch::filled(rows, 0u32, "IndiceConv's chunk")?;
+                let mut srcs = scratch::filled(rows, 0i32, "IndiceConv's chunk")?;
+                let mut dsts = scratch::filled(rows, 0i32, "IndiceConv's chunk")?;
                 for (t, block) in (cuts[task]..cuts[task + 1]).zip(part.chunks_mut(tile_rows.saturating_mul(cout))) {
                     match bias {
                         Some(bias) => block.chunks_exact_mut(cout).for_each(|row| copy_row(row, bias)),
@@ -382,18 +382,18 @@ impl Operator for IndiceConv {
                     if cin == 0 {
                         continue; // every product is an empty sum: the output is the bias
                     }
-                    // One chunk: consecutive pairs of one offset k, at most chunk_rows. Its
-                    // source rows are prefetched as it is formed, then gathered (unless they
-                    // are consecutive rows) and multiplied by filters[k]; the product rows are
-                    // added to their output rows in j order.
-                    let mut flush = |k: usize, srcs: &[u32], dsts: &[u32], distinct: bool| {
+                    // One chunk: consecutive pairs of one offset k, at most chunk_rows, source
+                    // rows and output rows (minus `base`, within the tile). Its source rows
+                    // are gathered (unless they are consecutive rows) and multiplied by
+                    // filters[k]; the product rows are added to their output rows in order.
+                    let mut flush = |k: usize, srcs: &[i32], dsts: &[i32], base: i32, distinct: bool| {
                         let m = srcs.len();
                         let (s0, w) = (srcs[0] as usize, &filters[k * cin * cout..(k + 1) * cin * cout]);
                         #[cfg(not(target_arch = "x86_64"))]
                         let _ = distinct; // only the fused path uses it
                         #[cfg(target_arch = "x86_64")]
                         if let Some(fused) = fused {
-                            fused.accumulate(cin, Chunk { srcs, dsts, distinct }, features, w, block);
+                            fused.accumulate(cin, Chunk { srcs, dsts, base, distinct }, features, w, block);
                             return;
                         }
                         let lhs = if srcs.iter().enumerate().all(|(i, &s)| s as usize == s0 + i) {
@@ -407,7 +407,7 @@ impl Operator for IndiceConv {
                         };
                         gemm_rows(m, cin, cout, lhs, w, &mut product[..m * cout]);
                         for (&d, prod) in dsts.iter().zip(product.chunks_exact(cout)) {
-                            let d = d as usize;
+                            let d = d.wrapping_sub(base) as usize;
                             for (o, &v) in block[d * cout..(d + 1) * cout].iter_mut().zip(prod) {
                                 *o += v;
                             }
@@ -415,28 +415,26 @@ impl Operator for IndiceConv {
                     };
                     match &r.book {
                         Book::InPlace { reads, starts, p, counts, slots } => {
-                            let first = (t << shift) as u32; // < rows <= u32::MAX
+                            // A tile holding a destination starts below 2^31.
+                            let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
                                 let js = Rules::in_place(starts, tiles, k, t);
                                 let (src, dst) = offset_pairs(pairs, counts, *p, *slots, k, how);
                                 let (src, dst) = (&src[js.clone()], &dst[js]);
+                                // (Validated: sources in [0, L), destinations in this tile.)
                                 for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows)) {
-                                    // (Validated: sources in [0, L), destinations in this tile.)
-                                    for ((sv, dv), (&s, &d)) in srcs.iter_mut().zip(dsts.iter_mut()).zip(src.iter().zip(dst)) {
-                                        (*sv, *dv) = (s as u32, (d as u32).wrapping_sub(first));
-                                    }
                                     // A mirrored offset's sources are in the sites' order, not
                                     // the tile's: prefetched. (An own offset's, in a submanifold
                                     // rulebook over sorted sites, ascend with their destinations:
                                     // prefetching them measured 6-8% slower at 32 and 64 channels.)
                                     if how == Read::Mirror {
-                                        for &s in &srcs[..src.len()] {
+                                        for &s in src {
                                             let s = s as usize;
                                             cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
                                         }
                                     }
                                     // Strictly ascending destinations: no row repeats.
-                                    flush(k, &srcs[..src.len()], &dsts[..src.len()], true);
+                                    flush(k, src, dst, first, true);
                                 }
                             }
                         }
@@ -445,17 +443,18 @@ impl Operator for IndiceConv {
                             for pair in pieces.iter().flat_map(|p| &p.pairs[p.starts[t]..p.starts[t + 1]]) {
                                 let k = (pair.kd >> shift) as usize;
                                 if m == chunk_rows || (m > 0 && k != chunk_k) {
-                                    flush(chunk_k, &srcs[..m], &dsts[..m], false);
+                                    flush(chunk_k, &srcs[..m], &dsts[..m], 0, false);
                                     m = 0;
                                 }
                                 chunk_k = k;
                                 let s = pair.src as usize;
                                 cache::prefetch_read(&features[s * cin..(s + 1) * cin]);
-                                (srcs[m], dsts[m]) = (pair.src, pair.kd & mask);
+                                // (Sources came from int32 values, local rows are below 2^shift <= 2^31.)
+                                (srcs[m], dsts[m]) = (pair.src as i32, (pair.kd & mask) as i32);
                                 m += 1;
                             }
                             if m > 0 {
-                                flush(chunk_k, &srcs[..m], &dsts[..m], false);
+                                flush(chunk_k, &srcs[..m], &dsts[..m], 0, false);
                             }
                         }
                     }
@@ -687,12 +686,12 @@ impl Fused {
     /// order). `distinct`: the caller knows the output rows are distinct (a strictly
     /// ascending offset), so groups are not checked.
     fn accumulate(self, cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32]) {
-        let (cout, Chunk { srcs, dsts, .. }) = (self.cout, chunk);
+        let (cout, Chunk { srcs, dsts, base, .. }) = (self.cout, chunk);
         assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout.is_multiple_of(16 * self.vectors));
         // (Folds of comparisons, which vectorise.)
         let (l, rows) = (features.len() / cin.max(1), block.len() / cout);
-        assert!(!srcs.iter().fold(false, |bad, &s| bad | (s as usize >= l)) || cin == 0);
-        assert!(!dsts.iter().fold(false, |bad, &d| bad | (d as usize >= rows)));
+        assert!(!srcs.iter().fold(false, |bad, &s| bad | (s as u32 as usize >= l)) || cin == 0);
+        assert!(!dsts.iter().fold(false, |bad, &d| bad | (d.wrapping_sub(base) as u32 as usize >= rows)));
         for col in (0..cout).step_by(16 * self.vectors) {
             let at = Columns { cout, col };
             match self.vectors {
@@ -710,13 +709,14 @@ impl Fused {
     }
 }
 
-/// One chunk's pairs: source rows, output rows within the tile's block, and whether the
-/// caller knows those output rows to be distinct.
+/// One chunk's pairs: source rows, output rows (row `d - base` of the tile's block), and
+/// whether the caller knows those output rows to be distinct.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Chunk<'a> {
-    srcs: &'a [u32],
-    dsts: &'a [u32],
+    srcs: &'a [i32],
+    dsts: &'a [i32],
+    base: i32,
     distinct: bool,
 }
 
@@ -736,7 +736,7 @@ struct Columns {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32], at: Columns) {
-    let Chunk { srcs, dsts, distinct } = chunk;
+    let Chunk { srcs, dsts, base, distinct } = chunk;
     let (x, out) = (features.as_ptr(), block.as_mut_ptr());
     let mut j = 0;
     while j < srcs.len() {
@@ -747,10 +747,10 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<
         // SAFETY: the caller's bounds hold for every pair; a group's n rows are distinct.
         unsafe {
             match n {
-                8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
-                4 => fused_pairs::<Z, 4>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
-                2 => fused_pairs::<Z, 2>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
-                _ => fused_pairs::<Z, 1>(cin, &srcs[j..], &dsts[j..], x, out, w, at),
+                8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], base, x, out, w, at),
+                4 => fused_pairs::<Z, 4>(cin, &srcs[j..], &dsts[j..], base, x, out, w, at),
+                2 => fused_pairs::<Z, 2>(cin, &srcs[j..], &dsts[j..], base, x, out, w, at),
+                _ => fused_pairs::<Z, 1>(cin, &srcs[j..], &dsts[j..], base, x, out, w, at),
             }
         }
         j += n;
@@ -762,11 +762,12 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[u32], dsts: &[u32], x: *const f32, out: *mut f32, w: &[f32], at: Columns) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[i32], dsts: &[i32], base: i32, x: *const f32, out: *mut f32, w: &[f32], at: Columns) {
     // SAFETY: the caller's bounds hold for these pairs and their rows are distinct.
     unsafe {
-        let rows = std::array::from_fn(|p| out.add(dsts[p] as usize * at.cout + at.col));
-        fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] as usize * cin)), rows, w.as_ptr().add(at.col), at.cout)
+        let rows = std::array::from_fn(|p| out.add(dsts[p].wrapping_sub(base) as u32 as usize * at.cout + at.col));
+        fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] as u32 as usize * cin)), rows, w.as_ptr().add(at.col), at.cout)
     }
 }
 
