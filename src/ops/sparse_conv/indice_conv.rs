@@ -688,10 +688,11 @@ impl Fused {
     fn accumulate(self, cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32]) {
         let (cout, Chunk { srcs, dsts, base, .. }) = (self.cout, chunk);
         assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout.is_multiple_of(16 * self.vectors));
-        // (Folds of comparisons, which vectorise.)
         let (l, rows) = (features.len() / cin.max(1), block.len() / cout);
-        assert!(!srcs.iter().fold(false, |bad, &s| bad | (s as u32 as usize >= l)) || cin == 0);
-        assert!(!dsts.iter().fold(false, |bad, &d| bad | (d.wrapping_sub(base) as u32 as usize >= rows)));
+        // SAFETY: `self` exists only on a CPU with AVX-512F.
+        assert!(unsafe { all_below(srcs, 0, l) } || cin == 0);
+        // SAFETY: as above.
+        assert!(unsafe { all_below(dsts, base, rows) });
         for col in (0..cout).step_by(16 * self.vectors) {
             let at = Columns { cout, col };
             match self.vectors {
@@ -707,6 +708,17 @@ impl Fused {
             }
         }
     }
+}
+
+/// Whether every `v - base` (wrapping, read as unsigned) is below `limit`: a fold of
+/// comparisons, vectorised with AVX-512 (it runs once per chunk).
+/// SAFETY (caller): AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn all_below(v: &[i32], base: i32, limit: usize) -> bool {
+    // (Rows are below 2^31: a limit beyond u32 can be taken as u32::MAX.)
+    let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+    v.iter().fold(true, |ok, &x| ok & ((x.wrapping_sub(base) as u32) < limit))
 }
 
 /// One chunk's pairs: source rows, output rows (row `d - base` of the tile's block), and
