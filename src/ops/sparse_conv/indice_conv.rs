@@ -5,8 +5,8 @@
 //! Gather -> GEMM -> scatter, tiled by output rows:
 //! - `plan` validates the rulebook and finds each *row tile*'s pairs (2^shift consecutive
 //!   output rows; the power of two is chosen from the shapes and the pair counts alone: about
-//!   TILE_PAIRS_PER_OFFSET pairs per offset, an output block of at most TILE_OUT_BYTES), in
-//!   (k, j) order within each offset's destinations. Read in place when it can: an offset
+//!   TILE_PAIRS_PER_OFFSET pairs per offset, an output block of at most TILE_OUT_BYTES),
+//!   offset by offset. Read in place when it can: an offset
 //!   whose destinations strictly ascend (a submanifold rulebook over sites in (batch, z, y,
 //!   x) order, as every rulebook after a strided layer is) has each tile's pairs at one
 //!   range of j; otherwise, a submanifold offset (ascending by source, as GetIndicePairs
@@ -20,8 +20,8 @@
 //! - `execute` gives each task whole tiles. A tile's output block starts as `bias` and stays
 //!   in L2 while the tile walks its pairs offset by offset, in *chunks*: consecutive pairs of
 //!   one offset k, at most `chunk_rows` of them (CHUNK_BYTES for the gathered block and its
-//!   product, in L1/L2). A chunk prefetches its source rows as it is formed, gathers them
-//!   into a [m, Cin] block (or reads them in place when they are consecutive rows, as the
+//!   product, in L1/L2). A chunk prefetches its source rows as it is formed (unless they
+//!   ascend: an own offset read in place), gathers them into a [m, Cin] block (or reads them in place when they are consecutive rows, as the
 //!   submanifold centre offset's are), multiplies it by filters[k] with one single-threaded
 //!   GEMM (the `gemm` crate, Parallelism::None) into a [m, Cout] block, and adds that
 //!   block's rows to their output rows in order.
@@ -372,8 +372,10 @@ impl Operator for IndiceConv {
                 let blocks = if fused.is_some() { 0 } else { rows };
                 let mut gathered = scratch::filled(blocks * cin, 0f32, "IndiceConv's gathered rows")?;
                 let mut product = scratch::filled(blocks * cout, 0f32, "IndiceConv's product rows")?;
-                let mut srcs = scratch::filled(rows, 0i32, "IndiceConv's chunk")?;
-                let mut dsts = scratch::filled(rows, 0i32, "IndiceConv's chunk")?;
+                // Index buffers only for grouped pairs (in-place chunks are the rulebook's).
+                let indexed = if matches!(r.book, Book::Grouped(_)) { rows } else { 0 };
+                let mut srcs = scratch::filled(indexed, 0i32, "IndiceConv's chunk")?;
+                let mut dsts = scratch::filled(indexed, 0i32, "IndiceConv's chunk")?;
                 for (t, block) in (cuts[task]..cuts[task + 1]).zip(part.chunks_mut(tile_rows.saturating_mul(cout))) {
                     match bias {
                         Some(bias) => block.chunks_exact_mut(cout).for_each(|row| copy_row(row, bias)),
@@ -476,8 +478,6 @@ enum Read {
     /// site a reaches site b at offset k exactly when b reaches a at the opposite offset,
     /// and each offset's pairs ascend by source, so the mirror's ascend by destination.
     Mirror,
-    /// Neither: the rulebook is grouped instead.
-    Neither,
 }
 
 /// What [`in_place`] found.
@@ -496,7 +496,7 @@ enum InPlace {
 fn offset_pairs<'a>(data: &'a [i32], counts: &[usize], p: usize, slots: [usize; 2], k: usize, how: Read) -> (&'a [i32], &'a [i32]) {
     let (from, [s, d]) = match how {
         Read::Mirror => (counts.len() - 1 - k, [slots[1], slots[0]]),
-        _ => (k, slots),
+        Read::Own => (k, slots),
     };
     let (n, base) = (counts[from], from * 2 * p);
     (&data[base + s * p..base + s * p + n], &data[base + d * p..base + d * p + n])
@@ -532,12 +532,19 @@ fn mirror_matches(table: &mut Vec<u64>, rows: usize, k: usize, mirror: [&[i32]; 
     for (&s, &d) in mirror[0].iter().zip(mirror[1]) {
         table[d as usize] = tag(s);
     }
-    let (mut ok, mut previous) = (true, None);
-    for (&s, &d) in these[0].iter().zip(these[1]) {
-        ok &= previous < Some(s) && table.get(d as u32 as usize) == Some(&tag(s));
-        previous = Some(s);
+    // In blocks, so that a rulebook that is not symmetric stops early.
+    let mut previous = None;
+    for (src, dst) in these[0].chunks(256).zip(these[1].chunks(256)) {
+        let mut ok = true;
+        for (&s, &d) in src.iter().zip(dst) {
+            ok &= previous < Some(s) && table.get(d as u32 as usize) == Some(&tag(s));
+            previous = Some(s);
+        }
+        if !ok {
+            return Ok(false);
+        }
     }
-    Ok(ok)
+    Ok(true)
 }
 
 /// How each offset can be read in place, checking the pairs' ranges on the way, and the
@@ -551,7 +558,8 @@ fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits:
     // The table (K x (tiles + 1) positions) stays well below the grouped copy's size.
     let len = counts.len().checked_mul(tiles + 1).filter(|&n| n <= total / 2 + 4096);
     let Some(len) = len else { return Ok(InPlace::Unordered) };
-    let mut reads = scratch::filled(counts.len(), Read::Neither, "IndiceConv's offsets")?;
+    // (Every entry is set below, or the answer is Unordered.)
+    let mut reads = scratch::filled(counts.len(), Read::Own, "IndiceConv's offsets")?;
     let (unordered, invalid) = (AtomicBool::new(false), AtomicBool::new(false));
     let errors = FirstError::default();
     // A few offsets per task, which share one table for the mirror checks.
@@ -675,16 +683,18 @@ impl Fused {
         std::arch::is_x86_feature_detected!("avx512f").then_some(Fused { vectors, cout })
     }
 
-    /// block[d] += features[s] @ w for each pair (s, d) of one offset k: each output
+    /// block[d - base] += features[s] @ w for each pair (s, d) of one offset k: each output
     /// element gets x[s, i] * w[i, c] added for i = 0, 1, ..., one fused multiply-add (one
-    /// rounding) each, pair after pair in j order, one column block after another. Pairs
-    /// are taken 8, 8 or 4 at a time (blocks of 16, 32, 64 columns: 8-16 vector registers of
-    /// rows, enough to hide the multiply-adds' latency; 16 pairs of 16 columns, whose row
-    /// pointers no longer fit the registers, measured 3-4% slower) when their output rows are distinct (a rulebook from
-    /// GetIndicePairs never repeats one within an offset; where a group would, or the chunk
-    /// ends first, `fused_groups` takes fewer pairs, down to one, so each pair still adds in
-    /// order). `distinct`: the caller knows the output rows are distinct (a strictly
-    /// ascending offset), so groups are not checked.
+    /// rounding) each, pair after pair in the chunk's order, one column block after another.
+    /// Pairs are taken 8, 8 or 4 at a time (blocks of 16, 32, 64 columns: 8-16 vector
+    /// registers of rows, enough to hide the multiply-adds' latency; 16 pairs of 16 columns,
+    /// whose row pointers no longer fit the registers, measured 3-4% slower) when their
+    /// output rows are distinct (a rulebook from GetIndicePairs never repeats one within an
+    /// offset; where a group would, or the chunk ends first, `fused_groups` takes fewer
+    /// pairs, down to one, so each pair still adds in order). `distinct`: the caller knows
+    /// the output rows are distinct (a strictly ascending offset), so groups are not
+    /// checked. (A group holding one row twice would lose one of its two sums: a wrong
+    /// result, but every access stays within the asserted rows.)
     fn accumulate(self, cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32]) {
         let (cout, Chunk { srcs, dsts, base, .. }) = (self.cout, chunk);
         assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout.is_multiple_of(16 * self.vectors));
@@ -697,9 +707,8 @@ impl Fused {
             let at = Columns { cout, col };
             match self.vectors {
                 // SAFETY: `self` exists only on a CPU with AVX-512F; every source row, output
-                // row and the filters are in bounds (asserted above), the block of columns
-                // lies within Cout, and `fused_groups` passes a group's output rows together
-                // only when they are distinct (or the caller vouches, with `distinct`).
+                // row and the filters are in bounds (asserted above), and the block of
+                // columns lies within Cout (a multiple of its width).
                 1 => unsafe { fused_groups::<1, 8>(cin, chunk, features, w, block, at) },
                 2 => unsafe { fused_groups::<2, 8>(cin, chunk, features, w, block, at) },
                 4 => unsafe { fused_groups::<4, 4>(cin, chunk, features, w, block, at) },
@@ -743,8 +752,7 @@ struct Columns {
 /// [`Fused::accumulate`] for one block of Z vectors, P pairs at a time, or P / 2, P / 4, ...
 /// 1 where the next P pairs run out or repeat an output row (the bits do not depend on it).
 /// SAFETY (caller): AVX-512F; col + 16Z <= cout; w holds cin * cout floats; every (s + 1) *
-/// cin <= features.len() and every (d + 1) * cout <= block.len(); with `distinct`, no output
-/// row repeats.
+/// cin <= features.len() and every (d - base + 1) * cout <= block.len().
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32], at: Columns) {
@@ -756,7 +764,7 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<
         while n > 1 && !(j + n <= srcs.len() && (distinct || (1..n).all(|a| !dsts[j..j + a].contains(&dsts[j + a])))) {
             n /= 2;
         }
-        // SAFETY: the caller's bounds hold for every pair; a group's n rows are distinct.
+        // SAFETY: the caller's bounds hold for every pair, and j + n <= srcs.len().
         unsafe {
             match n {
                 8 => fused_pairs::<Z, 8>(cin, &srcs[j..], &dsts[j..], base, x, out, w, at),
@@ -770,13 +778,14 @@ unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<
 }
 
 /// The first N pairs of srcs / dsts through [`fused_group`].
-/// SAFETY (caller): as [`fused_groups`]'; at least N pairs, their output rows distinct.
+/// SAFETY (caller): as [`fused_groups`]'; at least N pairs. (Their output rows should be
+/// distinct for the right sums; repeated ones stay in bounds.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
 unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[i32], dsts: &[i32], base: i32, x: *const f32, out: *mut f32, w: &[f32], at: Columns) {
-    // SAFETY: the caller's bounds hold for these pairs and their rows are distinct.
+    // SAFETY: the caller's bounds hold for these N pairs and this block of columns.
     unsafe {
         let rows = std::array::from_fn(|p| out.add(dsts[p].wrapping_sub(base) as u32 as usize * at.cout + at.col));
         fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] as u32 as usize * cin)), rows, w.as_ptr().add(at.col), at.cout)
@@ -785,8 +794,9 @@ unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[i32], 
 
 /// out[p] += x[p] @ w for P pairs, the P output rows' 16Z floats held in registers while
 /// the cin products are added in i order; filter row i starts at w + i * stride.
-/// SAFETY (caller): AVX-512F; each x[p] readable for cin floats, each out[p] for 16Z floats
-/// and distinct, w + i * stride for 16Z floats for every i < cin.
+/// SAFETY (caller): AVX-512F; each x[p] readable for cin floats, each out[p] readable and
+/// writable for 16Z floats (all rows are loaded before any is stored, so a repeated row
+/// loses a sum but touches nothing else), w + i * stride for 16Z floats for every i < cin.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -855,10 +865,12 @@ fn first_bad_pair(inputs: &Inputs<'_>, data: &[i32], counts: &[usize], p: usize,
 mod tests {
     use super::*;
 
-    /// How `in_place` reads a rulebook of K = 3 offsets with P = 4, L = num_out = 4.
-    fn reads(k0: [[i32; 2]; 2], k1: [[i32; 4]; 2], k2: [[i32; 2]; 2], counts: [usize; 3], slots: [usize; 2]) -> Option<Vec<Read>> {
-        let pad = |v: [i32; 2]| [v[0], v[1], -1, -1];
-        let data: Vec<i32> = [pad(k0[0]), pad(k0[1]), k1[0], k1[1], pad(k2[0]), pad(k2[1])].concat();
+    /// How `in_place` reads a rulebook of offsets given as (slot 0, slot 1), P = 4 (padded
+    /// with -1), L = num_out = 4, one tile.
+    fn reads_of(offsets: &[(&[i32], &[i32])], slots: [usize; 2]) -> Option<Vec<Read>> {
+        let pad = |v: &[i32]| (0..4).map(|j| v.get(j).copied().unwrap_or(-1)).collect::<Vec<_>>();
+        let data: Vec<i32> = offsets.iter().flat_map(|&(a, b)| [pad(a), pad(b)].concat()).collect();
+        let counts: Vec<usize> = offsets.iter().map(|o| o.0.len()).collect();
         match in_place(&data, &counts, 4, slots, [4, 4], 4, &crate::parallel::Serial).expect("no allocation fails") {
             InPlace::Found(reads, starts) => {
                 // One tile: each offset's range is all of its pairs.
@@ -868,6 +880,12 @@ mod tests {
             InPlace::Unordered => None,
             InPlace::OutOfRange => Some(vec![]),
         }
+    }
+
+    /// [`reads_of`] for K = 3: offsets 0 and 2 of two pairs, offset 1 of four.
+    fn reads(k0: [[i32; 2]; 2], k1: [[i32; 4]; 2], k2: [[i32; 2]; 2], counts: [usize; 3], slots: [usize; 2]) -> Option<Vec<Read>> {
+        let (k0, k2) = ([&k0[0][..counts[0]], &k0[1][..counts[0]]], [&k2[0][..counts[2]], &k2[1][..counts[2]]]);
+        reads_of(&[(k0[0], k0[1]), (&k1[0][..counts[1]], &k1[1][..counts[1]]), (k2[0], k2[1])], slots)
     }
 
     #[test]
@@ -885,8 +903,11 @@ mod tests {
         assert_eq!(reads(k0, k1, [[0, 2], [3, 1]], [2, 4, 2], [0, 1]), None);
         assert_eq!(reads(k0, k1, [[0, 3], [2, 1]], [2, 4, 2], [0, 1]), None);
         assert_eq!(reads(k0, k1, k2, [1, 4, 2], [0, 1]), None);
-        // A repeated pair (sources not strictly ascending), though each is in the mirror.
-        assert_eq!(reads([[1, 1], [2, 2]], k1, [[2, 2], [1, 1]], [2, 4, 2], [0, 1]), None);
+        // A repeated pair (sources not strictly ascending), though each is in the mirror,
+        // whose own destinations ascend.
+        assert_eq!(reads([[1, 1], [1, 1]], k1, [[0, 1], [0, 1]], [2, 4, 2], [0, 1]), None);
+        // The mirror holds these pairs and one more (its own check then fails too).
+        assert_eq!(reads_of(&[(&[1, 2], &[2, 0]), (&k1[0], &k1[1]), (&[0, 2, 3], &[2, 1, 3])], [0, 1]), None);
         // A mirror pair out of range: grouped (whose checks name it).
         assert_eq!(reads(k0, k1, [[0, 2], [2, 4]], [2, 4, 2], [0, 1]), None);
         // Out of range in an offset read directly.
@@ -894,6 +915,21 @@ mod tests {
         assert_eq!(reads(k0, [[0, 1, 2, -1], [0, 1, 2, 3]], k2, [2, 4, 2], [0, 1]), Some(vec![]));
         assert_eq!(reads(k0, [[0, 1, 2, 3], [0, 1, 2, 4]], k2, [2, 4, 2], [0, 1]), Some(vec![]));
         assert_eq!(reads(k0, [[0, 1, 2, 3], [-1, 1, 2, 3]], k2, [2, 4, 2], [0, 1]), Some(vec![]));
+    }
+
+    #[test]
+    fn a_stale_mirror_entry_of_another_offset_never_matches() {
+        // K = 9: one task checks offsets 0 and 1 with one table. Offset 1's pairs are those
+        // of offset 0, whose mirror (8) left them in the table; its own mirror (7) holds
+        // others. Untagged entries would let offset 1 through.
+        type Offset<'a> = (&'a [i32], &'a [i32]);
+        let (a, b): Offset = (&[1, 2], &[2, 0]);
+        let (empty, seven, eight): (Offset, Offset, Offset) = ((&[], &[]), (&[1, 3], &[1, 3]), (&[0, 2], &[2, 1]));
+        let offsets = [(a, b), (a, b), empty, empty, empty, empty, empty, seven, eight];
+        assert_eq!(reads_of(&offsets, [0, 1]), None);
+        // With offset 1 emptied (and its mirror, 7) the rest is read in place.
+        let offsets = [(a, b), empty, empty, empty, empty, empty, empty, empty, eight];
+        assert_eq!(reads_of(&offsets, [0, 1]), Some([vec![Read::Mirror], vec![Read::Own; 7], vec![Read::Mirror]].concat()));
     }
 
     #[test]
