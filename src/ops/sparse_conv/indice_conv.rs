@@ -6,25 +6,25 @@
 //! - `plan` validates the rulebook and finds each *row tile*'s pairs (2^shift consecutive
 //!   output rows; the power of two is chosen from the shapes and the pair counts alone: about
 //!   TILE_PAIRS_PER_OFFSET pairs per offset, an output block of at most TILE_OUT_BYTES),
-//!   offset by offset. Read in place when it can: an offset
-//!   whose destinations strictly ascend (a submanifold rulebook over sites in (batch, z, y,
-//!   x) order, as every rulebook after a strided layer is) has each tile's pairs at one
-//!   range of j; otherwise, a submanifold offset (ascending by source, as GetIndicePairs
-//!   emits) holds the same pairs as its mirror offset read with the slots swapped, which
-//!   ascend by destination: checked pair by pair, then read instead. (With no destination
-//!   repeated within an offset, the order of an offset's pairs changes no output's sum.)
-//!   Any other rulebook is grouped by tile with a stable counting sort, run in parallel over
-//!   fixed pieces of the (k, j) sequence; each piece keeps its own grouped copy, and a
-//!   tile's pairs are its segments of the pieces read in piece order, which is the (k, j)
-//!   order whatever the pieces are.
+//!   offset by offset. In place when it can: an offset whose destinations strictly ascend (a
+//!   submanifold rulebook over sites in (batch, z, y, x) order, as every rulebook after a
+//!   strided layer is) has each tile's pairs at one range of j; otherwise a submanifold
+//!   offset (ascending by source, as GetIndicePairs emits) holds the same pairs as its mirror
+//!   offset read with the slots swapped, which ascend by destination: checked pair by pair,
+//!   then read instead. (With no destination repeated within an offset, the order of an
+//!   offset's pairs changes no output's sum.) Any other rulebook is grouped by tile with a
+//!   stable counting sort, run in parallel over fixed pieces of the (k, j) sequence; each
+//!   piece keeps its own grouped copy, and a tile's pairs are its segments of the pieces
+//!   read in piece order, which is the (k, j) order whatever the pieces are.
 //! - `execute` gives each task whole tiles. A tile's output block starts as `bias` and stays
 //!   in L2 while the tile walks its pairs offset by offset, in *chunks*: consecutive pairs of
 //!   one offset k, at most `chunk_rows` of them (CHUNK_BYTES for the gathered block and its
 //!   product, in L1/L2). A chunk prefetches its source rows as it is formed (unless they
-//!   ascend: an own offset read in place), gathers them into a [m, Cin] block (or reads them in place when they are consecutive rows, as the
-//!   submanifold centre offset's are), multiplies it by filters[k] with one single-threaded
-//!   GEMM (the `gemm` crate, Parallelism::None) into a [m, Cout] block, and adds that
-//!   block's rows to their output rows in order.
+//!   ascend: an own offset read in place), gathers them into a [m, Cin] block (or reads them
+//!   in place when they are consecutive rows, as the submanifold centre offset's are),
+//!   multiplies it by filters[k] with one single-threaded GEMM (the `gemm` crate,
+//!   Parallelism::None) into a [m, Cout] block, and adds that block's rows to their output
+//!   rows in order.
 //! - With Cout 16, 32, 64 or 128 on a CPU with AVX-512F the chunk needs no blocks: each
 //!   pair's products are fused multiply-added straight into its output row, held in
 //!   registers (`Fused`); chunks are then FUSED_CHUNK_ROWS pairs, so that their prefetched
@@ -37,8 +37,8 @@
 //! to the output element one fused multiply-add at a time, in input-channel order. The
 //! chunks (and so each GEMM's shape and each row's place in it), the way the pairs are read
 //! and the path are a function of the inputs' shapes, the rulebook and the CPU alone: not
-//! of the thread count, of how tasks are split, or of the plan's pieces. So the result is bit-identical across runs and
-//! thread counts. (The path and the GEMM's kernels are picked by the CPU's instruction set:
+//! of the thread count, of how tasks are split, or of the plan's pieces. So the result is
+//! bit-identical across runs and thread counts. (The path and the GEMM's kernels are picked by the CPU's instruction set:
 //! another CPU may round differently, within the accumulating class.)
 //! No MLU kernel: the EP declines it.
 
