@@ -28,6 +28,11 @@ impl Layout {
         let masks = widths.map(|w| if w == 0 { 0 } else { u32::MAX >> (u32::BITS - w) });
         Layout { shifts, masks, bits: acc }
     }
+
+    /// The x field's mask (x is the lowest field, at shift 0).
+    pub(super) fn x_mask(&self) -> u32 {
+        self.masks[3]
+    }
 }
 
 /// An unsigned integer holding packed sites.
@@ -38,6 +43,8 @@ pub(super) trait Key: Copy + Ord + Send + Sync + 'static {
     /// `(self >> shift) & mask`: a radix digit, or (mask = usize::MAX) a key prefix that
     /// the caller knows fits in usize.
     fn digit(self, shift: u32, mask: usize) -> usize;
+    /// The key with x (the lowest field, 0 in `self`) set to `x`, which fits its mask.
+    fn with_x(self, x: u32) -> Self;
 }
 
 macro_rules! key_impl {
@@ -53,6 +60,9 @@ macro_rules! key_impl {
             }
             fn digit(self, shift: u32, mask: usize) -> usize {
                 (self.wrapping_shr(shift) as usize) & mask
+            }
+            fn with_x(self, x: u32) -> Self {
+                self | <$t>::from(x)
             }
         }
     };

@@ -346,16 +346,20 @@ pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: i
             continue;
         }
         let x = i64::from(c[3]);
-        let line = |x: i64| K::pack(layout, [c[0], tz as u32, ty as u32, x as u32]);
+        // The target line's key with x = 0; x values in [0, max[2]] fit its mask.
+        let line0 = K::pack(layout, [c[0], tz as u32, ty as u32, 0]);
+        let line = |x: i64| line0.with_x(x as u32);
         match book.x_window {
             Some(p) => {
                 let (start, end) = (line((x - p).max(0)), line((x + p).min(max[2])));
                 while j < n && sites[j].0 < start {
                     j += 1;
                 }
-                // At most kw active sites lie in the window (sites are unique).
+                // At most kw active sites lie in the window (sites are unique); their x is
+                // the key's lowest field.
+                let x_mask = layout.x_mask() as usize;
                 for &(found, to) in sites[j.min(n)..].iter().take_while(|s| s.0 <= end) {
-                    let kx = (x + p - i64::from(found.unpack(layout)[3])) as usize;
+                    let kx = (x + p - found.digit(0, x_mask) as i64) as usize;
                     set(kx, row as usize, to as i32);
                 }
             }
