@@ -38,8 +38,9 @@
 //! chunks (and so each GEMM's shape and each row's place in it), the way the pairs are read
 //! and the path are a function of the inputs' shapes, the rulebook and the CPU alone: not
 //! of the thread count, of how tasks are split, or of the plan's pieces. So the result is
-//! bit-identical across runs and thread counts. (The path and the GEMM's kernels are picked by the CPU's instruction set:
-//! another CPU may round differently, within the accumulating class.)
+//! bit-identical across runs and thread counts. (The path and the GEMM's kernels are picked
+//! by the CPU's instruction set: another CPU may round differently, within the accumulating
+//! class.)
 //! No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
@@ -116,7 +117,6 @@ pub struct Rules {
     cin: usize,
     cout: usize,
     rows: usize,
-    k_count: usize,
     /// log2 of the rows per tile: tile t holds output rows [t << shift, (t + 1) << shift).
     shift: u32,
     book: Book,
@@ -134,7 +134,7 @@ impl Rules {
 
     fn tile_len(&self, t: usize) -> usize {
         match &self.book {
-            Book::InPlace { starts, .. } => (0..self.k_count).map(|k| Self::in_place(starts, self.tiles(), k, t).len()).sum(),
+            Book::InPlace { reads, starts, .. } => (0..reads.len()).map(|k| Self::in_place(starts, self.tiles(), k, t).len()).sum(),
             Book::Grouped(pieces) => pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum(),
         }
     }
@@ -212,18 +212,17 @@ impl Operator for IndiceConv {
             return Err(inputs.error(FEATURES, format!("L = {l}, num_out = {rows} or K = {k_count} is too large")));
         }
         // Which slot is read (source) and which is written (destination).
-        let (src_slot, dst_slot) = if self.inverse { (1, 0) } else { (0, 1) };
+        let slots = if self.inverse { [1, 0] } else { [0, 1] };
         let total: usize = counts.iter().sum();
         let active = counts.iter().filter(|&&n| n > 0).count();
         let shift = tile_shift(rows, cout, total, active, k_count);
         let tiles = rows.div_ceil(1 << shift);
 
-        let slots = [src_slot, dst_slot];
         match in_place(pairs.data, &counts, p, slots, [l, rows], shift, par)? {
             InPlace::Found(reads, starts) => {
                 let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
                 let book = Book::InPlace { reads, starts, p, counts, slots };
-                return Ok((specs, Rules { l, cin, cout, rows, k_count, shift, book }));
+                return Ok((specs, Rules { l, cin, cout, rows, shift, book }));
             }
             InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows])),
             InPlace::Unordered => {}
@@ -233,17 +232,14 @@ impl Operator for IndiceConv {
         let piece_len = total.div_ceil(n_pieces).max(1);
         // The (k, j) pairs of flat positions [lo, hi), as (k, src slice, dst slice) runs.
         let runs = |lo: usize, hi: usize| {
-            let mut flat = 0usize;
+            let (mut flat, counts) = (0usize, counts.as_slice());
             counts.iter().enumerate().filter_map(move |(k, &n)| {
                 let (a, b) = (lo.max(flat), hi.min(flat + n));
                 let first = flat;
                 flat += n;
                 (a < b).then(|| {
-                    let base = k * 2 * p;
-                    let (ja, jb) = (a - first, b - first);
-                    let src = &pairs.data[base + src_slot * p + ja..base + src_slot * p + jb];
-                    let dst = &pairs.data[base + dst_slot * p + ja..base + dst_slot * p + jb];
-                    (k as u32, src, dst)
+                    let (src, dst) = offset_pairs(pairs.data, counts, p, slots, k, Read::Own);
+                    (k as u32, &src[a - first..b - first], &dst[a - first..b - first])
                 })
             })
         };
@@ -313,7 +309,7 @@ impl Operator for IndiceConv {
         }
         errors.into_result()?;
         let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-        Ok((specs, Rules { l, cin, cout, rows, k_count, shift, book: Book::Grouped(books) }))
+        Ok((specs, Rules { l, cin, cout, rows, shift, book: Book::Grouped(books) }))
     }
 
     fn execute(&self, r: Rules, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
@@ -564,6 +560,8 @@ fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits:
     let errors = FirstError::default();
     // A few offsets per task, which share one table for the mirror checks.
     let per_task = counts.len().div_ceil(MAX_PLAN_PIECES).max(1);
+    // Strictly ascending destinations are in range when the first and last are.
+    let in_rows = |d: &[i32]| d.first().is_none_or(|&d| d >= 0) && d.last().is_none_or(|&d| (d as usize) < rows);
     for_each_chunk_mut(par, &mut reads, per_task, |task, reads| {
         let mut table: Vec<u64> = Vec::new();
         for (i, read) in reads.iter_mut().enumerate() {
@@ -572,8 +570,6 @@ fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits:
             }
             let k = task * per_task + i;
             let (src, dst) = offset_pairs(data, counts, p, slots, k, Read::Own);
-            // Strictly ascending destinations are in range when the first and last are.
-            let in_rows = |d: &[i32]| d.first().is_none_or(|&d| d >= 0) && d.last().is_none_or(|&d| (d as usize) < rows);
             if let Some(src_end) = ascending_end(dst, src) {
                 if src_end > l || !in_rows(dst) {
                     invalid.store(true, Relaxed);

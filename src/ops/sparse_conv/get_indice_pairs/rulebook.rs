@@ -335,6 +335,7 @@ pub(super) fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32
 pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(usize, usize, i32)) {
     let (sites, layout, max) = (&book.sites, &book.layout, book.max);
     let n = sites.len();
+    let x_mask = layout.x_mask() as usize;
     let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
     // One pointer per x tap when the taps are spread out (dilation > 1).
     let mut ptrs = vec![0usize; x_taps.len()];
@@ -357,7 +358,6 @@ pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: i
                 }
                 // At most kw active sites lie in the window (sites are unique); their x is
                 // the key's lowest field.
-                let x_mask = layout.x_mask() as usize;
                 for &(found, to) in sites[j.min(n)..].iter().take_while(|s| s.0 <= end) {
                     let kx = (x + p - found.digit(0, x_mask) as i64) as usize;
                     set(kx, row as usize, to as i32);
