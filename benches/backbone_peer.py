@@ -75,6 +75,7 @@ except ImportError as e:
 # After the guarded imports: networks.common needs torch and the package.
 from networks.common import interleaved  # noqa: E402
 from networks.lidar import centerpoint_sites, scan_points  # noqa: E402 (the simulated scan)
+from onnxruntime_ep_mlu.fold import fold_affine  # noqa: E402 (the package, on networks.common's path)
 
 SEED = 20241124
 REPEAT = 5
@@ -166,8 +167,7 @@ def make_weights(rng, convs):
         scale = (gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + BN_EPS))
         shift = beta.astype(np.float64) - mean.astype(np.float64) * scale
         w[c.name] = dict(filters=filt, gamma=gamma, beta=beta, mean=mean, var=var,
-                         scale=scale.astype(np.float32), shift=shift.astype(np.float32),
-                         folded_filters=(filt.astype(np.float64) * scale).astype(np.float32))
+                         scale=scale.astype(np.float32), shift=shift.astype(np.float32))
     return w
 
 
@@ -269,10 +269,10 @@ def conv_model(bias: bool = False):
     return model_of([node], ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
 
 
-def backbone_model(weights, folded: bool):
-    """The whole backbone as one graph. folded = False: IndiceConv -> Mul(scale) -> Add(shift)
-    [-> Add(identity)] -> Relu; folded = True: BatchNorm folded into IndiceConv's filters and
-    bias, IndiceConv(bias) [-> Add(identity)] -> Relu."""
+def backbone_model(weights):
+    """The whole backbone as one graph: IndiceConv -> Mul(scale) -> Add(shift) [-> Add(identity)]
+    -> Relu. (onnxruntime_ep_mlu.fold.fold_affine of it is the graph with BatchNorm folded
+    into IndiceConv's filters and bias.)"""
     rules, convs = backbone()
     nodes, inits = [], []
     for r in rules.values():
@@ -284,15 +284,11 @@ def backbone_model(weights, folded: bool):
         if c.block and not c.second:
             identity = x
         ins = [x, f"{n}_w", f"{c.rule}_pairs", f"{c.rule}_num", f"{c.rule}_out"]
-        if folded:
-            inits += [numpy_helper.from_array(w["folded_filters"], f"{n}_w"), numpy_helper.from_array(w["shift"], f"{n}_b")]
-            nodes.append(helper.make_node("IndiceConv", ins + [f"{n}_b"], [f"{n}_bn"], domain="mluops", name=n))
-        else:
-            inits += [numpy_helper.from_array(w["filters"], f"{n}_w"), numpy_helper.from_array(w["scale"], f"{n}_s"),
-                      numpy_helper.from_array(w["shift"], f"{n}_t")]
-            nodes += [helper.make_node("IndiceConv", ins, [f"{n}_y"], domain="mluops", name=n),
-                      helper.make_node("Mul", [f"{n}_y", f"{n}_s"], [f"{n}_m"], name=f"{n}_scale"),
-                      helper.make_node("Add", [f"{n}_m", f"{n}_t"], [f"{n}_bn"], name=f"{n}_shift")]
+        inits += [numpy_helper.from_array(w["filters"], f"{n}_w"), numpy_helper.from_array(w["scale"], f"{n}_s"),
+                  numpy_helper.from_array(w["shift"], f"{n}_t")]
+        nodes += [helper.make_node("IndiceConv", ins, [f"{n}_y"], domain="mluops", name=n),
+                  helper.make_node("Mul", [f"{n}_y", f"{n}_s"], [f"{n}_m"], name=f"{n}_scale"),
+                  helper.make_node("Add", [f"{n}_m", f"{n}_t"], [f"{n}_bn"], name=f"{n}_shift")]
         pre = f"{n}_bn"
         if c.second:
             nodes.append(helper.make_node("Add", [pre, identity], [f"{n}_res"], name=f"{n}_residual"))
@@ -421,7 +417,11 @@ def main() -> int:
         with torch.no_grad():
             return net(spt.SparseConvTensor(tfeats, tcoords, list(SPATIAL), 1))
 
-    graphs = {False: backbone_model(weights, False), True: backbone_model(weights, True)}
+    graphs = {False: backbone_model(weights)}
+    graphs[True] = fold_affine(graphs[False])
+    folded_nodes = len(graphs[False].graph.node) - len(graphs[True].graph.node)
+    if folded_nodes != 2 * len(convs):
+        problems.append(f"fold_affine folded {folded_nodes} nodes, expected the {2 * len(convs)} Mul and Add")
     feeds = {"voxel_features": feats, "voxel_coords": coords}
     with tempfile.TemporaryDirectory() as d:
         opt_path = os.path.join(d, "optimized.onnx")
