@@ -75,7 +75,7 @@ except ImportError as e:
 # After the guarded imports: networks.common needs torch and the package.
 from networks.common import interleaved  # noqa: E402
 from networks.lidar import centerpoint_sites, scan_points  # noqa: E402 (the simulated scan)
-from onnxruntime_ep_mlu.fold import fold_affine  # noqa: E402 (the package, on networks.common's path)
+from onnxruntime_ep_mlu.fold import fold_affine  # noqa: E402 (this checkout's package: networks/__init__.py puts it on the path)
 
 SEED = 20241124
 REPEAT = 5

@@ -1,10 +1,10 @@
 """Fold the per-channel affine after an ``IndiceConv`` into its filters and bias.
 
 ONNX Runtime fuses BatchNormalization into its own Conv, but a custom op is opaque to its
-graph optimisations: after ``IndiceConv`` it runs BatchNormalization, or the Mul and Add an
-exporter may emit for it, as separate nodes over every output row (on CenterPoint's sparse
-backbone, some 5-13% of the time at one thread). :func:`fold_affine` rewrites the graph
-instead, before the session is made::
+graph optimisations: after ``IndiceConv`` it runs BatchNormalization, or the Mul and Add a
+hand-built graph may use for it, as separate nodes over every output row (on CenterPoint's
+sparse backbone at one thread, about 6% of the time as Mul + Add, 1.5% as
+BatchNormalization). :func:`fold_affine` rewrites the graph instead, before the session is made::
 
     import onnx
     from onnxruntime_ep_mlu.fold import fold_affine
@@ -14,22 +14,26 @@ instead, before the session is made::
 or ``python -m onnxruntime_ep_mlu.fold in.onnx out.onnx``. It needs the ``onnx`` package
 (the ``torch`` extra has it) and numpy.
 
-A node is folded into the ``IndiceConv`` before it when that ``IndiceConv``'s output feeds
-only that node (and is not a graph output), its filters (and bias, if any) are
-initializers used by no other node, and the node is one of
+A node is folded into the ``IndiceConv`` before it when that ``IndiceConv``'s output is
+read by that node alone (no other node, no subgraph, not a graph output), its filters
+``[K, Cin, Cout]`` (and bias ``[Cout]``, if any) are float32 initializers read by no other
+node and not graph outputs, and the node is one of
 
-- ``BatchNormalization`` in inference mode (one output) with initializer scale, B, mean
-  and var: ``y * s + (B - mean * s)`` with ``s = scale / sqrt(var + epsilon)``;
-- ``Mul`` by an initializer of one value per output channel (shape ``[Cout]``, ``[1, Cout]``,
-  or a single value): ``y * s``;
+- ``BatchNormalization`` in inference mode (one output) whose scale, B, mean and var are
+  float32 initializers of shape ``[Cout]``: ``y * s + (B - mean * s)`` with
+  ``s = scale / sqrt(var + epsilon)``;
+- ``Mul`` by a float32 initializer of one value per output channel (shape ``[Cout]``,
+  ``[1, Cout]``, or a single value), on either side: ``y * s``;
 - ``Add`` of such an initializer: ``y + t``.
 
+Initializers that are also graph inputs (a run may override them) are not constants here.
 Filters become ``filters * s`` (per output channel) and the bias ``bias * s + t``
-(``t`` alone when there was none), computed in float64 and stored as float32, so the folded
-graph equals the original up to float32 rounding of the folded values and of the
-convolution's sums (within the contract's accumulating class) for finite values; a
-non-finite convolution output multiplied by 0 is the one case that differs (NaN before,
-the folded value after), as with ONNX Runtime's own Conv + BatchNormalization fusion.
+(``t`` alone when there was none), computed in float64 and stored as float32 (a fold whose values would overflow float32 is
+not made), so the folded graph equals the original up to float32 rounding of the folded
+values and of the convolution's sums (within the contract's accumulating class) for
+finite values; a non-finite convolution output multiplied by 0 is the one case that
+differs (NaN before, the folded value after), as with ONNX Runtime's own Conv +
+BatchNormalization fusion. The folded node's constants are dropped unless read elsewhere.
 Folding repeats until no node qualifies, so a Mul followed by an Add folds both.
 """
 
@@ -66,101 +70,112 @@ def _per_channel(value: np.ndarray, cout: int) -> np.ndarray | None:
     return None
 
 
-def _affine(node, inits: dict, conv_out: str, cout: int):
+def _affine(node, const, conv_out: str, cout: int):
     """(s, t) of `node` as y * s + t per channel, or None when it is not a foldable affine of
-    `conv_out`."""
+    `conv_out`; `const(name)` is the float32 initializer `name` as an array, or None."""
     if node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "BatchNormalization":
-        outputs = [o for o in node.output if o]
-        if node.input[0] != conv_out or len(node.input) != 5 or len(outputs) != 1 or _attr(node, "training_mode", 0):
+        # Inference mode: one output (more, in any opset, means training statistics).
+        if node.input[0] != conv_out or len(node.input) != 5 or not node.output[0] or any(node.output[1:]):
             return None
-        params = [inits.get(n) for n in node.input[1:]]
-        if any(v is None or v.shape != (cout,) or v.dtype != np.float32 for v in params):
+        if _attr(node, "training_mode", 0):
+            return None
+        params = [const(n) for n in node.input[1:]]
+        if any(v is None or v.shape != (cout,) for v in params):
             return None
         scale, b, mean, var = (v.astype(np.float64) for v in params)
         s = scale / np.sqrt(var + float(_attr(node, "epsilon", 1e-5)))
         return s, b - mean * s
-    if node.op_type in ("Mul", "Add") and len(node.input) == 2 and conv_out in node.input:
+    if node.op_type in ("Mul", "Add") and len(node.input) == 2 and not node.attribute:
+        # (The caller has checked that conv_out is read once, so `other` is the constant.)
         other = node.input[1] if node.input[0] == conv_out else node.input[0]
-        if other == conv_out or other not in inits or inits[other].dtype != np.float32:
-            return None
-        v = _per_channel(inits[other], cout)
+        v = const(other)
+        v = None if v is None else _per_channel(v, cout)
         if v is None:
             return None
         return (v, np.zeros(cout)) if node.op_type == "Mul" else (np.ones(cout), v)
     return None
 
 
-def _subgraph_names(nodes) -> set[str]:
-    """Every name read inside the subgraphs (If / Loop / Scan bodies) of `nodes`: values of
-    the outer graph may be read there without being a node input here."""
-    names: set[str] = set()
-    for n in nodes:
+def _graphs(graph):
+    """`graph` and every subgraph (If / Loop / Scan bodies) in it, recursively."""
+    yield graph
+    for n in graph.node:
         for a in n.attribute:
             for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names |= {name for m in g.node for name in m.input} | _subgraph_names(g.node)
-    return names
+                yield from _graphs(g)
 
 
 def _fold_once(graph) -> bool:
     # Initializers that are also graph inputs can be overridden at run time: not constants.
     overridable = {i.name for i in graph.input}
-    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in overridable}
-    uses = Counter(name for n in graph.node for name in n.input if name)
-    uses.update(_subgraph_names(graph.node))
-    graph_outputs = {o.name for o in graph.output}
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for name in set(n.input):
-            consumers.setdefault(name, []).append(n)
+    protos = {i.name: i for i in graph.initializer if i.name not in overridable}
+    arrays: dict[str, np.ndarray] = {}
+
+    def const(name):
+        if name not in protos or protos[name].data_type != onnx.TensorProto.FLOAT:
+            return None
+        if name not in arrays:
+            arrays[name] = numpy_helper.to_array(protos[name])
+        return arrays[name]
+
+    # Reads of a value: node inputs here and in subgraphs (which may read outer values), and
+    # graph outputs. A value read twice is never folded or rewritten.
+    uses = Counter(name for g in _graphs(graph) for n in g.node for name in n.input if name)
+    uses.update(o.name for o in graph.output)
+    readers = {name: n for n in graph.node for name in n.input}
     for conv in graph.node:
-        if conv.domain != DOMAIN or conv.op_type != "IndiceConv" or len(conv.output) != 1:
+        if conv.domain != DOMAIN or conv.op_type != "IndiceConv" or len(conv.output) != 1 or len(conv.input) < 5:
             continue
-        y = conv.output[0]
-        filters = conv.input[1]
+        y, filters = conv.output[0], conv.input[1]
         bias = conv.input[5] if len(conv.input) > 5 and conv.input[5] else None
-        if y in graph_outputs or len(consumers.get(y, [])) != 1 or uses[y] != 1:
+        if uses[y] != 1 or y not in readers:
             continue
-        if filters not in inits or uses[filters] != 1 or inits[filters].ndim != 3 or inits[filters].dtype != np.float32:
+        w0 = const(filters) if uses[filters] == 1 else None
+        if w0 is None or w0.ndim != 3:
             continue
-        cout = inits[filters].shape[2]
-        if bias is not None and (bias not in inits or uses[bias] != 1 or inits[bias].shape != (cout,)):
+        cout = w0.shape[2]
+        b0 = None if bias is None else const(bias) if uses[bias] == 1 else None
+        if bias is not None and (b0 is None or b0.shape != (cout,)):
             continue
-        node = consumers[y][0]
-        st = _affine(node, inits, y, cout)
+        node = readers[y]
+        st = _affine(node, const, y, cout)
         if st is None:
             continue
         s, t = st
-        w = (inits[filters].astype(np.float64) * s).astype(np.float32)
-        b = (t if bias is None else inits[bias].astype(np.float64) * s + t).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = (w0.astype(np.float64) * s).astype(np.float32)
+            b = (t if b0 is None else b0.astype(np.float64) * s + t).astype(np.float32)
+        # A fold whose values overflow float32 would make finite outputs infinite.
+        if not (np.isfinite(w).all() and np.isfinite(b).all()):
+            continue
         b_name = bias or _fresh(graph, f"{conv.name or filters}_folded_bias")
-        kept = [i for i in graph.initializer if i.name not in (filters, b_name)]
+        # The folded node's constants go too, unless something else reads them.
+        gone = {name for name in node.input if name in protos and uses[name] == 1}
+        inits = [i for i in graph.initializer if i.name not in gone | {filters, b_name}]
+        inits += [numpy_helper.from_array(w, filters), numpy_helper.from_array(b, b_name)]
         del graph.initializer[:]
-        graph.initializer.extend(kept + [numpy_helper.from_array(w, filters), numpy_helper.from_array(b, b_name)])
-        ins = list(conv.input) + [""] * (6 - len(conv.input))
-        ins[5] = b_name
-        del conv.input[:]
-        conv.input.extend(ins)
+        graph.initializer.extend(inits)
+        del conv.input[5:]
+        conv.input.extend([""] * (5 - len(conv.input)) + [b_name])
         # The IndiceConv now writes the folded node's output; its own output name is gone.
-        conv.output[0] = next(o for o in node.output if o)
+        conv.output[0] = node.output[0]
         graph.node.remove(node)
-        # The folded node's constants, unless something else reads them.
-        still = {name for n in graph.node for name in n.input} | _subgraph_names(graph.node) | overridable
-        gone = {name for name in node.input if name in inits and name not in still}
-        kept = [i for i in graph.initializer if i.name not in gone]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-        kept_info = [v for v in graph.value_info if v.name != y]
+        info = [v for v in graph.value_info if v.name != y]
         del graph.value_info[:]
-        graph.value_info.extend(kept_info)
+        graph.value_info.extend(info)
         return True
     return False
 
 
 def _fresh(graph, base: str) -> str:
-    taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
-    taken |= {name for n in graph.node for name in list(n.input) + list(n.output)}
+    """`base`, or `base_N`, a name no value, initializer or node of the model uses."""
+    taken = {o.name for o in graph.output} | {i.name for i in graph.input}
+    for g in _graphs(graph):
+        taken |= {i.name for i in g.initializer} | {i.values.name for i in g.sparse_initializer}
+        taken |= {v.name for v in g.value_info} | {i.name for i in g.input} | {o.name for o in g.output}
+        taken |= {name for n in g.node for name in list(n.input) + list(n.output)}
     name, i = base, 0
     while name in taken:
         i += 1
