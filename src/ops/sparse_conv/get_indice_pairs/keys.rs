@@ -2,6 +2,8 @@
 //! per field, the LSD radix sort of keys, and sorted unique sites with a prefix table.
 
 use super::*;
+use crate::parallel::for_each_part_mut;
+use std::sync::atomic::AtomicU64;
 
 // ---------------------------------------------------------------------------------------
 // Site keys
@@ -35,8 +37,9 @@ impl Layout {
     }
 }
 
-/// An unsigned integer holding packed sites.
-pub(super) trait Key: Copy + Ord + Send + Sync + 'static {
+/// An unsigned integer holding packed sites (or, for [`DenseSites`], a site's index in the
+/// output grid, from `u64`).
+pub(super) trait Key: Copy + Ord + Send + Sync + From<u64> + 'static {
     /// Packs field values that fit the layout's masks.
     fn pack(l: &Layout, c: [u32; 4]) -> Self;
     fn unpack(self, l: &Layout) -> [u32; 4];
@@ -162,3 +165,116 @@ impl<K: Key> SortedSites<K> {
     }
 }
 
+
+/// Sorted unique sites as a bitmap over a small output grid: site (b, z, y, x) is bit
+/// `((b * D + z) * H + y) * W + x`, so set bits ascend in key order, with the number of set
+/// bits before each word. A site's position is that count plus the set bits below it in its
+/// word: no sort and no search. Marked from many threads at once (a word is read before
+/// its atomic OR, which is skipped when the bit is already set, the common case: a site is
+/// reached from up to K input rows).
+pub(super) struct DenseSites {
+    /// Grid extents (batches, D, H, W).
+    dims: [u64; 4],
+    marks: Vec<AtomicU64>,
+    words: Vec<u64>,
+    /// Set bits before each word. (One count per word, not per cache line of words: the
+    /// crate's baseline x86-64 has no popcnt instruction, so each count_ones is a dozen
+    /// instructions, and a lookup makes one.)
+    ranks: Vec<u32>,
+    count: usize,
+}
+
+impl DenseSites {
+    /// An empty grid of `dims`, when its bitmap has at most `max_words` words.
+    pub(super) fn new(dims: [u64; 4], max_words: usize) -> Result<Option<Self>> {
+        let volume = dims.iter().try_fold(1u64, |v, &d| v.checked_mul(d));
+        let Some(words) = volume.map(|v| v.div_ceil(64)).and_then(|w| usize::try_from(w).ok()).filter(|&w| w <= max_words) else {
+            return Ok(None);
+        };
+        let marks = scratch::collect((0..words).map(|_| AtomicU64::new(0)), "the output grid's bitmap")?;
+        Ok(Some(DenseSites { dims, marks, words: Vec::new(), ranks: Vec::new(), count: 0 }))
+    }
+
+    /// Marks site (b, z, y, x) (each within the grid) and returns its index.
+    pub(super) fn mark(&self, c: [u32; 4]) -> u64 {
+        let [_, d, h, w] = self.dims;
+        let i = ((u64::from(c[0]) * d + u64::from(c[1])) * h + u64::from(c[2])) * w + u64::from(c[3]);
+        let bit = 1u64 << (i % 64);
+        if let Some(word) = self.marks.get((i / 64) as usize)
+            && word.load(Ordering::Relaxed) & bit == 0
+        {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+        i
+    }
+
+    /// After marking: the ranks.
+    pub(super) fn finish(&mut self) -> Result<()> {
+        self.words = scratch::collect(std::mem::take(&mut self.marks).into_iter().map(AtomicU64::into_inner), "the output grid's bitmap")?;
+        let mut count = 0usize;
+        self.ranks = scratch::collect(
+            self.words.iter().map(|w| {
+                let before = count;
+                count += w.count_ones() as usize;
+                // count <= emitted pairs <= K * L <= i32::MAX (checked in plan).
+                before as u32
+            }),
+            "the output grid's ranks",
+        )?;
+        self.count = count;
+        Ok(())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// The position of site index `i` among the sites, if marked.
+    pub(super) fn find(&self, i: u64) -> Option<usize> {
+        let w = usize::try_from(i / 64).ok()?;
+        let (word, bit) = (*self.words.get(w)?, i % 64);
+        if (word >> bit) & 1 == 0 {
+            return None;
+        }
+        Some(*self.ranks.get(w)? as usize + (word & ((1u64 << bit) - 1)).count_ones() as usize)
+    }
+
+    /// Hints the CPU to fetch what [`Self::find`] reads for `i`.
+    pub(super) fn prefetch(&self, i: u64) {
+        let w = (i / 64) as usize;
+        if let (Some(word), Some(rank)) = (self.words.get(w), self.ranks.get(w)) {
+            crate::cache::prefetch_item(word);
+            crate::cache::prefetch_item(rank);
+        }
+    }
+
+    /// Writes the sites in order as (b, z, y, x) rows of `out` (4 * len values), in parallel
+    /// parts of about `grain` sites, each starting at a word.
+    pub(super) fn write(&self, out: &mut [i32], grain: usize, par: &dyn Parallel) -> Result<()> {
+        let before = |w: usize| self.ranks.get(w).map_or(self.count, |&r| r as usize);
+        let parts = pieces(self.count, grain);
+        let first_words = (0..parts).map(|j| self.ranks.partition_point(|&r| (r as usize) < j * self.count / parts));
+        let mut cuts = scratch::collect(first_words.chain([self.words.len()]), "the output sites' parts")?;
+        cuts.dedup();
+        let bounds = scratch::collect(cuts.iter().map(|&w| 4 * before(w)), "the output sites' parts")?;
+        let [_, d, h, w] = self.dims;
+        for_each_part_mut(par, out, &bounds, |t, part| {
+            let mut rows = part.chunks_exact_mut(4);
+            for (j, &word) in self.words.get(cuts[t]..cuts[t + 1]).unwrap_or_default().iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let i = ((cuts[t] + j) * 64) as u64 + u64::from(bits.trailing_zeros());
+                    bits &= bits - 1;
+                    let (rest, x) = (i / w, i % w);
+                    let (rest, y) = (rest / h, rest % h);
+                    let (b, z) = (rest / d, rest % d);
+                    if let Some(row) = rows.next() {
+                        // Every extent is at most i32::MAX (output_space, batch).
+                        row.copy_from_slice(&[b as i32, z as i32, y as i32, x as i32]);
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}

@@ -2,9 +2,10 @@
 //! (spconv v1 `get_indice_pairs`, MLU-OPS `mluopGetIndicePairs`).
 //!
 //! Every site (batch, z, y, x) is packed into one integer key, field after field with just
-//! enough bits for the largest value, so integer order is (batch, z, y, x) order and no
-//! memory ever depends on the spatial volume. `u64` keys when the fields fit, `u128`
-//! otherwise (each field is at most 31 bits).
+//! enough bits for the largest value, so integer order is (batch, z, y, x) order. `u64`
+//! keys when the fields fit, `u128` otherwise (each field is at most 31 bits). Memory
+//! depends on the spatial volume only where step 2's bitmap is used, and that is bounded
+//! by the pairs (below).
 //!
 //! Conv / transpose (`plan`, on the node's thread pool: the output site count is the output
 //! shape, so this is where most of the work is):
@@ -12,15 +13,22 @@
 //!    (kernel tap, output coordinate) pairs that the contract's formula accepts (at most k per
 //!    axis), and emit the cross product as (row, output key) into one bucket per kernel
 //!    offset. Rows are visited in order, so each block's buckets, taken block after block,
-//!    are ascending by input row. Each block also keeps a copy of its keys grouped by key
-//!    prefix (a counting sort), so that step 2 reads every key once.
-//! 2. The key space is cut at key prefixes into ranges of about equal emitted counts; each
+//!    are ascending by input row. Unless the sites go to a bitmap (step 2), each block also
+//!    keeps a copy of its keys grouped by key prefix (a counting sort), so that step 2 reads
+//!    every key once.
+//! 2. When the output grid's bitmap is small (at most a quarter of a 64-bit word per
+//!    possible pair, L * K, or 32 KB), step 1 marks each emitted site in it instead (one
+//!    atomic OR per new site) and emits the site's grid index as its key: the set bits
+//!    in order are the sorted unique sites, and a site's position is the count of set bits
+//!    before its word (kept per word) plus those below it: no sort, no search. Otherwise the
+//!    key space is cut at key prefixes into ranges of about equal emitted counts; each
 //!    range gathers its prefixes' groups from every block, then LSD radix sorts and
 //!    deduplicates them, in parallel. The ranges in order are the sorted unique output
 //!    sites, whatever the cut. The grouped copies are dropped before `execute`.
 //!
 //! `execute` (parallel, one task per kernel offset) looks every emitted key up in the unique
-//! sites (a table of key prefixes, about one per site, narrows each binary search to a key or two).
+//! sites (in the bitmap, or in the sorted keys, where a table of key prefixes, about one
+//! per site, narrows each binary search to a key or two).
 //!
 //! Subm: `plan` radix-sorts (key, row) and rejects duplicates. `execute` runs one task per
 //! (kz, ky): it walks the sorted sites once, and for each site searches the x window of its
@@ -62,6 +70,8 @@ const GRAIN: usize = 64 * 1024;
 const EMIT_ROWS: usize = 32 * 1024;
 /// Emitted keys per sorting task of a conv rulebook.
 const SORT_KEYS: usize = 256 * 1024;
+/// Smallest output-grid bitmap always allowed (32 KB), however few the pairs.
+const DENSE_MIN_WORDS: usize = 4096;
 /// Bits of the key prefix at which the sort is cut between tasks.
 const SPLIT_BITS: u32 = 12;
 /// Pairs ahead of a site lookup that its table entry (twice this) and keys are prefetched.
@@ -375,10 +385,10 @@ impl Operator for GetIndicePairs {
             let wide = Layout::new([max[0], o[0], o[1], o[2]]).bits > u64::BITS;
             let (n, book) = if wide {
                 let b = self.conv_book::<u128>(v.data, max[0], par)?;
-                (b.sites.keys.len(), Book::Conv128(b))
+                (b.sites.len(), Book::Conv128(b))
             } else {
                 let b = self.conv_book::<u64>(v.data, max[0], par)?;
-                (b.sites.keys.len(), Book::Conv64(b))
+                (b.sites.len(), Book::Conv64(b))
             };
             (n, Some(book))
         };
@@ -665,10 +675,19 @@ mod tests {
         }
     }
 
+    /// What a conv book writes: indice_pairs, out_indices, indice_num.
+    fn written<K: Key>(op: &GetIndicePairs, book: &ConvBook<K>, l: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
+        let k = op.kernel_volume();
+        let (mut pairs, mut out, mut num) = (vec![0i32; k * 2 * l], vec![0i32; book.sites.len() * 4], vec![0i32; k]);
+        write_conv(book, &mut pairs, &mut out, &mut num, l, &crate::parallel::Serial).unwrap();
+        (pairs, out, num)
+    }
+
     /// Conv and transposed conv rulebooks (unique sites, and every offset's pairs) come out
-    /// the same whatever the emission block and sort range sizes and the thread count.
+    /// the same whatever the emission block and sort range sizes and the thread count, and
+    /// with the output sites sorted or marked in a bitmap of the grid.
     #[test]
-    fn conv_book_is_the_same_for_any_block_and_range_size() {
+    fn conv_book_is_the_same_for_any_block_and_range_size_sorted_or_dense() {
         use crate::parallel::{Serial, Threads};
         let conv = with(&[("stride", ints(&[2, 1, 2])), ("padding", ints(&[1, 0, 1]))]);
         let transpose = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[2, 2, 1]))]);
@@ -676,28 +695,47 @@ mod tests {
         let mut below = move |n: u64| (next() % n) as i32;
         // Random rows, duplicates included (legal outside subm).
         let data: Vec<i32> = (0..700).flat_map(|_| [below(2), below(5), below(6), below(7)]).collect();
-        let pairs = |op: &GetIndicePairs, book: &ConvBook<u64>| {
-            let l = data.len() / 4;
-            let mut out = vec![0i32; op.kernel_volume() * 2 * l];
-            for (k, chunk) in out.chunks_exact_mut(2 * l).enumerate() {
-                assert!(conv_offset(book, k, chunk));
-            }
-            out
-        };
+        let l = data.len() / 4;
         for attrs in [conv, transpose] {
             let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
-            let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX).unwrap();
+            let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX, 0).unwrap();
             assert_eq!(whole.blocks.len(), 1);
-            let want = pairs(&op, &whole);
-            assert!(whole.sites.keys.windows(2).all(|w| w[0] < w[1]));
+            let Sites::Sorted(sorted) = &whole.sites else { panic!("no bitmap allowed, yet one was made") };
+            assert!(sorted.keys.windows(2).all(|w| w[0] < w[1]));
+            let want = written(&op, &whole, l);
+            assert!(want.1.chunks_exact(4).all(|c| c[0] < 2), "batches 0 and 1 only");
             for (emit_rows, sort_keys) in [(1, 1), (7, 3), (64, 50), (699, 1000)] {
                 for threads in 1..=3 {
-                    let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys).unwrap();
-                    assert_eq!(book.sites.keys, whole.sites.keys, "blocks of {emit_rows}, ranges of {sort_keys}");
-                    assert_eq!(pairs(&op, &book), want, "blocks of {emit_rows}, ranges of {sort_keys}");
+                    for dense_words in [0, usize::MAX] {
+                        let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys, dense_words).unwrap();
+                        assert_eq!(matches!(book.sites, Sites::Dense(_)), dense_words > 0);
+                        let what = format!("blocks of {emit_rows}, ranges of {sort_keys}, {threads} threads, dense {dense_words}");
+                        assert_eq!(written(&op, &book, l), want, "{what}");
+                        if let Sites::Dense(grid) = &book.sites {
+                            // The sites written in parts of one site or more, in parallel.
+                            for grain in [1, 5] {
+                                let mut out = vec![0i32; want.1.len()];
+                                grid.write(&mut out, grain, &Threads(threads)).unwrap();
+                                assert_eq!(out, want.1, "{what}, parts of {grain}");
+                            }
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// A grid just over the bitmap bound is sorted, one at it is marked.
+    #[test]
+    fn the_output_grid_is_a_bitmap_only_within_its_bound() {
+        let op = descriptor::<GetIndicePairs>(&with(&[("stride", ints(&[2, 2, 2]))])).unwrap();
+        let data = [0, 1, 2, 3, 1, 4, 5, 6];
+        let o = op.output_space.map(|v| v as usize);
+        let words = (2 * o[0] * o[1] * o[2]).div_ceil(64);
+        let book = |max_words| op.conv_book_in::<u64>(&data, 1, &crate::parallel::Serial, 1, 1, max_words).unwrap();
+        assert!(matches!(book(words).sites, Sites::Dense(_)));
+        assert!(matches!(book(words - 1).sites, Sites::Sorted(_)));
+        assert_eq!(written(&op, &book(words), 2), written(&op, &book(words - 1), 2));
     }
 
     /// Wide (u128) keys: the same rulebook with and without cuts.
@@ -717,10 +755,12 @@ mod tests {
             .collect();
         let layout = Layout::new([1, big as u32 - 3, big as u32 - 3, big as u32 - 3]);
         assert!(layout.bits > u64::BITS);
-        let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX).unwrap();
+        // (A grid of 2^67 sites is never a bitmap.)
+        let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX, usize::MAX).unwrap();
         for (emit_rows, sort_keys) in [(1, 1), (13, 40)] {
-            let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys).unwrap();
-            assert_eq!(book.sites.keys, whole.sites.keys);
+            let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys, usize::MAX).unwrap();
+            let (Sites::Sorted(a), Sites::Sorted(b)) = (&book.sites, &whole.sites) else { panic!("a bitmap of 2^67 sites") };
+            assert_eq!(a.keys, b.keys);
             for k in 0..op.kernel_volume() {
                 let rows = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.rows[k].clone()).collect::<Vec<_>>();
                 let keys = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.keys[k].clone()).collect::<Vec<_>>();
@@ -734,7 +774,7 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
 
         /// Random conv and transposed-conv geometries: cutting the rulebook into blocks and
-        /// sort ranges (on 2 threads) never changes it.
+        /// sort ranges (on 2 threads), or marking the sites in a bitmap, never changes it.
         #[test]
         fn prop_conv_book_does_not_depend_on_the_cut(
             spatial in proptest::array::uniform3(1i64..9),
@@ -746,6 +786,7 @@ mod tests {
             rows in proptest::collection::vec(proptest::array::uniform4(0u32..1000), 0..150),
             emit_rows in 1usize..20,
             sort_keys in 1usize..60,
+            dense in proptest::bool::ANY,
         ) {
             use crate::parallel::{Serial, Threads};
             // Dilation only where the stride is 1, and never with transpose (contract rules).
@@ -769,16 +810,9 @@ mod tests {
                 return Ok(());
             }
             let max_batch = data.chunks_exact(4).map(|r| r[0] as u32).max().unwrap_or(0);
-            let whole = op.conv_book_in::<u64>(&data, max_batch, &Serial, usize::MAX, usize::MAX).unwrap();
-            let book = op.conv_book_in::<u64>(&data, max_batch, &Threads(2), emit_rows, sort_keys).unwrap();
-            proptest::prop_assert_eq!(&book.sites.keys, &whole.sites.keys);
-            let l = data.len() / 4;
-            for k in 0..op.kernel_volume() {
-                let (mut a, mut b) = (vec![0i32; 2 * l], vec![0i32; 2 * l]);
-                proptest::prop_assert!(conv_offset(&book, k, &mut a));
-                proptest::prop_assert!(conv_offset(&whole, k, &mut b));
-                proptest::prop_assert_eq!(a, b);
-            }
+            let whole = op.conv_book_in::<u64>(&data, max_batch, &Serial, usize::MAX, usize::MAX, 0).unwrap();
+            let book = op.conv_book_in::<u64>(&data, max_batch, &Threads(2), emit_rows, sort_keys, if dense { usize::MAX } else { 0 }).unwrap();
+            proptest::prop_assert_eq!(written(&op, &book, data.len() / 4), written(&op, &whole, data.len() / 4));
         }
     }
 }

@@ -2,7 +2,7 @@
 //! built (conv / transpose in parallel blocks, subm by a sorted site list) and written out
 //! as `indice_pairs`.
 
-use super::keys::{Key, Layout, SortedSites, radix_sort};
+use super::keys::{DenseSites, Key, Layout, SortedSites, radix_sort};
 use super::*;
 
 // ---------------------------------------------------------------------------------------
@@ -89,7 +89,46 @@ pub(super) struct ConvBook<K> {
     layout: Layout,
     /// What each block of input rows emitted, in row order.
     pub(super) blocks: Vec<Emitted<K>>,
-    pub(super) sites: SortedSites<K>,
+    pub(super) sites: Sites<K>,
+}
+
+/// The unique output sites: sorted keys, or (a small output grid) a bitmap of it, whose
+/// emitted keys are then grid indices.
+pub(super) enum Sites<K> {
+    Sorted(SortedSites<K>),
+    Dense(DenseSites),
+}
+
+impl<K: Key> Sites<K> {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Sites::Sorted(s) => s.keys.len(),
+            Sites::Dense(d) => d.len(),
+        }
+    }
+
+    /// The position of an emitted key among the sites.
+    fn find(&self, key: K) -> Option<usize> {
+        match self {
+            Sites::Sorted(s) => s.find(key),
+            Sites::Dense(d) => d.find(key.digit(0, usize::MAX) as u64),
+        }
+    }
+
+    /// Lookup ahead of time, first step (see [`SortedSites::prefetch_entry`]).
+    fn prefetch_entry(&self, key: K) {
+        match self {
+            Sites::Sorted(s) => s.prefetch_entry(key),
+            Sites::Dense(d) => d.prefetch(key.digit(0, usize::MAX) as u64),
+        }
+    }
+
+    /// Second step (a dense lookup has none).
+    fn prefetch_keys(&self, key: K) {
+        if let Sites::Sorted(s) = self {
+            s.prefetch_keys(key);
+        }
+    }
 }
 
 /// What one block of consecutive input rows emits: per kernel offset, its rows (ascending)
@@ -129,13 +168,18 @@ pub(super) struct SubmBook<K> {
 
 impl GetIndicePairs {
     pub(super) fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> Result<ConvBook<K>> {
-        self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS)
+        // A bitmap of the output grid of at most a quarter word per possible pair (2 bytes):
+        // its memory and its scans stay within the pairs' own bounds.
+        let dense_words = (data.len() / 4).saturating_mul(self.kernel_volume()) / 4;
+        self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS, dense_words.max(DENSE_MIN_WORDS))
     }
 
     /// The conv rulebook, built in parallel: blocks of `emit_rows` input rows emit their
-    /// pairs, then the key space is cut (at key prefixes) into ranges of about `sort_keys`
-    /// emitted keys, each sorted and deduplicated on its own; the ranges in order are the
-    /// sorted unique sites. The result does not depend on either size.
+    /// pairs. With an output grid of at most `dense_words` 64-bit words, each pair marks
+    /// its site in a bitmap of the grid ([`DenseSites`]); otherwise the key space is cut (at
+    /// key prefixes) into ranges of about `sort_keys` emitted keys, each sorted and
+    /// deduplicated on its own, and the ranges in order are the sorted unique sites. The
+    /// rulebook does not depend on any of the three sizes.
     pub(super) fn conv_book_in<K: Key>(
         &self,
         data: &[i32],
@@ -143,8 +187,12 @@ impl GetIndicePairs {
         par: &dyn Parallel,
         emit_rows: usize,
         sort_keys: usize,
+        dense_words: usize,
     ) -> Result<ConvBook<K>> {
         let o = self.output_space;
+        // Output extents are in [1, i32::MAX].
+        let dims = [u64::from(max_batch) + 1, o[0] as u64, o[1] as u64, o[2] as u64];
+        let dense = DenseSites::new(dims, dense_words)?;
         // Output coordinates are < output_space <= i32::MAX.
         let layout = Layout::new([max_batch, (o[0] - 1) as u32, (o[1] - 1) as u32, (o[2] - 1) as u32]);
         let maps: [AxisMap; DIM_NB] = std::array::from_fn(|a| AxisMap::new(self, a));
@@ -175,18 +223,28 @@ impl GetIndicePairs {
                         let base = (kz as usize * kh + ky as usize) * kw;
                         for &(kx, ox) in &reach[2] {
                             let k = base + kx as usize;
-                            let key = K::pack(&layout, [row[0] as u32, oz, oy, ox]);
-                            if let (Some(rs), Some(ks), Some(n)) =
-                                (e.rows.get_mut(k), e.keys.get_mut(k), e.starts.get_mut(key.digit(shift, prefix_mask) + 1))
-                            {
+                            let site = [row[0] as u32, oz, oy, ox];
+                            let key = match &dense {
+                                Some(grid) => K::from(grid.mark(site)),
+                                None => {
+                                    let key = K::pack(&layout, site);
+                                    if let Some(n) = e.starts.get_mut(key.digit(shift, prefix_mask) + 1) {
+                                        *n += 1;
+                                    }
+                                    key
+                                }
+                            };
+                            if let (Some(rs), Some(ks)) = (e.rows.get_mut(k), e.keys.get_mut(k)) {
                                 // first + r < L <= i32::MAX (checked in plan).
                                 scratch::push(rs, (first + r) as u32, PAIRS)?;
                                 scratch::push(ks, key, PAIRS)?;
-                                *n += 1;
                             }
                         }
                     }
                 }
+            }
+            if dense.is_some() {
+                return Ok(e); // no grouping by prefix: the bitmap holds the sites
             }
             // Group the keys by prefix: starts[p + 1] holds prefix p's count until here.
             for p in 1..e.starts.len() {
@@ -215,6 +273,10 @@ impl GetIndicePairs {
             }
         });
         errors.into_result()?;
+        if let Some(mut grid) = dense {
+            grid.finish()?;
+            return Ok(ConvBook { sites: Sites::Dense(grid), layout, blocks });
+        }
 
         // Key ranges of about `sort_keys` emitted keys each, cut at prefix boundaries.
         let mut counts = vec![0usize; prefix_mask + 1];
@@ -249,7 +311,7 @@ impl GetIndicePairs {
         for range in ranges {
             sites.extend_from_slice(&range);
         }
-        Ok(ConvBook { sites: SortedSites::new(sites, layout.bits)?, layout, blocks })
+        Ok(ConvBook { sites: Sites::Sorted(SortedSites::new(sites, layout.bits)?), layout, blocks })
     }
 
     pub(super) fn subm_book<K: Key>(&self, inputs: &Inputs<'_>, data: &[i32], max: [u32; 4]) -> Result<SubmBook<K>> {
@@ -413,15 +475,18 @@ pub(super) fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mu
         // At most L per offset (conv_offset checked it).
         *n = book.blocks.iter().map(|e| e.rows.get(k).map_or(0, Vec::len)).sum::<usize>() as i32;
     }
-    for_each_chunk_mut(par, out, 4 * GRAIN, |t, chunk| {
-        let keys = book.sites.keys.get(t * GRAIN..).unwrap_or(&[]);
-        for (dst, key) in chunk.chunks_exact_mut(4).zip(keys) {
-            let c = key.unpack(&book.layout);
-            for (d, v) in dst.iter_mut().zip(c) {
-                *d = v as i32;
+    match &book.sites {
+        Sites::Sorted(sites) => for_each_chunk_mut(par, out, 4 * GRAIN, |t, chunk| {
+            let keys = sites.keys.get(t * GRAIN..).unwrap_or(&[]);
+            for (dst, key) in chunk.chunks_exact_mut(4).zip(keys) {
+                let c = key.unpack(&book.layout);
+                for (d, v) in dst.iter_mut().zip(c) {
+                    *d = v as i32;
+                }
             }
-        }
-    });
+        }),
+        Sites::Dense(grid) => grid.write(out, GRAIN, par)?,
+    }
     Ok(())
 }
 
