@@ -164,6 +164,9 @@ pub(super) struct SubmBook<K> {
     taps: [Vec<Option<i64>>; DIM_NB],
     /// Unit dilation on x: the taps of an (kz, ky) pair are one contiguous x window.
     x_window: Option<i64>,
+    /// The x lines (sites sharing batch, z and y; consecutive in `sites`): each one's key
+    /// with x = 0 and its first site, then a last entry holding `sites.len()`.
+    lines: Vec<(K, usize)>,
 }
 
 impl GetIndicePairs {
@@ -342,7 +345,17 @@ impl GetIndicePairs {
         });
         // With d = 1 the x taps cover [x - p, x + p] one by one (p = (kw - 1) / 2 <= 2047).
         let x_window = (self.dilation[2] == 1).then_some(self.pad[2]);
-        Ok(SubmBook { layout, sites, max: max3, taps, x_window })
+        let mut lines = Vec::new();
+        for (i, &(key, _)) in sites.iter().enumerate() {
+            let [b, z, y, _] = key.unpack(&layout);
+            let line = K::pack(&layout, [b, z, y, 0]);
+            if lines.last().is_none_or(|&(last, _)| last != line) {
+                scratch::push(&mut lines, (line, i), "the sites' x lines")?;
+            }
+        }
+        // (The end entry's key is never read.)
+        scratch::push(&mut lines, (K::from(0), sites.len()), "the sites' x lines")?;
+        Ok(SubmBook { layout, sites, max: max3, taps, x_window, lines })
     }
 }
 
@@ -390,52 +403,71 @@ pub(super) fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32
 /// Pairs of the subm offsets (kz, ky, 0..kw): calls `set(kx, row, to)` where input row
 /// `row` reaches the active site of row `to` through tap (kz, ky, kx).
 ///
-/// The sites are walked once in key order. For a fixed (kz, ky) the targets of a site lie
-/// in one x line, and the start of that line window increases with the source key (adding
-/// fixed in-range shifts never carries between key fields), so each search pointer only
-/// moves forward: a merge join, O(L + pairs) for all kw offsets together.
+/// The sites are walked once in key order, an x line at a time. For a fixed (kz, ky) a
+/// line's targets lie in one x line, whose key increases with the source line's (adding
+/// fixed in-range shifts never carries between key fields), so one pointer over the lines
+/// only moves forward; within the two lines, both ascending in x, the window of each
+/// source site starts at or after the previous one's: a merge join, O(L + pairs) for all
+/// kw offsets together. (With dilation > 1 on x, one pointer over the sites per x tap.)
 pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(usize, usize, i32)) {
-    let (sites, layout, max) = (&book.sites, &book.layout, book.max);
-    let n = sites.len();
+    let (sites, layout, max, lines) = (&book.sites, &book.layout, book.max, &book.lines);
     let x_mask = layout.x_mask() as usize;
-    let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
-    // One pointer per x tap when the taps are spread out (dilation > 1).
-    let mut ptrs = vec![0usize; x_taps.len()];
-    let mut j = 0;
-    for &(key, row) in sites {
-        let c = key.unpack(layout);
+    let x_of = |i: usize| sites[i].0.digit(0, x_mask) as i64;
+    // The key (x = 0) of the target line of a site or line (b, z, y, _), when in range.
+    let target = |c: [u32; 4]| {
         let (tz, ty) = (i64::from(c[1]) + dz, i64::from(c[2]) + dy);
-        if !(0..=max[0]).contains(&tz) || !(0..=max[1]).contains(&ty) {
-            continue;
-        }
-        let x = i64::from(c[3]);
-        // The target line's key with x = 0; x values in [0, max[2]] fit its mask.
-        let line0 = K::pack(layout, [c[0], tz as u32, ty as u32, 0]);
-        let line = |x: i64| line0.with_x(x as u32);
-        match book.x_window {
-            Some(p) => {
-                let (start, end) = (line((x - p).max(0)), line((x + p).min(max[2])));
-                while j < n && sites[j].0 < start {
-                    j += 1;
+        ((0..=max[0]).contains(&tz) && (0..=max[1]).contains(&ty)).then(|| K::pack(layout, [c[0], tz as u32, ty as u32, 0]))
+    };
+    match book.x_window {
+        Some(p) => {
+            let n = lines.len() - 1;
+            let mut t = 0;
+            for w in lines.windows(2) {
+                let ((line, first), (_, end)) = (w[0], w[1]);
+                let Some(goal) = target(line.unpack(layout)) else { continue };
+                while t < n && lines[t].0 < goal {
+                    t += 1;
                 }
-                // At most kw active sites lie in the window (sites are unique); their x is
-                // the key's lowest field.
-                for &(found, to) in sites[j.min(n)..].iter().take_while(|s| s.0 <= end) {
-                    let kx = (x + p - found.digit(0, x_mask) as i64) as usize;
-                    set(kx, row as usize, to as i32);
+                if t == n {
+                    break; // later lines' targets are larger still
+                }
+                if lines[t].0 != goal {
+                    continue;
+                }
+                let (mut lo, hi) = (lines[t].1, lines[t + 1].1);
+                for (i, &(_, row)) in sites.iter().enumerate().take(end).skip(first) {
+                    let x = x_of(i);
+                    while lo < hi && x_of(lo) < x - p {
+                        lo += 1;
+                    }
+                    // At most kw active sites lie in the window (sites are unique).
+                    for j in lo..hi {
+                        let tx = x_of(j);
+                        if tx > x + p {
+                            break;
+                        }
+                        set((x + p - tx) as usize, row as usize, sites[j].1 as i32);
+                    }
                 }
             }
-            None => {
+        }
+        None => {
+            let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
+            let mut ptrs = vec![0usize; x_taps.len()];
+            for &(key, row) in sites {
+                let c = key.unpack(layout);
+                let Some(line) = target(c) else { continue };
+                let x = i64::from(c[3]);
                 for (&(kx, dx), ptr) in x_taps.iter().zip(ptrs.iter_mut()) {
                     let tx = x + dx;
                     if !(0..=max[2]).contains(&tx) {
                         continue;
                     }
-                    let target = line(tx);
-                    while *ptr < n && sites[*ptr].0 < target {
+                    let goal = line.with_x(tx as u32);
+                    while *ptr < sites.len() && sites[*ptr].0 < goal {
                         *ptr += 1;
                     }
-                    if let Some(&(_, to)) = sites.get(*ptr).filter(|s| s.0 == target) {
+                    if let Some(&(_, to)) = sites.get(*ptr).filter(|s| s.0 == goal) {
                         set(kx, row as usize, to as i32);
                     }
                 }
