@@ -441,12 +441,12 @@ pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: i
                         lo += 1;
                     }
                     // At most kw active sites lie in the window (sites are unique).
-                    for j in lo..hi {
-                        let tx = x_of(j);
+                    for &(key, to) in &sites[lo..hi] {
+                        let tx = key.digit(0, x_mask) as i64;
                         if tx > x + p {
                             break;
                         }
-                        set((x + p - tx) as usize, row as usize, sites[j].1 as i32);
+                        set((x + p - tx) as usize, row as usize, to as i32);
                     }
                 }
             }
