@@ -48,6 +48,8 @@ pub(super) trait Key: Copy + Ord + Send + Sync + From<u64> + 'static {
     fn digit(self, shift: u32, mask: usize) -> usize;
     /// The key with x (the lowest field, 0 in `self`) set to `x`, which fits its mask.
     fn with_x(self, x: u32) -> Self;
+    /// The key with x (the lowest field, whose mask is `x_mask`) set to 0: its x line's.
+    fn without_x(self, x_mask: u32) -> Self;
 }
 
 macro_rules! key_impl {
@@ -66,6 +68,9 @@ macro_rules! key_impl {
             }
             fn with_x(self, x: u32) -> Self {
                 self | <$t>::from(x)
+            }
+            fn without_x(self, x_mask: u32) -> Self {
+                self & !<$t>::from(x_mask)
             }
         }
     };

@@ -164,9 +164,6 @@ pub(super) struct SubmBook<K> {
     taps: [Vec<Option<i64>>; DIM_NB],
     /// Unit dilation on x: the taps of an (kz, ky) pair are one contiguous x window.
     x_window: Option<i64>,
-    /// The x lines (sites sharing batch, z and y; consecutive in `sites`): each one's key
-    /// with x = 0 and its first site, then a last entry holding `sites.len()`.
-    lines: Vec<(K, usize)>,
 }
 
 impl GetIndicePairs {
@@ -345,17 +342,7 @@ impl GetIndicePairs {
         });
         // With d = 1 the x taps cover [x - p, x + p] one by one (p = (kw - 1) / 2 <= 2047).
         let x_window = (self.dilation[2] == 1).then_some(self.pad[2]);
-        let mut lines = Vec::new();
-        for (i, &(key, _)) in sites.iter().enumerate() {
-            let [b, z, y, _] = key.unpack(&layout);
-            let line = K::pack(&layout, [b, z, y, 0]);
-            if lines.last().is_none_or(|&(last, _)| last != line) {
-                scratch::push(&mut lines, (line, i), "the sites' x lines")?;
-            }
-        }
-        // (The end entry's key is never read.)
-        scratch::push(&mut lines, (K::from(0), sites.len()), "the sites' x lines")?;
-        Ok(SubmBook { layout, sites, max: max3, taps, x_window, lines })
+        Ok(SubmBook { layout, sites, max: max3, taps, x_window })
     }
 }
 
@@ -403,16 +390,16 @@ pub(super) fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32
 /// Pairs of the subm offsets (kz, ky, 0..kw): calls `set(kx, row, to)` where input row
 /// `row` reaches the active site of row `to` through tap (kz, ky, kx).
 ///
-/// The sites are walked once in key order, an x line at a time. For a fixed (kz, ky) a
-/// line's targets lie in one x line, whose key increases with the source line's (adding
-/// fixed in-range shifts never carries between key fields), so one pointer over the lines
-/// only moves forward; within the two lines, both ascending in x, the window of each
-/// source site starts at or after the previous one's: a merge join, O(L + pairs) for all
-/// kw offsets together. (With dilation > 1 on x, one pointer over the sites per x tap.)
+/// The sites are walked once in key order. For a fixed (kz, ky) the targets of a site lie
+/// in one x line (sites sharing batch, z and y), found once per source line, and the start
+/// of that line window increases with the source key (adding fixed in-range shifts never
+/// carries between key fields), so each search pointer only moves forward: a merge join,
+/// O(L + pairs) for all kw offsets together. (With dilation > 1 on x, one pointer per x
+/// tap.)
 pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(usize, usize, i32)) {
-    let (sites, layout, max, lines) = (&book.sites, &book.layout, book.max, &book.lines);
-    let x_mask = layout.x_mask() as usize;
-    let x_of = |i: usize| sites[i].0.digit(0, x_mask) as i64;
+    let (sites, layout, max) = (&book.sites, &book.layout, book.max);
+    let x_mask = layout.x_mask();
+    let x_of = |key: K| key.digit(0, x_mask as usize) as i64;
     // The key (x = 0) of the target line of a site or line (b, z, y, _), when in range.
     let target = |c: [u32; 4]| {
         let (tz, ty) = (i64::from(c[1]) + dz, i64::from(c[2]) + dy);
@@ -420,34 +407,24 @@ pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: i
     };
     match book.x_window {
         Some(p) => {
-            let n = lines.len() - 1;
-            let mut t = 0;
-            for w in lines.windows(2) {
-                let ((line, first), (_, end)) = (w[0], w[1]);
-                let Some(goal) = target(line.unpack(layout)) else { continue };
-                while t < n && lines[t].0 < goal {
-                    t += 1;
+            // The target line (x = 0) of the current source line, found once per line.
+            let (mut j, mut line, mut target_line) = (0, None, None);
+            for &(key, row) in sites {
+                let x = x_of(key);
+                let this = key.without_x(x_mask);
+                if line != Some(this) {
+                    line = Some(this);
+                    target_line = target(this.unpack(layout));
                 }
-                if t == n {
-                    break; // later lines' targets are larger still
+                let Some(goal) = target_line else { continue };
+                // x values in [0, max[2]] fit the x mask.
+                let (start, end) = (goal.with_x((x - p).max(0) as u32), goal.with_x((x + p).min(max[2]) as u32));
+                while sites.get(j).is_some_and(|s| s.0 < start) {
+                    j += 1;
                 }
-                if lines[t].0 != goal {
-                    continue;
-                }
-                let (mut lo, hi) = (lines[t].1, lines[t + 1].1);
-                for (i, &(_, row)) in sites.iter().enumerate().take(end).skip(first) {
-                    let x = x_of(i);
-                    while lo < hi && x_of(lo) < x - p {
-                        lo += 1;
-                    }
-                    // At most kw active sites lie in the window (sites are unique).
-                    for &(key, to) in &sites[lo..hi] {
-                        let tx = key.digit(0, x_mask) as i64;
-                        if tx > x + p {
-                            break;
-                        }
-                        set((x + p - tx) as usize, row as usize, to as i32);
-                    }
+                // At most kw active sites lie in the window (sites are unique).
+                for &(found, to) in sites[j.min(sites.len())..].iter().take_while(|s| s.0 <= end) {
+                    set((x + p - x_of(found)) as usize, row as usize, to as i32);
                 }
             }
         }
