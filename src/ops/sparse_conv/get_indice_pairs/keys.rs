@@ -1,5 +1,6 @@
 //! Site keys: every site (batch, z, y, x) packed into one integer with just enough bits
-//! per field, the LSD radix sort of keys, and sorted unique sites with a prefix table.
+//! per field, the LSD radix sort of keys, and the sorted unique sites: a key array with a
+//! prefix table, or a bitmap of a small output grid.
 
 use super::*;
 use crate::parallel::for_each_part_mut;
@@ -176,12 +177,12 @@ impl<K: Key> SortedSites<K> {
 /// bits before each word. A site's position is that count plus the set bits below it in its
 /// word: no sort and no search. Marked from many threads at once (a word is read before
 /// its atomic OR, which is skipped when the bit is already set, the common case: a site is
-/// reached from up to K input rows).
+/// reached from up to K input rows); read after the marking with relaxed loads (plain
+/// loads on x86-64), the threads having been joined.
 pub(super) struct DenseSites {
     /// Grid extents (batches, D, H, W).
     dims: [u64; 4],
-    marks: Vec<AtomicU64>,
-    words: Vec<u64>,
+    words: Vec<AtomicU64>,
     /// Set bits before each word. (One count per word, not per cache line of words: the
     /// crate's baseline x86-64 has no popcnt instruction, so each count_ones is a dozen
     /// instructions, and a lookup makes one.)
@@ -196,8 +197,8 @@ impl DenseSites {
         let Some(words) = volume.map(|v| v.div_ceil(64)).and_then(|w| usize::try_from(w).ok()).filter(|&w| w <= max_words) else {
             return Ok(None);
         };
-        let marks = scratch::collect((0..words).map(|_| AtomicU64::new(0)), "the output grid's bitmap")?;
-        Ok(Some(DenseSites { dims, marks, words: Vec::new(), ranks: Vec::new(), count: 0 }))
+        let words = scratch::collect((0..words).map(|_| AtomicU64::new(0)), "the output grid's bitmap")?;
+        Ok(Some(DenseSites { dims, words, ranks: Vec::new(), count: 0 }))
     }
 
     /// Marks site (b, z, y, x) (each within the grid) and returns its index.
@@ -205,7 +206,7 @@ impl DenseSites {
         let [_, d, h, w] = self.dims;
         let i = ((u64::from(c[0]) * d + u64::from(c[1])) * h + u64::from(c[2])) * w + u64::from(c[3]);
         let bit = 1u64 << (i % 64);
-        if let Some(word) = self.marks.get((i / 64) as usize)
+        if let Some(word) = usize::try_from(i / 64).ok().and_then(|w| self.words.get(w))
             && word.load(Ordering::Relaxed) & bit == 0
         {
             word.fetch_or(bit, Ordering::Relaxed);
@@ -215,12 +216,11 @@ impl DenseSites {
 
     /// After marking: the ranks.
     pub(super) fn finish(&mut self) -> Result<()> {
-        self.words = scratch::collect(std::mem::take(&mut self.marks).into_iter().map(AtomicU64::into_inner), "the output grid's bitmap")?;
         let mut count = 0usize;
         self.ranks = scratch::collect(
             self.words.iter().map(|w| {
                 let before = count;
-                count += w.count_ones() as usize;
+                count += w.load(Ordering::Relaxed).count_ones() as usize;
                 // count <= emitted pairs <= K * L <= i32::MAX (checked in plan).
                 before as u32
             }),
@@ -237,7 +237,7 @@ impl DenseSites {
     /// The position of site index `i` among the sites, if marked.
     pub(super) fn find(&self, i: u64) -> Option<usize> {
         let w = usize::try_from(i / 64).ok()?;
-        let (word, bit) = (*self.words.get(w)?, i % 64);
+        let (word, bit) = (self.words.get(w)?.load(Ordering::Relaxed), i % 64);
         if (word >> bit) & 1 == 0 {
             return None;
         }
@@ -246,7 +246,7 @@ impl DenseSites {
 
     /// Hints the CPU to fetch what [`Self::find`] reads for `i`.
     pub(super) fn prefetch(&self, i: u64) {
-        let w = (i / 64) as usize;
+        let Ok(w) = usize::try_from(i / 64) else { return };
         if let (Some(word), Some(rank)) = (self.words.get(w), self.ranks.get(w)) {
             crate::cache::prefetch_item(word);
             crate::cache::prefetch_item(rank);
@@ -256,19 +256,24 @@ impl DenseSites {
     /// Writes the sites in order as (b, z, y, x) rows of `out` (4 * len values), in parallel
     /// parts of about `grain` sites, each starting at a word.
     pub(super) fn write(&self, out: &mut [i32], grain: usize, par: &dyn Parallel) -> Result<()> {
+        if out.len() != 4 * self.count {
+            return Err(Error::Runtime(format!("GetIndicePairs: {} output-site values for {} sites", out.len(), self.count)));
+        }
         let before = |w: usize| self.ranks.get(w).map_or(self.count, |&r| r as usize);
         let parts = pieces(self.count, grain);
-        let first_words = (0..parts).map(|j| self.ranks.partition_point(|&r| (r as usize) < j * self.count / parts));
+        // (u128: the products stay exact on any target.)
+        let share = |j: usize| (j as u128 * self.count as u128 / parts as u128) as usize;
+        let first_words = (0..parts).map(|j| self.ranks.partition_point(|&r| (r as usize) < share(j)));
         let mut cuts = scratch::collect(first_words.chain([self.words.len()]), "the output sites' parts")?;
         cuts.dedup();
         let bounds = scratch::collect(cuts.iter().map(|&w| 4 * before(w)), "the output sites' parts")?;
         let [_, d, h, w] = self.dims;
         for_each_part_mut(par, out, &bounds, |t, part| {
             let mut rows = part.chunks_exact_mut(4);
-            for (j, &word) in self.words.get(cuts[t]..cuts[t + 1]).unwrap_or_default().iter().enumerate() {
-                let mut bits = word;
+            for (j, word) in self.words.get(cuts[t]..cuts[t + 1]).unwrap_or_default().iter().enumerate() {
+                let mut bits = word.load(Ordering::Relaxed);
                 while bits != 0 {
-                    let i = ((cuts[t] + j) * 64) as u64 + u64::from(bits.trailing_zeros());
+                    let i = (cuts[t] + j) as u64 * 64 + u64::from(bits.trailing_zeros());
                     bits &= bits - 1;
                     let (rest, x) = (i / w, i % w);
                     let (rest, y) = (rest / h, rest % h);

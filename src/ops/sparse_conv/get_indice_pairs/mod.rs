@@ -5,7 +5,7 @@
 //! enough bits for the largest value, so integer order is (batch, z, y, x) order. `u64`
 //! keys when the fields fit, `u128` otherwise (each field is at most 31 bits). Memory
 //! depends on the spatial volume only where step 2's bitmap is used, and that is bounded
-//! by the pairs (below).
+//! by the pairs the rows can emit (below).
 //!
 //! Conv / transpose (`plan`, on the node's thread pool: the output site count is the output
 //! shape, so this is where most of the work is):
@@ -16,8 +16,8 @@
 //!    are ascending by input row. Unless the sites go to a bitmap (step 2), each block also
 //!    keeps a copy of its keys grouped by key prefix (a counting sort), so that step 2 reads
 //!    every key once.
-//! 2. When the output grid's bitmap is small (at most a quarter of a 64-bit word per
-//!    possible pair, L * K, or 32 KB), step 1 marks each emitted site in it instead (one
+//! 2. When the output grid's bitmap is small (at most a quarter of a 64-bit word per pair
+//!    the rows can emit, L times the taps a row reaches per axis, or 32 KB), step 1 marks each emitted site in it instead (one
 //!    atomic OR per new site) and emits the site's grid index as its key: the set bits
 //!    in order are the sorted unique sites, and a site's position is the count of set bits
 //!    before its word (kept per word) plus those below it: no sort, no search. Otherwise the
@@ -32,13 +32,13 @@
 //!
 //! Subm: `plan` radix-sorts (key, row) and rejects duplicates. `execute` runs one task per
 //! (kz, ky): it walks the sorted sites once, and for each site searches the x window of its
-//! target line (b, z + dz, y + dy). Those windows start at keys that increase with the
-//! source key, so one forward pointer serves every site (a merge join, no hashing; with
-//! dilation > 1 on x, one pointer per x tap). Hits go to `indice_pairs[k, 1, row]`, which is
+//! target line (b, z + dz, y + dy), that line's key computed once per source line. Those
+//! windows start at keys that increase with the source key, so one forward pointer serves
+//! every site (a merge join, no hashing; with dilation > 1 on x, one pointer per x tap). Hits go to `indice_pairs[k, 1, row]`, which is
 //! then compacted in row order. Nothing depends on how tasks are scheduled.
 //!
-//! Cost: O(L * (kd + kh + kw) + P) for conv with P pairs, O(L * K) for subm; memory O(P) or
-//! O(L) beyond the outputs.
+//! Cost: O(L * (kd + kh + kw) + P) for conv with P pairs, O(L * K) for subm; memory O(P)
+//! (plus the bitmap, at most 3 bytes per pair the rows can emit) or O(L) beyond the outputs.
 
 
 use crate::ops::Operator;
@@ -723,6 +723,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Through the operator's own entry point, the bitmap is used where the grid is small
+    /// against the pairs the rows can emit, and not where it is large: a strided 3x3x3
+    /// conv of 2,000 clustered rows into 21 x 64 x 64 marks a bitmap; the same rows into a
+    /// grid of 21 x 1440 x 1440 (340 KB of bitmap for at most 16,000 pairs) sort their keys,
+    /// as do rows into a big kernel with a big stride (at most one output per row).
+    #[test]
+    fn conv_book_takes_the_bitmap_only_for_a_grid_small_against_the_pairs() {
+        let rows = |n: i32, span: i32| (0..n).flat_map(move |i| [0, i % 41, (i * 7) % span, (i * 13) % span]).collect::<Vec<i32>>();
+        let book = |spatial: [i64; 3], kernel: [i64; 3], stride: [i64; 3], data: &[i32]| {
+            let attrs = with(&[("spatial_shape", ints(&spatial)), ("kernel_size", ints(&kernel)), ("stride", ints(&stride)), ("padding", ints(&[0, 0, 0]))]);
+            let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
+            matches!(op.conv_book::<u64>(data, 0, &crate::parallel::Serial).unwrap().sites, Sites::Dense(_))
+        };
+        assert!(book([41, 128, 128], [3, 3, 3], [2, 2, 2], &rows(2000, 128)));
+        assert!(!book([41, 1440, 1440], [3, 3, 3], [2, 2, 2], &rows(2000, 1440)));
+        // 16 x 16 x 16 taps, stride 16: a row reaches one output, so 2,000 rows allow 4,096
+        // words (the floor), and the 3 x 4096 x 4096 outputs need 786,432 (a bound of a
+        // quarter word per tap, 2,048,000, would have taken it).
+        assert!(!book([48, 65536, 65536], [16, 16, 16], [16, 16, 16], &rows(2000, 65536)));
     }
 
     /// A grid just over the bitmap bound is sorted, one at it is marked.

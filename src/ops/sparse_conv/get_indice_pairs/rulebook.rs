@@ -132,8 +132,9 @@ impl<K: Key> Sites<K> {
 }
 
 /// What one block of consecutive input rows emits: per kernel offset, its rows (ascending)
-/// and the key of each row's output site. Until the sites are sorted, also the same keys
-/// grouped by key prefix: prefix p's keys are `by_prefix[starts[p]..starts[p + 1]]`.
+/// and the key of each row's output site (its grid index with the bitmap). Without the
+/// bitmap, until the sites are sorted, also the same keys grouped by key prefix: prefix
+/// p's keys are `by_prefix[starts[p]..starts[p + 1]]`.
 pub(super) struct Emitted<K> {
     pub(super) rows: Vec<Vec<u32>>,
     pub(super) keys: Vec<Vec<K>>,
@@ -168,9 +169,17 @@ pub(super) struct SubmBook<K> {
 
 impl GetIndicePairs {
     pub(super) fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> Result<ConvBook<K>> {
-        // A bitmap of the output grid of at most a quarter word per possible pair (2 bytes):
-        // its memory and its scans stay within the pairs' own bounds.
-        let dense_words = (data.len() / 4).saturating_mul(self.kernel_volume()) / 4;
+        // A bitmap of the output grid (8 bytes per word, and 4 of rank) of at most a quarter
+        // word per pair the rows can emit (3 bytes; an emitted pair takes 8-24): its memory
+        // and its scans stay within the pairs' own. A row reaches at most k outputs per axis
+        // (ceil(k / s) with stride s > 1, which the contract allows only with dilation 1).
+        let per_row = (0..DIM_NB)
+            .map(|a| {
+                let (k, s) = (self.filter_space[a] as usize, self.stride[a] as usize);
+                if self.transpose { k } else { k.div_ceil(s.max(1)) }
+            })
+            .fold(1usize, usize::saturating_mul);
+        let dense_words = (data.len() / 4).saturating_mul(per_row) / 4;
         self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS, dense_words.max(DENSE_MIN_WORDS))
     }
 
