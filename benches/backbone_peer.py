@@ -21,8 +21,8 @@ at 1 and 2 onnxruntime intra-op threads:
 - per layer: each rulebook (GetIndicePairs node vs spconv's get_indice_pairs) and each
   convolution alone (an IndiceConv node vs spconv.pytorch.ops.indice_conv on the same
   rulebook, which is what SubMConv3d / SparseConv3d call);
-- the whole backbone: our ONNX graph in one session.run (BatchNorm as Mul + Add nodes, and
-  a second graph with BatchNorm folded into IndiceConv's filters and bias) against
+- the whole backbone: our ONNX graph in one session.run (BatchNorm as Mul + Add nodes, as
+  BatchNormalization nodes, and folded into IndiceConv's filters and bias) against
   spconv's modules (SubMConv3d / SparseConv3d + BatchNorm1d(eval) + ReLU) on a fresh
   SparseConvTensor;
 - the checks: output coordinates identical (as sets of (batch, z, y, x), both orders
@@ -78,6 +78,9 @@ from networks.lidar import centerpoint_sites, scan_points  # noqa: E402 (the sim
 from onnxruntime_ep_mlu.fold import fold_affine  # noqa: E402 (this checkout's package: networks/__init__.py puts it on the path)
 
 SEED = 20241124
+#: The whole-backbone graphs timed: BatchNorm as separate Mul and Add nodes, as one
+#: BatchNormalization node, and folded into IndiceConv by fold_affine.
+VARIANTS = {"ours": "BN as Mul + Add", "bn": "BN as BatchNormalization", "folded": "BN folded into IndiceConv"}
 REPEAT = 5
 SPATIAL = (41, 1440, 1440)
 BN_EPS = 1e-3  # CenterPoint's BatchNorm1d(eps=1e-3)
@@ -269,10 +272,11 @@ def conv_model(bias: bool = False):
     return model_of([node], ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
 
 
-def backbone_model(weights):
+def backbone_model(weights, batchnorm: bool = False):
     """The whole backbone as one graph: IndiceConv -> Mul(scale) -> Add(shift) [-> Add(identity)]
-    -> Relu. (onnxruntime_ep_mlu.fold.fold_affine of it is the graph with BatchNorm folded
-    into IndiceConv's filters and bias.)"""
+    -> Relu, or with batchnorm a BatchNormalization node (as torch exports BatchNorm1d)
+    instead of the Mul and Add. (onnxruntime_ep_mlu.fold.fold_affine of either is the graph
+    with BatchNorm folded into IndiceConv's filters and bias.)"""
     rules, convs = backbone()
     nodes, inits = [], []
     for r in rules.values():
@@ -284,11 +288,16 @@ def backbone_model(weights):
         if c.block and not c.second:
             identity = x
         ins = [x, f"{n}_w", f"{c.rule}_pairs", f"{c.rule}_num", f"{c.rule}_out"]
-        inits += [numpy_helper.from_array(w["filters"], f"{n}_w"), numpy_helper.from_array(w["scale"], f"{n}_s"),
-                  numpy_helper.from_array(w["shift"], f"{n}_t")]
-        nodes += [helper.make_node("IndiceConv", ins, [f"{n}_y"], domain="mluops", name=n),
-                  helper.make_node("Mul", [f"{n}_y", f"{n}_s"], [f"{n}_m"], name=f"{n}_scale"),
-                  helper.make_node("Add", [f"{n}_m", f"{n}_t"], [f"{n}_bn"], name=f"{n}_shift")]
+        inits.append(numpy_helper.from_array(w["filters"], f"{n}_w"))
+        nodes.append(helper.make_node("IndiceConv", ins, [f"{n}_y"], domain="mluops", name=n))
+        if batchnorm:
+            bn = [f"{n}_{p}" for p in ("gamma", "beta", "mean", "var")]
+            inits += [numpy_helper.from_array(w[p], name) for p, name in zip(("gamma", "beta", "mean", "var"), bn)]
+            nodes.append(helper.make_node("BatchNormalization", [f"{n}_y", *bn], [f"{n}_bn"], name=f"{n}_bn", epsilon=BN_EPS))
+        else:
+            inits += [numpy_helper.from_array(w["scale"], f"{n}_s"), numpy_helper.from_array(w["shift"], f"{n}_t")]
+            nodes += [helper.make_node("Mul", [f"{n}_y", f"{n}_s"], [f"{n}_m"], name=f"{n}_scale"),
+                      helper.make_node("Add", [f"{n}_m", f"{n}_t"], [f"{n}_bn"], name=f"{n}_shift")]
         pre = f"{n}_bn"
         if c.second:
             nodes.append(helper.make_node("Add", [pre, identity], [f"{n}_res"], name=f"{n}_residual"))
@@ -417,20 +426,21 @@ def main() -> int:
         with torch.no_grad():
             return net(spt.SparseConvTensor(tfeats, tcoords, list(SPATIAL), 1))
 
-    graphs = {False: backbone_model(weights)}
-    graphs[True] = fold_affine(graphs[False])
-    folded_nodes = len(graphs[False].graph.node) - len(graphs[True].graph.node)
-    if folded_nodes != 2 * len(convs):
-        problems.append(f"fold_affine folded {folded_nodes} nodes, expected the {2 * len(convs)} Mul and Add")
+    graphs = {"ours": backbone_model(weights), "bn": backbone_model(weights, batchnorm=True)}
+    graphs["folded"] = fold_affine(graphs["ours"])
+    for name, want in (("ours", 2 * len(convs)), ("bn", len(convs))):
+        folded_nodes = len(graphs[name].graph.node) - len(fold_affine(graphs[name]).graph.node)
+        if folded_nodes != want:
+            problems.append(f"fold_affine folded {folded_nodes} nodes of the {name} graph, expected {want}")
     feeds = {"voxel_features": feats, "voxel_coords": coords}
     with tempfile.TemporaryDirectory() as d:
         opt_path = os.path.join(d, "optimized.onnx")
-        sessions = {(fold, t): session(graphs[fold], lib, t, optimized=opt_path if (not fold and t == 1) else None)
-                    for fold in (False, True) for t in (1, 2)}
+        sessions = {(v, t): session(graphs[v], lib, t, optimized=opt_path if (v == "ours" and t == 1) else None)
+                    for v in VARIANTS for t in (1, 2)}
         optimized = onnx.load(opt_path)
     fns = {"spconv": run_spconv}
-    for (fold, t), s in sessions.items():
-        fns[("folded" if fold else "ours", t)] = lambda s=s: s.run(None, feeds)
+    for key, s in sessions.items():
+        fns[key] = lambda s=s: s.run(None, feeds)
     busy: dict = {}
     best, res = interleaved(fns, args.repeat, busy)
     ref = res["spconv"]
@@ -442,10 +452,10 @@ def main() -> int:
             continue
         f, idx = res[key]
         checks[key] = compare(f"backbone {key}", out_spatial, idx, f, ref_idx, ref_f, problems)
-    for fold in ("ours", "folded"):
-        a, b = res[(fold, 1)], res[(fold, 2)]
+    for v in VARIANTS:
+        a, b = res[(v, 1)], res[(v, 2)]
         if not all(np.array_equal(x, y) for x, y in zip(a, b)):
-            problems.append(f"backbone {fold}: 1-thread and 2-thread outputs differ")
+            problems.append(f"backbone {v}: 1-thread and 2-thread outputs differ")
     del sessions
 
     # ---- per layer
@@ -503,8 +513,8 @@ def main() -> int:
             x_o, x_s = np.maximum(z_o, 0).astype(np.float32), torch.relu(z_s)
 
     # ---- where our time goes
-    prof = {t: profile_breakdown(graphs[False], lib, t, feeds) for t in (1, 2)}
-    prof_f = {t: profile_breakdown(graphs[True], lib, t, feeds) for t in (1, 2)}
+    prof = {t: profile_breakdown(graphs["ours"], lib, t, feeds) for t in (1, 2)}
+    prof_f = {t: profile_breakdown(graphs["folded"], lib, t, feeds) for t in (1, 2)}
 
     # ---- report
     print()
@@ -512,11 +522,11 @@ def main() -> int:
     print("| variant | ms | CPU / wall | spconv 1t / this | check vs spconv (diff1 / diff2 / max rel) |")
     print("|---|---|---|---|---|")
     print(f"| spconv 2.3.8, 1 torch thread | {best['spconv'] * 1e3:.1f} | {busy['spconv']:.2f} | 1.00x | reference |")
-    for fold in ("ours", "folded"):
+    for v, what in VARIANTS.items():
         for t in (1, 2):
-            label = f"ours, {t} thread{'s' if t > 1 else ''}" + (", BN folded into IndiceConv" if fold == "folded" else ", BN as Mul + Add")
-            print(f"| {label} | {best[(fold, t)] * 1e3:.1f} | {busy[(fold, t)]:.2f} | {best['spconv'] / best[(fold, t)]:.2f}x | {checks[(fold, t)]} |")
-    print(f"ours 1 -> 2 threads: {best[('ours', 1)] / best[('ours', 2)]:.2f}x (BN folded: {best[('folded', 1)] / best[('folded', 2)]:.2f}x)")
+            label = f"ours, {t} thread{'s' if t > 1 else ''}, {what}"
+            print(f"| {label} | {best[(v, t)] * 1e3:.1f} | {busy[(v, t)]:.2f} | {best['spconv'] / best[(v, t)]:.2f}x | {checks[(v, t)]} |")
+    print("ours 1 -> 2 threads: " + ", ".join(f"{best[(v, 1)] / best[(v, 2)]:.2f}x ({what})" for v, what in VARIANTS.items()))
     if layer_rows:
         print()
         print("Per layer (rulebooks: GetIndicePairs node vs spconv get_indice_pairs; convolutions: one IndiceConv node vs "
@@ -544,7 +554,7 @@ def main() -> int:
         print(f"| {op} | " + " | ".join(f"{p[t][1].get(op, 0.0):.1f}" for p in (prof, prof_f) for t in (1, 2)) + " |")
     print("| sum of kernels | " + " | ".join(f"{sum(p[t][1].values()):.1f}" for p in (prof, prof_f) for t in (1, 2)) + " |")
     print("| wall (profiled run) | " + " | ".join(f"{p[t][0]:.1f}" for p in (prof, prof_f) for t in (1, 2)) + " |")
-    before = collections.Counter(n.op_type for n in graphs[False].graph.node)
+    before = collections.Counter(n.op_type for n in graphs["ours"].graph.node)
     after = collections.Counter(n.op_type for n in optimized.graph.node)
     fused = after.get("Mul", 0) < before["Mul"] or after.get("Add", 0) < before["Add"]
     print(f"onnxruntime graph optimisations (ORT_ENABLE_ALL, optimized model inspected): nodes before {dict(before)}, "
