@@ -13,7 +13,7 @@ CPU without a convolution bias (its CPU path has none), so neither side has one.
 Input: a simulated 32-beam scan (nuScenes' lidar: 32 beams from -30.67 to +10.67 degrees,
 1.39M points/s at 20 Hz, 70 m range; 10 sweeps with the ego moving 0.5 m between them) of a
 street scene of boxes (road, cars, pedestrians, building fronts, trees, poles), voxelized at
-CenterPoint's 0.075 x 0.075 x 0.2 m grid: about 96k voxels at the default seed. A synthetic
+CenterPoint's 0.075 x 0.075 x 0.2 m grid: 104,968 voxels at the default seed. A synthetic
 stand-in, not real lidar. `--sites lidar` uses spconv_peer.py's clustered sites instead.
 
 In one run, with spconv's reference at 1 torch thread (its CPU path is wrong on 2), ours
@@ -28,7 +28,8 @@ at 1 and 2 onnxruntime intra-op threads:
 - the checks: output coordinates identical (as sets of (batch, z, y, x), both orders
   compared after sorting) and features within the contract's accumulating class
   (diff1, diff2 <= 3e-3 against spconv's) for every layer and the whole backbone; ours at
-  1 and 2 threads bit-identical. Any failure exits non-zero. Speed ratios are only reported.
+  1 and 2 threads bit-identical; fold_affine folding every Mul and Add, and every
+  BatchNormalization. Any failure exits non-zero. Speed ratios are only reported.
 - where our time goes: onnxruntime's profile of the whole graph (per op type), and whether
   its graph optimisations fold the per-channel Mul/Add into IndiceConv (the optimized model
   is saved and inspected).
@@ -428,10 +429,11 @@ def main() -> int:
 
     graphs = {"ours": backbone_model(weights), "bn": backbone_model(weights, batchnorm=True)}
     graphs["folded"] = fold_affine(graphs["ours"])
-    for name, want in (("ours", 2 * len(convs)), ("bn", len(convs))):
-        folded_nodes = len(graphs[name].graph.node) - len(fold_affine(graphs[name]).graph.node)
+    # (The folded BatchNormalization graph is only counted: it equals the folded one.)
+    for name, folded, want in (("ours", graphs["folded"], 2 * len(convs)), ("bn", fold_affine(graphs["bn"]), len(convs))):
+        folded_nodes = len(graphs[name].graph.node) - len(folded.graph.node)
         if folded_nodes != want:
-            problems.append(f"fold_affine folded {folded_nodes} nodes of the {name} graph, expected {want}")
+            problems.append(f"fold_affine folded {folded_nodes} nodes of the {VARIANTS[name]} graph, expected {want}")
     feeds = {"voxel_features": feats, "voxel_coords": coords}
     with tempfile.TemporaryDirectory() as d:
         opt_path = os.path.join(d, "optimized.onnx")
@@ -451,11 +453,11 @@ def main() -> int:
         if key == "spconv":
             continue
         f, idx = res[key]
-        checks[key] = compare(f"backbone {key}", out_spatial, idx, f, ref_idx, ref_f, problems)
+        checks[key] = compare(f"backbone, {VARIANTS[key[0]]}, {key[1]} thread(s)", out_spatial, idx, f, ref_idx, ref_f, problems)
     for v in VARIANTS:
         a, b = res[(v, 1)], res[(v, 2)]
         if not all(np.array_equal(x, y) for x, y in zip(a, b)):
-            problems.append(f"backbone {v}: 1-thread and 2-thread outputs differ")
+            problems.append(f"backbone, {VARIANTS[v]}: 1-thread and 2-thread outputs differ")
     del sessions
 
     # ---- per layer

@@ -84,7 +84,7 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/sparse_conv/get_indice_pairs/keys.rs", "let mut starts = vec![0usize; mask + 1];", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "rows: vec![Vec::new(); kernel_volume],", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "keys: vec![Vec::new(); kernel_volume],", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "starts: vec![0; prefix_mask + 2],", CONST),
+    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "starts: if dense.is_some() { Vec::new() } else { vec![0; prefix_mask + 2] },", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);", TASKS),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut counts = vec![0usize; prefix_mask + 1];", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];", TASKS),

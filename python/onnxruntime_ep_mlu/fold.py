@@ -2,9 +2,9 @@
 
 ONNX Runtime fuses BatchNormalization into its own Conv, but a custom op is opaque to its
 graph optimisations: after ``IndiceConv`` it runs BatchNormalization, or the Mul and Add a
-hand-built graph may use for it, as separate nodes over every output row (on CenterPoint's
-sparse backbone at one thread, about 6% of the time as Mul + Add, 1.5% as
-BatchNormalization). :func:`fold_affine` rewrites the graph instead, before the session is made::
+hand-built graph may use for it, as separate nodes over every output row (what that costs
+on CenterPoint's sparse backbone: docs/BENCHMARKS.md in the repository). :func:`fold_affine`
+rewrites the graph instead, before the session is made::
 
     import onnx
     from onnxruntime_ep_mlu.fold import fold_affine
@@ -158,7 +158,7 @@ def _fold_once(graph) -> bool:
         del graph.initializer[:]
         graph.initializer.extend(inits)
         del conv.input[5:]
-        conv.input.extend([""] * (5 - len(conv.input)) + [b_name])
+        conv.input.append(b_name)
         # The IndiceConv now writes the folded node's output; its own output name is gone.
         conv.output[0] = node.output[0]
         graph.node.remove(node)

@@ -55,9 +55,10 @@ def rng_ints(n: int, high: int, seed: int) -> list[int]:
 
 
 def gip_case():
-    # indice_pairs is K * 2 * L int32 = 0.66 GB; the rulebook's pairs (up to K per row,
-    # 20 bytes each with the grouped copy, about 1.6 GB) do not fit next to it under 2.5 GB.
-    l, s = 20000, 200
+    # indice_pairs would be K * 2 * L int32 = 1.3 GB, allocated after the plan; the plan's
+    # pairs (up to K per row, 12 bytes each with the output-grid bitmap: about 2 GB, more
+    # while their buffers grow) do not fit under 2.5 GB.
+    l, s = 40000, 200
     rows = [[0, z, y, x] for z, y, x in zip(rng_ints(l, s, 1), rng_ints(l, s, 2), rng_ints(l, s, 3))]
     attrs = {
         "batch_size": {"int": 1},

@@ -171,7 +171,6 @@ impl<K: Key> SortedSites<K> {
     }
 }
 
-
 /// Sorted unique sites as a bitmap over a small output grid: site (b, z, y, x) is bit
 /// `((b * D + z) * H + y) * W + x`, so set bits ascend in key order, with the number of set
 /// bits before each word. A site's position is that count plus the set bits below it in its

@@ -17,14 +17,15 @@
 //!    keeps a copy of its keys grouped by key prefix (a counting sort), so that step 2 reads
 //!    every key once.
 //! 2. When the output grid's bitmap is small (at most a quarter of a 64-bit word per pair
-//!    the rows can emit, L times the taps a row reaches per axis, or 32 KB), step 1 marks each emitted site in it instead (one
-//!    atomic OR per new site) and emits the site's grid index as its key: the set bits
-//!    in order are the sorted unique sites, and a site's position is the count of set bits
-//!    before its word (kept per word) plus those below it: no sort, no search. Otherwise the
-//!    key space is cut at key prefixes into ranges of about equal emitted counts; each
-//!    range gathers its prefixes' groups from every block, then LSD radix sorts and
-//!    deduplicates them, in parallel. The ranges in order are the sorted unique output
-//!    sites, whatever the cut. The grouped copies are dropped before `execute`.
+//!    the rows can emit, L times the taps a row reaches per axis, or 32 KB), step 1 marks
+//!    each emitted site in it instead (one atomic OR per new site) and emits the site's
+//!    grid index as its key: the set bits in order are the sorted unique sites, and a
+//!    site's position is the count of set bits before its word (kept per word) plus those
+//!    below it: no sort, no search. Otherwise the key space is cut at key prefixes into
+//!    ranges of about equal emitted counts; each range gathers its prefixes' groups from
+//!    every block, then LSD radix sorts and deduplicates them, in parallel. The ranges in
+//!    order are the sorted unique output sites, whatever the cut. The grouped copies are
+//!    dropped before `execute`.
 //!
 //! `execute` (parallel, one task per kernel offset) looks every emitted key up in the unique
 //! sites (in the bitmap, or in the sorted keys, where a table of key prefixes, about one
@@ -32,14 +33,15 @@
 //!
 //! Subm: `plan` radix-sorts (key, row) and rejects duplicates. `execute` runs one task per
 //! (kz, ky): it walks the sorted sites once, and for each site searches the x window of its
-//! target line (b, z + dz, y + dy), that line's key computed once per source line. Those
-//! windows start at keys that increase with the source key, so one forward pointer serves
-//! every site (a merge join, no hashing; with dilation > 1 on x, one pointer per x tap). Hits go to `indice_pairs[k, 1, row]`, which is
-//! then compacted in row order. Nothing depends on how tasks are scheduled.
+//! target line (b, z + dz, y + dy), that line's key computed once per source line (per site
+//! with dilation > 1 on x). Those windows start at keys that increase with the source key,
+//! so one forward pointer serves every site (a merge join, no hashing; with dilation > 1 on
+//! x, one pointer per x tap). Hits go to `indice_pairs[k, 1, row]`, which is then compacted
+//! in row order. Nothing depends on how tasks are scheduled.
 //!
 //! Cost: O(L * (kd + kh + kw) + P) for conv with P pairs, O(L * K) for subm; memory O(P)
-//! (plus the bitmap, at most 3 bytes per pair the rows can emit) or O(L) beyond the outputs.
-
+//! (plus the bitmap: at most 3 bytes per pair the rows can emit, or 48 KB) or O(L) beyond
+//! the outputs.
 
 use crate::ops::Operator;
 use crate::error::{Error, Result};
@@ -727,9 +729,9 @@ mod tests {
 
     /// Through the operator's own entry point, the bitmap is used where the grid is small
     /// against the pairs the rows can emit, and not where it is large: a strided 3x3x3
-    /// conv of 2,000 clustered rows into 21 x 64 x 64 marks a bitmap; the same rows into a
-    /// grid of 21 x 1440 x 1440 (340 KB of bitmap for at most 16,000 pairs) sort their keys,
-    /// as do rows into a big kernel with a big stride (at most one output per row).
+    /// conv of 2,000 rows into 20 x 63 x 63 outputs marks a bitmap; the same rows into 20
+    /// x 719 x 719 (1.29 MB of bitmap for at most 16,000 pairs) sort their keys, as do rows
+    /// into a big kernel with a big stride (at most one output per row).
     #[test]
     fn conv_book_takes_the_bitmap_only_for_a_grid_small_against_the_pairs() {
         let rows = |n: i32, span: i32| (0..n).flat_map(move |i| [0, i % 41, (i * 7) % span, (i * 13) % span]).collect::<Vec<i32>>();

@@ -217,7 +217,8 @@ impl GetIndicePairs {
                 rows: vec![Vec::new(); kernel_volume],
                 keys: vec![Vec::new(); kernel_volume],
                 by_prefix: Vec::new(),
-                starts: vec![0; prefix_mask + 2],
+                // (Prefix counts only for the sort: the bitmap needs none.)
+                starts: if dense.is_some() { Vec::new() } else { vec![0; prefix_mask + 2] },
             };
             let mut reach: [Vec<(u32, u32)>; DIM_NB] = Default::default();
             'rows: for (r, row) in rows4(block).enumerate() {
