@@ -292,8 +292,9 @@ def backbone_model(weights, batchnorm: bool = False):
         inits.append(numpy_helper.from_array(w["filters"], f"{n}_w"))
         nodes.append(helper.make_node("IndiceConv", ins, [f"{n}_y"], domain="mluops", name=n))
         if batchnorm:
-            bn = [f"{n}_{p}" for p in ("gamma", "beta", "mean", "var")]
-            inits += [numpy_helper.from_array(w[p], name) for p, name in zip(("gamma", "beta", "mean", "var"), bn)]
+            params = ("gamma", "beta", "mean", "var")
+            bn = [f"{n}_{p}" for p in params]
+            inits += [numpy_helper.from_array(w[p], name) for p, name in zip(params, bn)]
             nodes.append(helper.make_node("BatchNormalization", [f"{n}_y", *bn], [f"{n}_bn"], name=f"{n}_bn", epsilon=BN_EPS))
         else:
             inits += [numpy_helper.from_array(w["scale"], f"{n}_s"), numpy_helper.from_array(w["shift"], f"{n}_t")]

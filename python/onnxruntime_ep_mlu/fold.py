@@ -49,7 +49,8 @@ try:
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"onnxruntime_ep_mlu.fold needs numpy and onnx ({e}); pip install onnx") from e
 
-DOMAIN = "mluops"
+from . import DOMAIN
+
 __all__ = ["fold_affine"]
 
 
@@ -171,7 +172,7 @@ def _fold_once(graph) -> bool:
 
 def _fresh(graph, base: str) -> str:
     """`base`, or `base_N`, a name no value, initializer or node of the model uses."""
-    taken = {o.name for o in graph.output} | {i.name for i in graph.input}
+    taken: set[str] = set()
     for g in _graphs(graph):
         taken |= {i.name for i in g.initializer} | {i.values.name for i in g.sparse_initializer}
         taken |= {v.name for v in g.value_info} | {i.name for i in g.input} | {o.name for o in g.output}

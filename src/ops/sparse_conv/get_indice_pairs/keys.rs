@@ -259,12 +259,9 @@ impl DenseSites {
             return Err(Error::Runtime(format!("GetIndicePairs: {} output-site values for {} sites", out.len(), self.count)));
         }
         let before = |w: usize| self.ranks.get(w).map_or(self.count, |&r| r as usize);
-        let parts = pieces(self.count, grain);
-        // (u128: the products stay exact on any target.)
-        let share = |j: usize| (j as u128 * self.count as u128 / parts as u128) as usize;
-        let first_words = (0..parts).map(|j| self.ranks.partition_point(|&r| (r as usize) < share(j)));
-        let mut cuts = scratch::collect(first_words.chain([self.words.len()]), "the output sites' parts")?;
-        cuts.dedup();
+        // Parts of whole words weighted by their sites (the ranks' differences).
+        let sites = (0..self.words.len()).map(|w| (before(w + 1) - before(w)) as u64);
+        let cuts = balanced_cuts(sites, pieces(self.count, grain));
         let bounds = scratch::collect(cuts.iter().map(|&w| 4 * before(w)), "the output sites' parts")?;
         let [_, d, h, w] = self.dims;
         for_each_part_mut(par, out, &bounds, |t, part| {
