@@ -15,6 +15,7 @@ pub mod tensor;
 mod test_rng;
 pub mod ffi;
 pub mod mlu;
+pub mod mluops;
 
 use ep::factory;
 use ffi::ep_abi::OrtEpFactory;

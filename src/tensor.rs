@@ -386,3 +386,25 @@ impl Tensor {
         Tensor { shape: shape.into(), data: OwnedData::I64(data) }
     }
 }
+
+/// One tensor in card memory as a kernel context holds it: element type, shape and address.
+/// It goes unchanged from ONNX Runtime's context to the card backends.
+#[derive(Debug, Clone)]
+pub struct CardTensor {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    pub data: *mut std::ffi::c_void,
+}
+
+impl CardTensor {
+    /// Its element type and dimensions as an output spec (an error for a negative dimension).
+    pub fn spec(&self) -> crate::error::Result<OutputSpec> {
+        let dims = self
+            .shape
+            .iter()
+            .map(|&x| usize::try_from(x))
+            .collect::<std::result::Result<Vec<usize>, _>>()
+            .map_err(|_| crate::error::Error::Runtime(format!("negative dimension in {:?}", self.shape)))?;
+        Ok(OutputSpec::new(self.dtype, dims))
+    }
+}

@@ -41,7 +41,7 @@ impl Rng {
 }
 
 /// Runs `op` on CPU and on the emulated card.
-fn both<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>]) -> (Vec<Tensor>, Vec<Tensor>) {
+fn both<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>]) -> (Vec<Tensor>, Vec<Tensor>) {
     let cpu = run(op, inputs, &Threads(2)).expect("CPU kernel runs");
     let mlu = run_on_device(&device(), op, inputs).expect("BANG kernels run on the emulated card");
     assert_eq!(cpu.len(), mlu.len());
@@ -476,7 +476,7 @@ mod bad_input {
     use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
     use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 
-    fn same_error<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>], rule: &str) {
+    fn same_error<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>], rule: &str) {
         let cpu = run(op, inputs, &Threads(2)).expect_err("CPU rejects").to_string();
         let mlu = run_on_device(&device(), op, inputs).expect_err("MLU rejects").to_string();
         assert_eq!(cpu, mlu);
@@ -585,7 +585,7 @@ mod fuzz {
     use proptest::prelude::*;
 
     /// CPU and MLU agree: the same outputs, or the same error.
-    fn agree<O: MluOperator>(op: &O, inputs: &[Option<&Tensor>], exact: bool) {
+    fn agree<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>], exact: bool) {
         let cpu = run(op, inputs, &Threads(2));
         let mlu = run_on_device(&device(), op, inputs);
         match (cpu, mlu) {

@@ -56,7 +56,7 @@ fn every_operator_has_exactly_one_schema_in_domain_mluops() {
 /// only (the EP declines them).
 #[test]
 fn mlu_kernels_exist_for_the_five_contract_operators_only() {
-    let with_mlu: Vec<&str> = ops::ALL.iter().filter(|e| e.create_mlu.is_some()).map(|e| e.name).collect();
+    let with_mlu: Vec<&str> = ops::ALL.iter().filter(|e| e.create_card.is_some()).map(|e| e.name).collect();
     assert_eq!(
         with_mlu,
         ["DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"]

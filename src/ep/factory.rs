@@ -12,6 +12,8 @@ use crate::ffi::ep_abi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegi
 use crate::ffi::registry::KernelRegistry;
 use crate::ffi::{INFO, Logger, WARNING, cstring, custom_op, guard, ok, status, version};
 use crate::mlu::{Device, cnrt, emulator};
+use crate::mluops;
+use crate::ops::device::{Backend, CardBackends};
 use ort_sys::{
     OrtAllocator, OrtCustomOpDomain, OrtEpDevice, OrtErrorCode, OrtHardwareDevice, OrtKeyValuePairs, OrtLogger,
     OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
@@ -271,7 +273,11 @@ unsafe extern "system" fn create_ep(
             Ok(card) => {
                 // SAFETY: ORT's session logger, valid for the life of the EP created here.
                 let logger = unsafe { Logger::new(logger) };
-                let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger);
+                let backends = match backends(options) {
+                    Ok(b) => b,
+                    Err(e) => return status(OrtErrorCode::ORT_INVALID_ARGUMENT, &e.to_string()),
+                };
+                let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger, backends);
                 // SAFETY: ORT's out pointer; released by release_ep.
                 unsafe { *out = ep.into_raw() };
                 ok()
@@ -282,6 +288,37 @@ unsafe extern "system" fn create_ep(
             ),
         }
     })
+}
+
+/// The card backends a session asked for: the option `mlu_backend` (else the environment
+/// variable `MLU_EP_BACKEND`, else `auto`), and the MLU-OPS library (the option
+/// `mluops_library`, else `MLU_EP_MLUOPS_LIBRARY`, else the standard places). `auto` without
+/// a usable library runs our BANG kernels (the reason is logged); `mluops` without one is an
+/// error.
+fn backends(options: *const OrtSessionOptions) -> Result<CardBackends> {
+    let option = |name: &str| -> Result<Option<String>> {
+        let key = format!("{OPTION_PREFIX}{name}");
+        // SAFETY: options is null or the live session options of CreateEp.
+        unsafe { ort_device::session_entry(options, &key) }
+    };
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (value, from) = match option("mlu_backend")? {
+        Some(v) => (v, "option mlu_backend"),
+        None => match env("MLU_EP_BACKEND") {
+            Some(v) => (v, "MLU_EP_BACKEND"),
+            None => ("auto".to_owned(), "default"),
+        },
+    };
+    let order = Backend::order(&value).map_err(|why| Error::attribute(format!("{EP_NAME} {from}"), why))?;
+    if !order.contains(&Backend::MluOps) {
+        return Ok(CardBackends { order, mluops: Err(format!("{from} = {value}")) });
+    }
+    let explicit = option("mluops_library")?.or_else(|| env("MLU_EP_MLUOPS_LIBRARY"));
+    let mluops = mluops::open(explicit.as_deref());
+    if let (Err(why), false) = (&mluops, order.contains(&Backend::Bang)) {
+        return Err(Error::attribute(format!("{EP_NAME} {from}"), format!("{value} asks for MLU-OPS, which is not usable: {why}")));
+    }
+    Ok(CardBackends { order, mluops })
 }
 
 unsafe extern "system" fn release_ep(_: *mut OrtEpFactory, ep: *mut OrtEp) {

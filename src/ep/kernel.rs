@@ -1,23 +1,23 @@
-//! The EP's kernel registry: one kernel per `mluops` operator, running the operator's BANG
-//! kernels on the EP's card. Inputs and outputs live in card memory and stay there: the
-//! host reads shapes, the few bytes of the size inputs and the value checks' records
-//! (`ops::device`). Only a node whose sizes exceed the kernels' limits copies its inputs to
-//! the host, to run its CPU kernel.
+//! The EP's kernel registry: one kernel per `mluops` operator a card backend runs, running
+//! the node through `ops::device`'s node runner on the EP's card with the EP's backends.
+//! Inputs and outputs live in card memory and stay there: the host reads shapes, the few
+//! bytes of the size inputs and the value checks' records. Only a node whose run-time sizes
+//! every backend declines copies its inputs to the host, to run its CPU kernel; that is
+//! logged through ONNX Runtime's logger and counted ([`super::provider::Counts`]).
 
 use super::EP_NAME;
 use super::provider::Ep;
 use super::traffic;
 use crate::error::{Error, NodeError, Result};
 use crate::ffi::ep_abi::{OrtKernelCreateFunc, OrtKernelImpl};
-use crate::ffi::kernel::{ContextTensor, KernelContext, KernelInfo};
+use crate::ffi::kernel::{KernelContext, KernelInfo};
 use crate::ffi::registry::{HostSide, KernelRegistry};
-use crate::ffi::{guard, node_status, ok, status, version};
+use crate::ffi::{WARNING, guard, node_status, ok, status, version};
 use crate::mlu::{Buffer, Device, Direction};
-use crate::ops::device::{DeviceOutputs, MluKernel, card_inputs, read_sizes};
-use crate::ops::{ALL, Kernel, OpEntry, OwnedOutputs};
-use crate::parallel::Serial;
+use crate::ops::device::{CardNode, DeviceOutputs, Ran};
+use crate::ops::{ALL, OpEntry};
 use crate::schema::{self, Attrs, Schema};
-use crate::tensor::{DType, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
+use crate::tensor::OutputSpec;
 use ort_sys::{OrtErrorCode, OrtKernelContext, OrtKernelInfo, OrtStatusPtr};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub fn registry() -> Result<KernelRegistry> {
         // OpEntry or Direction.
         unsafe { registry.add(op, domain, EP_NAME, host, create, state.cast_mut()) }
     };
-    for entry in ALL.iter().filter(|e| e.create_mlu.is_some()) {
+    for entry in ALL.iter().filter(|e| e.create_card.is_some()) {
         add(entry.name, schema::DOMAIN, HostSide::None, create_kernel, (entry as *const OpEntry).cast())?;
     }
     add("MemcpyFromHost", "", HostSide::Input0, create_memcpy, (&TO_DEVICE as *const Direction).cast())?;
@@ -126,11 +126,11 @@ fn kernel_impl(
 struct NodeKernel {
     base: OrtKernelImpl,
     op: &'static str,
-    node: String,
+    node_name: String,
     schema: &'static Schema,
-    /// The node's descriptor, built once: its MLU kernels, and its CPU kernel for a node
-    /// whose run-time sizes exceed the MLU kernels' limits ([`Error::MluLimit`]).
-    kernel: Box<dyn MluKernel>,
+    /// The node's descriptor, built once: its card paths in the EP's backend order, and its
+    /// CPU kernel for a node whose run-time sizes every path declines.
+    node: CardNode,
     ep: *const Ep,
 }
 
@@ -140,26 +140,27 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
     // SAFETY: info is live during kernel creation.
     let info = unsafe { KernelInfo::from_raw(info) };
     guard(entry.name, || {
-        let node = info.node_name();
-        let fail = |error| node_status(&NodeError { op: entry.name, node: node.clone(), error });
+        let node_name = info.node_name();
+        let fail = |error| node_status(&NodeError { op: entry.name, node: node_name.clone(), error });
         let ep = match kernel_ep(info) {
             Ok(ep) => ep,
             Err(e) => return fail(e),
         };
         let schema = crate::ops::schema(entry.name);
-        let Some(create_mlu) = entry.create_mlu else {
-            return fail(Error::Runtime("no MLU kernel for this operator".into()));
+        let Some(create_card) = entry.create_card else {
+            return fail(Error::Runtime("no card backend runs this operator".into()));
         };
         let source = info.attributes();
         let attrs = Attrs::new(schema, &source);
-        match create_mlu(&attrs) {
-            Ok(kernel) => {
+        // SAFETY: the EP outlives the kernels of its sessions.
+        match create_card(&attrs, unsafe { &*ep }.backends()) {
+            Ok(node) => {
                 let k = Box::new(NodeKernel {
                     base: kernel_impl(compute, release),
                     op: entry.name,
-                    node: node.clone(),
+                    node_name: node_name.clone(),
                     schema,
-                    kernel,
+                    node,
                     ep,
                 });
                 // SAFETY: ORT's out pointer; the box is freed by `release`.
@@ -210,78 +211,34 @@ impl NodeKernel {
         let device = ep.device();
         let before = traffic::enabled().then(|| device.traffic());
         let names = self.schema.input_names();
-        let on_device = ctx.tensors(names.len())?;
-        let described: Vec<Option<(DType, Vec<i64>)>> =
-            on_device.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).collect();
-        let ptrs: Vec<*const c_void> =
-            on_device.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cast_const())).collect();
-        let sizes = read_sizes(device, self.kernel.size_inputs(), &described, &ptrs)?;
-        let inputs = card_inputs(names.clone(), &described, &sizes)?;
+        let tensors = ctx.tensors(names.len())?;
         let queue = ep.queue()?;
         let mut card =
             ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new(), output_bytes: 0 };
-        // Synchronises the queue once, on every path (ops::device's rule).
-        let result = self.kernel.run_on_card(device, &queue, &inputs, &ptrs, &mut card);
+        // Synchronises the queue on every path (ops::device's rule).
+        let ran = self.node.run(device, &queue, names, &tensors, &mut card);
         ep.recycle(queue);
-        let result = match result {
-            Err(Error::MluLimit(why)) => {
-                log::warn!("{} node '{}' runs on the host CPU: {why}", self.op, self.node);
-                self.run_on_host(device, names, &on_device, &mut card)
-            }
-            other => other,
-        };
+        let ran = ran?;
+        ep.counts().ran(&ran);
+        if let Ran::Host(why) = &ran {
+            let sizes: Vec<String> = tensors.iter().flatten().map(|t| format!("{:?}", t.shape)).collect();
+            ep.logger().log(
+                WARNING,
+                &format!(
+                    "{EP_NAME}: mluops.{} node '{}' ran on the host CPU (inputs {}): {why}",
+                    self.op,
+                    self.node_name,
+                    sizes.join(", ")
+                ),
+            );
+        }
         if let Some(before) = before {
-            let inputs: usize = described
-                .iter()
-                .flatten()
-                .map(|(dtype, shape)| shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * dtype.size())
-                .sum();
-            traffic::record(self.op, &self.node, &device.traffic().since(&before), inputs + card.output_bytes);
-        }
-        result
-    }
-
-    /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs
-    /// into the node's card outputs.
-    fn run_on_host(
-        &self,
-        device: &Device,
-        names: Vec<String>,
-        on_device: &[Option<ContextTensor>],
-        card: &mut ContextOutputs<'_>,
-    ) -> Result<()> {
-        let mut staged = Vec::with_capacity(on_device.len());
-        for (name, input) in names.iter().zip(on_device) {
-            staged.push(match input {
-                None => None,
-                Some(d) => {
-                    let dims = d
-                        .shape
-                        .iter()
-                        .map(|&x| usize::try_from(x))
-                        .collect::<std::result::Result<Vec<usize>, _>>()
-                        .map_err(|_| Error::Runtime(format!("negative dimension in {:?}", d.shape)))?;
-                    let spec = OutputSpec::new(d.dtype, dims);
-                    let mut data = OwnedData::poisoned(&spec, &format!("the host copy of input '{name}'"))?;
-                    // SAFETY: `data` holds spec.bytes() bytes; d.data is the card tensor of as many.
-                    unsafe { device.copy_raw(data.as_mut_ptr(), d.data, spec.bytes(), Direction::DeviceToHost)? };
-                    Some(Tensor { shape: spec.shape, data })
-                }
-            });
-        }
-        let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
-        let inputs = Inputs::new(names, refs)?;
-        let mut host = OwnedOutputs::named(self.schema.output_names());
-        let cpu: &dyn Kernel = &*self.kernel;
-        cpu.compute(&inputs, &mut host, &Serial)?;
-        for (i, (spec, data)) in host.specs.iter().zip(&host.data).enumerate() {
-            let dst = card.allocate(i, spec)?;
-            let bytes = spec.bytes();
-            if bytes > 0 {
-                // SAFETY: `dst` is the card output just allocated for `spec`, `data` the host
-                // buffer of the same spec: both hold `bytes` bytes.
-                unsafe { device.copy_raw(dst, data.as_ptr(), bytes, Direction::HostToDevice)? };
-            }
+            let inputs: usize = tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
+            let backend = match &ran {
+                Ran::Card(b) => b.name(),
+                Ran::Host(_) => "cpu",
+            };
+            traffic::record(self.op, &self.node_name, backend, &device.traffic().since(&before), inputs + card.output_bytes);
         }
         Ok(())
     }
@@ -294,6 +251,6 @@ unsafe extern "system" fn compute(this: *mut OrtKernelImpl, ctx: *mut OrtKernelC
     let ctx = unsafe { KernelContext::from_raw(ctx) };
     guard(k.op, || match k.run(ctx) {
         Ok(()) => ok(),
-        Err(error) => node_status(&NodeError { op: k.op, node: k.node.clone(), error }),
+        Err(error) => node_status(&NodeError { op: k.op, node: k.node_name.clone(), error }),
     })
 }

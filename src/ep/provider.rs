@@ -1,5 +1,6 @@
-//! One `MLUExecutionProvider` instance (per session): partitioning (`GetCapability`) and
-//! the queues its kernels launch on.
+//! One `MLUExecutionProvider` instance (per session): its card backends, partitioning
+//! (`GetCapability`: which backend takes each node, or why none does), the queues its
+//! kernels launch on, and the session's counts of those decisions.
 
 use super::EP_NAME;
 use super::factory::Factory;
@@ -7,12 +8,54 @@ use crate::error::Result;
 use crate::ffi::ep_abi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelRegistry};
 use crate::ffi::graph::{Graph, Node, SupportInfo};
 use crate::ffi::{INFO, Logger, WARNING, cstring, guard, ok, status, version};
-use crate::mlu::{Device, Queue};
+use super::traffic;
+use crate::mlu::{Device, Queue, Traffic};
 use crate::ops;
+use crate::ops::device::{Backend, CardBackends, Ran};
 use crate::schema::{self, Attrs};
 use ort_sys::{OrtErrorCode, OrtGraph, OrtStatusPtr};
+use serde_json::json;
 use std::ffi::{CString, c_char};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// One provider's counts of its decisions: nodes claimed per backend and declined (at
+/// `GetCapability`), node runs per backend and run-time CPU fallbacks. Logged and written
+/// to the traffic report when the session ends.
+#[derive(Default, Debug)]
+pub struct Counts {
+    claimed: [AtomicUsize; 2],
+    declined: AtomicUsize,
+    runs: [AtomicUsize; 2],
+    fallbacks: AtomicUsize,
+}
+
+fn slot(b: Backend) -> usize {
+    match b {
+        Backend::MluOps => 0,
+        Backend::Bang => 1,
+    }
+}
+
+impl Counts {
+    pub fn ran(&self, ran: &Ran) {
+        let counter = match ran {
+            Ran::Card(b) => &self.runs[slot(*b)],
+            Ran::Host(_) => &self.fallbacks,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let per = |a: &[AtomicUsize; 2]| json!({"mluops": a[0].load(Ordering::Relaxed), "bang": a[1].load(Ordering::Relaxed)});
+        json!({
+            "claimed": per(&self.claimed),
+            "declined": self.declined.load(Ordering::Relaxed),
+            "card_runs": per(&self.runs),
+            "cpu_fallbacks": self.fallbacks.load(Ordering::Relaxed),
+        })
+    }
+}
 
 /// `base` comes first so ONNX Runtime's `OrtEp*` casts back.
 #[repr(C)]
@@ -24,6 +67,10 @@ pub struct Ep {
     card: u32,
     logger: Logger,
     queues: Mutex<Vec<Queue>>,
+    backends: CardBackends,
+    counts: Counts,
+    /// The card's traffic counters when the EP was created (the session line's span).
+    created: Traffic,
 }
 
 // SAFETY: the raw pointer is the factory, which outlives the EP
@@ -39,7 +86,7 @@ fn this<'a>(ep: *const OrtEp) -> &'a Ep {
 }
 
 impl Ep {
-    pub fn new(factory: *const Factory, device: Arc<Device>, card: u32, logger: Logger) -> Box<Self> {
+    pub fn new(factory: *const Factory, device: Arc<Device>, card: u32, logger: Logger, backends: CardBackends) -> Box<Self> {
         let base = OrtEp {
             ort_version_supported: version(),
             GetName: Some(get_name),
@@ -57,7 +104,25 @@ impl Ep {
             GetKernelRegistry: Some(get_kernel_registry),
             IsConcurrentRunSupported: Some(is_concurrent_run_supported),
         };
-        let ep = Box::new(Ep { base, name: cstring(EP_NAME), factory, device, card, logger, queues: Mutex::new(Vec::new()) });
+        let created = device.traffic();
+        let ep = Box::new(Ep {
+            base,
+            name: cstring(EP_NAME),
+            factory,
+            device,
+            card,
+            logger,
+            queues: Mutex::new(Vec::new()),
+            backends,
+            counts: Counts::default(),
+            created,
+        });
+        let order: Vec<&str> = ep.backends.order.iter().map(|b| b.name()).collect();
+        let mluops = match &ep.backends.mluops {
+            Ok(lib) => format!("{lib:?}"),
+            Err(why) => format!("not in use: {why}"),
+        };
+        logger.log(INFO, &format!("{EP_NAME} card backends, in order: {}; MLU-OPS: {mluops}", order.join(", ")));
         let d = &ep.device.info;
         logger.log(
             INFO,
@@ -80,7 +145,31 @@ impl Ep {
     /// `p` came from [`Ep::into_raw`] and is released once.
     pub unsafe fn release(p: *mut OrtEp) {
         // SAFETY: caller contract.
-        drop(unsafe { Box::from_raw(p as *mut Ep) });
+        let ep = unsafe { Box::from_raw(p as *mut Ep) };
+        ep.report();
+    }
+
+    /// The session's counts and host<->card bytes, to the log and the traffic report.
+    fn report(&self) {
+        let mut line = self.counts.json();
+        line["session"] = json!(format!("{:p}", self as *const Ep));
+        line["traffic"] = traffic::traffic_json(&self.device.traffic().since(&self.created));
+        self.logger.log(INFO, &format!("{EP_NAME} session summary: {line}"));
+        if traffic::enabled() {
+            traffic::append(&line);
+        }
+    }
+
+    pub fn backends(&self) -> &CardBackends {
+        &self.backends
+    }
+
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    pub fn logger(&self) -> Logger {
+        self.logger
     }
 
     pub fn device(&self) -> &Arc<Device> {
@@ -105,21 +194,14 @@ impl Ep {
         self.queues.lock().unwrap_or_else(|e| e.into_inner()).push(q);
     }
 
-    /// Why the MLU declines `node`, or `None` when it takes it.
-    fn decline_reason(&self, node: Node<'_>, op_type: &str) -> Option<String> {
-        let Some(entry) = ops::entry(op_type) else {
-            return Some("not an operator of this library".into());
-        };
-        let Some(create_mlu) = entry.create_mlu else {
-            return Some("no MLU kernel for this operator (its CPU kernel runs it)".into());
-        };
-        match create_mlu(&Attrs::new(ops::schema(op_type), &node.attributes())) {
-            Err(e) => Some(format!("invalid attributes ({e}); the CPU kernel reports the error")),
-            Ok(kernel) => kernel.supported().err().or_else(|| match node.input_shapes() {
-                Ok(shapes) => kernel.supported_shapes(&self.device.info, &shapes).err(),
-                Err(m) => Some(format!("its input shapes cannot be read: {m}")),
-            }),
-        }
+    /// The backend that takes `node`, or why none does.
+    fn choice(&self, node: Node<'_>, op_type: &str) -> std::result::Result<Backend, String> {
+        let entry = ops::entry(op_type).ok_or("not an operator of this library")?;
+        let create_card = entry.create_card.ok_or("no card backend runs this operator (its CPU kernel runs it)")?;
+        let card = create_card(&Attrs::new(ops::schema(op_type), &node.attributes()), &self.backends)
+            .map_err(|e| format!("invalid attributes ({e}); the CPU kernel reports the error"))?;
+        let shapes = node.input_shapes().map_err(|m| format!("its input shapes cannot be read: {m}"))?;
+        card.static_choice(&self.device.info, Some(&shapes))
     }
 }
 
@@ -134,17 +216,21 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::
         }
         let op_type = node.op_type()?;
         let name = node.name()?;
-        let reason =
-            if info.has_kernel(node)? { ep.decline_reason(node, &op_type) } else { Some("no MLU kernel is registered for it".into()) };
-        match reason {
-            None => {
+        let choice =
+            if info.has_kernel(node)? { ep.choice(node, &op_type) } else { Err("no card kernel is registered for it".into()) };
+        match choice {
+            Ok(backend) => {
                 info.claim(node)?;
-                ep.logger.log(INFO, &format!("{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {}", ep.card));
+                ep.counts.claimed[slot(backend)].fetch_add(1, Ordering::Relaxed);
+                ep.logger.log(
+                    INFO,
+                    &format!("{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {} with backend {}", ep.card, backend.name()),
+                );
             }
-            Some(why) => ep.logger.log(
-                WARNING,
-                &format!("{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"),
-            ),
+            Err(why) => {
+                ep.counts.declined.fetch_add(1, Ordering::Relaxed);
+                ep.logger.log(WARNING, &format!("{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"));
+            }
         }
     }
     Ok(())

@@ -10,7 +10,7 @@ use super::{Handle, api, check, checked, ep_api, read_string};
 use crate::error::{Error, Result};
 use crate::ops::OutputHost;
 use crate::parallel::Parallel;
-use crate::tensor::{Data, DType, Inputs, OutData, OutputSpec, Outputs, TensorRef};
+use crate::tensor::{CardTensor, Data, DType, Inputs, OutData, OutputSpec, Outputs, TensorRef};
 use ort_sys::{ONNXTensorElementDataType as Ty, OrtKernelContext, OrtKernelInfo, OrtValue};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,13 +129,6 @@ impl<'a> Value<'a> {
     }
 }
 
-/// One input as the kernel context holds it: shape, element type and buffer address.
-pub struct ContextTensor {
-    pub shape: Vec<i64>,
-    pub dtype: DType,
-    pub data: *mut c_void,
-}
-
 impl<'a> KernelContext<'a> {
     pub fn input_count(self) -> Result<usize> {
         let mut count = 0usize;
@@ -155,7 +148,7 @@ impl<'a> KernelContext<'a> {
 
     /// The first `n` inputs (the schema's count) with shape, element type and address;
     /// inputs past the node's own are absent optionals.
-    pub fn tensors(self, n: usize) -> Result<Vec<Option<ContextTensor>>> {
+    pub fn tensors(self, n: usize) -> Result<Vec<Option<CardTensor>>> {
         let count = self.input_count()?;
         let mut tensors = Vec::with_capacity(n);
         for i in 0..n {
@@ -166,7 +159,7 @@ impl<'a> KernelContext<'a> {
                     let (ty, shape) = v.type_and_shape()?;
                     let dtype =
                         dtype_of(ty).ok_or_else(|| Error::Runtime(format!("input {i} has unsupported element type {ty:?}")))?;
-                    Some(ContextTensor { shape: shape.to_vec(), dtype, data: v.data()? })
+                    Some(CardTensor { shape: shape.to_vec(), dtype, data: v.data()? })
                 }
             });
         }
@@ -219,7 +212,7 @@ impl<'a> KernelContext<'a> {
         for (i, t) in self.tensors(names.len())?.into_iter().enumerate() {
             views.push(match t {
                 None => None,
-                Some(ContextTensor { shape, dtype, data }) => {
+                Some(CardTensor { shape, dtype, data }) => {
                     let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?));
                     let n = numel.ok_or_else(|| Error::Runtime(format!("input {i} has an invalid shape {shape:?}")))?;
                     // SAFETY: a host tensor holding `n` elements of the reported type, alive for

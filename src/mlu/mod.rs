@@ -281,10 +281,19 @@ impl Device {
     /// # Safety
     /// `ptr` is device memory of this card valid for `bytes` bytes.
     pub unsafe fn zero_raw(&self, ptr: *mut c_void, bytes: usize) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.fill_raw(ptr, 0, bytes) }
+    }
+
+    /// Sets each of `bytes` bytes at device address `ptr` to `value`.
+    ///
+    /// # Safety
+    /// `ptr` is device memory of this card valid for `bytes` bytes.
+    pub unsafe fn fill_raw(&self, ptr: *mut c_void, value: u8, bytes: usize) -> Result<()> {
         if bytes > 0 {
             Counters::add(&self.counters.memset, bytes);
             // SAFETY: forwarded contract.
-            unsafe { self.runtime.memset(ptr, 0, bytes)? };
+            unsafe { self.runtime.memset(ptr, value, bytes)? };
         }
         Ok(())
     }
@@ -320,6 +329,12 @@ impl Device {
         Counters::add(counter, bytes);
         // SAFETY: forwarded contract.
         unsafe { self.runtime.memcpy(dst, src, bytes, dir) }
+    }
+
+    /// Makes this card the calling thread's current device (before a library call that
+    /// takes it, such as `mluOpCreate`).
+    pub fn bind_thread(&self) -> Result<()> {
+        self.runtime.bind_thread()
     }
 
     pub fn queue(self: &Arc<Self>) -> Result<Queue> {

@@ -1,26 +1,35 @@
-//! The operators' side of an MLU card: [`MluOperator`] (what an operator with BANG kernels
-//! implements), the type-erased [`MluKernel`] the execution provider holds per node, the
-//! one driver of a node on the card ([`MluKernel::run_on_card`]), the static-shape checks behind
-//! the provider's declines, and [`run_on_device`], the host-tensor driver the tests use.
-//! The device runtime (`crate::mlu`) knows nothing of this.
+//! The operators' side of a card, and card backends as a concept. A node the provider
+//! claims runs on one of the card backends ([`Backend`]: Cambricon's MLU-OPS library, our
+//! BANG kernels), tried in the provider's order, else on the host CPU. Each backend is a
+//! [`CardPath`] with a trait operators implement ([`MluOpsOperator`] in
+//! `ops/<family>/mluops.rs`, [`MluOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
+//! type-erased ([`CardNode`]) and [`CardNode::run`] is the one node runner, for the provider
+//! and for the tests' driver ([`run_node_on_device`]) alike. The device runtime (`crate::mlu`)
+//! and the MLU-OPS binding (`crate::mluops`) know nothing of this.
 //!
 //! A node on the card, in order: the shape rules on the host (shapes, dtypes and the size
-//! inputs' few bytes); the kernels' size limits (a node beyond them runs its CPU kernel,
-//! decided before anything is launched); one check kernel per value rule (kernels/check),
-//! each writing a 4-byte record; the operator's kernels, those that address memory with
-//! input values gated on the records; one queue synchronisation; the records read back
-//! and the first broken rule reported in the CPU path's words.
+//! inputs' few bytes); the int32 check of every input and the path's size limits (a node
+//! beyond them tries the next path, then runs its CPU kernel, decided before anything is
+//! launched); one check kernel per value rule (kernels/check), each writing a 4-byte record;
+//! the path's work: BANG kernels that address memory with input values gated on the records
+//! on the card, library calls only after the host read the records (MLU-OPS does not check
+//! index values); one queue synchronisation; the records read back and the first broken rule
+//! reported in the CPU path's words.
 //!
-//! Queue synchronisation, the one rule: the driver synchronises once per node, after
-//! everything is enqueued. An operator's `mlu_compute` only enqueues, except where the
-//! contract makes an output's size depend on data (GetIndicePairs waits once for its site
-//! count). Scratch memory comes from [`DeviceOutputs::workspace`] and lives until the
-//! node's outputs are dropped, after that synchronisation.
+//! Queue synchronisation: the driver synchronises once per node after everything is
+//! enqueued (and once before a host-gated path's calls). A path's work only enqueues, except
+//! where the contract makes an output's size depend on data (GetIndicePairs waits once for
+//! its site count). Scratch memory comes from [`DeviceOutputs::workspace`] and lives until
+//! the node's outputs are dropped, after that synchronisation.
 
 use super::rules::{Broken, Check, Rules, RowValues, SIZE_INPUT_BYTES, ValueRule};
+use super::{Kernel, OwnedOutputs};
 use crate::error::{Error, Result};
+use crate::mluops::Library;
 use crate::mlu::{Buffer, Device, DeviceInfo, Direction, IntBounds, NRAM_BUDGET, Queue, TASK_UNION1};
-use crate::tensor::{DType, Data, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
+use crate::parallel::Serial;
+use crate::schema::Attrs;
+use crate::tensor::{CardTensor, DType, Data, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -62,20 +71,76 @@ impl Card<'_> {
     }
 }
 
-/// An operator with BANG kernels.
-pub trait MluOperator: Rules {
-    /// `Ok` when the MLU kernels support this configuration, else the reason (the EP
-    /// declines such nodes, they run on CPU).
-    fn mlu_supported(&self) -> std::result::Result<(), String>;
+/// The card backends. `auto` tries them in this order: Cambricon's library where it supports
+/// the node (tested by the vendor on cards), then our BANG kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Cambricon's MLU-OPS library (`crate::mluops`, `ops/<family>/mluops.rs`).
+    MluOps,
+    /// Our BANG kernels (kernels/, `ops/<family>/mlu.rs`).
+    Bang,
+}
 
-    /// `Ok` unless the input shapes known before running (static dims) already exceed a
-    /// size limit of the kernels (int32 offsets, NRAM rows); else the reason.
-    fn mlu_supported_shapes(&self, _info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
-        int32_inputs(shapes)
+impl Backend {
+    /// The name the option `mlu_backend`, the log and the traffic report use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::MluOps => "mluops",
+            Backend::Bang => "bang",
+        }
     }
 
-    /// `Ok` unless the run-time sizes exceed what the kernels take; the node then runs its
-    /// CPU kernel. Decided from the shape rules, before anything is launched.
+    /// The backends `mlu_backend` = `value` allows, in the order they are tried.
+    pub fn order(value: &str) -> std::result::Result<&'static [Backend], String> {
+        match value.trim() {
+            "auto" => Ok(&[Backend::MluOps, Backend::Bang]),
+            "mluops" => Ok(&[Backend::MluOps]),
+            "bang" => Ok(&[Backend::Bang]),
+            other => Err(format!("'{other}' is not one of auto, mluops, bang")),
+        }
+    }
+}
+
+/// The card backends a provider runs nodes with: their order, and the MLU-OPS library or
+/// why there is none.
+#[derive(Debug, Clone)]
+pub struct CardBackends {
+    pub order: &'static [Backend],
+    pub mluops: std::result::Result<Arc<Library>, String>,
+}
+
+/// One backend's way of running one operator's nodes (candle's per-backend methods, as a
+/// type per backend): what it supports, its size limits, and the enqueueing of its calls.
+pub trait CardPath<O: Rules>: Send + Sync + 'static {
+    const BACKEND: Backend;
+    /// True when the backend's calls cannot read the value checks' records (a library's
+    /// functions): the driver then waits for the checks, and reports a broken rule, before
+    /// anything of the backend is enqueued.
+    const HOST_GATE: bool;
+    /// `Ok` when this configuration (attributes) is supported, else the reason.
+    fn supported(&self, op: &O) -> std::result::Result<(), String>;
+    /// `Ok` unless the static input shapes already exceed a limit (the int32 check of every
+    /// input is the driver's and cannot be dropped).
+    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String>;
+    /// `Ok` unless the run-time sizes exceed the backend: decided before anything is
+    /// launched.
+    fn fits(&self, op: &O, dims: &O::Dims) -> std::result::Result<(), String>;
+    /// Allocates the outputs and enqueues the backend's work for sizes that fit.
+    fn enqueue(&self, op: &O, dims: &O::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+}
+
+/// An operator with BANG kernels (the [`Bang`] path).
+pub trait MluOperator: Rules {
+    /// `Ok` when the BANG kernels support this configuration, else the reason.
+    fn mlu_supported(&self) -> std::result::Result<(), String>;
+
+    /// `Ok` unless the static input shapes exceed a size limit of the kernels beyond the
+    /// driver's int32 element check (int32 products, NRAM rows); else the reason.
+    fn mlu_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    /// `Ok` unless the run-time sizes exceed what the kernels take.
     fn mlu_fits(&self, _dims: &Self::Dims) -> std::result::Result<(), String> {
         Ok(())
     }
@@ -85,21 +150,77 @@ pub trait MluOperator: Rules {
     fn mlu_compute(&self, dims: &Self::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
 }
 
-/// A configured node whose kernels run on an MLU card: [`MluOperator`] with the type erased,
-/// what the execution provider holds per node. The same object is the node's CPU kernel
-/// ([`super::Kernel`]), which runs it when its sizes exceed the MLU kernels' limits.
-pub trait MluKernel: super::Kernel {
-    /// `Ok` when the BANG kernels support this node's configuration, else the reason.
+/// An operator Cambricon's MLU-OPS library runs (the [`MluOps`] path).
+pub trait MluOpsOperator: Rules {
+    /// `Ok` when MLU-OPS supports this configuration and its documented semantics give the
+    /// contract's answer (docs/MLUOPS_BINDING.md), else the reason.
+    fn mluops_supported(&self) -> std::result::Result<(), String>;
+    /// `Ok` unless the static shapes exceed a documented scale limitation.
+    fn mluops_supported_shapes(&self, _shapes: &StaticShapes) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// `Ok` unless the run-time sizes exceed a documented scale limitation.
+    fn mluops_fits(&self, dims: &Self::Dims) -> std::result::Result<(), String>;
+    /// Allocates the outputs and calls the library on the card's queue, after the value
+    /// checks passed.
+    fn mluops_compute(&self, dims: &Self::Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+}
+
+/// Our BANG kernels.
+pub struct Bang;
+
+impl<O: MluOperator> CardPath<O> for Bang {
+    const BACKEND: Backend = Backend::Bang;
+    const HOST_GATE: bool = false;
+    fn supported(&self, op: &O) -> std::result::Result<(), String> {
+        op.mlu_supported()
+    }
+    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+        op.mlu_supported_shapes(info, shapes)
+    }
+    fn fits(&self, op: &O, dims: &O::Dims) -> std::result::Result<(), String> {
+        op.mlu_fits(dims)
+    }
+    fn enqueue(&self, op: &O, dims: &O::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        op.mlu_compute(dims, card, outputs)
+    }
+}
+
+/// Cambricon's MLU-OPS library, or why the provider has none.
+pub struct MluOps(pub std::result::Result<Arc<Library>, String>);
+
+impl<O: MluOpsOperator> CardPath<O> for MluOps {
+    const BACKEND: Backend = Backend::MluOps;
+    const HOST_GATE: bool = true;
+    fn supported(&self, op: &O) -> std::result::Result<(), String> {
+        self.0.as_ref().map_err(Clone::clone)?;
+        op.mluops_supported()
+    }
+    fn supported_shapes(&self, op: &O, _: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+        op.mluops_supported_shapes(shapes)
+    }
+    fn fits(&self, op: &O, dims: &O::Dims) -> std::result::Result<(), String> {
+        op.mluops_fits(dims)
+    }
+    fn enqueue(&self, op: &O, dims: &O::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let lib = self.0.as_ref().map_err(|why| Error::Runtime(format!("no MLU-OPS library: {why}")))?;
+        card.device.bind_thread()?;
+        op.mluops_compute(dims, lib, card, outputs)
+    }
+}
+
+/// One card path of one node, type-erased: what a [`CardNode`] tries in order.
+pub trait CardKernel: Send + Sync {
+    fn backend(&self) -> Backend;
+    /// As [`CardPath::supported`].
     fn supported(&self) -> std::result::Result<(), String>;
-    /// As [`MluOperator::mlu_supported_shapes`].
+    /// The driver's int32 check of every static input, then [`CardPath::supported_shapes`].
     fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String>;
-    /// As [`Rules::SIZE_INPUTS`].
-    fn size_inputs(&self) -> &'static [usize];
-    /// Runs the node on the card: `inputs` are the host's view of the node's inputs
-    /// (shapes, dtypes, and the values of the size inputs only), `device_inputs` the same
-    /// tensors in card memory. Synchronises `queue` once (the module's rule). An
-    /// [`Error::MluLimit`] comes before anything is launched.
-    fn run_on_card(
+    /// Runs the node on the card: `inputs` are the host's view (shapes, dtypes, the size
+    /// inputs' values), `device_inputs` the tensors in card memory. Synchronises `queue`.
+    /// An [`Error::MluLimit`] comes before anything is launched, except where a library's
+    /// known defect is found after its call (the next path then rewrites the outputs).
+    fn run(
         &self,
         device: &Arc<Device>,
         queue: &Queue,
@@ -109,17 +230,24 @@ pub trait MluKernel: super::Kernel {
     ) -> Result<()>;
 }
 
-impl<O: MluOperator> MluKernel for O {
+/// Operator `O`'s nodes on path `P`.
+pub struct OnCard<O, P> {
+    op: Arc<O>,
+    path: P,
+}
+
+impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
+    fn backend(&self) -> Backend {
+        P::BACKEND
+    }
     fn supported(&self) -> std::result::Result<(), String> {
-        self.mlu_supported()
+        self.path.supported(&self.op)
     }
     fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
-        self.mlu_supported_shapes(info, shapes)
+        int32_inputs(shapes)?;
+        self.path.supported_shapes(&self.op, info, shapes)
     }
-    fn size_inputs(&self) -> &'static [usize] {
-        O::SIZE_INPUTS
-    }
-    fn run_on_card(
+    fn run(
         &self,
         device: &Arc<Device>,
         queue: &Queue,
@@ -127,19 +255,20 @@ impl<O: MluOperator> MluKernel for O {
         device_inputs: &[*const c_void],
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let dims = self.shape_rules(inputs)?;
-        let limit = |why: String| Error::MluLimit(format!("{}: {why}", O::NAME));
+        let op = &*self.op;
+        let dims = op.shape_rules(inputs)?;
+        let limit = |why: String| Error::MluLimit(why);
         for i in 0..device_inputs.len() {
             if let Some(n) = inputs.numel(i).filter(|&n| n > i32::MAX as usize) {
-                return Err(limit(format!("input '{}' has {n} elements, beyond the kernels' int32 offsets", inputs.name(i))));
+                return Err(limit(format!("input '{}' has {n} elements, beyond int32 offsets", inputs.name(i))));
             }
         }
-        self.mlu_fits(&dims).map_err(limit)?;
-        let rules = self.value_rules(&dims);
+        self.path.fits(op, &dims).map_err(limit)?;
+        let rules = op.value_rules(&dims);
         let records: *mut i32 = outputs.workspace(rules.len() * 4)?.cast();
         let verify = || {
             let broken = read_records(device, &rules, records, device_inputs)?;
-            broken.map_or(Ok(()), |b| Err(self.describe(inputs, &dims, &b)))
+            broken.map_or(Ok(()), |b| Err(op.describe(inputs, &dims, &b)))
         };
         let card = Card { device, queue, inputs: device_inputs, records, rules: rules.len(), verify: &verify };
         let mut enqueue = || {
@@ -149,15 +278,153 @@ impl<O: MluOperator> MluKernel for O {
                 let record = unsafe { records.add(k) };
                 launch_check(device, queue, rule, data, inputs.numel(rule.input).unwrap_or(0), record, outputs)?;
             }
-            self.mlu_compute(&dims, &card, outputs)
+            if P::HOST_GATE && !rules.is_empty() {
+                queue.sync()?;
+                card.verify()?;
+            }
+            self.path.enqueue(op, &dims, &card, outputs)
         };
         let enqueued = enqueue();
-        // The node's one wait, on every path once anything may be enqueued: the workspace
-        // must not be freed under a kernel.
+        // The node's one wait (two on a host-gated path), on every path once anything may be
+        // enqueued: the workspace must not be freed under a kernel.
         let synced = queue.sync();
         enqueued?;
         synced?;
         card.verify()
+    }
+}
+
+/// A node's card side: its CPU kernel (the host fallback) and its card paths in the
+/// provider's order.
+pub struct CardNode {
+    pub op: &'static str,
+    pub cpu: Arc<dyn Kernel>,
+    pub paths: Vec<Box<dyn CardKernel>>,
+    pub size_inputs: &'static [usize],
+}
+
+/// A path constructor: operator `O` on one backend, given the provider's backends.
+pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> (Backend, Box<dyn CardKernel>);
+
+/// `O` on our BANG kernels.
+pub fn bang<O: MluOperator>(op: &Arc<O>, _: &CardBackends) -> (Backend, Box<dyn CardKernel>) {
+    (Backend::Bang, Box::new(OnCard { op: Arc::clone(op), path: Bang }))
+}
+
+/// `O` on Cambricon's MLU-OPS library.
+pub fn mluops<O: MluOpsOperator>(op: &Arc<O>, b: &CardBackends) -> (Backend, Box<dyn CardKernel>) {
+    (Backend::MluOps, Box::new(OnCard { op: Arc::clone(op), path: MluOps(b.mluops.clone()) }))
+}
+
+/// Builds a node of `O` with the paths of `paths` the provider allows, in its order.
+pub fn card_node<O: Rules>(attrs: &Attrs<'_>, backends: &CardBackends, paths: &[PathOf<O>]) -> Result<CardNode> {
+    let op = Arc::new(O::from_attributes(attrs)?);
+    let all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p(&op, backends)).collect();
+    let mut ordered = Vec::new();
+    for b in backends.order {
+        ordered.extend(all.iter().position(|(x, _)| x == b).map(|i| i));
+    }
+    let mut all: Vec<Option<Box<dyn CardKernel>>> = all.into_iter().map(|(_, k)| Some(k)).collect();
+    let paths = ordered.into_iter().filter_map(|i| all[i].take()).collect();
+    let cpu: Arc<dyn Kernel> = op;
+    Ok(CardNode { op: O::NAME, cpu, paths, size_inputs: O::SIZE_INPUTS })
+}
+
+/// Where a node ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ran {
+    Card(Backend),
+    /// On the host CPU after every card path declined its run-time sizes: the reasons.
+    Host(String),
+}
+
+impl CardNode {
+    /// Why no path of this node runs its configuration, or `None` when one does (the
+    /// backend that will be tried first).
+    pub fn static_choice(&self, info: &DeviceInfo, shapes: Option<&StaticShapes>) -> std::result::Result<Backend, String> {
+        let mut why = Vec::new();
+        for p in &self.paths {
+            let verdict = p.supported().and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
+            match verdict {
+                Ok(()) => return Ok(p.backend()),
+                Err(r) => why.push(format!("{}: {r}", p.backend().name())),
+            }
+        }
+        if self.paths.is_empty() {
+            why.push("no card backend of this provider has kernels for it".into());
+        }
+        Err(why.join("; "))
+    }
+
+    /// The one node runner, for the provider and the tests alike: the size inputs read
+    /// from the card, then each path this configuration supports in order until one takes
+    /// the run-time sizes, else the CPU kernel on host copies of the inputs, its outputs
+    /// copied to the card. Returns where the node ran.
+    pub fn run(
+        &self,
+        device: &Arc<Device>,
+        queue: &Queue,
+        names: Vec<String>,
+        tensors: &[Option<CardTensor>],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<Ran> {
+        let described: Vec<Option<(DType, Vec<i64>)>> =
+            tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).collect();
+        let ptrs: Vec<*const c_void> =
+            tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cast_const())).collect();
+        let sizes = read_sizes(device, self.size_inputs, &described, &ptrs)?;
+        let inputs = card_inputs(names.clone(), &described, &sizes)?;
+        let mut declined = Vec::new();
+        for p in self.paths.iter().filter(|p| p.supported().is_ok()) {
+            match p.run(device, queue, &inputs, &ptrs, outputs) {
+                Err(Error::MluLimit(why)) => declined.push(format!("{}: {why}", p.backend().name())),
+                other => return other.map(|()| Ran::Card(p.backend())),
+            }
+        }
+        if declined.is_empty() {
+            declined.push("no card path supports this configuration".into());
+        }
+        self.run_on_host(device, names, tensors, outputs)?;
+        Ok(Ran::Host(declined.join("; ")))
+    }
+
+    /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs
+    /// into the node's card outputs.
+    fn run_on_host(
+        &self,
+        device: &Device,
+        names: Vec<String>,
+        tensors: &[Option<CardTensor>],
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        let mut staged = Vec::with_capacity(tensors.len());
+        for (name, input) in names.iter().zip(tensors) {
+            staged.push(match input {
+                None => None,
+                Some(d) => {
+                    let spec = d.spec()?;
+                    let mut data = OwnedData::poisoned(&spec, &format!("the host copy of input '{name}'"))?;
+                    // SAFETY: `data` holds spec.bytes() bytes; d.data is the card tensor of as many.
+                    unsafe { device.copy_raw(data.as_mut_ptr(), d.data, spec.bytes(), Direction::DeviceToHost)? };
+                    Some(Tensor { shape: spec.shape, data })
+                }
+            });
+        }
+        let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
+        let inputs = Inputs::new(names, refs)?;
+        let mut host = OwnedOutputs::named(self.cpu_output_names());
+        self.cpu.compute(&inputs, &mut host, &Serial)?;
+        for (i, (spec, data)) in host.specs.iter().zip(&host.data).enumerate() {
+            let dst = outputs.allocate(i, spec)?;
+            // SAFETY: `dst` is the card output just allocated for `spec`, `data` the host
+            // buffer of the same spec: both hold spec.bytes() bytes.
+            unsafe { device.copy_raw(dst, data.as_ptr(), spec.bytes(), Direction::HostToDevice)? };
+        }
+        Ok(())
+    }
+
+    fn cpu_output_names(&self) -> Vec<String> {
+        super::schema(self.op).output_names()
     }
 }
 
@@ -331,10 +598,9 @@ pub fn int32_inputs(shapes: &StaticShapes) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Host-tensor driver: uploads the inputs, runs `op` on `device` as the provider does,
-/// downloads the outputs.
-pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-    op.mlu_supported().map_err(|why| Error::Runtime(format!("{}: not supported by the MLU kernels: {why}", O::NAME)))?;
+/// Host-tensor driver: uploads the inputs, runs `node` on `device` through the one node
+/// runner the provider uses ([`CardNode::run`]), downloads the outputs; and where it ran.
+pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Option<&Tensor>]) -> Result<(Vec<Tensor>, Ran)> {
     let mut uploaded = Vec::new();
     for t in inputs {
         uploaded.push(match t {
@@ -347,14 +613,17 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
             }),
         });
     }
-    let ptrs: Vec<*const c_void> =
-        uploaded.iter().map(|b| b.as_ref().map_or(std::ptr::null(), |b| b.ptr::<c_void>().cast_const())).collect();
-    let described: Vec<Option<(DType, Vec<i64>)>> = inputs
+    let tensors: Vec<Option<CardTensor>> = inputs
         .iter()
-        .map(|t| t.map(|t| (t.data.as_data().dtype(), t.shape.iter().map(|&d| d as i64).collect())))
+        .zip(&uploaded)
+        .map(|(t, b)| {
+            t.zip(b.as_ref()).map(|(t, b)| CardTensor {
+                dtype: t.data.as_data().dtype(),
+                shape: t.shape.iter().map(|&d| d as i64).collect(),
+                data: b.ptr(),
+            })
+        })
         .collect();
-    let sizes = read_sizes(device, O::SIZE_INPUTS, &described, &ptrs)?;
-    let views = card_inputs(O::schema().input_names(), &described, &sizes)?;
     struct Outs {
         device: Arc<Device>,
         bufs: Vec<Option<(OutputSpec, Buffer)>>,
@@ -376,10 +645,11 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
     }
     let mut outs = Outs { device: Arc::clone(device), bufs: Vec::new(), scratch: Vec::new() };
     let queue = device.queue()?;
-    MluKernel::run_on_card(op, device, &queue, &views, &ptrs, &mut outs)?;
+    let names = super::schema(node.op).input_names();
+    let ran = node.run(device, &queue, names, &tensors, &mut outs)?;
     let mut result = Vec::new();
     for (i, slot) in outs.bufs.into_iter().enumerate() {
-        let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", O::NAME)))?;
+        let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", node.op)))?;
         let mut data = OwnedData::poisoned(&spec, &format!("host copy of output {i}"))?;
         match &mut data {
             OwnedData::F32(v) => device.download(&buf, v)?,
@@ -389,7 +659,25 @@ pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Opt
         }
         result.push(Tensor { shape: spec.shape, data });
     }
-    Ok(result)
+    Ok((result, ran))
+}
+
+/// Runs `op` on our BANG kernels on `device` (the tests' driver): an error unless the node
+/// ran on the card.
+pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>>
+where
+    O: Clone,
+{
+    let backends = CardBackends { order: &[Backend::Bang], mluops: Err("not used".into()) };
+    let op = Arc::new(op.clone());
+    let (_, path) = bang(&op, &backends);
+    let cpu: Arc<dyn Kernel> = op;
+    let node = CardNode { op: O::NAME, cpu, paths: vec![path], size_inputs: O::SIZE_INPUTS };
+    node.paths[0].supported().map_err(|why| Error::Runtime(format!("{}: not supported by the BANG kernels: {why}", O::NAME)))?;
+    match run_node_on_device(device, &node, inputs)? {
+        (outputs, Ran::Card(_)) => Ok(outputs),
+        (_, Ran::Host(why)) => Err(Error::Runtime(format!("{}: ran on the host, not the card: {why}", O::NAME))),
+    }
 }
 
 /// Converts a size the policy guarantees small into the kernels' int32.

@@ -12,7 +12,7 @@ pub mod three_interpolate;
 pub mod voxel_pooling;
 
 use crate::error::{Error, Result};
-use device::{MluKernel, MluOperator};
+use device::{CardBackends, CardNode, PathOf, bang, card_node, mluops};
 use crate::parallel::Parallel;
 use crate::schema::{AttrValue, Attrs, Schema};
 use crate::tensor::{Inputs, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
@@ -63,48 +63,54 @@ impl<O: Operator> Kernel for O {
     }
 }
 
-/// Builds a node's MLU kernel from its attributes.
-pub type CreateMlu = fn(&Attrs<'_>) -> Result<Box<dyn MluKernel>>;
+/// Builds a node's card side (its CPU kernel and card paths) for a provider's backends.
+pub type CreateCard = fn(&Attrs<'_>, &CardBackends) -> Result<CardNode>;
 
 /// Registry entry: how to build a node's kernel from its attributes, for the CPU path and,
-/// for the operators that have BANG kernels, for the MLU path.
+/// for the operators a card backend runs, for the card.
 pub struct OpEntry {
     pub name: &'static str,
     /// The schema file's text (parsed once by [`schemas`]).
     pub schema: &'static str,
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
-    /// `None`: no MLU kernel; the EP declines the operator's nodes, which run on CPU.
-    pub create_mlu: Option<CreateMlu>,
+    /// `None`: no card backend runs it; the EP declines the operator's nodes, which run on CPU.
+    pub create_card: Option<CreateCard>,
 }
 
 fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
     Ok(Box::new(O::from_attributes(attrs)?))
 }
 
-fn create_mlu<O: MluOperator>(attrs: &Attrs<'_>) -> Result<Box<dyn MluKernel>> {
-    Ok(Box::new(O::from_attributes(attrs)?))
-}
-
-macro_rules! mlu {
-    ($t:ty) => {
-        OpEntry { name: <$t>::NAME, schema: <$t>::SCHEMA, create: create::<$t>, create_mlu: Some(create_mlu::<$t>) }
+/// An operator and the card backends that run it: each name is a function of `device`
+/// building that backend's path ([`device::mluops`], [`device::bang`]).
+macro_rules! card {
+    ($t:ty, [$($path:ident),+]) => {
+        OpEntry {
+            name: <$t>::NAME,
+            schema: <$t>::SCHEMA,
+            create: create::<$t>,
+            create_card: Some(|attrs, backends| {
+                const PATHS: &[PathOf<$t>] = &[$($path::<$t>),+];
+                card_node::<$t>(attrs, backends, PATHS)
+            }),
+        }
     };
 }
 
 macro_rules! cpu_only {
     ($t:ty) => {
-        OpEntry { name: <$t>::NAME, schema: <$t>::SCHEMA, create: create::<$t>, create_mlu: None }
+        OpEntry { name: <$t>::NAME, schema: <$t>::SCHEMA, create: create::<$t>, create_card: None }
     };
 }
 
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
 /// partners the models need (CPU kernels only).
 pub const ALL: &[OpEntry] = &[
-    mlu!(dynamic_scatter::DynamicScatterBackward),
-    mlu!(three_interpolate::ThreeInterpolateBackward),
-    mlu!(sparse_conv::GetIndicePairs),
-    mlu!(voxel_pooling::VoxelPoolingForward),
-    mlu!(psroipool::PsRoiPoolBackward),
+    card!(dynamic_scatter::DynamicScatterBackward, [mluops, bang]),
+    card!(three_interpolate::ThreeInterpolateBackward, [mluops, bang]),
+    card!(sparse_conv::GetIndicePairs, [mluops, bang]),
+    card!(voxel_pooling::VoxelPoolingForward, [mluops, bang]),
+    card!(psroipool::PsRoiPoolBackward, [bang]),
     cpu_only!(dynamic_scatter::DynamicScatter),
     cpu_only!(sparse_conv::IndiceConv),
     cpu_only!(three_interpolate::ThreeInterpolate),

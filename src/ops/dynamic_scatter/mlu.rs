@@ -55,7 +55,6 @@ impl MluOperator for DynamicScatterBackward {
     }
 
     fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
-        device::int32_inputs(shapes)?;
         // feats [N, C]: one point's rows must fit a kernel1 tile.
         match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
             Some(c) if c > 0 && Policy::tiles(c).is_none() => {

@@ -44,7 +44,6 @@ impl MluOperator for VoxelPoolingForward {
     }
 
     fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
-        device::int32_inputs(shapes)?;
         // features [B, N, C] -> output B * ny * nx * C.
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }

@@ -3,5 +3,6 @@
 
 pub mod forward;
 pub mod mlu;
+pub mod mluops;
 
 pub use forward::VoxelPoolingForward;

@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 mod keys;
 pub mod mlu;
+pub mod mluops;
 mod rulebook;
 
 use keys::Layout;

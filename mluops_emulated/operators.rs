@@ -1,0 +1,307 @@
+//! The operator functions of the emulated MLU-OPS library: each function's documented
+//! parameter checks (docs/MLUOPS_BINDING.md, "checks"), then the crate's CPU kernel.
+
+use super::*;
+use onnxruntime_ep_mlu::ops::{dynamic_scatter, sparse_conv, three_interpolate, voxel_pooling};
+
+/// The NRAM bound of DynamicPointToVoxelBackward on MLU370 (5N + 20C + 4 bytes within
+/// NRAM less 128 KB: docs/MLUOPS_BINDING.md).
+const DPV_BACKWARD_NRAM: usize = 768 * 1024 - 128 * 1024;
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(
+    h: *mut c_void,
+    reduce: c_int,
+    grad_voxel_feats: *mut c_void,
+    feats: *mut c_void,
+    voxel_feats: *mut c_void,
+    map: *mut c_void,
+    count: *mut c_void,
+    voxel_num: *mut c_void,
+    size: *mut usize,
+) -> Status {
+    guarded("mluOpGetDynamicPointToVoxelBackwardWorkspaceSize", || {
+        let _h = handle(h)?;
+        require(!size.is_null(), BAD_PARAM, || "workspace_size is null".into())?;
+        let (n, _) = dpv_backward_check(reduce, grad_voxel_feats, feats, voxel_feats, map, count, voxel_num)?;
+        let c = desc(feats, "feats")?.dims[1];
+        // SAFETY: the caller's out-pointer.
+        unsafe { *size = n * c * 4 };
+        Ok(())
+    })
+}
+
+/// The shared checks of the two DynamicPointToVoxelBackward functions: (N, M).
+fn dpv_backward_check(
+    reduce: c_int,
+    grad_voxel_feats: *mut c_void,
+    feats: *mut c_void,
+    voxel_feats: *mut c_void,
+    map: *mut c_void,
+    count: *mut c_void,
+    voxel_num: *mut c_void,
+) -> Result<(usize, usize), Status> {
+    require(reduce == REDUCE_MAX, NOT_SUPPORTED, || format!("reduce_type {reduce}: only max is supported"))?;
+    let f = desc(feats, "feats")?;
+    require(f.dims.len() == 2 && f.dtype == DTYPE_FLOAT, BAD_PARAM, || "feats: float [N, C]".into())?;
+    let (n, c) = (f.dims[0], f.dims[1]);
+    let g = desc(grad_voxel_feats, "grad_voxel_feats")?;
+    require(g.dims.len() == 2 && g.dims[1] == c, BAD_PARAM, || "grad_voxel_feats: float [M, C]".into())?;
+    let m = g.dims[0];
+    expect(g, "grad_voxel_feats", DTYPE_FLOAT, &[m, c])?;
+    expect(desc(voxel_feats, "voxel_feats")?, "voxel_feats", DTYPE_FLOAT, &[m, c])?;
+    expect(desc(map, "point2voxel_map")?, "point2voxel_map", DTYPE_INT32, &[n])?;
+    expect(desc(count, "voxel_points_count")?, "voxel_points_count", DTYPE_INT32, &[m])?;
+    expect(desc(voxel_num, "voxel_num")?, "voxel_num", DTYPE_INT32, &[1])?;
+    require(n >= m, BAD_PARAM, || format!("N = {n} < M = {m}"))?;
+    require(5 * n + 20 * c + 4 <= DPV_BACKWARD_NRAM, BAD_PARAM, || format!("N = {n}, C = {c} exceed the NRAM bound"))?;
+    Ok((n, m))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpDynamicPointToVoxelBackward(
+    h: *mut c_void,
+    reduce: c_int,
+    grad_voxel_feats_desc: *mut c_void,
+    grad_voxel_feats: *const c_void,
+    feats_desc: *mut c_void,
+    feats: *const c_void,
+    voxel_feats_desc: *mut c_void,
+    voxel_feats: *const c_void,
+    map_desc: *mut c_void,
+    map: *const c_void,
+    count_desc: *mut c_void,
+    count: *const c_void,
+    voxel_num_desc: *mut c_void,
+    voxel_num: *const c_void,
+    workspace: *mut c_void,
+    workspace_size: usize,
+    grad_feats_desc: *mut c_void,
+    grad_feats: *mut c_void,
+) -> Status {
+    guarded("mluOpDynamicPointToVoxelBackward", || {
+        let _h = handle(h)?;
+        let (n, _) =
+            dpv_backward_check(reduce, grad_voxel_feats_desc, feats_desc, voxel_feats_desc, map_desc, count_desc, voxel_num_desc)?;
+        let f = desc(feats_desc, "feats")?;
+        let c = f.dims[1];
+        expect(desc(grad_feats_desc, "grad_feats")?, "grad_feats", DTYPE_FLOAT, &[n, c])?;
+        require(workspace_size >= n * c * 4 && (n * c == 0 || !workspace.is_null()), BAD_PARAM, || {
+            format!("workspace of {workspace_size} bytes where {} are required", n * c * 4)
+        })?;
+        if n * c == 0 {
+            return Ok(());
+        }
+        let inputs = [
+            tensor(desc(grad_voxel_feats_desc, "")?, grad_voxel_feats, "grad_voxel_feats")?,
+            tensor(f, feats, "feats")?,
+            tensor(desc(voxel_feats_desc, "")?, voxel_feats, "voxel_feats")?,
+            tensor(desc(map_desc, "")?, map, "point2voxel_map")?,
+            tensor(desc(count_desc, "")?, count, "voxel_points_count")?,
+            tensor(desc(voxel_num_desc, "")?, voxel_num, "voxel_num")?,
+        ];
+        let refs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();
+        let out = compute::<dynamic_scatter::DynamicScatterBackward>(
+            attrs(vec![("reduce_type", AttrValue::String("max".into()))]),
+            &refs,
+        )?;
+        store(&out[0], grad_feats, "grad_feats")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpThreeInterpolateBackward(
+    h: *mut c_void,
+    grad_output_desc: *mut c_void,
+    grad_output: *const c_void,
+    indices_desc: *mut c_void,
+    indices: *const c_void,
+    weights_desc: *mut c_void,
+    weights: *const c_void,
+    grad_features_desc: *mut c_void,
+    grad_features: *mut c_void,
+) -> Status {
+    guarded("mluOpThreeInterpolateBackward", || {
+        let _h = handle(h)?;
+        let g = desc(grad_output_desc, "grad_output")?;
+        require(g.dims.len() == 3, BAD_PARAM, || "grad_output: [B, C, N]".into())?;
+        require(g.layout == LAYOUT_ARRAY, BAD_PARAM, || "grad_output: ARRAY layout".into())?;
+        require(matches!(g.dtype, DTYPE_FLOAT | DTYPE_HALF), BAD_PARAM, || "grad_output: half or float".into())?;
+        let (b, c, n) = (g.dims[0], g.dims[1], g.dims[2]);
+        let gf = desc(grad_features_desc, "grad_features")?;
+        require(gf.dims.len() == 3, BAD_PARAM, || "grad_features: [B, C, M]".into())?;
+        let m = gf.dims[2];
+        expect(gf, "grad_features", g.dtype, &[b, c, m])?;
+        expect(desc(indices_desc, "indices")?, "indices", DTYPE_INT32, &[b, n, 3])?;
+        expect(desc(weights_desc, "weights")?, "weights", g.dtype, &[b, n, 3])?;
+        // Zero elements in any tensor but grad_features' M: BAD_PARAM (the caller skips the
+        // call); M == 0 alone: success with nothing written.
+        require(b * c * n > 0, BAD_PARAM, || "zero elements in grad_output, indices or weights".into())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let inputs = [tensor(g, grad_output, "grad_output")?, tensor(desc(indices_desc, "")?, indices, "indices")?,
+            tensor(desc(weights_desc, "")?, weights, "weights")?];
+        let refs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();
+        let out = compute::<three_interpolate::ThreeInterpolateBackward>(attrs(vec![("m", AttrValue::Int(m as i64))]), &refs)?;
+        store(&out[0], grad_features, "grad_features")
+    })
+}
+
+fn sparse<'a>(d: *mut c_void) -> Result<&'a mut SparseConv, Status> {
+    require(!d.is_null(), BAD_PARAM, || "sparse_conv_desc is null".into())?;
+    // SAFETY: made by mluOpCreateSparseConvolutionDescriptor; used by one call at a time.
+    let s = unsafe { &mut *(d as *mut SparseConv) };
+    require(s.set, BAD_PARAM, || "sparse_conv_desc was never set".into())?;
+    Ok(s)
+}
+
+/// GetIndicePairs' checks, shared by its two functions: (L, K).
+fn gip_check(s: &SparseConv, indices: *mut c_void, pairs: *mut c_void, out: *mut c_void, num: *mut c_void) -> Result<(usize, usize), Status> {
+    require(s.transpose == 0, NOT_SUPPORTED, || "transpose convolutions are not supported".into())?;
+    require(s.inverse == 0, NOT_SUPPORTED, || "inverse convolutions are not supported".into())?;
+    let i = desc(indices, "indices")?;
+    require(i.dims.len() == 2 && i.dims[1] == 4, BAD_PARAM, || "indices: int32 [L, 4]".into())?;
+    let l = i.dims[0];
+    expect(i, "indices", DTYPE_INT32, &[l, 4])?;
+    let grid = s.input.iter().fold(s.batch as usize, |a, &d| a * d as usize);
+    require(l <= grid, BAD_PARAM, || format!("L = {l} beyond batch * input volume = {grid}"))?;
+    let k: usize = s.filter.iter().map(|&x| x as usize).product();
+    require(k <= 4096, NOT_SUPPORTED, || format!("K = {k} beyond 4096"))?;
+    require(l <= 1_000_000, NOT_SUPPORTED, || format!("L = {l} beyond 1,000,000"))?;
+    expect(desc(pairs, "indice_pairs")?, "indice_pairs", DTYPE_INT32, &[k, 2, l])?;
+    let o = desc(out, "out_indices")?;
+    require(o.dims.len() == 2 && o.dims[1] == 4 && o.dtype == DTYPE_INT32, BAD_PARAM, || "out_indices: int32 [num_act_out_bound, 4]".into())?;
+    expect(desc(num, "indice_num")?, "indice_num", DTYPE_INT32, &[k])?;
+    Ok((l, k))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpGetIndicePairsWorkspaceSize(
+    h: *mut c_void,
+    sc: *mut c_void,
+    indices: *mut c_void,
+    pairs: *mut c_void,
+    out: *mut c_void,
+    num: *mut c_void,
+    size: *mut usize,
+) -> Status {
+    guarded("mluOpGetIndicePairsWorkspaceSize", || {
+        let _h = handle(h)?;
+        require(!size.is_null(), BAD_PARAM, || "workspace_size is null".into())?;
+        let (l, k) = gip_check(sparse(sc)?, indices, pairs, out, num)?;
+        // A stand-in size: one int32 per (offset, site) pair, as a sort of the keys would take.
+        // SAFETY: the caller's out-pointer.
+        unsafe { *size = (k * l + 1) * 4 };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpGetIndicePairs(
+    h: *mut c_void,
+    sc: *mut c_void,
+    indices_desc: *mut c_void,
+    indices: *const c_void,
+    workspace: *mut c_void,
+    workspace_size: usize,
+    pairs_desc: *mut c_void,
+    pairs: *mut c_void,
+    out_desc: *mut c_void,
+    out: *mut c_void,
+    num_desc: *mut c_void,
+    num: *mut c_void,
+) -> Status {
+    guarded("mluOpGetIndicePairs", || {
+        let _h = handle(h)?;
+        let s = sparse(sc)?;
+        let (l, k) = gip_check(s, indices_desc, pairs_desc, out_desc, num_desc)?;
+        require(workspace_size >= (k * l + 1) * 4 && !workspace.is_null(), BAD_PARAM, || "workspace too small".into())?;
+        if l == 0 {
+            return Ok(());
+        }
+        let input = tensor(desc(indices_desc, "")?, indices, "indices")?;
+        let at = |a: [i32; 3]| ints(&a);
+        let result = compute::<sparse_conv::GetIndicePairs>(
+            attrs(vec![
+                ("batch_size", AttrValue::Int(i64::from(s.batch))),
+                ("spatial_shape", at(s.input)),
+                ("kernel_size", at(s.filter)),
+                ("stride", at(s.stride)),
+                ("padding", at(s.pad)),
+                ("dilation", at(s.dilation)),
+                ("subm", AttrValue::Int(i64::from(s.sub_m))),
+            ]),
+            &[Some(&input)],
+        )?;
+        let bound = desc(out_desc, "")?.dims[0];
+        let mut found = result[1].shape[0];
+        require(found <= bound, EXECUTION_FAILED, || format!("{found} output sites do not fit out_indices of {bound} rows"))?;
+        let mut book = result[0].data.clone();
+        // The vendor's count (normal_get_indice_pairs.cpp:1059-1061 at v1.4.0) drops one
+        // site whenever every (site, offset) pair is valid but the sites repeat: the last
+        // site is lost and its pairs' output slots read -1.
+        let OwnedData::I32(nums) = &result[2].data else { return Err(fail(INTERNAL_ERROR, "indice_num type")) };
+        let valid: usize = nums.iter().map(|&n| n as usize).sum();
+        if s.sub_m == 0 && valid == k * l && found < k * l && found > 0 {
+            found -= 1;
+            if let OwnedData::I32(p) = &mut book {
+                for kk in 0..k {
+                    for slot in &mut p[(2 * kk + 1) * l..(2 * kk + 2) * l] {
+                        if *slot == found as i32 {
+                            *slot = -1;
+                        }
+                    }
+                }
+            }
+        }
+        store(&Tensor { shape: result[0].shape.clone(), data: book }, pairs, "indice_pairs")?;
+        let OwnedData::I32(sites) = &result[1].data else { return Err(fail(INTERNAL_ERROR, "out_indices type")) };
+        write(out, &sites[..found * 4], "out_indices")?;
+        store(&result[2], num, "indice_num")?;
+        // In sub_m mode the vendor library never writes num_act_out (the caller uses L).
+        if s.sub_m == 0 {
+            s.num_act_out = found as i32;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpVoxelPoolingForward(
+    h: *mut c_void,
+    batch: c_int,
+    points: c_int,
+    channels: c_int,
+    nx: c_int,
+    ny: c_int,
+    nz: c_int,
+    geom_desc: *mut c_void,
+    geom: *const c_void,
+    feats_desc: *mut c_void,
+    feats: *const c_void,
+    out_desc: *mut c_void,
+    out: *mut c_void,
+    pos_desc: *mut c_void,
+    pos: *mut c_void,
+) -> Status {
+    guarded("mluOpVoxelPoolingForward", || {
+        let _h = handle(h)?;
+        // Every integer argument must be positive: no zero-element path.
+        require([batch, points, channels, nx, ny, nz].iter().all(|&v| v > 0), BAD_PARAM, || "every size must be > 0".into())?;
+        let [b, n, c, x, y] = [batch, points, channels, nx, ny].map(|v| v as usize);
+        let g = desc(geom_desc, "geom_xyz")?;
+        expect(g, "geom_xyz", DTYPE_INT32, &[b, n, 3])?;
+        let f = desc(feats_desc, "input_features")?;
+        expect(f, "input_features", DTYPE_FLOAT, &[b, n, c])?;
+        expect(desc(out_desc, "output_features")?, "output_features", DTYPE_FLOAT, &[b, y, x, c])?;
+        expect(desc(pos_desc, "pos_memo")?, "pos_memo", DTYPE_INT32, &[b, n, 3])?;
+        let inputs = [tensor(g, geom, "geom_xyz")?, tensor(f, feats, "input_features")?];
+        let result = compute::<voxel_pooling::VoxelPoolingForward>(
+            attrs(vec![("voxel_num", ints(&[nx, ny, nz]))]),
+            &[Some(&inputs[0]), Some(&inputs[1])],
+        )?;
+        store(&result[0], out, "output_features")?;
+        store(&result[1], pos, "pos_memo")
+    })
+}

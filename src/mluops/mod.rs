@@ -1,0 +1,342 @@
+//! Cambricon's MLU-OPS library (`libmluops.so`), the preferred card backend: opened at run
+//! time with libloading (never linked), its version checked against the API these bindings
+//! were written from, handles pooled per library, tensor and sparse-convolution descriptors
+//! owned by Rust values, every `mluOpStatus_t` turned into an [`Error`] naming the call and
+//! the status. Like `crate::mlu` this is a runtime binding: what each operator calls, and
+//! when, is the operator's (`ops/<family>/mluops.rs`).
+//!
+//! Every declaration below was read from `mlu_op.h` of Cambricon/mlu-ops at tag v1.4.0 (the
+//! last that builds for MLU370) and compared with v1.9.1 (identical); the line of each is in
+//! docs/MLUOPS_BINDING.md. Nothing of the header is copied: the types are written from those
+//! facts.
+
+use crate::error::{Error, Result};
+use crate::mlu::QueuePtr;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// `mluOpStatus_t` (mlu_op.h v1.4.0:64-94).
+pub type Status = c_int;
+pub const SUCCESS: Status = 0;
+
+/// `mluOpDataType_t` values (mlu_op.h v1.4.0:170-178).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum DType {
+    Half = 1,
+    Float = 2,
+    Int32 = 6,
+}
+
+/// `mluOpTensorLayout_t` values (mlu_op.h v1.4.0:116-140).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Layout {
+    Array = 4,
+}
+
+/// `mluOpReduceMode_t` values (mlu_op.h v1.4.0:362-365).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ReduceMode {
+    Max = 2,
+}
+
+/// `mluOpHandle_t`, `mluOpTensorDescriptor_t`, `mluOpSparseConvolutionDescriptor_t`:
+/// pointers to structs the library defines (mlu_op.h v1.4.0:404, 889, 1161).
+pub type HandlePtr = *mut c_void;
+pub type TensorDescPtr = *mut c_void;
+pub type SparseConvDescPtr = *mut c_void;
+
+/// The first and last MLU-OPS versions whose declarations of every function below these
+/// bindings were checked against (docs/MLUOPS_BINDING.md): 1.4.0 and 1.9.1.
+pub const OLDEST: (i32, i32, i32) = (1, 4, 0);
+pub const NEWEST: (i32, i32) = (1, 9);
+
+macro_rules! functions {
+    ($($name:ident ( $($ty:ty),* ) $(-> $ret:ty)?;)*) => {
+        /// The library's functions, each resolved once when the library is opened.
+        #[allow(non_snake_case)]
+        pub struct Functions {
+            $(pub $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
+        }
+
+        impl Functions {
+            fn load(lib: &libloading::Library) -> std::result::Result<Self, String> {
+                Ok(Functions {
+                    $($name: {
+                        // SAFETY: the symbol's C type is the one declared here, from the
+                        // header of the versions accepted (checked after loading).
+                        let sym = unsafe { lib.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(concat!(stringify!($name), "\0").as_bytes()) };
+                        *sym.map_err(|e| format!("it lacks {}: {e}", stringify!($name)))?
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+functions! {
+    mluOpGetLibVersion(*mut c_int, *mut c_int, *mut c_int);
+    mluOpGetErrorString(Status) -> *const c_char;
+    mluOpCreate(*mut HandlePtr) -> Status;
+    mluOpDestroy(HandlePtr) -> Status;
+    mluOpSetQueue(HandlePtr, QueuePtr) -> Status;
+    mluOpCreateTensorDescriptor(*mut TensorDescPtr) -> Status;
+    mluOpSetTensorDescriptor(TensorDescPtr, c_int, c_int, c_int, *const c_int) -> Status;
+    mluOpDestroyTensorDescriptor(TensorDescPtr) -> Status;
+    mluOpCreateSparseConvolutionDescriptor(*mut SparseConvDescPtr) -> Status;
+    mluOpSetSparseConvolutionDescriptor(SparseConvDescPtr, c_int, c_int, *const c_int, *const c_int, *const c_int,
+        *const c_int, *const c_int, *const c_int, c_int, c_int, c_int) -> Status;
+    mluOpGetSparseConvolutionNumActOut(SparseConvDescPtr, *mut c_int) -> Status;
+    mluOpDestroySparseConvolutionDescriptor(SparseConvDescPtr) -> Status;
+    mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(HandlePtr, c_int, TensorDescPtr, TensorDescPtr, TensorDescPtr,
+        TensorDescPtr, TensorDescPtr, TensorDescPtr, *mut usize) -> Status;
+    mluOpDynamicPointToVoxelBackward(HandlePtr, c_int, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
+        TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr,
+        *const c_void, *mut c_void, usize, TensorDescPtr, *mut c_void) -> Status;
+    mluOpThreeInterpolateBackward(HandlePtr, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
+        TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void) -> Status;
+    mluOpGetIndicePairsWorkspaceSize(HandlePtr, SparseConvDescPtr, TensorDescPtr, TensorDescPtr, TensorDescPtr,
+        TensorDescPtr, *mut usize) -> Status;
+    mluOpGetIndicePairs(HandlePtr, SparseConvDescPtr, TensorDescPtr, *const c_void, *mut c_void, usize,
+        TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
+    mluOpVoxelPoolingForward(HandlePtr, c_int, c_int, c_int, c_int, c_int, c_int, TensorDescPtr, *const c_void,
+        TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
+}
+
+/// One opened MLU-OPS library of an accepted version, and its idle handles.
+pub struct Library {
+    pub f: Functions,
+    pub path: String,
+    pub version: (i32, i32, i32),
+    /// Handles not in use. A handle must not be used by two threads at once (MLU-OPS
+    /// docs/user_guide thread_safety.rst): each call takes one and gives it back.
+    idle: Mutex<Vec<Handle>>,
+    _lib: libloading::Library,
+}
+
+/// An `mluOpHandle_t` of one library.
+struct Handle(HandlePtr);
+
+// SAFETY: a handle is used by one thread at a time (taken from the idle list by one call).
+unsafe impl Send for Handle {}
+
+impl std::fmt::Debug for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MLU-OPS {}.{}.{} ({})", self.version.0, self.version.1, self.version.2, self.path)
+    }
+}
+
+/// Where the library is looked for, in order: `explicit` (the provider option
+/// `mluops_library` or `MLU_EP_MLUOPS_LIBRARY`), `$MLUOPS_HOME/lib64`, `$NEUWARE_HOME/lib64`,
+/// then the system's library path.
+pub fn candidates(explicit: Option<&str>) -> Vec<String> {
+    if let Some(p) = explicit.filter(|p| !p.is_empty()) {
+        return vec![p.to_owned()];
+    }
+    let mut out: Vec<String> = ["MLUOPS_HOME", "NEUWARE_HOME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok().filter(|h| !h.is_empty()))
+        .map(|home| format!("{home}/lib64/libmluops.so"))
+        .collect();
+    out.push("libmluops.so".to_owned());
+    out
+}
+
+/// Opens the first loadable candidate (once per path and process), or says why none is
+/// usable: not found, a missing function, or a version outside [`OLDEST`]..[`NEWEST`].
+pub fn open(explicit: Option<&str>) -> std::result::Result<Arc<Library>, String> {
+    static OPEN: OnceLock<Mutex<HashMap<String, Arc<Library>>>> = OnceLock::new();
+    let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut tried = Vec::new();
+    for path in candidates(explicit) {
+        if let Some(lib) = open.get(&path) {
+            return Ok(Arc::clone(lib));
+        }
+        // SAFETY: loading runs the library's initialisers; MLU-OPS (or its stand-in) is a
+        // plain shared library of C functions.
+        let lib = match unsafe { libloading::Library::new(&path) } {
+            Ok(lib) => lib,
+            Err(e) => {
+                tried.push(format!("{path}: {e}"));
+                continue;
+            }
+        };
+        let f = Functions::load(&lib).map_err(|e| format!("{path}: {e}"))?;
+        let (mut major, mut minor, mut patch) = (0, 0, 0);
+        // SAFETY: three valid out-pointers.
+        unsafe { (f.mluOpGetLibVersion)(&mut major, &mut minor, &mut patch) };
+        let version = (major, minor, patch);
+        if version < OLDEST || (major, minor) > NEWEST {
+            return Err(format!(
+                "{path} is MLU-OPS {major}.{minor}.{patch}; this provider is bound to the API of {}.{}.{} to {}.{}.x \
+                 (set mluops_library or MLU_EP_MLUOPS_LIBRARY to such a build)",
+                OLDEST.0, OLDEST.1, OLDEST.2, NEWEST.0, NEWEST.1
+            ));
+        }
+        let lib = Arc::new(Library { f, path: path.clone(), version, idle: Mutex::new(Vec::new()), _lib: lib });
+        open.insert(path, Arc::clone(&lib));
+        return Ok(lib);
+    }
+    Err(format!("no MLU-OPS library found (tried {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)", tried.join("; ")))
+}
+
+impl Library {
+    /// `Err` naming `call` and the status unless `s` is success.
+    pub fn check(&self, call: &str, s: Status) -> Result<()> {
+        if s == SUCCESS {
+            return Ok(());
+        }
+        // SAFETY: mluOpGetErrorString takes any status and returns a static string or null.
+        let text = unsafe { (self.f.mluOpGetErrorString)(s) };
+        let text = if text.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a non-null result is a static NUL-terminated string.
+            format!(": {}", unsafe { CStr::from_ptr(text) }.to_string_lossy())
+        };
+        Err(Error::Runtime(format!("MLU-OPS {call} returned {} ({s}){text}", status_name(s))))
+    }
+
+    /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be
+    /// bound to the card: `mluOpCreate` takes the thread's current device).
+    pub fn with_handle<T>(&self, queue: QueuePtr, f: impl FnOnce(HandlePtr) -> Result<T>) -> Result<T> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let handle = match idle {
+            Some(h) => h,
+            None => {
+                let mut h = std::ptr::null_mut();
+                // SAFETY: `h` is a valid out-pointer.
+                self.check("mluOpCreate", unsafe { (self.f.mluOpCreate)(&mut h) })?;
+                Handle(h)
+            }
+        };
+        // SAFETY: a live handle of this library and the caller's live queue.
+        let result = self.check("mluOpSetQueue", unsafe { (self.f.mluOpSetQueue)(handle.0, queue) }).and_then(|()| f(handle.0));
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        result
+    }
+
+    /// A tensor descriptor of `dims` (each < 2^31: the callers' limits check that first).
+    pub fn tensor(&self, layout: Layout, dtype: DType, dims: &[usize]) -> Result<TensorDesc<'_>> {
+        let dims: Vec<c_int> = dims
+            .iter()
+            .map(|&d| c_int::try_from(d).map_err(|_| Error::Runtime(format!("MLU-OPS tensor dimension {d} exceeds int32"))))
+            .collect::<Result<_>>()?;
+        let mut d = std::ptr::null_mut();
+        // SAFETY: `d` is a valid out-pointer.
+        self.check("mluOpCreateTensorDescriptor", unsafe { (self.f.mluOpCreateTensorDescriptor)(&mut d) })?;
+        let desc = TensorDesc { lib: self, ptr: d };
+        // SAFETY: a descriptor just created; `dims` holds dims.len() ints.
+        let s = unsafe { (self.f.mluOpSetTensorDescriptor)(d, layout as c_int, dtype as c_int, dims.len() as c_int, dims.as_ptr()) };
+        self.check("mluOpSetTensorDescriptor", s)?;
+        Ok(desc)
+    }
+
+    /// A sparse-convolution descriptor (3-D: `dimNb` 5).
+    pub fn sparse_conv(&self, p: &SparseConvParams) -> Result<SparseConvDesc<'_>> {
+        let mut d = std::ptr::null_mut();
+        // SAFETY: `d` is a valid out-pointer.
+        self.check("mluOpCreateSparseConvolutionDescriptor", unsafe { (self.f.mluOpCreateSparseConvolutionDescriptor)(&mut d) })?;
+        let desc = SparseConvDesc { lib: self, ptr: d };
+        // SAFETY: a descriptor just created; every array holds the three ints of a 3-D
+        // convolution.
+        let s = unsafe {
+            (self.f.mluOpSetSparseConvolutionDescriptor)(
+                d,
+                5,
+                p.batch,
+                p.pad.as_ptr(),
+                p.stride.as_ptr(),
+                p.dilation.as_ptr(),
+                p.input.as_ptr(),
+                p.filter.as_ptr(),
+                p.output.as_ptr(),
+                p.sub_m,
+                p.transpose,
+                p.inverse,
+            )
+        };
+        self.check("mluOpSetSparseConvolutionDescriptor", s)?;
+        Ok(desc)
+    }
+}
+
+impl Drop for Library {
+    fn drop(&mut self) {
+        for h in self.idle.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            // SAFETY: a handle of this library, no longer used.
+            unsafe { (self.f.mluOpDestroy)(h.0) };
+        }
+    }
+}
+
+/// The name of an `mluOpStatus_t` value.
+pub fn status_name(s: Status) -> &'static str {
+    match s {
+        0 => "MLUOP_STATUS_SUCCESS",
+        1 => "MLUOP_STATUS_NOT_INITIALIZED",
+        2 => "MLUOP_STATUS_ALLOC_FAILED",
+        3 => "MLUOP_STATUS_BAD_PARAM",
+        4 => "MLUOP_STATUS_INTERNAL_ERROR",
+        5 => "MLUOP_STATUS_ARCH_MISMATCH",
+        6 => "MLUOP_STATUS_EXECUTION_FAILED",
+        7 => "MLUOP_STATUS_NOT_SUPPORTED",
+        8 => "MLUOP_STATUS_NUMERICAL_OVERFLOW",
+        _ => "an unknown mluOpStatus_t",
+    }
+}
+
+/// An `mluOpTensorDescriptor_t`, destroyed on drop.
+pub struct TensorDesc<'a> {
+    lib: &'a Library,
+    pub ptr: TensorDescPtr,
+}
+
+impl Drop for TensorDesc<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by this library, destroyed once.
+        unsafe { (self.lib.f.mluOpDestroyTensorDescriptor)(self.ptr) };
+    }
+}
+
+/// The 3-D sparse convolution `mluOpSetSparseConvolutionDescriptor` describes (arrays in
+/// (D, H, W) order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SparseConvParams {
+    pub batch: c_int,
+    pub pad: [c_int; 3],
+    pub stride: [c_int; 3],
+    pub dilation: [c_int; 3],
+    pub input: [c_int; 3],
+    pub filter: [c_int; 3],
+    pub output: [c_int; 3],
+    pub sub_m: c_int,
+    pub transpose: c_int,
+    pub inverse: c_int,
+}
+
+/// An `mluOpSparseConvolutionDescriptor_t`, destroyed on drop.
+pub struct SparseConvDesc<'a> {
+    lib: &'a Library,
+    pub ptr: SparseConvDescPtr,
+}
+
+impl SparseConvDesc<'_> {
+    /// The output site count `mluOpGetIndicePairs` stored in the descriptor.
+    pub fn num_act_out(&self) -> Result<usize> {
+        let mut n: c_int = -1;
+        // SAFETY: a live descriptor and a valid out-pointer.
+        self.lib.check("mluOpGetSparseConvolutionNumActOut", unsafe { (self.lib.f.mluOpGetSparseConvolutionNumActOut)(self.ptr, &mut n) })?;
+        usize::try_from(n).map_err(|_| Error::Runtime(format!("MLU-OPS reported num_act_out = {n}")))
+    }
+}
+
+impl Drop for SparseConvDesc<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by this library, destroyed once.
+        unsafe { (self.lib.f.mluOpDestroySparseConvolutionDescriptor)(self.ptr) };
+    }
+}

@@ -1,0 +1,78 @@
+//! DynamicScatterBackward on Cambricon's MLU-OPS library
+//! (`mluOpDynamicPointToVoxelBackward`, max reduction only).
+
+use super::Reduce;
+use super::backward::{Dims, DynamicScatterBackward};
+use crate::error::Result;
+use crate::mluops::{DType, Layout, Library, ReduceMode};
+use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::tensor::{self, OutputSpec};
+use std::ffi::c_void;
+
+/// The library's NRAM bound on MLU370 (5N + 20C + 4 bytes within NRAM less 128 KB;
+/// docs/MLUOPS_BINDING.md): beyond it the call is BAD_PARAM.
+const NRAM_BOUND: usize = 768 * 1024 - 128 * 1024;
+
+impl MluOpsOperator for DynamicScatterBackward {
+    fn mluops_supported(&self) -> std::result::Result<(), String> {
+        match self.reduce {
+            Reduce::Max => Ok(()),
+            _ => Err("reduce_type mean/sum: mluOpDynamicPointToVoxelBackward implements max only".into()),
+        }
+    }
+
+    fn mluops_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+        if d.n < d.m {
+            return Err(format!("N = {} points < M = {} voxels: MLU-OPS requires N >= M", d.n, d.m));
+        }
+        if 5 * d.n + 20 * d.c + 4 > NRAM_BOUND {
+            return Err(format!("N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {NRAM_BOUND}", d.n, d.c));
+        }
+        Ok(())
+    }
+
+    fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let out = outputs.allocate(0, &OutputSpec::new(tensor::DType::F32, [d.n, d.c]))?;
+        // SAFETY: `out` was just allocated for N*C floats.
+        unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
+        if d.n * d.c == 0 || d.v == 0 {
+            return Ok(());
+        }
+        // voxel_num: the optional input, or V = M written to the card.
+        let voxel_num: *const c_void = if card.input::<c_void>(5).is_null() {
+            let v: *mut i32 = outputs.workspace(4)?.cast();
+            let value = [i32::try_from(d.v).map_err(|_| crate::error::Error::MluLimit(format!("V = {} beyond int32", d.v)))?];
+            // SAFETY: `v` was just allocated for one int32.
+            unsafe { card.device.copy_raw(v.cast(), value.as_ptr().cast(), 4, crate::mlu::Direction::HostToDevice)? };
+            v.cast_const().cast()
+        } else {
+            card.input::<c_void>(5)
+        };
+        let gv = lib.tensor(Layout::Array, DType::Float, &[d.m, d.c])?;
+        let f = lib.tensor(Layout::Array, DType::Float, &[d.n, d.c])?;
+        let vf = lib.tensor(Layout::Array, DType::Float, &[d.m, d.c])?;
+        let map = lib.tensor(Layout::Array, DType::Int32, &[d.n])?;
+        let count = lib.tensor(Layout::Array, DType::Int32, &[d.m])?;
+        let num = lib.tensor(Layout::Array, DType::Int32, &[1])?;
+        let gf = lib.tensor(Layout::Array, DType::Float, &[d.n, d.c])?;
+        let max = ReduceMode::Max as i32;
+        lib.with_handle(card.queue.ptr(), |h| {
+            let mut size = 0usize;
+            // SAFETY: descriptors of the node's tensors and a valid out-pointer.
+            let s = unsafe {
+                (lib.f.mluOpGetDynamicPointToVoxelBackwardWorkspaceSize)(h, max, gv.ptr, f.ptr, vf.ptr, map.ptr, count.ptr, num.ptr, &mut size)
+            };
+            lib.check("mluOpGetDynamicPointToVoxelBackwardWorkspaceSize", s)?;
+            let workspace = outputs.workspace(size)?;
+            // SAFETY: descriptors of the node's tensors; card memory of those sizes; the
+            // workspace of the size the library asked for.
+            let s = unsafe {
+                (lib.f.mluOpDynamicPointToVoxelBackward)(
+                    h, max, gv.ptr, card.input(0), f.ptr, card.input(1), vf.ptr, card.input(2), map.ptr, card.input(3),
+                    count.ptr, card.input(4), num.ptr, voxel_num, workspace, size, gf.ptr, out,
+                )
+            };
+            lib.check("mluOpDynamicPointToVoxelBackward", s)
+        })
+    }
+}

@@ -1,0 +1,54 @@
+//! VoxelPoolingForward on Cambricon's MLU-OPS library (`mluOpVoxelPoolingForward`).
+
+use super::forward::{VoxelPlan, VoxelPoolingForward};
+use crate::error::Result;
+use crate::mluops::{DType, Layout, Library};
+use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+
+impl MluOpsOperator for VoxelPoolingForward {
+    fn mluops_supported(&self) -> std::result::Result<(), String> {
+        match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
+            Some((axis, n)) => Err(format!("num_voxel_{axis} = {n} exceeds the library's int arguments")),
+            None => Ok(()),
+        }
+    }
+
+    fn mluops_fits(&self, plan: &VoxelPlan) -> std::result::Result<(), String> {
+        // Every integer argument must be > 0: the library has no zero-element path.
+        if plan.batches == 0 || plan.points == 0 || plan.channels == 0 {
+            return Err(format!(
+                "MLU-OPS takes no empty B, N or C (B = {}, N = {}, C = {})",
+                plan.batches, plan.points, plan.channels
+            ));
+        }
+        let out = plan.batches.saturating_mul(self.cells).saturating_mul(plan.channels);
+        if out > i32::MAX as usize {
+            return Err(format!("output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements"));
+        }
+        Ok(())
+    }
+
+    fn mluops_compute(&self, plan: &VoxelPlan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let specs = self.output_specs(plan);
+        let out = outputs.allocate(0, &specs[0])?;
+        let pos = outputs.allocate(1, &specs[1])?;
+        let (b, n, c) = (plan.batches, plan.points, plan.channels);
+        let geom = lib.tensor(Layout::Array, DType::Int32, &[b, n, 3])?;
+        let feats = lib.tensor(Layout::Array, DType::Float, &[b, n, c])?;
+        let out_d = lib.tensor(Layout::Array, DType::Float, &[b, self.ny, self.nx, c])?;
+        let pos_d = lib.tensor(Layout::Array, DType::Int32, &[b, n, 3])?;
+        // mluops_fits bounds B*N*C and the grid by int32.
+        let int = |v: usize| v as i32;
+        lib.with_handle(card.queue.ptr(), |h| {
+            // SAFETY: descriptors of the node's tensors; card memory of those sizes.
+            let s = unsafe {
+                (lib.f.mluOpVoxelPoolingForward)(
+                    h, int(b), int(n), int(c), int(self.nx), int(self.ny), int(self.nz),
+                    geom.ptr, card.input::<i32>(0).cast(), feats.ptr, card.input::<f32>(1).cast(),
+                    out_d.ptr, out, pos_d.ptr, pos,
+                )
+            };
+            lib.check("mluOpVoxelPoolingForward", s)
+        })
+    }
+}
