@@ -1,0 +1,249 @@
+//! The MLU-OPS backend end to end on the emulated card, against the emulated libmluops
+//! (mluops_emulated/, built by `cargo test` as an example): version check, handles,
+//! descriptors, workspace queries, calls, num_act_out, status mapping, declines to the next
+//! path and to the CPU, and the value checks gating every call. No MLU hardware and no
+//! Cambricon library run these tests.
+
+use onnxruntime_ep_mlu::mlu::Device;
+use onnxruntime_ep_mlu::mluops::{self, DType, Layout};
+use onnxruntime_ep_mlu::ops::device::{Backend, CardBackends, CardNode, Ran, run_node_on_device};
+use onnxruntime_ep_mlu::ops;
+use onnxruntime_ep_mlu::parallel::Serial;
+use onnxruntime_ep_mlu::schema::{AttrValue, Attrs};
+use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The emulated library beside this test's profile (target/<profile>/examples).
+fn emulated_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
+    let lib = profile.join("examples/libmluops_emulated.so");
+    assert!(lib.exists(), "{} is missing: `cargo test` builds the example mluops_emulated", lib.display());
+    lib
+}
+
+/// Serialises the tests that open the library: one of them changes the version it reports.
+static OPENING: Mutex<()> = Mutex::new(());
+
+fn backends(order: &'static [Backend]) -> CardBackends {
+    let _one = OPENING.lock().unwrap_or_else(|e| e.into_inner());
+    let path = emulated_library();
+    CardBackends { order, mluops: mluops::open(Some(path.to_str().expect("UTF-8 path"))) }
+}
+
+fn device() -> Arc<Device> {
+    static DEV: OnceLock<Arc<Device>> = OnceLock::new();
+    Arc::clone(DEV.get_or_init(|| Device::emulated().expect("the emulated card exists")))
+}
+
+fn node(op: &str, attrs: &[(&str, AttrValue)], order: &'static [Backend]) -> CardNode {
+    let map: HashMap<String, AttrValue> = attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let create = ops::entry(op).and_then(|e| e.create_card).expect("a card operator");
+    create(&Attrs::new(ops::schema(op), &map), &backends(order)).expect("valid attributes")
+}
+
+fn cpu(op: &str, attrs: &[(&str, AttrValue)], inputs: &[Option<&Tensor>]) -> onnxruntime_ep_mlu::error::Result<Vec<Tensor>> {
+    let map: HashMap<String, AttrValue> = attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let kernel = (ops::entry(op).expect("operator").create)(&Attrs::new(ops::schema(op), &map))?;
+    let refs: Vec<Option<onnxruntime_ep_mlu::tensor::TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tensor::view)).collect();
+    let inputs = onnxruntime_ep_mlu::tensor::Inputs::new(ops::schema(op).input_names(), refs)?;
+    let mut host = ops::OwnedOutputs::named(ops::schema(op).output_names());
+    kernel.compute(&inputs, &mut host, &Serial)?;
+    Ok(host.into_tensors())
+}
+
+fn f32s(shape: &[usize], seed: u32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5);
+    Tensor { shape: shape.to_vec(), data: OwnedData::F32(v.collect()) }
+}
+
+fn i32s(shape: &[usize], v: Vec<i32>) -> Tensor {
+    Tensor { shape: shape.to_vec(), data: OwnedData::I32(v) }
+}
+
+/// Runs `op` through the node runner and asserts where it ran and that every output equals
+/// the CPU kernel's bit for bit.
+fn runs_on(op: &str, attrs: &[(&str, AttrValue)], order: &'static [Backend], inputs: &[Option<&Tensor>], want: Ran) {
+    let n = node(op, attrs, order);
+    let (got, ran) = run_node_on_device(&device(), &n, inputs).expect("the node runs");
+    match (&want, &ran) {
+        (Ran::Host(w), Ran::Host(r)) => assert!(r.contains(w.as_str()), "{op}: fell back for '{r}', expected '{w}'"),
+        _ => assert_eq!(ran, want, "{op}: where the node ran"),
+    }
+    let reference = cpu(op, attrs, inputs).expect("CPU kernel runs");
+    assert_eq!(got.len(), reference.len());
+    for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+        assert_eq!(g.shape, r.shape, "{op} output {i} shape");
+        let same = match (&g.data, &r.data) {
+            (OwnedData::F32(a), OwnedData::F32(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (OwnedData::I32(a), OwnedData::I32(b)) => a == b,
+            _ => false,
+        };
+        assert!(same, "{op} output {i} differs from the CPU kernel's");
+    }
+}
+
+const MLUOPS: &[Backend] = &[Backend::MluOps];
+const AUTO: &[Backend] = &[Backend::MluOps, Backend::Bang];
+
+fn dsb_inputs(n: usize, m: usize, c: usize) -> Vec<Tensor> {
+    let map: Vec<i32> = (0..n).map(|i| if i % 7 == 3 { -1 } else { (i % m) as i32 }).collect();
+    let mut count = vec![0i32; m];
+    for &v in map.iter().filter(|&&v| v >= 0) {
+        count[v as usize] += 1;
+    }
+    let feats = f32s(&[n, c], 1);
+    // voxel_feats: each voxel's max over its points, so that the max rule has matches.
+    let OwnedData::F32(f) = &feats.data else { unreachable!() };
+    let mut vf = vec![f32::NEG_INFINITY; m * c];
+    for (i, &v) in map.iter().enumerate().filter(|(_, v)| **v >= 0) {
+        for ch in 0..c {
+            vf[v as usize * c + ch] = vf[v as usize * c + ch].max(f[i * c + ch]);
+        }
+    }
+    vec![f32s(&[m, c], 2), feats, Tensor { shape: vec![m, c], data: OwnedData::F32(vf) }, i32s(&[n], map), i32s(&[m], count)]
+}
+
+fn refs(v: &[Tensor]) -> Vec<Option<&Tensor>> {
+    v.iter().map(Some).collect()
+}
+
+#[test]
+fn dynamic_scatter_backward_max_runs_on_mluops() {
+    let inputs = dsb_inputs(300, 40, 9);
+    let max = [("reduce_type", AttrValue::String("max".into()))];
+    runs_on("DynamicScatterBackward", &max, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+}
+
+#[test]
+fn declines_go_to_the_next_path_then_to_the_cpu() {
+    let inputs = dsb_inputs(300, 40, 9);
+    // mean: MLU-OPS implements max only; auto takes the BANG kernels, mluops alone the CPU.
+    let mean = [("reduce_type", AttrValue::String("mean".into()))];
+    runs_on("DynamicScatterBackward", &mean, MLUOPS, &refs(&inputs), Ran::Host("no card path supports".into()));
+    let max = [("reduce_type", AttrValue::String("max".into()))];
+    // N < M at run time: MLU-OPS requires N >= M.
+    let few = dsb_inputs(30, 40, 9);
+    runs_on("DynamicScatterBackward", &max, AUTO, &refs(&few), Ran::Card(Backend::Bang));
+    runs_on("DynamicScatterBackward", &max, MLUOPS, &refs(&few), Ran::Host("N >= M".into()));
+    let n = node("DynamicScatterBackward", &mean, AUTO);
+    let why = n.static_choice(&device().info, None).expect_err("no backend runs mean");
+    assert!(why.starts_with("mluops: ") && why.contains("; bang: "), "each backend's reason, in order: {why}");
+    let n = node("DynamicScatterBackward", &max, AUTO);
+    assert_eq!(n.static_choice(&device().info, None), Ok(Backend::MluOps), "auto tries MLU-OPS first");
+}
+
+#[test]
+fn three_interpolate_backward_float_runs_on_mluops_and_float16_declines() {
+    let (b, c, n, m) = (2, 5, 40, 17);
+    let idx: Vec<i32> = (0..b * n * 3).map(|i| ((i * 7) % m) as i32).collect();
+    let inputs = [f32s(&[b, c, n], 3), i32s(&[b, n, 3], idx.clone()), f32s(&[b, n, 3], 4)];
+    let attrs = [("m", AttrValue::Int(m as i64))];
+    runs_on("ThreeInterpolateBackward", &attrs, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    let half = |t: &Tensor| {
+        let OwnedData::F32(v) = &t.data else { unreachable!() };
+        Tensor { shape: t.shape.clone(), data: OwnedData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()) }
+    };
+    let h = [half(&inputs[0]), inputs[1].clone(), half(&inputs[2])];
+    let n16 = node("ThreeInterpolateBackward", &attrs, MLUOPS);
+    let (_, ran) = run_node_on_device(&device(), &n16, &refs(&h)).expect("runs");
+    assert!(matches!(&ran, Ran::Host(why) if why.contains("float16")), "{ran:?}");
+}
+
+fn gip_attrs(subm: i64, kernel: i64, stride: i64) -> Vec<(&'static str, AttrValue)> {
+    vec![
+        ("batch_size", AttrValue::Int(2)),
+        ("spatial_shape", AttrValue::Ints(vec![5, 9, 9])),
+        ("kernel_size", AttrValue::Ints(vec![kernel; 3])),
+        ("stride", AttrValue::Ints(vec![stride; 3])),
+        ("padding", AttrValue::Ints(vec![kernel / 2; 3])),
+        ("subm", AttrValue::Int(subm)),
+    ]
+}
+
+fn sites(l: usize) -> Tensor {
+    let mut v = Vec::new();
+    for i in 0..l {
+        v.extend([(i % 2) as i32, (i * 3 % 5) as i32, (i * 5 % 9) as i32, (i * 7 % 9) as i32]);
+    }
+    i32s(&[l, 4], v)
+}
+
+#[test]
+fn get_indice_pairs_runs_on_mluops_with_num_act_out_from_the_descriptor() {
+    let input = sites(60);
+    runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&input)], Ran::Card(Backend::MluOps));
+    runs_on("GetIndicePairs", &gip_attrs(0, 3, 1), MLUOPS, &[Some(&input)], Ran::Card(Backend::MluOps));
+    let empty = i32s(&[0, 4], Vec::new());
+    runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&empty)], Ran::Card(Backend::MluOps));
+    // subm: declined (the duplicate-site rule cannot be checked around the library).
+    runs_on("GetIndicePairs", &gip_attrs(1, 3, 1), AUTO, &[Some(&input)], Ran::Card(Backend::Bang));
+}
+
+#[test]
+fn get_indice_pairs_site_count_defect_goes_to_the_next_path() {
+    // K = 1, stride 1, the same site twice: every (site, offset) pair is valid and the sites
+    // repeat, where the library's count drops one site (emulated as the vendor's code does).
+    let twice = i32s(&[2, 4], vec![1, 2, 3, 4, 1, 2, 3, 4]);
+    runs_on("GetIndicePairs", &gip_attrs(0, 1, 1), AUTO, &[Some(&twice)], Ran::Card(Backend::Bang));
+    runs_on("GetIndicePairs", &gip_attrs(0, 1, 1), MLUOPS, &[Some(&twice)], Ran::Host("drops one".into()));
+}
+
+#[test]
+fn voxel_pooling_forward_runs_on_mluops_and_empty_sizes_decline() {
+    let (b, n, c) = (2, 50, 6);
+    let geom: Vec<i32> = (0..b * n * 3).map(|i| (i * 5 % 13) as i32 - 2).collect();
+    let inputs = [i32s(&[b, n, 3], geom), f32s(&[b, n, c], 5)];
+    let attrs = [("voxel_num", AttrValue::Ints(vec![8, 7, 6]))];
+    runs_on("VoxelPoolingForward", &attrs, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    let empty = [i32s(&[b, 0, 3], Vec::new()), f32s(&[b, 0, c], 5)];
+    runs_on("VoxelPoolingForward", &attrs, AUTO, &refs(&empty), Ran::Card(Backend::Bang));
+}
+
+#[test]
+fn an_out_of_range_index_is_the_contract_error_and_never_reaches_the_library() {
+    let mut inputs = dsb_inputs(300, 40, 9);
+    inputs[3] = i32s(&[300], (0..300).map(|i| if i == 17 { 40 } else { (i % 40) as i32 }).collect());
+    let max = [("reduce_type", AttrValue::String("max".into()))];
+    let n = node("DynamicScatterBackward", &max, MLUOPS);
+    let err = run_node_on_device(&device(), &n, &refs(&inputs)).expect_err("map[17] = 40 >= V").to_string();
+    let want = cpu("DynamicScatterBackward", &max, &refs(&inputs)).expect_err("CPU rejects").to_string();
+    assert_eq!(err, want, "the same contract error on both paths");
+    assert!(!err.contains("MLU-OPS"), "the library must not have been called: {err}");
+}
+
+#[test]
+fn statuses_name_the_call_and_the_status() {
+    let lib = backends(MLUOPS).mluops.expect("the emulated library opens");
+    let err = lib.tensor(Layout::Array, DType::Float, &[]).err().expect("dimNb 0 is BAD_PARAM").to_string();
+    assert_eq!(err, "MLU-OPS mluOpSetTensorDescriptor returned MLUOP_STATUS_BAD_PARAM (3): MLUOP_STATUS_BAD_PARAM");
+}
+
+#[test]
+fn a_version_outside_the_bound_range_is_refused() {
+    let _one = OPENING.lock().unwrap_or_else(|e| e.into_inner());
+    let path = emulated_library();
+    // A refused library is never cached, so each open asks its version again.
+    let dir = tempdir();
+    let copy = dir.join("libmluops.so");
+    std::fs::copy(&path, &copy).expect("copy the emulated library");
+    // SAFETY: this test holds OPENING, the lock of every open in this process's tests.
+    unsafe { std::env::set_var("MLUOPS_EMULATED_VERSION", "2.0.0") };
+    let refused = mluops::open(Some(copy.to_str().expect("UTF-8")));
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MLUOPS_EMULATED_VERSION") };
+    let why = refused.expect_err("2.0.0 is outside 1.4.0..1.9.x");
+    assert!(why.contains("is MLU-OPS 2.0.0") && why.contains("1.4.0 to 1.9.x"), "{why}");
+    assert!(mluops::open(Some(copy.to_str().expect("UTF-8"))).is_ok(), "1.4.0 is accepted");
+    let missing = mluops::open(Some("/nonexistent/libmluops.so")).expect_err("no such file");
+    assert!(missing.contains("no MLU-OPS library found") && missing.contains("mluops_library"), "{missing}");
+}
+
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mluops-backend-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
