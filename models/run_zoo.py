@@ -253,11 +253,12 @@ def traffic_table(names, zoo, devices) -> int:
             finally:
                 del os.environ["MLU_EP_TRAFFIC"]
             with open(path) as f:
-                rows += [dict(json.loads(line), model=name) for line in f]
+                # Node lines only: a session's summary line comes when its provider is released.
+                rows += [dict(r, model=name) for r in map(json.loads, f) if "op" in r]
     if not rows:
         print("traffic: no node ran on the MLU")
         return 1
-    header = (f"{'model':<13} {'op':<25} {'node':<14} {'h2d':>6} {'d2h':>6} {'d2d':>9} {'memset':>9} "
+    header = (f"{'model':<13} {'op':<25} {'node':<14} {'backend':<7} {'h2d':>6} {'d2h':>6} {'d2d':>9} {'memset':>9} "
               f"{'GDRAM rd':>10} {'GDRAM wr':>10} {'launch':>6} {'sync':>4} {'minimum':>10} {'GDRAM/min':>9}")
     print(header)
     print("-" * len(header))
@@ -266,7 +267,7 @@ def traffic_table(names, zoo, devices) -> int:
         gdram = r["gdram_read"] + r["gdram_write"] + r["memset"] + 2 * r["d2d"]
         r["ratio"] = gdram / r["minimum"] if r["minimum"] else 0.0
         worst = max(worst, r["ratio"])
-        print(f"{r['model']:<13} {r['op']:<25} {r['node'][:14]:<14} {r['h2d']:>6} {r['d2h']:>6} {r['d2d']:>9} "
+        print(f"{r['model']:<13} {r['op']:<25} {r['node'][:14]:<14} {r['backend']:<7} {r['h2d']:>6} {r['d2h']:>6} {r['d2d']:>9} "
               f"{r['memset']:>9} {r['gdram_read']:>10} {r['gdram_write']:>10} {r['launches']:>6} {r['syncs']:>4} "
               f"{r['minimum']:>10} {r['ratio']:>8.2f}x")
     print()

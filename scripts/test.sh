@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 source scripts/setup.sh --test
 echo "== build (release library for the Python tests)"
-cargo build --release --lib
+cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
 echo "== cargo test (unit, integration, ort sessions, property tests)"
 cargo test --all-targets

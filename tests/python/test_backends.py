@@ -1,0 +1,120 @@
+"""The card backends through real ONNX Runtime sessions: every model of the zoo on the
+emulated card with `mlu_backend` = mluops, bang and auto (the MLU-OPS backend against the
+emulated libmluops of mluops_emulated/, never Cambricon's library), each output against the
+CPU custom-op session's, and the provider's counts read from the traffic report's session
+line: which backend ran each node, no run-time CPU fallback, and the declines expected.
+
+Each backend runs in its own process: the provider reads MLU_EP_EMULATE and the traffic
+report's path from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, library_path
+
+ZOO = REPO / "models"
+
+
+def emulated_mluops(lib: Path) -> Path:
+    """The emulated libmluops built beside the library (`cargo build --example mluops_emulated`)."""
+    path = lib.parent / "examples" / "libmluops_emulated.so"
+    assert path.exists(), f"{path} is missing: build it with cargo build [--release] --example mluops_emulated"
+    return path
+
+
+SCRIPT = r"""
+import json, os, sys
+import numpy as np, onnxruntime as ort
+lib, backend, mluops, zoo_dir, model, data = sys.argv[1:7]
+ort.register_execution_provider_library("MLUExecutionProvider", lib)
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider"]
+feeds_npz = np.load(os.path.join(zoo_dir, data))
+cpu_opts = ort.SessionOptions(); cpu_opts.register_custom_ops_library(lib)
+cpu = ort.InferenceSession(os.path.join(zoo_dir, model), cpu_opts)
+feeds = {i.name: feeds_npz["in." + i.name] for i in cpu.get_inputs()}
+want = cpu.run(None, feeds)
+so = ort.SessionOptions(); so.log_severity_level = 3
+so.add_provider_for_devices(devices, {"mlu_backend": backend, "mluops_library": mluops})
+sess = ort.InferenceSession(os.path.join(zoo_dir, model), so)
+got = sess.run(None, feeds)
+diffs = {}
+for o, a, b in zip(sess.get_outputs(), got, want):
+    same = a.shape == b.shape and np.array_equal(a.view(np.uint8) if a.dtype.kind == "f" else a,
+                                                 b.view(np.uint8) if b.dtype.kind == "f" else b)
+    if not same:
+        diffs[o.name] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.shape == b.shape else "shape"
+del sess
+print(json.dumps(diffs))
+"""
+
+
+def run_model(lib: Path, backend: str, name: str, spec: dict, tmp: Path) -> tuple[dict, list[dict]]:
+    traffic = tmp / f"{name}-{backend}.jsonl"
+    env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC=str(traffic))
+    env.pop("MLU_EP_BACKEND", None)
+    p = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(lib), backend, str(emulated_mluops(lib)), str(ZOO), spec["model"], spec["data"]],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, f"{name} with mlu_backend={backend} failed:\n{p.stderr[-3000:]}"
+    diffs = json.loads(p.stdout.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in traffic.read_text().splitlines()] if traffic.exists() else []
+    return diffs, lines
+
+
+def zoo_models() -> dict:
+    return json.loads((ZOO / "zoo.json").read_text())["models"]
+
+
+@pytest.mark.parametrize("backend", ["mluops", "bang", "auto"])
+def test_every_zoo_model_on_each_backend(backend, tmp_path):
+    lib = library_path()
+    totals = {"mluops": 0, "bang": 0}
+    for name, spec in zoo_models().items():
+        diffs, lines = run_model(lib, backend, name, spec, tmp_path)
+        nodes = [x for x in lines if "op" in x]
+        sessions = [x for x in lines if "session" in x]
+        assert len(sessions) == 1, f"{name}: one provider session line, got {sessions}"
+        s = sessions[0]
+        assert s["cpu_fallbacks"] == 0, f"{name} ({backend}): unexpected run-time CPU fallbacks: {s}"
+        assert sum(s["card_runs"].values()) == len(nodes), f"{name}: node lines and counts disagree: {s}"
+        assert [x for x in nodes if x["backend"] == "cpu"] == []
+        if backend != "auto":
+            other = "bang" if backend == "mluops" else "mluops"
+            assert s["card_runs"][other] == 0 and s["claimed"][other] == 0, f"{name}: {other} ran under {backend}: {s}"
+        # The MLU-OPS path computes with the emulated library's CPU kernels, the BANG path
+        # with the BANG kernels: exact against the CPU session but for atomics' order.
+        if backend == "mluops":
+            assert diffs == {}, f"{name} on mluops differs from the CPU session: {diffs}"
+        else:
+            assert all(isinstance(d, float) and d < 1e-3 for d in diffs.values()), f"{name} ({backend}): {diffs}"
+        for b in totals:
+            totals[b] += s["card_runs"][b]
+    if backend in ("mluops", "auto"):
+        assert totals["mluops"] > 0, f"no node of the zoo ran on MLU-OPS under {backend}: {totals}"
+    if backend == "bang":
+        assert totals["bang"] > 0
+
+
+def test_an_unknown_backend_is_a_clear_provider_error(tmp_path):
+    """CreateEp fails with the rule; onnxruntime's Python wrapper prints it and retries on
+    the CPU provider (its behaviour, not ours: the C API returns the error)."""
+    lib = library_path()
+    spec = zoo_models()["pointpillars"]
+    traffic = tmp_path / "t.jsonl"
+    env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC=str(traffic))
+    p = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(lib), "cuda", "", str(ZOO), spec["model"], spec["data"]],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    said = p.stdout + p.stderr
+    assert "EP Error" in said and "INVALID_ARGUMENT" in said and "option mlu_backend" in said, said[-2000:]
+    assert "'cuda' is not one of auto, mluops, bang" in said, said[-2000:]
