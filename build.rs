@@ -1,6 +1,6 @@
 //! Builds the BANG kernels of kernels/.
 //! - Always: every `.mlu` source plus the emulator runtime, compiled for the host with the
-//!   system C++ compiler (C++20, FP contraction off) into a static library linked into
+//!   system C++ compiler (C++17, FP contraction off) into a static library linked into
 //!   this crate: the emulated MLU card runs these.
 //! - When a Cambricon toolkit is present (NEUWARE_HOME with bin/cncc): the same sources
 //!   compiled one by one by cncc (for MLU_EP_BANG_ARCH, default mtp_372) and linked into
@@ -30,7 +30,7 @@ fn main() {
     let mut build = cc::Build::new();
     build
         .cpp(true)
-        .std("c++20")
+        .std("c++17")
         .flag("-ffp-contract=off")
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(true)

@@ -128,7 +128,7 @@ fn compiles(expr: &str) -> Result<(), String> {
     std::fs::write(&file, src).unwrap();
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let out = Command::new(cxx)
-        .args(["-std=c++20", "-fsyntax-only", "-x", "c++", "-I"])
+        .args(["-std=c++17", "-fsyntax-only", "-x", "c++", "-I"])
         .arg(Path::new(ROOT).join("kernels/common"))
         .arg(&file)
         .output()

@@ -131,6 +131,38 @@ fn transpose_conversion_and_copy_intrinsics() {
     assert!((0..N / 2).all(|i| got[i] == a[2 * i]));
 }
 
+/// The software binary16 conversions (kernels/emulator/emu_runtime.cc) bit for bit against
+/// half::f16 over every half value, every tie between neighbouring halves and the floats on
+/// either side of it (subnormals, the normal/subnormal edge, 65504 and the overflow tie
+/// included), float subnormals, infinities and NaN payloads of both signs.
+#[test]
+fn half_conversions_round_to_nearest_even_over_the_whole_range() {
+    let mut v: Vec<f32> = Vec::new();
+    for h in 0..=u16::MAX {
+        v.push(half::f16::from_bits(h).to_f32());
+    }
+    for h in 0..0x7c00u16 {
+        let (lo, hi) = (half::f16::from_bits(h).to_f32(), half::f16::from_bits(h + 1).to_f32());
+        // The tie is exact in float32 (12 significant bits).
+        let tie = (lo + hi) / 2.0;
+        for x in [tie, f32::from_bits(tie.to_bits() - 1), f32::from_bits(tie.to_bits() + 1)] {
+            v.extend([x, -x]);
+        }
+    }
+    v.extend([f32::from_bits(1), 1e-40, 2.0f32.powi(-25), 2.0f32.powi(-26), 1e10, f32::MAX, f32::from_bits(0x7f80_0001)]);
+    v.extend([f32::from_bits(0xffc0_1234), f32::from_bits(0x7fbf_ffff), f32::INFINITY, f32::NEG_INFINITY]);
+    // Launches of 8192 (a multiple of the 64 halves of one 128-byte vector), zero padded.
+    const CHUNK: usize = 8192;
+    v.resize(v.len().div_ceil(CHUNK) * CHUNK, 0.0);
+    for (c, chunk) in v.chunks(CHUNK).enumerate() {
+        let got = run_f32("half_round_trip", 4, CHUNK, 0, 0.0, chunk, chunk, &vec![0.0; CHUNK]);
+        for (i, (&x, g)) in chunk.iter().zip(got).enumerate() {
+            let want = half::f16::from_f32(x).to_f32();
+            assert_eq!(g.to_bits(), want.to_bits(), "element {}: {x:e} ({:#010x}) gave {g:e}, half::f16 {want:e}", c * CHUNK + i, x.to_bits());
+        }
+    }
+}
+
 #[test]
 fn atomics_combine_every_task() {
     let a: Vec<f32> = (0..N).map(|i| i as f32).collect();

@@ -21,7 +21,13 @@
 #include <cstring>
 #include <type_traits>
 
-typedef _Float16 half;
+// The device's binary16 as its 16 bits. The kernels only move halves and convert them with
+// __bang_half2float / __bang_float2half_rn (software conversions in emu_runtime.cc), so no
+// host half arithmetic, nor _Float16 (GCC 12 and later on x86), is needed.
+struct half {
+  uint16_t bits;
+};
+static_assert(sizeof(half) == 2, "half is 16 bits");
 
 namespace bang_emu {
 

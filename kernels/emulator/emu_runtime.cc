@@ -605,12 +605,66 @@ void sync_all_ipu(Loc at) {
   c.group->ipu.wait(at, "__sync_all_ipu");
 }
 
+namespace {
+// binary16 <-> binary32 in software (the emulator's half is its bits, see bang_emu.h), to
+// the results GCC's _Float16 conversions gave before (libgcc's soft-fp): round to nearest
+// even, subnormal halves produced and read, overflow to infinity, NaN kept with its sign and
+// the top 10 payload bits and made quiet.
+uint16_t half_bits_rn(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((a >> 13) & 0x3ffu);  // NaN
+  // 65520 and above (the tie between 65504 and 2^16 goes to the even side, infinity).
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  const uint32_t e = a >> 23;
+  // Below 2^-14: a subnormal half, the significand in units of 2^-24; under 2^-25 (every
+  // float subnormal included) that is zero, and shift 24 puts the 2^-25 tie on even zero.
+  // From 2^-14 on: a normal half. Rounding up may carry into the exponent field (which is
+  // the next binade's encoding); below 65520 it never reaches infinity.
+  uint32_t m, shift, q;
+  if (e < 113) {
+    if (e < 102) return sign;
+    m = (a & 0x7fffffu) | 0x800000u;
+    shift = 126 - e;
+    q = m >> shift;
+  } else {
+    m = a;
+    shift = 13;
+    q = (a >> 13) - (112u << 10);
+  }
+  const uint32_t rem = m & ((1u << shift) - 1), tie = 1u << (shift - 1);
+  if (rem > tie || (rem == tie && (q & 1u))) ++q;
+  return sign | static_cast<uint16_t>(q);
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t x;
+  if (e == 0x1f) {
+    x = sign | 0x7f800000u | (m ? 0x400000u | (m << 13) : 0);  // infinity, or NaN made quiet
+  } else if (e != 0) {
+    x = sign | ((e + 112) << 23) | (m << 13);
+  } else {
+    // Zero or subnormal: m * 2^-24, exact in a float.
+    const float v = static_cast<float>(m) * (1.0f / 16777216.0f);
+    std::memcpy(&x, &v, sizeof x);
+    x |= sign;
+  }
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+}  // namespace
+
 void half2float(Loc at, float *d, const half *s, long n) {
   vector_count(at, "__bang_half2float", n, sizeof(half));
   vector_count(at, "__bang_half2float", n, sizeof(float));
   vector_operand(at, "__bang_half2float", d, n, sizeof(float));
   vector_operand(at, "__bang_half2float", s, n, sizeof(half));
-  for (long i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  for (long i = 0; i < n; ++i) d[i] = half_to_float(s[i].bits);
 }
 
 void float2half_rn(Loc at, half *d, const float *s, long n) {
@@ -618,11 +672,21 @@ void float2half_rn(Loc at, half *d, const float *s, long n) {
   vector_count(at, "__bang_float2half_rn", n, sizeof(float));
   vector_operand(at, "__bang_float2half_rn", d, n, sizeof(half));
   vector_operand(at, "__bang_float2half_rn", s, n, sizeof(float));
-  // The host conversion rounds to nearest even, as _rn asks.
-  for (long i = 0; i < n; ++i) d[i] = static_cast<half>(s[i]);
+  for (long i = 0; i < n; ++i) d[i].bits = half_bits_rn(s[i]);
 }
 
 namespace {
+// A relaxed atomic float add on device memory. C++17 has no std::atomic_ref (C++20), so it is
+// the compare-exchange loop libstdc++'s atomic_ref<float>::fetch_add runs, written with the
+// GCC/Clang __atomic builtins (lock-free on 4 bytes, seen by ThreadSanitizer).
+void atomic_add_float(float *p, float v) {
+  float old, next;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do {
+    next = old + v;
+  } while (!__atomic_compare_exchange(p, &old, &next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
 template <typename T>
 void atomic_operands(Loc at, const char *op, T *gdram, const T *nram, long n) {
   if (core_at(at).mpu) memory_core_breach(at, op);
@@ -638,7 +702,7 @@ void atomic_reduce_add(Loc at, float *gdram, const float *nram, long n) {
   atomic_operands(at, "__bang_atomic_reduce_add", gdram, nram, n);
   g_gdram_read.fetch_add(n * sizeof(float), std::memory_order_relaxed);
   g_gdram_written.fetch_add(n * sizeof(float), std::memory_order_relaxed);
-  for (long i = 0; i < n; ++i) std::atomic_ref<float>(gdram[i]).fetch_add(nram[i], std::memory_order_relaxed);
+  for (long i = 0; i < n; ++i) atomic_add_float(gdram + i, nram[i]);
 }
 
 void atomic_reduce_add(Loc at, float *gdram, float value, long n) {
@@ -650,7 +714,7 @@ void atomic_reduce_add(Loc at, float *gdram, float value, long n) {
   if (g != Space::GDRAM) violation(at, "%s: destination is in %s, it must be in GDRAM", op, space_name(g));
   g_gdram_read.fetch_add(sizeof(float), std::memory_order_relaxed);
   g_gdram_written.fetch_add(sizeof(float), std::memory_order_relaxed);
-  std::atomic_ref<float>(*gdram).fetch_add(value, std::memory_order_relaxed);
+  atomic_add_float(gdram, value);
 }
 
 // ---- queues -----------------------------------------------------------------------------
