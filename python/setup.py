@@ -11,6 +11,11 @@ extension, so it fits every Python 3 on that platform and no other platform.
 An editable install (``pip install -e python``) builds nothing: the package then finds the
 checkout's ``target/release`` or ``target/debug`` library.
 
+The same build step copies the demo model and the model zoo from the repository's
+``models/`` into the package's ``models/`` folder (``onnxruntime_ep_mlu.demo_model()``,
+``demo_inputs()``, ``zoo()`` find them there), so the examples run from any folder; they are
+read from ``models/`` at every build, never kept as a second copy in git.
+
 cargo's progress goes to the build's output: ``pip install -v ./python`` shows it.
 """
 
@@ -35,6 +40,24 @@ ROOT = HERE.parent
 PACKAGE = "onnxruntime_ep_mlu"
 LIBRARY = "libonnxruntime_ep_mlu.so"
 CRATE_TARGET = "onnxruntime_ep_mlu"
+MODELS = ROOT / "models"
+DEMO_FILES = ("mluops_demo.onnx", "mluops_demo.npz")
+
+
+def model_files() -> list[Path]:
+    """The files of models/ the package carries: the demo model and its data, zoo.json and
+    every model and data file it names (read from zoo.json, so a model added to the zoo is
+    packaged without touching this file)."""
+    zoo_json = MODELS / "zoo.json"
+    if not zoo_json.is_file():
+        raise SystemExit(f"error: {zoo_json} not found: the wheel is built from the repository checkout")
+    zoo = json.loads(zoo_json.read_text())["models"]
+    names = [*DEMO_FILES, "zoo.json"] + [spec[key] for spec in zoo.values() for key in ("model", "data")]
+    files = [MODELS / n for n in dict.fromkeys(names)]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise SystemExit(f"error: models/ lacks {', '.join(missing)}")
+    return files
 
 
 def cargo_build() -> Path:
@@ -74,7 +97,8 @@ def cargo_build() -> Path:
 
 
 class BuildPyWithLibrary(build_py):
-    """build_py, then the Rust library into the package (not in editable mode)."""
+    """build_py, then the Rust library and models/'s demo and zoo files into the package (not
+    in editable mode: the package then reads the checkout's target/ and models/)."""
 
     def run(self):
         super().run()
@@ -88,11 +112,19 @@ class BuildPyWithLibrary(build_py):
         shutil.copyfile(library, dest)
         os.chmod(dest, 0o755)
         print(f"onnxruntime-ep-mlu: {library} -> {dest}", flush=True)
+        models = Path(self.build_lib) / PACKAGE / "models"
+        # A fresh folder each build: a file dropped from the zoo must not linger in build/.
+        shutil.rmtree(models, ignore_errors=True)
+        models.mkdir(parents=True)
+        for f in model_files():
+            shutil.copyfile(f, models / f.name)
+        print(f"onnxruntime-ep-mlu: {MODELS} (demo model and zoo, {len(model_files())} files) -> {models}", flush=True)
 
     def get_outputs(self, include_bytecode=True):
         outputs = super().get_outputs(include_bytecode)
         if not getattr(self, "editable_mode", False):
             outputs.append(str(Path(self.build_lib) / PACKAGE / LIBRARY))
+            outputs += [str(Path(self.build_lib) / PACKAGE / "models" / f.name) for f in model_files()]
         return outputs
 
 

@@ -26,13 +26,17 @@ __all__ = [
     "EP_NAME",
     "LIBRARY_NAME",
     "OPSET_VERSION",
+    "demo_inputs",
+    "demo_model",
     "get_devices",
     "get_ep_name",
     "get_library_path",
     "library_candidates",
+    "models_dir",
     "node_assignment",
     "register_execution_provider",
     "session_options",
+    "zoo",
 ]
 
 #: ONNX domain of the operators, and its opset version.
@@ -51,6 +55,12 @@ ENV_EMULATE = "MLU_EP_EMULATE"
 RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+#: Where the build puts the demo model and the model zoo inside the package (setup.py copies
+#: them from the checkout's models/ at build time, so they are never a second copy in git).
+_PACKAGED_MODELS = _PACKAGE_DIR / "models"
+DEMO_MODEL = "mluops_demo.onnx"
+DEMO_DATA = "mluops_demo.npz"
+ZOO = "zoo.json"
 
 
 def get_ep_name() -> str:
@@ -106,6 +116,48 @@ def get_library_path() -> str:
         "the library into it)"
     )
     raise FileNotFoundError(f"{LIBRARY_NAME} not found ({ENV_LIBRARY} is not set; looked at {looked}): {hint}")
+
+
+def models_dir() -> Path:
+    """The folder holding the demo model (``mluops_demo.onnx`` and its inputs and goldens,
+    ``mluops_demo.npz``) and the model zoo (``zoo.json`` and the files it names): the
+    package's own ``models/`` (a wheel, or ``pip install ./python``), else, for a package
+    imported from the checkout or installed editable, the checkout's ``models/``.
+
+    Raises FileNotFoundError when there is neither."""
+    if (_PACKAGED_MODELS / ZOO).is_file():
+        return _PACKAGED_MODELS
+    root = _repo_root()
+    if root is not None and (root / "models" / ZOO).is_file():
+        return root / "models"
+    raise FileNotFoundError(
+        f"no models folder: {_PACKAGED_MODELS} does not exist (this package was not built by `pip install "
+        "./python` or `pip wheel ./python`, which put the repository's models/ into it) and the package is not "
+        "in the repository"
+    )
+
+
+def demo_model() -> str:
+    """Absolute path of the demo model, ``mluops_demo.onnx``: the five MLU operators among
+    standard ONNX nodes (models/README.md)."""
+    return str(models_dir() / DEMO_MODEL)
+
+
+def demo_inputs() -> dict:
+    """The demo model's inputs, ``{input name: numpy array}``, ready for ``session.run``
+    (stored as ``in.<name>`` in ``mluops_demo.npz``, beside the goldens ``out.<name>``).
+    Needs numpy."""
+    import numpy as np
+
+    with np.load(models_dir() / DEMO_DATA, allow_pickle=False) as data:
+        return {k[3:]: data[k] for k in data.files if k.startswith("in.")}
+
+
+def zoo() -> str:
+    """Absolute path of the model zoo's ``zoo.json`` (five models with one frame of inputs
+    and goldens each, and every output's tolerance): the default zoo of
+    ``python -m onnxruntime_ep_mlu.regression``."""
+    return str(models_dir() / ZOO)
 
 
 def session_options(

@@ -15,8 +15,8 @@ Frames come from one of two sources:
 - a folder, ``<dir>/<model>/<frame>.npz``: one sub-folder per model, one ``.npz`` per
   frame holding ``in.<input>`` for every model input and, optionally, ``out.<output>``
   goldens (the layout of ``models/<name>.npz``). The model is ``<dir>/<model>/model.onnx``
-  when present, else the zoo's model of that name (``--zoo``, default
-  ``models/zoo.json`` of the checkout); tolerances are ``<dir>/<model>/tolerances.json``
+  when present (``--write-frames`` writes it), else the zoo's model of that name (``--zoo``,
+  default the zoo packaged with this module, :func:`onnxruntime_ep_mlu.zoo`); tolerances are ``<dir>/<model>/tolerances.json``
   (``{"<output>": {"class": "exact"} | {"class": "accumulating", "diff1": .., "diff2": ..}}``)
   when present, else the zoo's, else exact for integer outputs and the accumulating class
   (3e-3) for float outputs. Any other key in a frame is an error.
@@ -71,7 +71,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import EP_NAME, RECORD_ASSIGNMENT, _has_emulated, _repo_root, get_library_path, register_execution_provider
+from . import (
+    EP_NAME,
+    RECORD_ASSIGNMENT,
+    _has_emulated,
+    _repo_root,
+    get_library_path,
+    models_dir,
+    register_execution_provider,
+)
 
 __all__ = [
     "GENERATORS",
@@ -244,15 +252,37 @@ def _load_npz(data: bytes | str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def default_zoo() -> Path | None:
-    root = _repo_root()
-    return root / "models" / "zoo.json" if root is not None else None
+    """The zoo packaged with this module (:func:`onnxruntime_ep_mlu.zoo`: the wheel's copy of
+    the checkout's models/, or the checkout's own), None when there is none."""
+    try:
+        return models_dir() / "zoo.json"
+    except FileNotFoundError:
+        return None
+
+
+def _read_zoo(zoo_json: str | os.PathLike) -> dict:
+    """zoo.json's ``models``, or a one-line FileNotFoundError / ValueError naming the file."""
+    zoo_json = Path(zoo_json)
+    if not zoo_json.is_file():
+        raise FileNotFoundError(f"zoo file {zoo_json} not found")
+    try:
+        return json.loads(zoo_json.read_text())["models"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{zoo_json} is not a zoo.json (a JSON object with \"models\"): {type(e).__name__}: {e}") from None
+
+
+def _zoo_file(zoo_json: Path, name: str, spec: dict, key: str) -> bytes:
+    path = zoo_json.parent / spec[key]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}, the {key} file of {name!r} in {zoo_json}, not found")
+    return path.read_bytes()
 
 
 def load_zoo(zoo_json: str | os.PathLike, names: list[str] | None = None) -> dict[str, dict]:
     """The zoo's models as the specs the checkers take: ``{name: {"onnx": bytes,
     "tolerances": {output: tol}, "base": npz bytes of the zoo frame (inputs and goldens)}}``."""
     zoo_json = Path(zoo_json)
-    zoo = json.loads(zoo_json.read_text())["models"]
+    zoo = _read_zoo(zoo_json)
     names = list(zoo) if names is None else names
     unknown = [n for n in names if n not in zoo]
     if unknown:
@@ -261,9 +291,9 @@ def load_zoo(zoo_json: str | os.PathLike, names: list[str] | None = None) -> dic
     for name in names:
         spec = zoo[name]
         out[name] = {
-            "onnx": (zoo_json.parent / spec["model"]).read_bytes(),
+            "onnx": _zoo_file(zoo_json, name, spec, "model"),
             "tolerances": spec["outputs"],
-            "base": (zoo_json.parent / spec["data"]).read_bytes(),
+            "base": _zoo_file(zoo_json, name, spec, "data"),
         }
     return out
 
@@ -275,22 +305,34 @@ def load_dataset_models(frames_dir: str | os.PathLike, zoo_json=None, names: lis
     if not frames_dir.is_dir():
         raise FileNotFoundError(f"frame folder {frames_dir} not found")
     present = sorted(p.name for p in frames_dir.iterdir() if p.is_dir())
+    if not present:
+        raise ValueError(f"{frames_dir} has no model folders (the layout is {frames_dir}/<model>/<frame>.npz)")
     names = present if names is None else names
     missing = [n for n in names if n not in present]
     if missing:
         raise ValueError(f"no folder for model(s) {missing} in {frames_dir} (it has {present})")
-    zoo = json.loads(Path(zoo_json).read_text())["models"] if zoo_json and Path(zoo_json).is_file() else {}
+    # The zoo is read only for a folder that needs it (no model.onnx or no tolerances.json).
+    zoo = None
     out = {}
     for name in names:
         sub = frames_dir / name
-        if (sub / "model.onnx").is_file():
+        own_model, own_tol = (sub / "model.onnx").is_file(), (sub / "tolerances.json").is_file()
+        if zoo is None and not (own_model and own_tol):
+            zoo = _read_zoo(zoo_json) if zoo_json else {}
+        if own_model:
             onnx_bytes = (sub / "model.onnx").read_bytes()
         elif name in zoo:
-            onnx_bytes = (Path(zoo_json).parent / zoo[name]["model"]).read_bytes()
+            onnx_bytes = _zoo_file(Path(zoo_json), name, zoo[name], "model")
         else:
-            raise FileNotFoundError(f"{sub}: no model.onnx, and {name!r} is not a model of the zoo ({zoo_json})")
-        if (sub / "tolerances.json").is_file():
-            tolerances = json.loads((sub / "tolerances.json").read_text())
+            raise FileNotFoundError(
+                f"{sub} has no model.onnx, and {name!r} is not a model of the zoo ({zoo_json}): put the model there as "
+                "model.onnx, or pass --zoo with a zoo.json that has it"
+            )
+        if own_tol:
+            try:
+                tolerances = json.loads((sub / "tolerances.json").read_text())
+            except ValueError as e:
+                raise ValueError(f"{sub / 'tolerances.json'} is not JSON: {e}") from None
         else:
             tolerances = zoo.get(name, {}).get("outputs", {})
         out[name] = {"onnx": onnx_bytes, "tolerances": tolerances, "base": None}
@@ -323,12 +365,16 @@ def dataset_frames(frames_dir: str | os.PathLike, models: dict[str, dict], limit
 
 def write_frames(out_dir: str | os.PathLike, models: dict[str, dict], count: int, seed: int = 0) -> int:
     """Writes ``count`` generated frames per model in the folder layout (frame 0 with the zoo's
-    goldens, the others inputs only); returns the number of files."""
+    goldens, the others inputs only), with each model's ``model.onnx`` and
+    ``tolerances.json``, so that ``--frames`` reads the folder back without the zoo; returns
+    the number of frame files."""
     n = 0
     for name, spec in models.items():
         base = _load_npz(spec["base"])
         sub = Path(out_dir) / name
         sub.mkdir(parents=True, exist_ok=True)
+        (sub / "model.onnx").write_bytes(spec["onnx"])
+        (sub / "tolerances.json").write_text(json.dumps(spec.get("tolerances") or {}, indent=1) + "\n")
         for i in range(count):
             arrays = {"in." + k: v for k, v in generate(name, base, seed, i).items()}
             if i == 0:
@@ -757,19 +803,37 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
 
 
 # ============================================================================ command line
+class _Parser(argparse.ArgumentParser):
+    """Every user error as one line that names what to pass (argparse's own errors start
+    with a usage block; a wrong file or folder would otherwise end in a traceback)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="python -m onnxruntime_ep_mlu.regression",
         description="Model-level regression over a dataset of frames (CPU path and MLUExecutionProvider), "
         "in this process or on Ray.",
     )
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--frames", metavar="DIR", help="frame folder: DIR/<model>/<frame>.npz (in.<input>, optional out.<output>)")
-    src.add_argument("--generate", type=int, metavar="N", help="N generated frames per zoo model (default 20)")
+    src.add_argument("--generate", type=_positive, metavar="N", help="N generated frames per zoo model (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated frames (default 0)")
-    ap.add_argument("--limit", type=int, default=None, help="at most this many frames per model of --frames")
+    ap.add_argument("--limit", type=_positive, default=None, help="at most this many frames per model of --frames")
     ap.add_argument("--models", default=None, help="comma-separated subset of the models")
-    ap.add_argument("--zoo", default=None, help="zoo.json (default: models/zoo.json of the checkout)")
+    ap.add_argument("--zoo", default=None, help="zoo.json (default: the zoo packaged with this module, onnxruntime_ep_mlu.zoo())")
     ap.add_argument("--paths", default="cpu,mlu", help="cpu, mlu or both (default)")
     ap.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=True,
                     help="the MLU path on the emulated card (default) or, --no-emulate, on real cards")
@@ -787,9 +851,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--ray", action="store_true", help="start a local Ray cluster and run there")
     ap.add_argument("--address", default=None, help="join a Ray cluster: auto, ray://host:10001, host:6379")
-    ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local cluster (--ray; default: all)")
+    ap.add_argument("--num-cpus", type=_positive, default=None, help="CPUs of the local cluster (--ray; default: all)")
     ap.add_argument("--workers", default="2", help="actors (1 CPU each); a list (1,2) runs the same frames once per size")
-    ap.add_argument("--batch-size", type=int, default=4, help="frames per actor task (default 4)")
+    ap.add_argument("--batch-size", type=_positive, default=4, help="frames per actor task (default 4)")
     ap.add_argument("--runtime-env", default=None, help="Ray runtime_env as JSON (e.g. pip/py_modules for a multi-node cluster)")
     ap.add_argument("--crash-once", default=None, metavar="FILE", help=argparse.SUPPRESS)
     ap.add_argument("--write-frames", default=None, metavar="DIR", help="write the generated frames in the folder layout, then stop")
@@ -798,30 +862,73 @@ def main(argv=None) -> int:
 
     if args.library:
         args.library = os.path.abspath(args.library)  # the path as given, not against ORT's folder
+        if not os.path.isfile(args.library):
+            ap.error(f"--library {args.library}: file not found (pass the path of libonnxruntime_ep_mlu.so, or leave "
+                     "--library out for the package's own)")
+    if args.zoo is not None and not Path(args.zoo).is_file():
+        ap.error(f"--zoo {args.zoo}: file not found (pass the path of a zoo.json such as the checkout's "
+                 "models/zoo.json, or leave --zoo out for the packaged zoo)")
     zoo_json = args.zoo or default_zoo()
     names = [m for m in args.models.split(",") if m] if args.models else None
+    if args.models is not None and not names:
+        ap.error("--models takes a comma-separated list of model names")
     paths = [p for p in args.paths.split(",") if p]
     if not paths or any(p not in PATHS for p in paths):
         ap.error(f"--paths takes cpu and/or mlu, got {args.paths!r}")
-    workers = [int(w) for w in str(args.workers).split(",") if w]
-    if not workers or min(workers) < 1:
-        ap.error("--workers takes positive counts")
+    try:
+        workers = [_positive(w) for w in str(args.workers).split(",") if w]
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--workers takes positive counts separated by commas: {e}")
+    if not workers:
+        ap.error("--workers takes positive counts separated by commas")
+    runtime_env = {}
+    if args.runtime_env:
+        try:
+            runtime_env = json.loads(args.runtime_env)
+        except ValueError as e:
+            ap.error(f"--runtime-env takes a JSON object ({e})")
+        if not isinstance(runtime_env, dict):
+            ap.error("--runtime-env takes a JSON object, e.g. '{\"pip\": [\"onnxruntime==1.31.1\"]}'")
+    if args.runtime_env and not (args.ray or args.address):
+        ap.error("--runtime-env is for Ray runs: pass --ray or --address too")
+    if not args.library and not args.address and not args.write_frames:
+        # In this process and on a local cluster the library is this process's: find it now.
+        try:
+            get_library_path()
+        except FileNotFoundError as e:
+            ap.error(f"{e}; or pass --library")
 
     if args.frames and args.write_frames:
         ap.error("--write-frames writes generated frames: it does not take --frames")
     if args.frames:
-        models = load_dataset_models(args.frames, zoo_json, names)
-        rows = dataset_frames(args.frames, models, args.limit)
+        try:
+            models = load_dataset_models(args.frames, zoo_json, names)
+            rows = dataset_frames(args.frames, models, args.limit)
+        except (OSError, ValueError) as e:
+            ap.error(f"--frames {args.frames}: {e}")
         expected = {m: [r["frame"] for r in rows if r["model"] == m] for m in models}
         source = f"{len(rows)} frames from {args.frames}"
     else:
-        if zoo_json is None or not Path(zoo_json).is_file():
-            ap.error("generated frames need the zoo: pass --zoo path/to/models/zoo.json")
-        models = load_zoo(zoo_json, names)
+        if zoo_json is None:
+            ap.error("this package has no zoo (it was not built from the repository with pip): pass --zoo with the "
+                     "path of the checkout's models/zoo.json")
+        try:
+            known = list(_read_zoo(zoo_json))
+            unknown = [n for n in names or () if n not in known]
+            if unknown:
+                ap.error(f"--models: no model {', '.join(unknown)} in {zoo_json} (it has {','.join(known)})")
+            models = load_zoo(zoo_json, names)
+            generated_frames(models, 1)  # every model has a generator, checked before any work
+        except (OSError, ValueError) as e:
+            ap.error(f"--zoo {zoo_json}: {e}" if args.zoo else f"the packaged zoo: {e}")
         count = 20 if args.generate is None else args.generate
         if args.write_frames:
-            n = write_frames(args.write_frames, models, count, args.seed)
-            print(f"wrote {n} frames to {args.write_frames}/<model>/")
+            try:
+                n = write_frames(args.write_frames, models, count, args.seed)
+            except OSError as e:
+                ap.error(f"--write-frames {args.write_frames}: {e}")
+            print(f"wrote {n} frames, with each model's model.onnx and tolerances.json, to {args.write_frames}/<model>/ "
+                  f"(read them back with --frames {args.write_frames})")
             return 0
         rows = generated_frames(models, count, args.seed)
         expected = {m: [r["frame"] for r in rows if r["model"] == m] for m in models}
@@ -841,7 +948,6 @@ def main(argv=None) -> int:
             return 2
         logging.getLogger("ray.data").setLevel(logging.WARNING)
 
-        runtime_env = json.loads(args.runtime_env) if args.runtime_env else {}
         library = args.library
         if args.address is None:
             # A local cluster: its workers are processes of this machine, and get this

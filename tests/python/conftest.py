@@ -221,3 +221,47 @@ def pytest_generate_tests(metafunc):
         if arg in metafunc.fixturenames:
             cases = [c for c in load_cases() if c["kind"] == kind]
             metafunc.parametrize(arg, cases, ids=[c["name"] for c in cases])
+
+
+# ----------------------------------------------------------------------------- the installed wheel
+#: Variables that would let a process find the checkout's library or package instead of the
+#: installed ones: unset for every process that stands for a user of the wheel.
+CHECKOUT_VARIABLES = ("MLU_EP_LIB", "MLU_EP_EMULATE", "PYTHONPATH", "PYTHONHOME", "ORT_DYLIB_PATH")
+
+
+def user_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in CHECKOUT_VARIABLES}
+
+
+@pytest.fixture(scope="session")
+def installed_python(tmp_path_factory) -> Path:
+    """The python of a fresh virtual environment into which pip installed this checkout's
+    wheel (`pip wheel ./python`, as a user builds it; the build's cargo step reuses target/).
+    onnxruntime, numpy, onnx, torch and ray come from this test environment, through a .pth
+    file that puts its site-packages after the new environment's own: the package is the
+    wheel's, and the heavy dependencies are not downloaded a second time. pip's output is
+    shown only when a step fails."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    work = tmp_path_factory.mktemp("installed")
+
+    def run(cmd, what):
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=work, env=user_env())
+        if p.returncode != 0:
+            pytest.fail(f"{what} failed (exit status {p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+        return p.stdout
+
+    dist = work / "dist"
+    run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", REPO / "python", "-w", dist],
+        "pip wheel ./python")
+    (wheel,) = dist.glob("onnxruntime_ep_mlu-*.whl")
+    venv = work / "venv"
+    run([sys.executable, "-m", "venv", venv], "python -m venv")
+    py = venv / "bin" / "python"
+    site = Path(run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], "the new site-packages").strip())
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (site / "zz-test-environment.pth").write_text("".join(p + "\n" for p in ours))
+    run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", "--no-index", wheel], "pip install <the wheel>")
+    return py

@@ -113,7 +113,9 @@ def test_frame_folder_in_process_passes_then_fails_on_a_regression(tmp_path, zoo
     frames = tmp_path / "frames"
     models = {m: zoo_models[m] for m in ("bevdepth", "rfcn_head")}
     assert rg.write_frames(frames, models, 3, seed=SEED) == 6
-    assert sorted(p.name for p in (frames / "bevdepth").iterdir()) == [f"gen-{SEED}-0000{i}.npz" for i in range(3)]
+    assert sorted(p.name for p in (frames / "bevdepth").iterdir()) == [
+        *(f"gen-{SEED}-0000{i}.npz" for i in range(3)), "model.onnx", "tolerances.json"
+    ]
     lib = ["--library", str(mlu_lib)]
 
     out = run_cli(["--frames", str(frames), *lib])

@@ -1,25 +1,58 @@
-"""The README's Python snippets run as written, in order, from the repository root (the
-files they name are the checkout's), with the package importable as a user who ran
-`pip install ./python` has it."""
+"""Every ```python snippet of README.md and python/README.md runs verbatim, each on its own
+(no name carried over from another snippet), in a new process started in an empty folder,
+against the wheel of this checkout installed by pip (the `installed_python` fixture of
+conftest.py): what a user who ran `pip install ./python` and left the checkout gets."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 
-from conftest import REPO
+import pytest
+
+from conftest import REPO, user_env
+
+DOCS = ("README.md", "python/README.md")
+# The snippets each document must have at least: a wrong fence (```py, ```Python) must not
+# make a snippet silently drop out of this test.
+AT_LEAST = {"README.md": 2, "python/README.md": 3}
 
 
-def test_the_readme_snippets_run_as_written(mlu_lib, tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert len(blocks) >= 2, "the README shows the CPU path and the provider"
-    script = tmp_path / "readme.py"
-    # The snippets as one program, then a check that both sessions really ran.
-    script.write_text("\n".join(blocks) + "\nassert len(outputs) == len(sess.get_outputs())\nprint('ok')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("MLU_EP_EMULATE",)}
-    env["PYTHONPATH"] = str(REPO / "python")
-    env["MLU_EP_LIB"] = str(mlu_lib)
-    p = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
+def snippets(doc: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (REPO / doc).read_text(), re.S | re.M)
+
+
+CASES = [(doc, i, code) for doc in DOCS for i, code in enumerate(snippets(doc), 1)]
+
+
+def test_the_readmes_have_their_snippets():
+    for doc, least in AT_LEAST.items():
+        fences = re.findall(r"^```(\S*)", (REPO / doc).read_text(), re.M)
+        # Every Python-looking fence is a ```python one (only those are run here).
+        assert not [f for f in fences if f.lower().startswith("py") and f != "python"], (doc, fences)
+        assert len(snippets(doc)) >= least, f"{doc}: {len(snippets(doc))} ```python snippets, expected {least} or more"
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(installed_python, tmp_path):
+    code = (
+        "import onnxruntime_ep_mlu as m\n"
+        "print(m.__file__); print(m.get_library_path()); print(m.demo_model()); print(m.zoo())\n"
+    )
+    p = subprocess.run([installed_python, "-c", code], cwd=tmp_path, env=user_env(), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    venv = installed_python.parent.parent
+    paths = p.stdout.split()
+    assert len(paths) == 4 and all(path.startswith(str(venv)) for path in paths), paths
+    assert not any(path.startswith(str(REPO)) for path in paths), paths
+
+
+@pytest.mark.parametrize(("doc", "index", "code"), CASES, ids=[f"{doc}#{i}" for doc, i, _ in CASES])
+def test_snippet_runs_on_its_own_from_an_empty_folder(installed_python, tmp_path, doc, index, code):
+    script = tmp_path / "snippet.py"
+    script.write_text(code)
+    cwd = tmp_path / "empty"
+    cwd.mkdir()
+    p = subprocess.run(
+        [installed_python, script], cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, f"{doc} snippet {index} failed (exit status {p.returncode}):\n{code}\n{p.stderr[-3000:]}"
