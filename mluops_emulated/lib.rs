@@ -38,6 +38,7 @@ const DTYPE_HALF: c_int = 1;
 const DTYPE_FLOAT: c_int = 2;
 const DTYPE_INT32: c_int = 6;
 const DTYPE_INT64: c_int = 9;
+const LAYOUT_NHWC: c_int = 1;
 const LAYOUT_ARRAY: c_int = 4;
 const REDUCE_MAX: c_int = 2;
 

@@ -2,7 +2,7 @@
 //! parameter checks (docs/MLUOPS_BINDING.md, "checks"), then the crate's CPU kernel.
 
 use super::*;
-use onnxruntime_ep_mlu::ops::{dynamic_scatter, sparse_conv, three_interpolate, voxel_pooling};
+use onnxruntime_ep_mlu::ops::{dynamic_scatter, psroipool, sparse_conv, three_interpolate, voxel_pooling};
 
 /// The NRAM bound of DynamicPointToVoxelBackward on MLU370 (5N + 20C + 4 bytes within
 /// NRAM less 128 KB: docs/MLUOPS_BINDING.md).
@@ -303,5 +303,93 @@ pub extern "C" fn mluOpVoxelPoolingForward(
         )?;
         store(&result[0], out, "output_features")?;
         store(&result[1], pos, "pos_memo")
+    })
+}
+
+/// The largest bin edge magnitude the vendor kernel converts to int without overflow.
+const INT_EDGE: f32 = 2_147_483_520.0;
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mluOpPsRoiPoolBackward(
+    h: *mut c_void,
+    pooled_height: c_int,
+    pooled_width: c_int,
+    spatial_scale: f32,
+    output_dim: c_int,
+    top_grad_desc: *mut c_void,
+    top_grad: *const c_void,
+    rois_desc: *mut c_void,
+    rois: *const c_void,
+    mapping_desc: *mut c_void,
+    mapping: *const c_void,
+    bottom_desc: *mut c_void,
+    bottom: *mut c_void,
+) -> Status {
+    guarded("mluOpPsRoiPoolBackward", || {
+        let _h = handle(h)?;
+        let t = desc(top_grad_desc, "top_grad")?;
+        let rd = desc(rois_desc, "rois")?;
+        let m = desc(mapping_desc, "mapping_channel")?;
+        let bd = desc(bottom_desc, "bottom_grad")?;
+        require(t.dims.len() == 4 && rd.dims.len() == 2 && m.dims.len() == 4 && bd.dims.len() == 4, BAD_PARAM, || "ranks 4, 2, 4, 4".into())?;
+        require(t.dtype == DTYPE_FLOAT && rd.dtype == DTYPE_FLOAT && bd.dtype == DTYPE_FLOAT && m.dtype == DTYPE_INT32, BAD_PARAM, || {
+            "float top_grad, rois, bottom_grad; int32 mapping_channel".into()
+        })?;
+        require(t.layout == LAYOUT_NHWC && m.layout == LAYOUT_NHWC && bd.layout == LAYOUT_NHWC, BAD_PARAM, || {
+            "top_grad, mapping_channel and bottom_grad: NHWC layout".into()
+        })?;
+        let (r, p, o) = (t.dims[0], pooled_height as usize, output_dim as usize);
+        require(pooled_height >= 0 && t.dims[1] == p && t.dims[2] as c_int == pooled_width && t.dims[3] as c_int == output_dim, BAD_PARAM, || {
+            "pooled sizes and output_dim must match top_grad".into()
+        })?;
+        require(t.dims[1] == t.dims[2] && output_dim >= 1, BAD_PARAM, || "pooled_height == pooled_width, output_dim >= 1".into())?;
+        require(spatial_scale > 0.0, BAD_PARAM, || "spatial_scale > 0".into())?;
+        require(rd.dims == [r, 5] && m.dims == t.dims, BAD_PARAM, || "rois [R, 5], mapping_channel shaped as top_grad".into())?;
+        require(bd.dims[3] == p * p * o, BAD_PARAM, || "bottom_grad channels != output_dim * ph * pw".into())?;
+        for d in [t, rd, m, bd] {
+            require(d.numel() * 4 < 1 << 31, NOT_SUPPORTED, || format!("{} bytes (2^31 or more)", d.numel() * 4))?;
+        }
+        require(r > 0, BAD_PARAM, || "rois has zero elements".into())?;
+        if t.numel() == 0 || bd.numel() == 0 {
+            return Ok(());
+        }
+        let mut roi_rows: Vec<f32> = read(rois, r * 5, "rois")?;
+        let batches = bd.dims[0];
+        for roi in roi_rows.chunks_exact_mut(5) {
+            // The vendor's kernel converts coordinates with a round-down intrinsic (the
+            // reading that differs from the contract: modelled so that the provider's
+            // pre-rounding is what makes the results agree), skips a roi whose truncated
+            // batch is outside [0, batches), and converts bin edges to int before clamping:
+            // an edge beyond the int range is undefined there, a failed call here.
+            for v in &mut roi[1..] {
+                *v = v.floor();
+            }
+            let b = roi[0];
+            if !(b.is_finite() && b.trunc() >= 0.0 && (b.trunc() as usize) < batches) {
+                roi[0] = f32::NAN;
+                continue;
+            }
+            let edge = [roi[1] * spatial_scale, roi[2] * spatial_scale, (roi[3] + 1.0) * spatial_scale, (roi[4] + 1.0) * spatial_scale];
+            require(edge.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
+                format!("roi {roi:?}: a bin edge outside the int range (undefined in the vendor kernel)")
+            })?;
+        }
+        let shape = Tensor { shape: vec![4], data: OwnedData::I64(bd.dims.iter().map(|&d| d as i64).collect()) };
+        let inputs = [
+            tensor(t, top_grad, "top_grad")?,
+            Tensor { shape: vec![r, 5], data: OwnedData::F32(roi_rows) },
+            tensor(m, mapping, "mapping_channel")?,
+            shape,
+        ];
+        let result = compute::<psroipool::PsRoiPoolBackward>(
+            attrs(vec![
+                ("pooled_height", AttrValue::Int(i64::from(pooled_height))),
+                ("pooled_width", AttrValue::Int(i64::from(pooled_width))),
+                ("spatial_scale", AttrValue::Float(spatial_scale)),
+                ("output_dim", AttrValue::Int(i64::from(output_dim))),
+            ]),
+            &[Some(&inputs[0]), Some(&inputs[1]), Some(&inputs[2]), Some(&inputs[3])],
+        )?;
+        store(&result[0], bottom, "bottom_grad")
     })
 }

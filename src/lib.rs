@@ -34,8 +34,11 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut OrtSessionOptions, api_
         unsafe { ffi::init(api_base) }
     });
     match init {
-        // SAFETY: options is the session options ONNX Runtime passed to this entry point.
-        Ok(Ok(_)) => ffi::guard("RegisterCustomOps", || unsafe { ffi::custom_op::register(options) }),
+        Ok(Ok(_)) => {
+            ffi::install_log();
+            // SAFETY: options is the session options ONNX Runtime passed to this entry point.
+            ffi::guard("RegisterCustomOps", || unsafe { ffi::custom_op::register(options) })
+        }
         Ok(Err(status)) => status,
         // Without an API table no status can be built; null is the only answer left.
         Err(_) => OrtStatusPtr(std::ptr::null_mut()),

@@ -247,3 +247,46 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }
+
+fn psroi_attrs() -> Vec<(&'static str, AttrValue)> {
+    vec![
+        ("pooled_height", AttrValue::Int(3)),
+        ("pooled_width", AttrValue::Int(3)),
+        ("spatial_scale", AttrValue::Float(0.5)),
+        ("output_dim", AttrValue::Int(2)),
+    ]
+}
+
+fn psroi_inputs(rois: Vec<f32>) -> Vec<Tensor> {
+    let r = rois.len() / 5;
+    let map: Vec<i32> = (0..r * 9 * 2).map(|i| (i * 5 % 18) as i32).collect();
+    vec![
+        f32s(&[r, 3, 3, 2], 6),
+        Tensor { shape: vec![r, 5], data: OwnedData::F32(rois) },
+        i32s(&[r, 3, 3, 2], map),
+        Tensor { shape: vec![4], data: OwnedData::I64(vec![2, 12, 10, 18]) },
+    ]
+}
+
+#[test]
+fn psroipool_backward_rois_are_rounded_as_the_contract_rounds_before_the_library() {
+    // Half-integer and negative fractional coordinates (where rounding down and rounding
+    // half away from zero differ; the emulated library rounds down); non-finite rois
+    // contribute nothing.
+    let rois = vec![
+        0.0, 1.5, 2.5, 9.5, 7.5, //
+        1.0, -0.5, 0.4, 3.6, 11.5, //
+        1.9, 2.5, 1.5, 2.5, 1.5, //
+        0.0, f32::NAN, 1.0, 2.0, 3.0, //
+        1.0, 0.0, 0.0, f32::INFINITY, 4.0,
+    ];
+    let inputs = psroi_inputs(rois);
+    runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+}
+
+#[test]
+fn psroipool_backward_bin_edges_beyond_int_go_to_the_next_path() {
+    let inputs = psroi_inputs(vec![0.0, 1.0e12, 2.0, 1.0e12 + 4096.0, 7.0]);
+    runs_on("PsRoiPoolBackward", &psroi_attrs(), AUTO, &refs(&inputs), Ran::Card(Backend::Bang));
+    runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&inputs), Ran::Host("int range".into()));
+}

@@ -159,6 +159,8 @@ impl Factory {
     /// # Safety
     /// `p` came from [`Factory::into_raw`] and is released once.
     pub unsafe fn release(p: *mut OrtEpFactory) {
+        // SAFETY: null stops the routing to the default logger the factory held.
+        unsafe { crate::ffi::route_log(std::ptr::null()) };
         *REGISTERED.lock().unwrap_or_else(|e| e.into_inner()) = None;
         this(p).lifetime.lock().unwrap_or_else(|e| e.into_inner()).released = true;
         // Kept on purpose for the life of the process (not a leak of a session).
@@ -431,7 +433,10 @@ pub unsafe fn create(
             &format!("{EP_NAME}: this library is already registered in this process, as '{first}'; register it once (or unregister it first)"),
         );
     }
-    // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives.
+    // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives;
+    // unrouted when the factory is released.
+    unsafe { crate::ffi::route_log(logger) };
+    // SAFETY: as above.
     let logger = unsafe { Logger::new(logger) };
     match Factory::new(logger) {
         Ok(f) => {

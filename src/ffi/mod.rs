@@ -286,7 +286,64 @@ impl Logger {
     }
 }
 
-pub use ort_sys::OrtLoggingLevel::{ORT_LOGGING_LEVEL_INFO as INFO, ORT_LOGGING_LEVEL_WARNING as WARNING};
+pub use ort_sys::OrtLoggingLevel::{
+    ORT_LOGGING_LEVEL_ERROR as ERROR, ORT_LOGGING_LEVEL_INFO as INFO, ORT_LOGGING_LEVEL_WARNING as WARNING,
+};
+
+/// ONNX Runtime's default logger while a factory holds it, else null.
+static ROUTED: std::sync::atomic::AtomicPtr<OrtLogger> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// The crate's `log` records (allocation failures, frees, a ParallelFor fallback, ...) go
+/// to ONNX Runtime's default logger while a factory holds it, else to stderr: never to
+/// nowhere. Installed only when the process has no `log` logger yet (a host application
+/// that installed its own receives them instead).
+struct Forward;
+
+static FORWARD: Forward = Forward;
+
+impl log::Log for Forward {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let logger = ROUTED.load(std::sync::atomic::Ordering::Acquire);
+        let msg = format!("onnxruntime-ep-mlu: {}", r.args());
+        if logger.is_null() {
+            eprintln!("[{}] {msg}", r.level());
+            return;
+        }
+        let level = match r.level() {
+            log::Level::Error => ERROR,
+            log::Level::Warn => WARNING,
+            _ => INFO,
+        };
+        Logger(logger).log(level, &msg);
+    }
+
+    fn flush(&self) {}
+}
+
+/// Routes the crate's `log` records to `logger` (ONNX Runtime's default logger, or null to
+/// stop when the factory holding it is released), installing the forwarder if the process
+/// has no `log` logger.
+///
+/// # Safety
+/// `logger` is null or a live ONNX Runtime logger until the next call of this function.
+pub unsafe fn route_log(logger: *const OrtLogger) {
+    ROUTED.store(logger.cast_mut(), std::sync::atomic::Ordering::Release);
+    install_log();
+}
+
+/// Installs the forwarder of the crate's `log` records if the process has no `log` logger.
+pub fn install_log() {
+    if log::set_logger(&FORWARD).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+}
 
 #[cfg(test)]
 mod tests {

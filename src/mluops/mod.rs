@@ -33,6 +33,7 @@ pub enum DType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum Layout {
+    Nhwc = 1,
     Array = 4,
 }
 
@@ -104,6 +105,8 @@ functions! {
         TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
     mluOpVoxelPoolingForward(HandlePtr, c_int, c_int, c_int, c_int, c_int, c_int, TensorDescPtr, *const c_void,
         TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
+    mluOpPsRoiPoolBackward(HandlePtr, c_int, c_int, f32, c_int, TensorDescPtr, *const c_void, TensorDescPtr,
+        *const c_void, TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void) -> Status;
 }
 
 /// One opened MLU-OPS library of an accepted version, and its idle handles.

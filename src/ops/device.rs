@@ -319,13 +319,10 @@ pub fn mluops<O: MluOpsOperator>(op: &Arc<O>, b: &CardBackends) -> (Backend, Box
 /// Builds a node of `O` with the paths of `paths` the provider allows, in its order.
 pub fn card_node<O: Rules>(attrs: &Attrs<'_>, backends: &CardBackends, paths: &[PathOf<O>]) -> Result<CardNode> {
     let op = Arc::new(O::from_attributes(attrs)?);
-    let all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p(&op, backends)).collect();
-    let mut ordered = Vec::new();
-    for b in backends.order {
-        ordered.extend(all.iter().position(|(x, _)| x == b).map(|i| i));
-    }
-    let mut all: Vec<Option<Box<dyn CardKernel>>> = all.into_iter().map(|(_, k)| Some(k)).collect();
-    let paths = ordered.into_iter().filter_map(|i| all[i].take()).collect();
+    let mut all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p(&op, backends)).collect();
+    // The provider's order; a backend the operator has no path for is skipped.
+    all.sort_by_key(|(b, _)| backends.order.iter().position(|x| x == b).unwrap_or(usize::MAX));
+    let paths = all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)| k).collect();
     let cpu: Arc<dyn Kernel> = op;
     Ok(CardNode { op: O::NAME, cpu, paths, size_inputs: O::SIZE_INPUTS })
 }

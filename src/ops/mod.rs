@@ -110,7 +110,7 @@ pub const ALL: &[OpEntry] = &[
     card!(three_interpolate::ThreeInterpolateBackward, [mluops, bang]),
     card!(sparse_conv::GetIndicePairs, [mluops, bang]),
     card!(voxel_pooling::VoxelPoolingForward, [mluops, bang]),
-    card!(psroipool::PsRoiPoolBackward, [bang]),
+    card!(psroipool::PsRoiPoolBackward, [mluops, bang]),
     cpu_only!(dynamic_scatter::DynamicScatter),
     cpu_only!(sparse_conv::IndiceConv),
     cpu_only!(three_interpolate::ThreeInterpolate),

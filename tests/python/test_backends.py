@@ -118,3 +118,69 @@ def test_an_unknown_backend_is_a_clear_provider_error(tmp_path):
     said = p.stdout + p.stderr
     assert "EP Error" in said and "INVALID_ARGUMENT" in said and "option mlu_backend" in said, said[-2000:]
     assert "'cuda' is not one of auto, mluops, bang" in said, said[-2000:]
+
+
+FALLBACK_SCRIPT = r"""
+import json, sys
+import numpy as np, onnxruntime as ort
+sys.path.insert(0, sys.argv[4])
+from conftest import build_model
+lib, backend, mluops = sys.argv[1:4]
+ort.set_default_logger_severity(1)
+ort.register_execution_provider_library("MLUExecutionProvider", lib)
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider"]
+n, m, c = 30, 40, 4
+rng = np.random.default_rng(1)
+feats = rng.standard_normal((n, c)).astype(np.float32)
+pmap = (np.arange(n) % m).astype(np.int32)
+count = np.bincount(pmap, minlength=m).astype(np.int32)
+vfeats = np.full((m, c), -np.inf, np.float32)
+for i, v in enumerate(pmap):
+    vfeats[v] = np.maximum(vfeats[v], feats[i])
+feeds = {"grad_voxel_feats": rng.standard_normal((m, c)).astype(np.float32), "feats": feats, "voxel_feats": vfeats,
+         "point2voxel_map": pmap, "voxel_points_count": count}
+model = build_model("DynamicScatterBackward", {"reduce_type": "max"},
+                    [(k, str(v.dtype), list(v.shape)) for k, v in feeds.items()], "dsb")
+so = ort.SessionOptions(); so.log_severity_level = 1
+so.add_provider_for_devices(devices, {"mlu_backend": backend, "mluops_library": mluops})
+sess = ort.InferenceSession(model, so)
+sess.run(None, feeds)
+del sess
+"""
+
+
+def test_a_run_time_fallback_is_logged_and_counted(tmp_path):
+    """N < M: MLU-OPS declines at run time (N >= M is its rule) and, with mlu_backend=mluops,
+    the node runs on the host CPU: a warning through ONNX Runtime's logger naming op, node,
+    sizes and reason, and cpu_fallbacks = 1 in the session line."""
+    lib = library_path()
+    traffic = tmp_path / "t.jsonl"
+    env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC=str(traffic))
+    p = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(lib), "mluops", str(emulated_mluops(lib)), str(Path(__file__).parent)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    said = p.stdout + p.stderr
+    assert p.returncode == 0, said[-3000:]
+    assert "mluops.DynamicScatterBackward node 'dsb' ran on the host CPU (inputs [40, 4], [30, 4]" in said, said[-3000:]
+    assert "mluops: N = 30 points < M = 40 voxels: MLU-OPS requires N >= M" in said, said[-3000:]
+    session = [json.loads(x) for x in traffic.read_text().splitlines() if "session" in x]
+    assert len(session) == 1 and session[0]["cpu_fallbacks"] == 1 and session[0]["card_runs"] == {"mluops": 0, "bang": 0}, session
+    assert session[0]["claimed"]["mluops"] == 1 and session[0]["traffic"]["d2h"] > 0, session
+
+
+def test_the_librarys_log_records_reach_onnxruntimes_logger(tmp_path):
+    """An unwritable traffic report is a `log` warning of the library (never an error of the
+    node): it must come out of ONNX Runtime's default logger."""
+    lib = library_path()
+    env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC="/nonexistent-folder/t.jsonl")
+    p = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(lib), "bang", "", str(Path(__file__).parent)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    said = p.stdout + p.stderr
+    assert p.returncode == 0, said[-3000:]
+    line = next((x for x in said.splitlines() if "onnxruntime-ep-mlu: MLU_EP_TRAFFIC=/nonexistent-folder/t.jsonl" in x), None)
+    assert line is not None, said[-3000:]
+    # ONNX Runtime's log format: "<time> [W:onnxruntime:<logger id>, ...] message".
+    assert "[W:onnxruntime:" in line, line

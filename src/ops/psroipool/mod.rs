@@ -4,6 +4,7 @@
 pub mod backward;
 pub mod forward;
 pub mod mlu;
+pub mod mluops;
 
 pub use backward::PsRoiPoolBackward;
 pub use forward::PsRoiPool;
