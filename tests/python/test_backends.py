@@ -139,7 +139,7 @@ for i, v in enumerate(pmap):
     vfeats[v] = np.maximum(vfeats[v], feats[i])
 feeds = {"grad_voxel_feats": rng.standard_normal((m, c)).astype(np.float32), "feats": feats, "voxel_feats": vfeats,
          "point2voxel_map": pmap, "voxel_points_count": count}
-model = build_model("DynamicScatterBackward", {"reduce_type": "max"},
+model = build_model("DynamicScatterBackward", {"reduce_type": {"string": "max"}},
                     [(k, str(v.dtype), list(v.shape)) for k, v in feeds.items()], "dsb")
 so = ort.SessionOptions(); so.log_severity_level = 1
 so.add_provider_for_devices(devices, {"mlu_backend": backend, "mluops_library": mluops})
