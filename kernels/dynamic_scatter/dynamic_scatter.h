@@ -1,4 +1,4 @@
-// DynamicScatterBackward: the C ABI of dynamic_scatter_backward.mlu, its launch entry (the
+// DynamicScatterBackward: the C ABI of dynamic_scatter.mlu, its launch entry (the
 // max reduction). Included after ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int
 // types). The Rust declaration (src/mlu/mod.rs, kernels!) is checked against this file by
 // tests/kernel_abi.rs.

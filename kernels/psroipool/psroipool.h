@@ -1,4 +1,4 @@
-// PsRoiPoolBackward: the C ABI of psroipool_backward.mlu, its launch entry. Included after
+// PsRoiPoolBackward: the C ABI of psroipool.mlu, its launch entry. Included after
 // ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declaration
 // (src/mlu/mod.rs, kernels!) is checked against this file by tests/kernel_abi.rs.
 #pragma once

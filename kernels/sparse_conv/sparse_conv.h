@@ -1,4 +1,4 @@
-// GetIndicePairs: the C ABI of get_indice_pairs.mlu, the launch entries of its five kernels
+// GetIndicePairs: the C ABI of sparse_conv.mlu, the launch entries of its five kernels
 // (expand, mark, rank, out, pairs) and their geometry argument. Included after
 // ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declarations
 // (src/mlu/mod.rs, kernels!; Geometry in src/ops/sparse_conv/get_indice_pairs/mlu.rs) are checked

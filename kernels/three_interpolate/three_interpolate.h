@@ -1,4 +1,4 @@
-// ThreeInterpolateBackward: the C ABI of three_interpolate_backward.mlu, its launch entries
+// ThreeInterpolateBackward: the C ABI of three_interpolate.mlu, its launch entries
 // for float and half (one macro defines both there). Included after ../common/kernel.h
 // (MLUOPS_EXPORT, cnrtQueue_t, the int types, half). The Rust declarations (src/mlu/mod.rs,
 // kernels!) are checked against this file by tests/kernel_abi.rs.

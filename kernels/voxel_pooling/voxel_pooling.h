@@ -1,4 +1,4 @@
-// VoxelPoolingForward: the C ABI of voxel_pooling_forward.mlu, its launch entry. Included
+// VoxelPoolingForward: the C ABI of voxel_pooling.mlu, its launch entry. Included
 // after ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust
 // declaration (src/mlu/mod.rs, kernels!) is checked against this file by tests/kernel_abi.rs.
 #pragma once

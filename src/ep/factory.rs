@@ -22,7 +22,7 @@ use std::ffi::{CString, c_char};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// One card as ONNX Runtime sees it.
-struct Card {
+struct CardEntry {
     id: u32,
     device: Arc<Device>,
     hardware: *mut OrtHardwareDevice,
@@ -36,7 +36,7 @@ pub struct Factory {
     name: CString,
     vendor: CString,
     version: CString,
-    cards: Vec<Card>,
+    cards: Vec<CardEntry>,
     transfer: Box<Transfer>,
     registry: OnceLock<KernelRegistry>,
     /// Serialises registry creation (OnceLock::get_or_try_init is unstable).
@@ -113,7 +113,7 @@ impl Factory {
                     return Err(e);
                 }
             };
-            cards.push(Card { id, device, hardware, memory_info });
+            cards.push(CardEntry { id, device, hardware, memory_info });
         }
         let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.device))).collect());
         let base = OrtEpFactory {
@@ -193,7 +193,7 @@ impl Factory {
 
     /// The card an EP should use: the `device_id` option when given, else the selected
     /// hardware device, else the first card.
-    fn pick(&self, devices: &[*const OrtHardwareDevice], options: *const OrtSessionOptions) -> Result<&Card> {
+    fn pick(&self, devices: &[*const OrtHardwareDevice], options: *const OrtSessionOptions) -> Result<&CardEntry> {
         let key = format!("{OPTION_PREFIX}device_id");
         // SAFETY: options is null or the live session options of CreateEp.
         if let Some(v) = unsafe { ort_device::session_entry(options, &key) }? {

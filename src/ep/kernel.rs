@@ -123,7 +123,7 @@ fn kernel_impl(
 
 /// One node's kernel. `base` comes first so ONNX Runtime's `OrtKernelImpl*` casts back.
 #[repr(C)]
-struct NodeKernel {
+struct EpKernel {
     base: OrtKernelImpl,
     op: &'static str,
     node_name: String,
@@ -155,7 +155,7 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
         // SAFETY: the EP outlives the kernels of its sessions.
         match create_card(&attrs, unsafe { &*ep }.backends()) {
             Ok(node) => {
-                let k = Box::new(NodeKernel {
+                let k = Box::new(EpKernel {
                     base: kernel_impl(compute, release),
                     op: entry.name,
                     node_name: node_name.clone(),
@@ -177,13 +177,13 @@ unsafe extern "system" fn release(this: *mut OrtKernelImpl) {
         return;
     }
     // SAFETY: `this` came from Box::into_raw in create_kernel; ORT releases it once.
-    let k = unsafe { Box::from_raw(this as *mut NodeKernel) };
+    let k = unsafe { Box::from_raw(this as *mut EpKernel) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(k)));
 }
 
 /// Outputs allocated in card memory through the kernel context, and the node's scratch
 /// card memory, freed when this is dropped (after the queue's synchronisation).
-struct ContextOutputs<'a> {
+struct CardOutputs<'a> {
     ctx: KernelContext<'a>,
     schema: &'static Schema,
     device: Arc<Device>,
@@ -192,7 +192,7 @@ struct ContextOutputs<'a> {
     output_bytes: usize,
 }
 
-impl DeviceOutputs for ContextOutputs<'_> {
+impl DeviceOutputs for CardOutputs<'_> {
     fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void> {
         let name = self.schema.outputs.get(index).map_or_else(|| format!("#{index}"), |f| f.name.clone());
         self.output_bytes = self.output_bytes.saturating_add(spec.bytes());
@@ -204,7 +204,7 @@ impl DeviceOutputs for ContextOutputs<'_> {
     }
 }
 
-impl NodeKernel {
+impl EpKernel {
     fn run(&self, ctx: KernelContext<'_>) -> Result<()> {
         // SAFETY: the EP outlives the kernels of its sessions.
         let ep = unsafe { &*self.ep };
@@ -214,7 +214,7 @@ impl NodeKernel {
         let tensors = ctx.tensors(names.len())?;
         let queue = ep.queue()?;
         let mut card =
-            ContextOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new(), output_bytes: 0 };
+            CardOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new(), output_bytes: 0 };
         // Synchronises the queue on every path (ops::device's rule).
         let ran = self.node.run(device, &queue, names, &tensors, &mut card);
         ep.recycle(queue);
@@ -245,8 +245,8 @@ impl NodeKernel {
 }
 
 unsafe extern "system" fn compute(this: *mut OrtKernelImpl, ctx: *mut OrtKernelContext) -> OrtStatusPtr {
-    // SAFETY: `this` is a NodeKernel made by create_kernel; compute only needs shared access.
-    let k = unsafe { &*(this as *const NodeKernel) };
+    // SAFETY: `this` is a EpKernel made by create_kernel; compute only needs shared access.
+    let k = unsafe { &*(this as *const EpKernel) };
     // SAFETY: ctx is the live context of this call.
     let ctx = unsafe { KernelContext::from_raw(ctx) };
     guard(k.op, || match k.run(ctx) {

@@ -29,7 +29,7 @@ struct CustomOp {
 }
 
 /// The kernel of one node.
-struct NodeKernel {
+struct CustomKernel {
     op: &'static str,
     node: String,
     schema: &'static Schema,
@@ -101,7 +101,7 @@ unsafe extern "system" fn create_kernel(
         let node = info.node_name();
         match (op.entry.create)(&Attrs::new(op.schema, &info.attributes())) {
             Ok(k) => {
-                let boxed = Box::new(NodeKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
+                let boxed = Box::new(CustomKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
                 // SAFETY: `kernel` is ORT's out pointer; ORT hands the value back to
                 // compute and to destroy, which frees it.
                 unsafe { *kernel = Box::into_raw(boxed).cast() };
@@ -113,9 +113,9 @@ unsafe extern "system" fn create_kernel(
 }
 
 unsafe extern "system" fn compute(kernel: *mut c_void, ctx: *mut OrtKernelContext) -> OrtStatusPtr {
-    // SAFETY: `kernel` is the NodeKernel create_kernel made; ORT may call compute from
+    // SAFETY: `kernel` is the CustomKernel create_kernel made; ORT may call compute from
     // several threads at once, which only needs shared access (Kernel: Sync).
-    let k = unsafe { &*(kernel as *const NodeKernel) };
+    let k = unsafe { &*(kernel as *const CustomKernel) };
     // SAFETY: ctx is the live context of this call; nothing read through it outlives the call.
     let ctx = unsafe { KernelContext::from_raw(ctx) };
     guard(k.op, || {
@@ -135,7 +135,7 @@ unsafe extern "system" fn destroy(kernel: *mut c_void) {
         return;
     }
     // SAFETY: `kernel` came from Box::into_raw in create_kernel and ORT destroys it once.
-    let boxed = unsafe { Box::from_raw(kernel as *mut NodeKernel) };
+    let boxed = unsafe { Box::from_raw(kernel as *mut CustomKernel) };
     // Dropping runs no user code that can panic, but never let it unwind into ORT.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(boxed)));
 }

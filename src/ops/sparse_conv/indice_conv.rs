@@ -112,7 +112,7 @@ enum Book {
 
 /// The validated rulebook, by row tile.
 #[derive(Debug)]
-pub struct Rules {
+pub struct ConvPlan {
     l: usize,
     cin: usize,
     cout: usize,
@@ -122,7 +122,7 @@ pub struct Rules {
     book: Book,
 }
 
-impl Rules {
+impl ConvPlan {
     fn tiles(&self) -> usize {
         self.rows.div_ceil(1 << self.shift)
     }
@@ -168,7 +168,7 @@ fn tile_shift_unbounded(rows: usize, cout: usize, total: usize, active: usize) -
 impl Operator for IndiceConv {
     const NAME: &'static str = "IndiceConv";
     const SCHEMA: &'static str = include_str!("../../../schemas/sparse_conv/indice_conv.json");
-    type Plan = Rules;
+    type Plan = ConvPlan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         match attrs.int("inverse")? {
@@ -178,7 +178,7 @@ impl Operator for IndiceConv {
         }
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Rules)> {
+    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, ConvPlan)> {
         let features = inputs.get_shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")?;
         let (l, cin) = (features.shape[0], features.shape[1]);
         let filters =
@@ -222,7 +222,7 @@ impl Operator for IndiceConv {
             InPlace::Found(reads, starts) => {
                 let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
                 let book = Book::InPlace { reads, starts, p, counts, slots };
-                return Ok((specs, Rules { l, cin, cout, rows, shift, book }));
+                return Ok((specs, ConvPlan { l, cin, cout, rows, shift, book }));
             }
             InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows])),
             InPlace::Unordered => {}
@@ -309,10 +309,10 @@ impl Operator for IndiceConv {
         }
         errors.into_result()?;
         let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-        Ok((specs, Rules { l, cin, cout, rows, shift, book: Book::Grouped(books) }))
+        Ok((specs, ConvPlan { l, cin, cout, rows, shift, book: Book::Grouped(books) }))
     }
 
-    fn execute(&self, r: Rules, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(&self, r: ConvPlan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
         let features = inputs.get::<f32>(FEATURES)?.data;
         let filters = inputs.get::<f32>(FILTERS)?.data;
         let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
@@ -416,7 +416,7 @@ impl Operator for IndiceConv {
                             // A tile holding a destination starts below 2^31.
                             let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
-                                let js = Rules::in_place(starts, tiles, k, t);
+                                let js = ConvPlan::in_place(starts, tiles, k, t);
                                 let (src, dst) = offset_pairs(pairs, counts, *p, *slots, k, how);
                                 let (src, dst) = (&src[js.clone()], &dst[js]);
                                 // (Validated: sources in [0, L), destinations in this tile.)
