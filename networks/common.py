@@ -75,12 +75,14 @@ def cpu_session(model: bytes, threads: int, library: str):
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def mlu_session(model: bytes, library: str):
+def mlu_session(model: bytes, library: str, provider_options: dict | None = None):
     """A session under the MLUExecutionProvider on the emulated card (no MLU hardware is
-    reachable here), recording which provider runs each node."""
+    reachable here), recording which provider runs each node; `provider_options` go to the
+    EP (`mlu_backend`, `mluops_library`)."""
     import onnxruntime as ort
 
-    so = mlu.session_options(with_ep=True, record_assignment=True, emulate=True, library=library)
+    so = mlu.session_options(with_ep=True, record_assignment=True, emulate=True, library=library,
+                             provider_options=provider_options)
     so.intra_op_num_threads = 1
     so.log_severity_level = 3  # the EP's notes on the forward partners it declines, by design
     return ort.InferenceSession(model, so)

@@ -6,7 +6,11 @@ the emulated card (no MLU hardware is reachable here), and compared with the pee
 its users run today on the same inputs and weights.
 
 One line per network, graph and path: nodes on the MLU / nodes the EP must take (those with
-an MLU kernel) and, on the MLU path, how many nodes ONNX Runtime assigned in all; the worst
+an MLU kernel) and, on the MLU path, how many nodes ONNX Runtime assigned in all; then one
+line per card backend (`mlu_backend` = bang, mluops: the MLU-OPS rows use the emulated
+libmluops unless --mluops-library names another) with the nodes it ran, the declines, the
+run-time CPU fallbacks (any fails the run) and the host<->card bytes of one inference,
+ONNX Runtime's copies around CPU nodes included; the worst
 output against the peer relative to the contract's tolerance (<= 1 passes: exact for
 integers, diff1 and diff2 <= 3e-3 for floats); and, on the CPU
 path, onnxruntime's time at 1 and 2 intra-op threads against the peer's eager time at the
@@ -54,7 +58,7 @@ NETWORKS = {
 }
 
 
-def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int) -> tuple[list[str], bool]:
+def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mluops_library: str) -> tuple[list[str], bool]:
     rows, ok = [], True
     label = f"{case.network:<13} {g.name:<9}"
     cpu = {t: common.cpu_session(g.model, t, library) for t in (1, 2)}
@@ -109,7 +113,45 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int) -> 
     extra = f"; must be on MLU but not: {', '.join(missed)}" if missed else ""
     rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; emulated card "
                 f"{emu * 1e3:8.1f} ms (the emulator's time, not an MLU's)   {text}{extra}")
+    for backend in ("bang", "mluops"):
+        counts, out = per_backend(g, library, backend, mluops_library, names)
+        ratio, text = common.compare(out, ref, g.canonical)
+        fallbacks = counts["cpu_fallbacks"]
+        # Without a library the default (auto) path is the BANG one: the same nodes.
+        same = backend != "bang" or counts["card_runs"]["bang"] == on
+        good = ratio <= 1.0 and fallbacks == 0 and same
+        ok &= good
+        t = counts["traffic"]
+        rows.append(f"{label} {backend:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  nodes on the card: "
+                    f"{counts['card_runs'][backend]} on {backend}, {sum(counts['claimed'].values())} claimed, "
+                    f"{counts['declined']} declined, {fallbacks} CPU fallbacks; host<->card per inference "
+                    f"{t['h2d']:,} B to the card, {t['d2h']:,} B back (ONNX Runtime's copies included)   {text}")
     return rows, ok
+
+
+def per_backend(g: common.Graph, library: str, backend: str, mluops_library: str, names: list[str]):
+    """One inference under `mlu_backend` = `backend`: the provider's session counts and
+    host<->card bytes (the traffic report's session line, written when the session ends),
+    and the outputs."""
+    import gc
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "traffic.jsonl")
+        os.environ["MLU_EP_TRAFFIC"] = report
+        try:
+            sess = common.mlu_session(g.model, library, {"mlu_backend": backend, "mluops_library": mluops_library})
+            out = dict(zip(names, sess.run(None, g.feeds)))
+            del sess
+            gc.collect()
+        finally:
+            del os.environ["MLU_EP_TRAFFIC"]
+        with open(report) as f:
+            sessions = [r for r in map(json.loads, f) if "session" in r]
+    if len(sessions) != 1:
+        raise RuntimeError(f"{backend}: expected one session line in the traffic report, got {len(sessions)}")
+    return sessions[0], out
 
 
 def main(argv=None) -> int:
@@ -120,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--library", default=os.environ.get("MLU_EP_LIB")
                     or str(REPO / "target" / "release" / "libonnxruntime_ep_mlu.so"))
+    ap.add_argument("--mluops-library", help="the libmluops.so of the mluops backend rows (default: the emulated "
+                    "one beside the library, examples/libmluops_emulated.so)")
     args = ap.parse_args(argv)
     chosen = [n.strip() for n in args.networks.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in NETWORKS]
@@ -128,6 +172,10 @@ def main(argv=None) -> int:
     if not Path(args.library).is_file():
         sys.exit(f"networks/run.py: {args.library} not found: build it with `cargo build --release --lib` or pass --library")
     library = str(Path(args.library).resolve())
+    mluops_library = args.mluops_library or str(Path(library).parent / "examples" / "libmluops_emulated.so")
+    if not Path(mluops_library).is_file():
+        sys.exit(f"networks/run.py: {mluops_library} not found: build it with `cargo build --release --example "
+                 "mluops_emulated` or pass --mluops-library")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     import onnxruntime
@@ -153,7 +201,7 @@ def main(argv=None) -> int:
         print(f"# {name}: {case.config}; peer {peers} (built and exported in {time.perf_counter() - t0:.1f} s)")
         for g in case.graphs:
             try:
-                rows, ok = run_graph(case, g, library, args.repeat)
+                rows, ok = run_graph(case, g, library, args.repeat, mluops_library)
             except Exception:
                 traceback.print_exc()
                 failed.append(f"{name} {g.name}: a session failed")
