@@ -14,8 +14,13 @@ venv() {  # venv <onnxruntime version>: prints the environment's python, install
     local dir="$ROOT/.venv-ort/$1"
     [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir" >&2
     if ! "$dir/bin/python" -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '$1'" 2>/dev/null; then
-        echo "ort_range: installing onnxruntime $1 into $dir" >&2
-        "$dir/bin/pip" install --disable-pip-version-check "onnxruntime==$1" onnx==1.19.0 numpy==2.2.6 pytest==8.4.2 >&2
+        echo "ort_range: installing onnxruntime $1 into $dir (pip's output: $dir/pip.log, shown if it fails)" >&2
+        if ! "$dir/bin/pip" install --disable-pip-version-check "onnxruntime==$1" onnx==1.19.0 numpy==2.2.6 pytest==8.4.2 \
+            >"$dir/pip.log" 2>&1; then
+            cat "$dir/pip.log" >&2
+            echo "ort_range: pip failed installing onnxruntime $1 (its output above)" >&2
+            exit 1
+        fi
     fi
     echo "$dir/bin/python"
 }

@@ -108,7 +108,14 @@ install() {
     fi
     echo "setup: $what: installing into .venv from $(basename "$file"); missing or at another version:"
     echo "$missing" | sed 's/^/setup:     /'
-    "$VENV/bin/pip" install --disable-pip-version-check "$@" -r "$file"
+    # pip's hundreds of lines stay out of the log unless it fails (follow them with tail -f).
+    local log="$VENV/pip-$(basename "$file" .txt).log"
+    echo "setup:     pip's output: $log"
+    if ! "$VENV/bin/pip" install --disable-pip-version-check "$@" -r "$file" >"$log" 2>&1; then
+        cat "$log"
+        echo "setup: pip install -r $(basename "$file") failed (its output above, kept in $log)"
+        exit 1
+    fi
 }
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -12,9 +12,11 @@
 #    CPU path (register_custom_ops_library(get_library_path())), then, in a new process with
 #    MLU_EP_EMULATE=1, the MLUExecutionProvider added by device (register_execution_provider(),
 #    twice: the second finds the first) with every mluops node the EP supports placed on it;
-#    both on models/mluops_demo.onnx with its inputs (`in.<name>`), outputs against its
-#    goldens (`out.<name>`: integers exact, floats in the contract's accumulating class).
-# Prints how long the wheel build took.
+#    both on the demo model the wheel carries (demo_model(), demo_inputs(): models/mluops_demo.onnx
+#    and its inputs, copied into the package at build time), outputs against its goldens
+#    (`out.<name>`: integers exact, floats in the contract's accumulating class). The wheel's
+#    models/ files must be byte-identical to the checkout's models/ (never a stale copy).
+# Prints how long the wheel build took. pip's output is printed only when a pip step fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
@@ -23,19 +25,29 @@ trap 'rm -rf "$WORK"' EXIT
 VENV="$WORK/venv"
 PY="$VENV/bin/python"
 
+quiet_pip() {  # quiet_pip <what> <pip arguments>: pip's output kept in a file, shown if it fails
+    local what="$1" log="$WORK/pip.log"
+    shift
+    if ! "$PY" -m pip --disable-pip-version-check "$@" >"$log" 2>&1; then
+        cat "$log"
+        echo "wheel_check: $what failed (pip's output above)"
+        exit 1
+    fi
+}
+
 echo "== wheel_check: a fresh virtual environment, $VENV"
 "$PYTHON" -m venv "$VENV"
 
 TARGET_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
 echo "== wheel_check: pip wheel ./python (cargo build --release --lib into $TARGET_DIR)"
 start=$EPOCHREALTIME
-"$PY" -m pip wheel -v --disable-pip-version-check --no-deps "$ROOT/python" -w "$WORK/dist"
+quiet_pip "pip wheel ./python" wheel -v --no-deps "$ROOT/python" -w "$WORK/dist"
 build_seconds="$("$PY" -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.1f}")' "$start" "$EPOCHREALTIME")"
 WHEEL="$(ls "$WORK"/dist/onnxruntime_ep_mlu-*.whl)"
 echo "== wheel_check: $(basename "$WHEEL") built in $build_seconds s; checking its tag and its library"
-"$PY" - "$WHEEL" "$TARGET_DIR/release/libonnxruntime_ep_mlu.so" <<'PY'
-import hashlib, os, sys, sysconfig, zipfile
-wheel, built = sys.argv[1:3]
+"$PY" - "$WHEEL" "$TARGET_DIR/release/libonnxruntime_ep_mlu.so" "$ROOT/models" <<'PY'
+import hashlib, json, os, sys, sysconfig, zipfile
+wheel, built, models = sys.argv[1:4]
 tag = os.path.basename(wheel)[: -len(".whl")].split("-")[-3:]
 platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
 assert tag == ["py3", "none", platform], f"wheel tag {'-'.join(tag)}, want py3-none-{platform}"
@@ -47,12 +59,21 @@ assert "Root-Is-Purelib: false" in meta, meta
 with open(built, "rb") as f:
     same = hashlib.sha256(f.read()).hexdigest() == hashlib.sha256(lib).hexdigest()
 assert same, f"the wheel's library is not {built}"
+zoo = json.load(open(os.path.join(models, "zoo.json")))["models"]
+want = {"mluops_demo.onnx", "mluops_demo.npz", "zoo.json"} | {spec[k] for spec in zoo.values() for k in ("model", "data")}
+with zipfile.ZipFile(wheel) as z:
+    packaged = {n.split("/")[-1] for n in names if n.startswith("onnxruntime_ep_mlu/models/")}
+    assert packaged == want, f"the wheel's models/ holds {sorted(packaged)}, want {sorted(want)}"
+    for n in sorted(want):
+        with open(os.path.join(models, n), "rb") as f:
+            assert z.read("onnxruntime_ep_mlu/models/" + n) == f.read(), f"the wheel's models/{n} is not {models}/{n}"
+print(f"onnxruntime_ep_mlu/models/: {len(want)} files, each the checkout's models/ file")
 print(f"tag py3-none-{platform}; onnxruntime_ep_mlu/libonnxruntime_ep_mlu.so ({len(lib) / 2**20:.1f} MiB) is {built}")
 print("files:", ", ".join(n for n in names if not n.endswith("/RECORD")))
 PY
 
 echo "== wheel_check: installing the wheel, onnxruntime 1.31.1 and numpy 2.2.6 into $VENV"
-"$PY" -m pip install --disable-pip-version-check "$WHEEL" onnxruntime==1.31.1 numpy==2.2.6
+quiet_pip "pip install <the wheel> onnxruntime==1.31.1 numpy==2.2.6" install "$WHEEL" onnxruntime==1.31.1 numpy==2.2.6
 "$PY" -m pip list --disable-pip-version-check
 
 cat >"$WORK/use.py" <<'PY'
@@ -64,11 +85,14 @@ import numpy as np
 import onnxruntime as ort
 import onnxruntime_ep_mlu as mlu
 
-mode, model, npz = sys.argv[1:4]
-data = np.load(npz)
+mode = sys.argv[1]
 lib = mlu.get_library_path()
 shipped = os.path.join(os.path.dirname(mlu.__file__), "libonnxruntime_ep_mlu.so")
 assert lib == shipped, f"get_library_path() = {lib}, not the wheel's {shipped}"
+model = mlu.demo_model()
+assert model == os.path.join(os.path.dirname(mlu.__file__), "models", "mluops_demo.onnx"), model
+data = np.load(os.path.join(os.path.dirname(model), "mluops_demo.npz"))
+feeds = mlu.demo_inputs()
 assert mlu.get_ep_name() == "MLUExecutionProvider"
 for absent in ("onnx", "torch"):
     try:
@@ -89,7 +113,7 @@ if mode == "cpu":
     # the README's three lines
     so = ort.SessionOptions(); so.register_custom_ops_library(mlu.get_library_path())
     sess = ort.InferenceSession(model, so)
-    outs = sess.run(None, {i.name: data["in." + i.name] for i in sess.get_inputs()})
+    outs = sess.run(None, feeds)
 else:
     assert os.environ.get("MLU_EP_EMULATE") == "1"
     devices = mlu.register_execution_provider()
@@ -100,7 +124,7 @@ else:
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     so.add_provider_for_devices(devices, {})
     sess = ort.InferenceSession(model, so)
-    outs = sess.run(None, {i.name: data["in." + i.name] for i in sess.get_inputs()})
+    outs = sess.run(None, feeds)
     placed = [(sub.ep_name, n.domain, n.op_type, n.name) for sub in sess.get_provider_graph_assignment_info() for n in sub.get_nodes()]
     on_mlu = sorted({op for ep, domain, op, _ in placed if ep == mlu.get_ep_name() and domain == mlu.DOMAIN})
     print(f"[{mode}] {len(devices)} device(s); mluops nodes on {mlu.get_ep_name()}: {', '.join(on_mlu)}")
@@ -129,7 +153,7 @@ mkdir "$WORK/outside"
 cd "$WORK/outside"
 clean=(env -u MLU_EP_LIB -u MLU_EP_EMULATE -u ORT_DYLIB_PATH -u PYTHONPATH -u PYTHONHOME)
 echo "== wheel_check: the CPU path from $WORK/outside"
-"${clean[@]}" "$PY" "$WORK/use.py" cpu "$ROOT/models/mluops_demo.onnx" "$ROOT/models/mluops_demo.npz"
+"${clean[@]}" "$PY" "$WORK/use.py" cpu
 echo "== wheel_check: MLUExecutionProvider on the emulated card (MLU_EP_EMULATE=1) from $WORK/outside"
-"${clean[@]}" MLU_EP_EMULATE=1 "$PY" "$WORK/use.py" mlu "$ROOT/models/mluops_demo.onnx" "$ROOT/models/mluops_demo.npz"
+"${clean[@]}" MLU_EP_EMULATE=1 "$PY" "$WORK/use.py" mlu
 echo "== wheel_check: OK (wheel build $build_seconds s)"

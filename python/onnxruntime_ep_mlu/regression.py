@@ -16,8 +16,9 @@ Frames come from one of two sources:
   frame holding ``in.<input>`` for every model input and, optionally, ``out.<output>``
   goldens (the layout of ``models/<name>.npz``). The model is ``<dir>/<model>/model.onnx``
   when present (``--write-frames`` writes it), else the zoo's model of that name (``--zoo``,
-  default the zoo packaged with this module, :func:`onnxruntime_ep_mlu.zoo`); tolerances are ``<dir>/<model>/tolerances.json``
-  (``{"<output>": {"class": "exact"} | {"class": "accumulating", "diff1": .., "diff2": ..}}``)
+  default the zoo packaged with this module, :func:`onnxruntime_ep_mlu.zoo`); tolerances
+  are ``<dir>/<model>/tolerances.json`` (``{"<output>": {"class": "exact"} |
+  {"class": "accumulating", "diff1": .., "diff2": ..}}``; ``--write-frames`` writes it too)
   when present, else the zoo's, else exact for integer outputs and the accumulating class
   (3e-3) for float outputs. Any other key in a frame is an error.
 - generated from the zoo's inputs with a seed (``--generate N``): frame 0 of each model is

@@ -56,3 +56,20 @@ def test_snippet_runs_on_its_own_from_an_empty_folder(installed_python, tmp_path
         [installed_python, script], cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=600
     )
     assert p.returncode == 0, f"{doc} snippet {index} failed (exit status {p.returncode}):\n{code}\n{p.stderr[-3000:]}"
+
+
+def test_the_placement_warnings_are_as_the_readme_says(installed_python, tmp_path):
+    # README: a provider session warns "Some nodes were not assigned ..." and
+    # log_severity_level = 3 quiets it.
+    code = (
+        "import sys, onnxruntime as ort, onnxruntime_ep_mlu as mlu\n"
+        "so = ort.SessionOptions()\n"
+        "if sys.argv[1] != 'default': so.log_severity_level = int(sys.argv[1])\n"
+        "so.add_provider_for_devices(mlu.register_execution_provider(emulate=True), {})\n"
+        "ort.InferenceSession(mlu.demo_model(), so).run(None, mlu.demo_inputs())\n"
+    )
+    warning = "Some nodes were not assigned to the preferred execution providers"
+    for level, warns in (("default", True), ("3", False)):
+        p = subprocess.run([installed_python, "-c", code, level], cwd=tmp_path, env=user_env(), capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert (warning in p.stderr) == warns, (level, p.stderr)
