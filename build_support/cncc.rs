@@ -110,7 +110,7 @@ fn compile_args(tc: &Toolchain<'_>, source: &Path, object: &Path) -> Vec<OsStrin
     args.push(format!("--bang-mlu-arch={}", tc.arch).into());
     // As mlu-ops: the toolkit cncc compiles against is the one NEUWARE_HOME names.
     args.push(prefixed("--neuware-path=", home));
-    // <cnrt.h> and <bang.h> of kernels/common/kernel.h (torch_mlu passes the same -I).
+    // <mlu.h> and <cnrt.h> of kernels/common/kernel.h (torch_mlu passes the same -I).
     args.push(prefixed("-I", &home.join("include")));
     args.extend(["-std=c++17", "-O3", "-fPIC"].map(OsString::from));
     // Not in Cambricon's flags: the emulator build (build.rs) has it so that results match
@@ -122,13 +122,18 @@ fn compile_args(tc: &Toolchain<'_>, source: &Path, object: &Path) -> Vec<OsStrin
     args
 }
 
-/// `c++ -shared <objects> -L$NEUWARE_HOME/lib64 -lcnrt -lcndrv -o <library>`, the order of
-/// torch_mlu's link rule. libcnrt is linked so that the launches cncc emitted (CNRT calls)
-/// name their library; mlu-ops' `dl` is left out: nothing here calls dlopen.
+/// `c++ -shared <objects> -L$NEUWARE_HOME/lib64 -Wl,-rpath=$NEUWARE_HOME/lib64 -lcnrt -lcndrv
+/// -o <library>`, the order of torch_mlu's link rule. libcnrt is linked so that the launches
+/// cncc emitted (CNRT calls) name their library; mlu-ops' `dl` is left out: nothing here
+/// calls dlopen. The rpath lets the loader find libcnrt and libcndrv in the toolkit the
+/// library was built against without LD_LIBRARY_PATH; precedent: mlu-ops v1.4.0
+/// test/mlu_op_gtest/CMakeLists.txt:158 (`-L ${NEUWARE_HOME}/lib64 -lcnrt ...
+/// -Wl,-rpath=${NEUWARE_HOME}/lib64`, a host tool it builds).
 fn link_args(tc: &Toolchain<'_>, objects: &[PathBuf], library: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["-shared".into()];
     args.extend(objects.iter().map(OsString::from));
     args.push(prefixed("-L", &tc.neuware_home.join("lib64")));
+    args.push(prefixed("-Wl,-rpath=", &tc.neuware_home.join("lib64")));
     args.extend(["-lcnrt", "-lcndrv", "-o"].map(OsString::from));
     args.push(library.into());
     args

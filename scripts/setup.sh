@@ -5,7 +5,9 @@
 #   --test         also what the tests need: pytest (scripts/requirements-test.txt) and
 #                  PyTorch 2.15.0 for the export path (scripts/requirements-torch.txt: about
 #                  2.4 GB of downloads, installed --no-deps), and the peer libraries
-#                  spconv 2.3.8 and torchvision 0.29.2 (scripts/requirements-peers.txt).
+#                  spconv 2.3.8 and torchvision 0.29.2 (scripts/requirements-peers.txt);
+#                  and, outside .venv, Debian's g++-11 and clang-14 (apt-get, as root), the
+#                  older host compilers scripts/test.sh also builds the C++ of kernels/ with.
 # Idempotent: nothing is installed when .venv already has every pinned version. Every step
 # says what it does, on stderr.
 #
@@ -118,6 +120,18 @@ install() {
     fi
 }
 
+if [ "$WITH_TESTS" = 1 ]; then
+    # Compilers older than Debian 12's g++ 12, as a Cambricon host has (docs/USAGE.md).
+    if command -v g++-11 >/dev/null && command -v clang++-14 >/dev/null; then
+        echo "setup: g++-11 and clang++-14: already installed"
+    elif [ "$(id -u)" = 0 ]; then
+        echo "setup: g++-11 and clang-14: installing with apt-get"
+        apt-get install -y g++-11 clang-14 || { apt-get update && apt-get install -y g++-11 clang-14; }
+    else
+        echo "setup: g++-11 or clang++-14 missing; install them as root: apt-get install -y g++-11 clang-14"
+        exit 1
+    fi
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating the virtual environment $VENV ($PYTHON -m venv)"
     "$PYTHON" -m venv "$VENV"

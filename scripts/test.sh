@@ -2,7 +2,8 @@
 # Runs every test on a fresh machine: installs onnxruntime 1.31.1, pytest and PyTorch into
 # .venv (scripts/setup.sh --test), builds the
 # library, runs the Rust unit and integration tests (including the sessions driven through
-# the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card), the
+# the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card, those
+# again with the C++ built by g++-11 and clang-14 at -std=c++17), the
 # network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
 # Python session and export tests, the model-zoo regression runner, the named networks
 # against their peer libraries (networks/run.py, CI scale), and the main job.
@@ -19,6 +20,15 @@ echo "== BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (
 # (The emulator's self-tests launch 8 tasks: they need 2 clusters or more.)
 MLU_EMU_CLUSTERS=1 cargo test --quiet --test mlu_kernels
 MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
+echo "== the same, the C++ (emulator, kernels, self-tests) built at -std=c++17 -Werror by g++-11, then clang-14"
+# A Cambricon host's compiler is older than Debian 12's g++ 12 (docs/USAGE.md, toolchain).
+# `cc` honours CXX and CXXFLAGS: only the C++ and this crate are rebuilt (seconds), and the
+# next plain debug build rebuilds them with the default compiler again.
+for cxx in g++-11 clang++-14; do
+    start=$SECONDS
+    CXX=$cxx CXXFLAGS=-Werror MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator --test bang_allow_list
+    echo "   $cxx: built and ran in $((SECONDS - start)) s"
+done
 echo "== BANG kernels and emulator under ThreadSanitizer, then Address+UndefinedBehaviorSanitizer (4 clusters)"
 MLU_EMU_CLUSTERS=4 scripts/sanitize.sh thread
 MLU_EMU_CLUSTERS=4 scripts/sanitize.sh address

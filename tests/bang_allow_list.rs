@@ -80,6 +80,14 @@ fn every_construct_the_kernels_use_is_on_the_allow_list() {
     for required in ["__is_mpu", "__sync_all_ipu", "__nram__", "__bang_atomic_reduce_add", "round", "isnan"] {
         assert!(listed.contains(required), "{required} listed");
     }
+    // The toolkit headers kernel.h includes under cncc (the first `#if defined(__BANG__)`).
+    let kernel_h = std::fs::read_to_string(Path::new(ROOT).join("kernels/common/kernel.h")).unwrap();
+    let bang = kernel_h.split("#if defined(__BANG__)").nth(1).unwrap().split("#else").next().unwrap();
+    let headers: Vec<&str> = bang.lines().filter_map(|l| l.strip_prefix("#include ")).collect();
+    assert!(!headers.is_empty(), "kernel.h includes the toolkit's headers under __BANG__");
+    for h in headers {
+        assert!(listed.contains(h), "{h}, included by kernel.h under cncc, is not on the allow-list");
+    }
 }
 
 #[test]

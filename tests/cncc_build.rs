@@ -160,7 +160,8 @@ fn each_kernel_source_is_compiled_alone_then_all_are_linked_against_cnrt() {
     assert_eq!(link[0], tk.cxx.display().to_string(), "the host C++ compiler links");
     assert_eq!(calls.last(), Some(link), "the link follows every compile");
     let lib64 = format!("-L{}", tk.home.join("lib64").display());
-    for flag in ["-shared", &lib64, "-lcnrt", "-lcndrv"] {
+    let rpath = format!("-Wl,-rpath={}", tk.home.join("lib64").display());
+    for flag in ["-shared", &lib64, &rpath, "-lcnrt", "-lcndrv"] {
         assert!(has(link, flag), "{flag} missing in {link:?}");
     }
     for o in &objects {

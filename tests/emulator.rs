@@ -212,6 +212,7 @@ fn every_enforced_rule_is_caught() {
     assert!(msg.contains("barrier") && msg.contains("hang") || msg.contains("can never complete"), "{msg}");
     assert_caught(13, 1, b, &["__bang_transpose", "multiple of 64"]);
     assert_caught(14, 1, b, &["in no allocated device buffer"]);
+    assert_caught(18, 1, b, &["strides (4, 2147483648)", "int range"]);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-// Shared by every kernel of kernels/: the BANG surface (the toolkit's <bang.h> under
+// Shared by every kernel of kernels/: the BANG surface (the toolkit's <mlu.h> under
 // cncc, the host emulator otherwise), the on-chip budget, tiling helpers and the launch
 // macro, so one .mlu source builds for a card and for the emulator.
 #pragma once
@@ -7,7 +7,9 @@
 #include <stdint.h>
 
 #if defined(__BANG__)
-#include <bang.h>
+// The headers mlu-ops' device and launch code get (Cambricon/mlu-ops@v1.4.0 kernels/kernel.h:26-28,
+// `#include <mlu.h>` under __BANG__; mlu_op.h:44, `cnrt.h`).
+#include <mlu.h>
 #include <cnrt.h>
 #else
 #include "../emulator/bang_emu.h"

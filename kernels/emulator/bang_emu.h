@@ -1,6 +1,6 @@
 // Host emulation of the BANG C device language, strict enough to catch the bugs that
 // would break on a card. Included (through kernels/common/kernel.h) instead of the
-// toolkit's <bang.h> when the kernels are compiled with the system C++ compiler.
+// toolkit's <mlu.h> when the kernels are compiled with the system C++ compiler.
 //
 // What it models (see kernels/README.md):
 // - a launch runs taskDim host threads; UNION tasks are grouped into clusters of

@@ -559,6 +559,12 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
   // The segment argument's range is [0, 65535] (mlu-ops@v1.4.0
   // kernels/tensor_stride_process/tensor_stride_process_common.h:378).
   if (segnum > 65535) violation(at, "%s %s: segnum %ld beyond 65535", op, d.name, segnum);
+  // The size and strides are int on the card: mlu-ops checks a GDRAM stride against INT32_MAX
+  // and copies another way beyond it (mlu-ops@v1.4.0 kernels/three_interpolate/
+  // three_interpolate_union1.mlu:344-356).
+  if (bytes > INT32_MAX || dst_stride > INT32_MAX || src_stride > INT32_MAX)
+    violation(at, "%s %s: size %ld or strides (%ld, %ld) beyond the int range of the card's copy", op, d.name, bytes,
+              dst_stride, src_stride);
   char what[96];
   std::snprintf(what, sizeof what, "%s %s destination", op, d.name);
   Space ds = space_of(at, dst, segnum * dst_stride + bytes, what);

@@ -83,7 +83,7 @@ MLUOPS_EXPORT int mluops_emu_selftest_i32(cnrtQueue_t queue, uint32_t task_dim, 
 enum Broken {
   NRAM_CAPACITY, SRAM_CAPACITY, WRAM_CAPACITY, SRAM_IN_BLOCK, MISALIGNED, BAD_COUNT, GDRAM_OPERAND,
   COPY_PAST_GDRAM, COPY_PAST_TILE, WRONG_DIRECTION, EMPTY_COPY, BARRIER_IN_BLOCK, BARRIER_NEVER_REACHED,
-  BAD_TRANSPOSE, UNALLOCATED_ADDRESS, STALE_ASYNC, MISSING_MPU_GUARD, FIRST_CLUSTER_BARRIER
+  BAD_TRANSPOSE, UNALLOCATED_ADDRESS, STALE_ASYNC, MISSING_MPU_GUARD, FIRST_CLUSTER_BARRIER, WIDE_STRIDE
 };
 
 __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
@@ -123,6 +123,8 @@ __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
       __sync_all_ipu();
       break;
     case BAD_TRANSPOSE: __bang_transpose(tile + 32, tile, 4, 8); break;
+    // One segment, so the span stays inside both buffers: only the stride's range is wrong.
+    case WIDE_STRIDE: __memcpy(tile, buf, sizeof(float), GDRAM2NRAM, sizeof(float), 1L << 31, 0); break;
     case UNALLOCATED_ADDRESS: {
       float local[16];
       __memcpy(tile, local, sizeof local, GDRAM2NRAM);

@@ -9,7 +9,7 @@ use super::{Device, DeviceInfo, Direction, Kernels, NRAM_BUDGET, QueuePtr, Runti
 use crate::error::{Error, Result};
 use libloading::Library;
 use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
-use std::ffi::{CStr, OsStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, OsStr, OsString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 
 type Ret = c_int;
@@ -44,7 +44,7 @@ struct Cnrt {
     queue_destroy: unsafe extern "C" fn(QueuePtr) -> Ret,
 }
 
-/// Opens the Cambricon runtime as [`devices`] does with `open_global("libcnrt.so")`:
+/// Opens the Cambricon runtime as [`devices`] does with `open_global(runtime_path())`:
 /// RTLD_NOW | RTLD_GLOBAL.
 ///
 /// Global: the kernel library calls CNRT (kernels/common/kernel.h's MLUOPS_LAUNCH:
@@ -214,10 +214,32 @@ fn kernel_library_path() -> Option<String> {
         .filter(|p| !p.is_empty())
 }
 
+/// The Cambricon runtime to open: `$NEUWARE_HOME/lib64/libcnrt.so` when NEUWARE_HOME is set
+/// and has it (the toolkit layout build_support/cncc.rs links against), else the bare name,
+/// which the dynamic loader looks up through LD_LIBRARY_PATH and /etc/ld.so.cache (where the
+/// Neuware packages and environment script put it).
+fn runtime_path() -> OsString {
+    runtime_path_in(std::env::var_os("NEUWARE_HOME").as_deref())
+}
+
+fn runtime_path_in(neuware_home: Option<&OsStr>) -> OsString {
+    neuware_home
+        .map(|home| std::path::Path::new(home).join("lib64/libcnrt.so"))
+        .filter(|p| p.is_file())
+        .map_or_else(|| OsString::from("libcnrt.so"), OsString::from)
+}
+
 /// The real cards, or the reason there are none (absent runtime, no card, no kernels, or no
 /// card whose topology could be read; such a card is left out with a warning).
 pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
-    let lib = open_global("libcnrt.so").map_err(|e| format!("Cambricon runtime libcnrt.so not loadable ({e}): no real MLU"))?;
+    let runtime = runtime_path();
+    let lib = open_global(&runtime).map_err(|e| {
+        format!(
+            "Cambricon runtime {} not loadable ({e}): no real MLU. To use a card, set NEUWARE_HOME to the Neuware \
+             toolkit (its lib64/libcnrt.so is opened) or add the directory holding libcnrt.so to LD_LIBRARY_PATH",
+            runtime.to_string_lossy()
+        )
+    })?;
     let count_fn: unsafe extern "C" fn(*mut c_uint) -> Ret =
         sym(&lib, "cnrtGetDeviceCount\0").map_err(|e| e.to_string())?;
     let mut count: c_uint = 0;
@@ -236,7 +258,7 @@ pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for d in 0..count as c_int {
-        let card = open_global("libcnrt.so")
+        let card = open_global(&runtime)
             .and_then(|lib| Cnrt::new(lib, d).map_err(|e| e.to_string()))
             .and_then(|rt| rt.info().map(|info| (rt, info)).map_err(|e| e.to_string()));
         match card {
@@ -255,7 +277,7 @@ pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{open_global, open_kernels};
+    use super::{open_global, open_kernels, runtime_path_in};
     use libloading::os::unix::{Library as UnixLibrary, RTLD_LOCAL, RTLD_NOW};
     use std::ffi::c_int;
     use std::path::{Path, PathBuf};
@@ -300,5 +322,17 @@ mod tests {
         // SAFETY: a plain C function of an int.
         assert_eq!(unsafe { launch(1) }, 82);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_runtime_is_taken_from_neuware_home_when_it_has_one() {
+        let home = std::env::temp_dir().join(format!("mlu-ep-neuware-home-{}", std::process::id()));
+        std::fs::create_dir_all(home.join("lib64")).unwrap();
+        // Without the library there, the loader's search (LD_LIBRARY_PATH, ld.so.cache).
+        assert_eq!(runtime_path_in(Some(home.as_os_str())), "libcnrt.so");
+        assert_eq!(runtime_path_in(None), "libcnrt.so");
+        std::fs::write(home.join("lib64/libcnrt.so"), b"").unwrap();
+        assert_eq!(runtime_path_in(Some(home.as_os_str())), home.join("lib64/libcnrt.so").as_os_str());
+        let _ = std::fs::remove_dir_all(&home);
     }
 }

@@ -62,6 +62,17 @@ impl MluOperator for ThreeInterpolateBackward {
                 d.b, d.c, d.n, d.m
             ));
         }
+        // BANG's __memcpy takes int byte strides (mlu-ops v1.4.0 three_interpolate_union1.mlu:
+        // 344-356 checks them and copies otherwise beyond): the grad_output and grad_features
+        // tiles are copied with GDRAM row strides of N and M elements (three_interpolate.mlu).
+        // Larger shapes run on CPU.
+        let elem = d.dtype.size();
+        if let Some((name, v)) = [("N", d.n), ("M", d.m)].into_iter().find(|&(_, v)| v * elem > i32::MAX as usize) {
+            return Err(format!(
+                "{name} = {v}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides",
+                v * elem
+            ));
+        }
         Ok(())
     }
 
@@ -89,5 +100,24 @@ impl MluOperator for ThreeInterpolateBackward {
                 )
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shapes whose GDRAM row stride in bytes reaches 2^31 are declined (the node runs on CPU),
+    /// though their element counts fit int32; one element less is taken. (A float16 N stride
+    /// cannot reach 2^31 bytes: 3 * N indices must fit int32 first.)
+    #[test]
+    fn byte_strides_of_2_31_or_more_are_declined() {
+        let op = ThreeInterpolateBackward { m: 16 };
+        let fits = |n: usize, m: usize, dtype| op.mlu_fits(&Dims { b: 1, c: 1, n, m, dtype });
+        for (n, m, dtype) in [(1usize << 29, 16, DType::F32), (16, 1 << 29, DType::F32), (16, 1 << 30, DType::F16)] {
+            assert_eq!(fits(n - usize::from(n > 16), m - usize::from(m > 16), dtype), Ok(()), "{n} {m} {dtype:?}");
+            let err = fits(n, m, dtype).expect_err("a row stride of 2^31 bytes");
+            assert!(err.contains("2147483648 bytes"), "{n} {m} {dtype:?}: {err}");
+        }
     }
 }

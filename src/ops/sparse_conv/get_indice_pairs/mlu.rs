@@ -81,6 +81,15 @@ impl MluOperator for GetIndicePairs {
         }
     }
 
+    fn mlu_fits(&self, d: &GipDims) -> std::result::Result<(), String> {
+        // BANG's __memcpy takes int byte strides: expand stores its K rows of a tile with a
+        // GDRAM row stride of L int32 (sparse_conv.mlu).
+        if d.l * 4 > i32::MAX as usize {
+            return Err(format!("L = {}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides", d.l, d.l * 4));
+        }
+        Ok(())
+    }
+
     fn mlu_compute(&self, d: &GipDims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let unsupported = |why: String| Error::Runtime(format!("GetIndicePairs on the MLU: {why}"));
         self.mlu_supported().map_err(unsupported)?;
@@ -206,6 +215,25 @@ impl GetIndicePairs {
 #[cfg(test)]
 mod tests {
     use super::GipGeometry;
+    use super::{GetIndicePairs, GipDims, MluOperator};
+    use crate::schema::AttrValue;
+
+    /// An L whose expand row stride in bytes reaches 2^31 is declined (the node runs on CPU);
+    /// one row less is taken.
+    #[test]
+    fn byte_strides_of_2_31_or_more_are_declined() {
+        let attrs = [
+            ("batch_size".to_owned(), AttrValue::Int(1)),
+            ("spatial_shape".to_owned(), AttrValue::Ints(vec![4, 4, 4])),
+            ("kernel_size".to_owned(), AttrValue::Ints(vec![1, 1, 1])),
+        ]
+        .into_iter()
+        .collect();
+        let op = crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid");
+        assert_eq!(op.mlu_fits(&GipDims { l: (1 << 29) - 1, k: 1 }), Ok(()));
+        let err = op.mlu_fits(&GipDims { l: 1 << 29, k: 1 }).expect_err("a stride of 2^31 bytes");
+        assert!(err.contains("2147483648 bytes"), "{err}");
+    }
 
     #[test]
     fn geometry_matches_the_kernels_struct() {
