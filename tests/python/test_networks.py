@@ -20,11 +20,16 @@ def bev_case():
     return bevdepth.case("ci", 7)
 
 
+def emulated_mluops(mlu_lib) -> str:
+    return str(mlu_lib.parent / "examples" / "libmluops_emulated.so")
+
+
 def test_the_bevdepth_graph_agrees_with_its_peer_on_both_paths(bev_case, mlu_lib):
     (graph,) = bev_case.graphs
-    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1)
+    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, emulated_mluops(mlu_lib))
     assert ok, rows
     assert "1/1" in rows[1], "VoxelPoolingForward on the MLU"
+    assert "1 on bang" in rows[2] and "1 on mluops" in rows[3] and "0 CPU fallbacks" in rows[3], rows
 
 
 def test_a_peer_that_disagrees_fails_the_graph(bev_case, mlu_lib):
@@ -36,7 +41,8 @@ def test_a_peer_that_disagrees_fails_the_graph(bev_case, mlu_lib):
         bev[0, :, 64, 64] += np.abs(bev).max()
         return {**out, "bev": bev}
 
-    rows, ok = run.run_graph(bev_case, dataclasses.replace(graph, peer=off_by_one_cell), str(mlu_lib), 1)
+    rows, ok = run.run_graph(bev_case, dataclasses.replace(graph, peer=off_by_one_cell), str(mlu_lib), 1,
+                             emulated_mluops(mlu_lib))
     assert not ok
     assert all("BAD" in r for r in rows), rows
 
@@ -74,7 +80,7 @@ def test_outputs_that_depend_on_the_thread_count_fail_the_graph(bev_case, mlu_li
         return OneUlpOff(sess) if threads == 2 else sess
 
     monkeypatch.setattr(common, "cpu_session", session)
-    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1)
+    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, emulated_mluops(mlu_lib))
     assert not ok
     assert "BAD" in rows[0] and "1- and 2-thread outputs differ: bev" in rows[0], rows
     assert "OK" in rows[1], rows
