@@ -11,38 +11,82 @@
 //! facts.
 
 use crate::error::{Error, Result};
-use crate::mlu::QueuePtr;
+use crate::mlu::{Queue, QueuePtr};
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// A C enum of the header as the Rust side uses it: its name and the (C name, value) of each
+/// value used (tests/mluops_header.rs static_asserts them against `mlu_op.h`).
+#[derive(Debug, Clone, Copy)]
+pub struct CEnum {
+    pub name: &'static str,
+    pub values: &'static [(&'static str, i32)],
+}
 
 /// `mluOpStatus_t` (mlu_op.h v1.4.0:64-94).
 pub type Status = c_int;
 pub const SUCCESS: Status = 0;
 
-/// `mluOpDataType_t` values (mlu_op.h v1.4.0:170-178).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub enum DType {
-    Half = 1,
-    Float = 2,
-    Int32 = 6,
+/// Every `mluOpStatus_t` value, by its C name.
+pub const STATUS: CEnum = CEnum {
+    name: "mluOpStatus_t",
+    values: &[
+        ("MLUOP_STATUS_SUCCESS", SUCCESS),
+        ("MLUOP_STATUS_NOT_INITIALIZED", 1),
+        ("MLUOP_STATUS_ALLOC_FAILED", 2),
+        ("MLUOP_STATUS_BAD_PARAM", 3),
+        ("MLUOP_STATUS_INTERNAL_ERROR", 4),
+        ("MLUOP_STATUS_ARCH_MISMATCH", 5),
+        ("MLUOP_STATUS_EXECUTION_FAILED", 6),
+        ("MLUOP_STATUS_NOT_SUPPORTED", 7),
+        ("MLUOP_STATUS_NUMERICAL_OVERFLOW", 8),
+    ],
+};
+
+/// A Rust enum passed by value where the header has the C enum `$c`: each variant names its
+/// C value; `$name::C` lists them.
+macro_rules! c_enum {
+    ($(#[$m:meta])* $name:ident = $c:literal { $($v:ident = $cv:ident = $n:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(i32)]
+        pub enum $name {
+            $($v = $n,)*
+        }
+
+        impl $name {
+            pub const C: CEnum = CEnum { name: $c, values: &[$((stringify!($cv), $name::$v as i32)),*] };
+        }
+    };
 }
 
-/// `mluOpTensorLayout_t` values (mlu_op.h v1.4.0:116-140).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub enum Layout {
-    Nhwc = 1,
-    Array = 4,
+c_enum! {
+    /// `mluOpDataType_t` values (mlu_op.h v1.4.0:170-178).
+    DType = "mluOpDataType_t" {
+        Half = MLUOP_DTYPE_HALF = 1,
+        Float = MLUOP_DTYPE_FLOAT = 2,
+        Int32 = MLUOP_DTYPE_INT32 = 6,
+    }
 }
 
-/// `mluOpReduceMode_t` values (mlu_op.h v1.4.0:362-365).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub enum ReduceMode {
-    Max = 2,
+c_enum! {
+    /// `mluOpTensorLayout_t` values (mlu_op.h v1.4.0:116-140).
+    Layout = "mluOpTensorLayout_t" {
+        Nhwc = MLUOP_LAYOUT_NHWC = 1,
+        Array = MLUOP_LAYOUT_ARRAY = 4,
+    }
 }
+
+c_enum! {
+    /// `mluOpReduceMode_t` values (mlu_op.h v1.4.0:362-365).
+    ReduceMode = "mluOpReduceMode_t" {
+        Max = MLUOP_REDUCE_DMAX = 2,
+    }
+}
+
+/// The enums above with their C names and values.
+pub const ENUMS: &[CEnum] = &[STATUS, DType::C, Layout::C, ReduceMode::C];
 
 /// `mluOpHandle_t`, `mluOpTensorDescriptor_t`, `mluOpSparseConvolutionDescriptor_t`:
 /// pointers to structs the library defines (mlu_op.h v1.4.0:404, 889, 1161).
@@ -55,8 +99,90 @@ pub type SparseConvDescPtr = *mut c_void;
 pub const OLDEST: (i32, i32, i32) = (1, 4, 0);
 pub const NEWEST: (i32, i32) = (1, 9);
 
+/// The C spelling of each Rust type the `functions!` table may use, as the table spells it
+/// (aliases kept: `HandlePtr` and `TensorDescPtr` are both `*mut c_void` to Rust, not to C).
+/// A type missing here stops the build (`c_type`); "" is no return value.
+pub const C_TYPES: &[(&str, &str)] = &[
+    ("", "void"),
+    ("Status", "mluOpStatus_t"),
+    ("DType", "mluOpDataType_t"),
+    ("Layout", "mluOpTensorLayout_t"),
+    ("ReduceMode", "mluOpReduceMode_t"),
+    ("HandlePtr", "mluOpHandle_t"),
+    ("*mut HandlePtr", "mluOpHandle_t*"),
+    ("TensorDescPtr", "mluOpTensorDescriptor_t"),
+    ("*mut TensorDescPtr", "mluOpTensorDescriptor_t*"),
+    ("SparseConvDescPtr", "mluOpSparseConvolutionDescriptor_t"),
+    ("*mut SparseConvDescPtr", "mluOpSparseConvolutionDescriptor_t*"),
+    ("QueuePtr", "cnrtQueue_t"),
+    ("c_int", "int"),
+    ("*mut c_int", "int*"),
+    ("*const c_int", "const int*"),
+    ("f32", "float"),
+    ("i64", "int64_t"),
+    ("*const i64", "const int64_t*"),
+    ("usize", "size_t"),
+    ("*mut usize", "size_t*"),
+    ("*const c_char", "const char*"),
+    ("*const c_void", "const void*"),
+    ("*mut c_void", "void*"),
+];
+
+/// The C spelling of the Rust type spelled `rust` (see [`C_TYPES`]); evaluated at compile
+/// time for the `functions!` table, so a type without one is a build error.
+pub const fn c_type(rust: &str) -> &'static str {
+    let mut i = 0;
+    while i < C_TYPES.len() {
+        if C_TYPES[i].0.len() == rust.len() {
+            let (a, b) = (C_TYPES[i].0.as_bytes(), rust.as_bytes());
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return C_TYPES[i].1;
+            }
+        }
+        i += 1;
+    }
+    panic!("a type of the mluops functions! table has no C spelling in mluops::C_TYPES")
+}
+
+/// A parameter or return type of a bound function: the Rust type as declared, its C
+/// spelling and its size in bytes (0 for no return value).
+#[derive(Debug, Clone, Copy)]
+pub struct CType {
+    pub rust: &'static str,
+    pub c: &'static str,
+    pub size: usize,
+}
+
+impl CType {
+    const fn of(rust: &'static str, size: usize) -> CType {
+        CType { rust, c: c_type(rust), size }
+    }
+}
+
+/// A bound function's C type as the Rust side declares it.
+#[derive(Debug, Clone, Copy)]
+pub struct Signature {
+    pub name: &'static str,
+    pub ret: CType,
+    pub params: &'static [CType],
+}
+
 macro_rules! functions {
     ($($name:ident ( $($ty:ty),* ) $(-> $ret:ty)?;)*) => {
+        /// Each function below with its C type, from the same declarations:
+        /// tests/mluops_header.rs static_asserts them against `mlu_op.h`.
+        pub const SIGNATURES: &[Signature] = &[
+            $(Signature {
+                name: stringify!($name),
+                ret: CType::of(concat!("" $(, stringify!($ret))?), 0 $(+ size_of::<$ret>())?),
+                params: &[$(CType::of(stringify!($ty), size_of::<$ty>())),*],
+            },)*
+        ];
+
         /// The library's functions, each resolved once when the library is opened.
         #[allow(non_snake_case)]
         pub struct Functions {
@@ -85,16 +211,16 @@ functions! {
     mluOpDestroy(HandlePtr) -> Status;
     mluOpSetQueue(HandlePtr, QueuePtr) -> Status;
     mluOpCreateTensorDescriptor(*mut TensorDescPtr) -> Status;
-    mluOpSetTensorDescriptor(TensorDescPtr, c_int, c_int, c_int, *const c_int) -> Status;
+    mluOpSetTensorDescriptor(TensorDescPtr, Layout, DType, c_int, *const c_int) -> Status;
     mluOpDestroyTensorDescriptor(TensorDescPtr) -> Status;
     mluOpCreateSparseConvolutionDescriptor(*mut SparseConvDescPtr) -> Status;
     mluOpSetSparseConvolutionDescriptor(SparseConvDescPtr, c_int, c_int, *const c_int, *const c_int, *const c_int,
         *const c_int, *const c_int, *const c_int, c_int, c_int, c_int) -> Status;
     mluOpGetSparseConvolutionNumActOut(SparseConvDescPtr, *mut c_int) -> Status;
     mluOpDestroySparseConvolutionDescriptor(SparseConvDescPtr) -> Status;
-    mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(HandlePtr, c_int, TensorDescPtr, TensorDescPtr, TensorDescPtr,
+    mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(HandlePtr, ReduceMode, TensorDescPtr, TensorDescPtr, TensorDescPtr,
         TensorDescPtr, TensorDescPtr, TensorDescPtr, *mut usize) -> Status;
-    mluOpDynamicPointToVoxelBackward(HandlePtr, c_int, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
+    mluOpDynamicPointToVoxelBackward(HandlePtr, ReduceMode, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
         TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr,
         *const c_void, *mut c_void, usize, TensorDescPtr, *mut c_void) -> Status;
     mluOpThreeInterpolateBackward(HandlePtr, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
@@ -205,7 +331,7 @@ impl Library {
 
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be
     /// bound to the card: `mluOpCreate` takes the thread's current device).
-    pub fn with_handle<T>(&self, queue: QueuePtr, f: impl FnOnce(HandlePtr) -> Result<T>) -> Result<T> {
+    pub fn with_handle<T>(&self, queue: &Queue, f: impl FnOnce(HandlePtr) -> Result<T>) -> Result<T> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let handle = match idle {
             Some(h) => h,
@@ -217,7 +343,7 @@ impl Library {
             }
         };
         // SAFETY: a live handle of this library and the caller's live queue.
-        let result = self.check("mluOpSetQueue", unsafe { (self.f.mluOpSetQueue)(handle.0, queue) }).and_then(|()| f(handle.0));
+        let result = self.check("mluOpSetQueue", unsafe { (self.f.mluOpSetQueue)(handle.0, queue.ptr()) }).and_then(|()| f(handle.0));
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
         result
     }
@@ -233,7 +359,7 @@ impl Library {
         self.check("mluOpCreateTensorDescriptor", unsafe { (self.f.mluOpCreateTensorDescriptor)(&mut d) })?;
         let desc = TensorDesc { lib: self, ptr: d };
         // SAFETY: a descriptor just created; `dims` holds dims.len() ints.
-        let s = unsafe { (self.f.mluOpSetTensorDescriptor)(d, layout as c_int, dtype as c_int, dims.len() as c_int, dims.as_ptr()) };
+        let s = unsafe { (self.f.mluOpSetTensorDescriptor)(d, layout, dtype, dims.len() as c_int, dims.as_ptr()) };
         self.check("mluOpSetTensorDescriptor", s)?;
         Ok(desc)
     }
@@ -278,18 +404,7 @@ impl Drop for Library {
 
 /// The name of an `mluOpStatus_t` value.
 pub fn status_name(s: Status) -> &'static str {
-    match s {
-        0 => "MLUOP_STATUS_SUCCESS",
-        1 => "MLUOP_STATUS_NOT_INITIALIZED",
-        2 => "MLUOP_STATUS_ALLOC_FAILED",
-        3 => "MLUOP_STATUS_BAD_PARAM",
-        4 => "MLUOP_STATUS_INTERNAL_ERROR",
-        5 => "MLUOP_STATUS_ARCH_MISMATCH",
-        6 => "MLUOP_STATUS_EXECUTION_FAILED",
-        7 => "MLUOP_STATUS_NOT_SUPPORTED",
-        8 => "MLUOP_STATUS_NUMERICAL_OVERFLOW",
-        _ => "an unknown mluOpStatus_t",
-    }
+    STATUS.values.iter().find(|v| v.1 == s).map_or("an unknown mluOpStatus_t", |v| v.0)
 }
 
 /// An `mluOpTensorDescriptor_t`, destroyed on drop.

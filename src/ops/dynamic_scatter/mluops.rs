@@ -55,8 +55,8 @@ impl MluOpsOperator for DynamicScatterBackward {
         let count = lib.tensor(Layout::Array, DType::Int32, &[d.m])?;
         let num = lib.tensor(Layout::Array, DType::Int32, &[1])?;
         let gf = lib.tensor(Layout::Array, DType::Float, &[d.n, d.c])?;
-        let max = ReduceMode::Max as i32;
-        lib.with_handle(card.queue.ptr(), |h| {
+        let max = ReduceMode::Max;
+        lib.with_handle(card.queue, |h| {
             let mut size = 0usize;
             // SAFETY: descriptors of the node's tensors and a valid out-pointer.
             let s = unsafe {

@@ -84,7 +84,7 @@ impl MluOpsOperator for PsRoiPoolBackward {
         let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
         let map = lib.tensor(Layout::Nhwc, DType::Int32, &[r, p, p, o])?;
         let bottom = lib.tensor(Layout::Nhwc, DType::Float, &[plan.batches, plan.height, plan.width, self.channels])?;
-        lib.with_handle(card.queue.ptr(), |h| {
+        lib.with_handle(card.queue, |h| {
             // SAFETY: descriptors of the node's tensors; card memory of those sizes; the int
             // arguments bounded by mluops_supported.
             let s = unsafe {

@@ -40,7 +40,7 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         let idx = lib.tensor(Layout::Array, mluops::DType::Int32, &[d.b, d.n, 3])?;
         let w = lib.tensor(Layout::Array, t, &[d.b, d.n, 3])?;
         let gf = lib.tensor(Layout::Array, t, &[d.b, d.c, d.m])?;
-        lib.with_handle(card.queue.ptr(), |h| {
+        lib.with_handle(card.queue, |h| {
             // SAFETY: descriptors of the node's tensors; card memory of those sizes.
             let s = unsafe {
                 (lib.f.mluOpThreeInterpolateBackward)(

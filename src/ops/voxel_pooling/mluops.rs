@@ -39,7 +39,7 @@ impl MluOpsOperator for VoxelPoolingForward {
         let pos_d = lib.tensor(Layout::Array, DType::Int32, &[b, n, 3])?;
         // mluops_fits bounds B*N*C and the grid by int32.
         let int = |v: usize| v as i32;
-        lib.with_handle(card.queue.ptr(), |h| {
+        lib.with_handle(card.queue, |h| {
             // SAFETY: descriptors of the node's tensors; card memory of those sizes.
             let s = unsafe {
                 (lib.f.mluOpVoxelPoolingForward)(

@@ -99,7 +99,7 @@ impl MluOpsOperator for GetIndicePairs {
         let pairs_d = lib.tensor(Layout::Array, DType::Int32, &[k, 2, l])?;
         let out_d = lib.tensor(Layout::Array, DType::Int32, &[bound, 4])?;
         let num_d = lib.tensor(Layout::Array, DType::Int32, &[k])?;
-        lib.with_handle(card.queue.ptr(), |h| {
+        lib.with_handle(card.queue, |h| {
             let mut size = 0usize;
             // SAFETY: live descriptors and a valid out-pointer.
             let s = unsafe {
