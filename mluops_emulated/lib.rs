@@ -19,6 +19,10 @@
 //! `MLUOPS_EMULATED_VERSION=major.minor.patch` changes the version it reports (1.4.0 by
 //! default), for the tests of the provider's version check.
 
+// Each exported function's safety contract is the C header's (valid pointers of the sizes
+// its descriptors state): docs/MLUOPS_BINDING.md §1-§2, not repeated per function.
+#![allow(clippy::missing_safety_doc)]
+
 use onnxruntime_ep_mlu::ops::{self, Operator};
 use onnxruntime_ep_mlu::parallel::Serial;
 use onnxruntime_ep_mlu::schema::AttrValue;
@@ -205,7 +209,7 @@ fn attrs(pairs: Vec<(&str, AttrValue)>) -> HashMap<String, AttrValue> {
 // ---- version, handles, descriptors ----
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpGetLibVersion(major: *mut c_int, minor: *mut c_int, patch: *mut c_int) {
+pub unsafe extern "C" fn mluOpGetLibVersion(major: *mut c_int, minor: *mut c_int, patch: *mut c_int) {
     let v = std::env::var("MLUOPS_EMULATED_VERSION").unwrap_or_else(|_| "1.4.0".into());
     let mut parts = v.split('.').map(|p| p.parse::<c_int>().unwrap_or(0));
     for out in [major, minor, patch] {
@@ -218,7 +222,7 @@ pub extern "C" fn mluOpGetLibVersion(major: *mut c_int, minor: *mut c_int, patch
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpGetErrorString(s: Status) -> *const c_char {
+pub unsafe extern "C" fn mluOpGetErrorString(s: Status) -> *const c_char {
     match s {
         0 => c"MLUOP_STATUS_SUCCESS".as_ptr(),
         1 => c"MLUOP_STATUS_NOT_INITIALIZED".as_ptr(),
@@ -234,7 +238,7 @@ pub extern "C" fn mluOpGetErrorString(s: Status) -> *const c_char {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpCreate(h: *mut *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpCreate(h: *mut *mut c_void) -> Status {
     guarded("mluOpCreate", || {
         require(!h.is_null(), BAD_PARAM, || "handle out-pointer is null".into())?;
         let ctx = Box::new(Context { queue: std::ptr::null_mut(), busy: AtomicBool::new(false) });
@@ -245,7 +249,7 @@ pub extern "C" fn mluOpCreate(h: *mut *mut c_void) -> Status {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpDestroy(h: *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpDestroy(h: *mut c_void) -> Status {
     guarded("mluOpDestroy", || {
         require(!h.is_null(), BAD_PARAM, || "handle is null".into())?;
         // SAFETY: made by mluOpCreate, destroyed once (the caller's contract).
@@ -255,7 +259,7 @@ pub extern "C" fn mluOpDestroy(h: *mut c_void) -> Status {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpSetQueue(h: *mut c_void, queue: *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpSetQueue(h: *mut c_void, queue: *mut c_void) -> Status {
     guarded("mluOpSetQueue", || {
         require(!h.is_null(), BAD_PARAM, || "handle is null".into())?;
         // SAFETY: made by mluOpCreate; only the caller's thread uses it now.
@@ -265,7 +269,7 @@ pub extern "C" fn mluOpSetQueue(h: *mut c_void, queue: *mut c_void) -> Status {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpCreateTensorDescriptor(d: *mut *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpCreateTensorDescriptor(d: *mut *mut c_void) -> Status {
     guarded("mluOpCreateTensorDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor out-pointer is null".into())?;
         let desc = Box::new(TensorDesc { layout: LAYOUT_ARRAY, dtype: 0, dims: Vec::new() });
@@ -276,7 +280,7 @@ pub extern "C" fn mluOpCreateTensorDescriptor(d: *mut *mut c_void) -> Status {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpSetTensorDescriptor(d: *mut c_void, layout: c_int, dtype: c_int, dim_nb: c_int, dims: *const c_int) -> Status {
+pub unsafe extern "C" fn mluOpSetTensorDescriptor(d: *mut c_void, layout: c_int, dtype: c_int, dim_nb: c_int, dims: *const c_int) -> Status {
     guarded("mluOpSetTensorDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor is null".into())?;
         require(dim_nb > 0 && !dims.is_null(), BAD_PARAM, || format!("dimNb {dim_nb} or null dims"))?;
@@ -293,7 +297,7 @@ pub extern "C" fn mluOpSetTensorDescriptor(d: *mut c_void, layout: c_int, dtype:
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpDestroyTensorDescriptor(d: *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpDestroyTensorDescriptor(d: *mut c_void) -> Status {
     guarded("mluOpDestroyTensorDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor is null".into())?;
         // SAFETY: made by mluOpCreateTensorDescriptor, destroyed once.
@@ -303,7 +307,7 @@ pub extern "C" fn mluOpDestroyTensorDescriptor(d: *mut c_void) -> Status {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpCreateSparseConvolutionDescriptor(d: *mut *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpCreateSparseConvolutionDescriptor(d: *mut *mut c_void) -> Status {
     guarded("mluOpCreateSparseConvolutionDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor out-pointer is null".into())?;
         // SAFETY: the caller's out-pointer.
@@ -319,7 +323,7 @@ fn three(p: *const c_int, what: &str) -> Result<[i32; 3], Status> {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpSetSparseConvolutionDescriptor(
+pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
     d: *mut c_void,
     dim_nb: c_int,
     batch: c_int,
@@ -366,7 +370,7 @@ pub extern "C" fn mluOpSetSparseConvolutionDescriptor(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpGetSparseConvolutionNumActOut(d: *mut c_void, n: *mut c_int) -> Status {
+pub unsafe extern "C" fn mluOpGetSparseConvolutionNumActOut(d: *mut c_void, n: *mut c_int) -> Status {
     guarded("mluOpGetSparseConvolutionNumActOut", || {
         require(!d.is_null() && !n.is_null(), BAD_PARAM, || "null descriptor or out-pointer".into())?;
         // SAFETY: made by mluOpCreateSparseConvolutionDescriptor; the caller's out-pointer.
@@ -376,7 +380,7 @@ pub extern "C" fn mluOpGetSparseConvolutionNumActOut(d: *mut c_void, n: *mut c_i
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpDestroySparseConvolutionDescriptor(d: *mut c_void) -> Status {
+pub unsafe extern "C" fn mluOpDestroySparseConvolutionDescriptor(d: *mut c_void) -> Status {
     guarded("mluOpDestroySparseConvolutionDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor is null".into())?;
         // SAFETY: made by mluOpCreateSparseConvolutionDescriptor, destroyed once.

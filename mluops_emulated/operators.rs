@@ -9,7 +9,7 @@ use onnxruntime_ep_mlu::ops::{dynamic_scatter, psroipool, sparse_conv, three_int
 const DPV_BACKWARD_NRAM: usize = 768 * 1024 - 128 * 1024;
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(
+pub unsafe extern "C" fn mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(
     h: *mut c_void,
     reduce: c_int,
     grad_voxel_feats: *mut c_void,
@@ -59,7 +59,7 @@ fn dpv_backward_check(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpDynamicPointToVoxelBackward(
+pub unsafe extern "C" fn mluOpDynamicPointToVoxelBackward(
     h: *mut c_void,
     reduce: c_int,
     grad_voxel_feats_desc: *mut c_void,
@@ -110,7 +110,7 @@ pub extern "C" fn mluOpDynamicPointToVoxelBackward(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpThreeInterpolateBackward(
+pub unsafe extern "C" fn mluOpThreeInterpolateBackward(
     h: *mut c_void,
     grad_output_desc: *mut c_void,
     grad_output: *const c_void,
@@ -177,7 +177,7 @@ fn gip_check(s: &SparseConv, indices: *mut c_void, pairs: *mut c_void, out: *mut
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpGetIndicePairsWorkspaceSize(
+pub unsafe extern "C" fn mluOpGetIndicePairsWorkspaceSize(
     h: *mut c_void,
     sc: *mut c_void,
     indices: *mut c_void,
@@ -198,7 +198,7 @@ pub extern "C" fn mluOpGetIndicePairsWorkspaceSize(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpGetIndicePairs(
+pub unsafe extern "C" fn mluOpGetIndicePairs(
     h: *mut c_void,
     sc: *mut c_void,
     indices_desc: *mut c_void,
@@ -268,7 +268,7 @@ pub extern "C" fn mluOpGetIndicePairs(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpVoxelPoolingForward(
+pub unsafe extern "C" fn mluOpVoxelPoolingForward(
     h: *mut c_void,
     batch: c_int,
     points: c_int,
@@ -310,7 +310,7 @@ pub extern "C" fn mluOpVoxelPoolingForward(
 const INT_EDGE: f32 = 2_147_483_520.0;
 
 #[unsafe(no_mangle)]
-pub extern "C" fn mluOpPsRoiPoolBackward(
+pub unsafe extern "C" fn mluOpPsRoiPoolBackward(
     h: *mut c_void,
     pooled_height: c_int,
     pooled_width: c_int,

@@ -206,7 +206,7 @@ fn voxel_pooling_forward_runs_on_mluops_and_empty_sizes_decline() {
 #[test]
 fn an_out_of_range_index_is_the_contract_error_and_never_reaches_the_library() {
     let mut inputs = dsb_inputs(300, 40, 9);
-    inputs[3] = i32s(&[300], (0..300).map(|i| if i == 17 { 40 } else { (i % 40) as i32 }).collect());
+    inputs[3] = i32s(&[300], (0..300).map(|i| if i == 17 { 40 } else { i % 40 }).collect());
     let max = [("reduce_type", AttrValue::String("max".into()))];
     let n = node("DynamicScatterBackward", &max, MLUOPS);
     let err = run_node_on_device(&device(), &n, &refs(&inputs)).expect_err("map[17] = 40 >= V").to_string();

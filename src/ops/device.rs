@@ -661,10 +661,7 @@ pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Optio
 
 /// Runs `op` on our BANG kernels on `device` (the tests' driver): an error unless the node
 /// ran on the card.
-pub fn run_on_device<O: MluOperator>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>>
-where
-    O: Clone,
-{
+pub fn run_on_device<O: MluOperator + Clone>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let backends = CardBackends { order: &[Backend::Bang], mluops: Err("not used".into()) };
     let op = Arc::new(op.clone());
     let (_, path) = bang(&op, &backends);
