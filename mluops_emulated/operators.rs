@@ -369,8 +369,16 @@ pub unsafe extern "C" fn mluOpPsRoiPoolBackward(
                 roi[0] = f32::NAN;
                 continue;
             }
-            let edge = [roi[1] * spatial_scale, roi[2] * spatial_scale, (roi[3] + 1.0) * spatial_scale, (roi[4] + 1.0) * spatial_scale];
-            require(edge.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
+            // Each coordinate goes through an int (psroipool_block.mlu:35-42), then each bin
+            // edge (256-263).
+            require(roi[1..].iter().all(|v| v.abs() < INT_EDGE), EXECUTION_FAILED, || {
+                format!("roi {roi:?}: a coordinate outside the int range (undefined in the vendor kernel)")
+            })?;
+            let (start_w, start_h) = (roi[1] * spatial_scale, roi[2] * spatial_scale);
+            let bin_w = ((roi[3] + 1.0) * spatial_scale - start_w).max(0.1) / pooled_width as f32;
+            let bin_h = ((roi[4] + 1.0) * spatial_scale - start_h).max(0.1) / pooled_height as f32;
+            let edges = [start_w, start_h, start_w + pooled_width as f32 * bin_w, start_h + pooled_height as f32 * bin_h];
+            require(edges.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
                 format!("roi {roi:?}: a bin edge outside the int range (undefined in the vendor kernel)")
             })?;
         }

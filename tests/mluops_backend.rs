@@ -181,6 +181,10 @@ fn get_indice_pairs_runs_on_mluops_with_num_act_out_from_the_descriptor() {
     runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&empty)], Ran::Card(Backend::MluOps));
     // subm: declined (the duplicate-site rule cannot be checked around the library).
     runs_on("GetIndicePairs", &gip_attrs(1, 3, 1), AUTO, &[Some(&input)], Ran::Card(Backend::Bang));
+    // A batch_size beyond int32 (a fuzz finding): the descriptor takes ints, so declined.
+    let mut huge = gip_attrs(0, 3, 2);
+    huge[0] = ("batch_size", AttrValue::Int(1 << 40));
+    runs_on("GetIndicePairs", &huge, MLUOPS, &[Some(&input)], Ran::Host("no card path supports".into()));
 }
 
 #[test]
@@ -285,8 +289,12 @@ fn psroipool_backward_rois_are_rounded_as_the_contract_rounds_before_the_library
 }
 
 #[test]
-fn psroipool_backward_bin_edges_beyond_int_go_to_the_next_path() {
+fn psroipool_backward_bin_edges_or_coordinates_beyond_int_go_to_the_next_path() {
     let inputs = psroi_inputs(vec![0.0, 1.0e12, 2.0, 1.0e12 + 4096.0, 7.0]);
     runs_on("PsRoiPoolBackward", &psroi_attrs(), AUTO, &refs(&inputs), Ran::Card(Backend::Bang));
     runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&inputs), Ran::Host("int range".into()));
+    // A far end coordinate whose roi width the 0.1 floor keeps small (a fuzz finding: the
+    // library converts the coordinate itself to int).
+    let far_end = psroi_inputs(vec![1.0, 2.0, 3.0, -3.0e38, 5.0]);
+    runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&far_end), Ran::Host("int range".into()));
 }

@@ -17,7 +17,8 @@ use std::ffi::c_void;
 
 /// The library's tensors stay below 2^31 bytes (psroipool.cpp:204-219 at v1.4.0).
 const MAX_BYTES: usize = (1 << 31) - 1;
-/// Bin edges beyond this magnitude could leave the int range the library converts to.
+/// Coordinates and bin edges beyond this magnitude could leave the int range the library
+/// converts them to (it converts each coordinate, then each bin edge).
 const EDGE_LIMIT: f32 = (1u32 << 30) as f32;
 /// The contract's least roi extent (R-FCN's 0.1).
 const MIN_ROI_EXTENT: f32 = 0.1;
@@ -36,7 +37,8 @@ impl PsRoiPoolBackward {
             return Some([-1.0, 0.0, 0.0, 0.0, 0.0]);
         }
         let far = |start: f32, bin: f32| start.abs().max((self.pooled as f32 * bin + start).abs());
-        (far(start_w, bin_w) < EDGE_LIMIT && far(start_h, bin_h) < EDGE_LIMIT).then_some(r)
+        let coordinates = r[1..].iter().all(|v| v.abs() < EDGE_LIMIT);
+        (coordinates && far(start_w, bin_w) < EDGE_LIMIT && far(start_h, bin_h) < EDGE_LIMIT).then_some(r)
     }
 }
 
@@ -72,7 +74,7 @@ impl MluOpsOperator for PsRoiPoolBackward {
         unsafe { card.device.copy_raw(rois.as_mut_ptr().cast(), card.input::<c_void>(1), r * 20, Direction::DeviceToHost)? };
         for row in rois.chunks_exact_mut(5) {
             let adapted = self.library_roi(row).ok_or_else(|| {
-                Error::MluLimit(format!("roi {row:?}: a bin edge beyond the int range MLU-OPS converts to"))
+                Error::MluLimit(format!("roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"))
             })?;
             row.copy_from_slice(&adapted);
         }

@@ -15,7 +15,7 @@ const MAX_L: usize = 1_000_000;
 
 impl GetIndicePairs {
     fn params(&self) -> SparseConvParams {
-        // Every value was checked into [0, i32::MAX] by the descriptor's rules.
+        // mluops_supported declined any value beyond i32::MAX; the rules made them >= 0.
         let three = |a: [i64; 3]| a.map(|v| v as i32);
         SparseConvParams {
             batch: self.batch as i32,
@@ -50,6 +50,10 @@ impl MluOpsOperator for GetIndicePairs {
         }
         if self.kernel_volume() > MAX_K {
             return Err(format!("K = {} beyond MLU-OPS's {MAX_K}", self.kernel_volume()));
+        }
+        let fields = [self.pad, self.stride, self.dilation, self.input_space, self.filter_space, self.output_space];
+        if self.batch > i64::from(i32::MAX) || fields.iter().flatten().any(|&v| v > i64::from(i32::MAX)) {
+            return Err("a descriptor value beyond int32: mluOpSetSparseConvolutionDescriptor takes ints".into());
         }
         // The library divides by a stride as a product with fl(1/s) and accepts a result
         // within 1e-6 of an integer: exact for powers of two, 3 and 5 at these sizes, not in
