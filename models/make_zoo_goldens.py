@@ -13,7 +13,8 @@ onnxruntime or this library.
 Tolerances: index outputs, and the float outputs the graph computes exactly (PointPillars'
 DynamicScatter max and DynamicScatterBackward, whose inputs are dyadic by construction; this
 script asserts that they are exact in float32) are compared bit for bit; every other float
-output uses the contract's accumulating class (diff1, diff2 <= 3e-3 against float64).
+output uses the contract's accumulating class (diff1, diff2 <= 3e-3 against float64) and a
+per-element bound (max |a-b| <= max_rel * max|golden|, max_rel = MAX_REL below).
 
 Run: .venv/bin/python models/make_zoo_goldens.py [--models a,b] [--check]
 (--check recomputes everything and verifies the stored files bit for bit instead of writing.)
@@ -50,8 +51,13 @@ from reference_models import (
 
 F32, F64, I32 = np.float32, np.float64, np.int32
 TOL = 3e-3
+# Per element, beside diff1/diff2 (which let a few wrong elements of a large output through):
+# max |a-b| <= MAX_REL * max|golden|. Measured (run_zoo.py, CPU and emulated MLU, 2026-05):
+# at most 7.2e-7 (centerpoint reg), 6.9e-8 to 7.2e-7 over the 16 float outputs; 2e-5 is
+# 28x the worst.
+MAX_REL = 2e-5
 EXACT = {"class": "exact"}
-ACC = {"class": "accumulating", "diff1": TOL, "diff2": TOL}
+ACC = {"class": "accumulating", "diff1": TOL, "diff2": TOL, "max_rel": MAX_REL}
 
 
 def load_weights(name: str) -> dict[str, np.ndarray]:
@@ -372,7 +378,8 @@ def main():
         "models/make_zoo_goldens.py and read by models/run_zoo.py. exact: bit-identical "
         "(integer outputs and float outputs the graph computes exactly); accumulating: "
         "diff1 = sum|a-b|/sum|b| and diff2 = sqrt(sum (a-b)^2 / sum b^2) against the float64 "
-        "numpy golden, each <= its bound."
+        "numpy golden, each <= its bound, and per element max |a-b| <= max_rel * max|golden| "
+        "(set from the measured errors with a margin: models/make_zoo_goldens.py, MAX_REL)."
     )
     spec["models"] = dict(old_models)
     stale = []

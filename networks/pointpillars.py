@@ -151,6 +151,14 @@ class PillarGradient(nn.Module):
         return grad_pre.t() @ features
 
 
+#: The weight gradient is one float32 product over every in-range point (27,588 at the ci
+#: scale) of terms up to hundreds that cancel, summed in another order by torch's autograd:
+#: measured max |a-b| = 1.9e-4 x max|peer| at the ci scale (2026-05), against <= 1.8e-6 for
+#: every other float output of the networks. Per element 2e-3 (10x); diff1/diff2 as the
+#: contract's.
+GRAD_PFN_WEIGHT_TOL = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3, "max_rel": 2e-3}
+
+
 def case(scale: str, seed: int) -> Case:
     rng = np.random.default_rng(seed)
     xyz = scan_points(rng, sweeps=1)
@@ -189,6 +197,6 @@ def case(scale: str, seed: int) -> Case:
         [
             Graph("forward", fwd, {"points": points}, peer_forward, "torch (dynamic_scatter as torch.unique + scatter_reduce)"),
             Graph("gradient", grad_model, {"points": points, "grad_canvas": grad_canvas}, peer_gradient,
-                  "torch autograd"),
+                  "torch autograd", tolerances={"grad_pfn_weight": GRAD_PFN_WEIGHT_TOL}),
         ],
     )

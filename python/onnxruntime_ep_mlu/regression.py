@@ -18,9 +18,11 @@ Frames come from one of two sources:
   when present (``--write-frames`` writes it), else the zoo's model of that name (``--zoo``,
   default the zoo packaged with this module, :func:`onnxruntime_ep_mlu.zoo`); tolerances
   are ``<dir>/<model>/tolerances.json`` (``{"<output>": {"class": "exact"} |
-  {"class": "accumulating", "diff1": .., "diff2": ..}}``; ``--write-frames`` writes it too)
-  when present, else the zoo's, else exact for integer outputs and the accumulating class
-  (3e-3) for float outputs. Any other key in a frame is an error.
+  {"class": "accumulating", "diff1": .., "diff2": .., "max_rel": ..}}``, max_rel the
+  per-element bound max |a-b| <= max_rel * max|reference|, :data:`DEFAULT_FLOAT`'s when
+  absent; ``--write-frames`` writes it too) when present, else the zoo's, else exact for
+  integer outputs and :data:`DEFAULT_FLOAT` for float outputs. Any other key in a frame is
+  an error.
 - generated from the zoo's inputs with a seed (``--generate N``): frame 0 of each model is
   the zoo's own frame with its independent numpy goldens; frames 1..N-1 are perturbations
   that keep the inputs valid for the model (see :data:`GENERATORS`), whose golden is the
@@ -86,6 +88,7 @@ __all__ = [
     "GENERATORS",
     "FrameChecker",
     "compare",
+    "elementwise_errors",
     "dataset_frames",
     "generated_frames",
     "load_dataset_models",
@@ -98,8 +101,13 @@ __all__ = [
 ]
 
 #: The accumulating class of the operator contract (diff1, diff2 <= 3e-3), the default
-#: tolerance of float outputs without one.
-DEFAULT_FLOAT = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3}
+#: tolerance of float outputs without one, with a per-element bound beside it (whole-tensor
+#: diff1/diff2 let a few wrong elements of a large output through): max |a-b| <= max_rel *
+#: max|reference|. max_rel 3e-5 is 17x the worst measured where it applies (networks/run.py
+#: --scale ci against the peers, 2026-05: 1.8e-6, PointPillars' cls_score; every other float
+#: output <= 6.2e-7; the one exception has its own level, networks/pointpillars.py). A
+#: tolerance without max_rel (an older tolerances.json) takes this one.
+DEFAULT_FLOAT = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3, "max_rel": 3e-5}
 EXACT = {"class": "exact"}
 PATHS = ("cpu", "mlu")
 RESULT_FIELDS = (
@@ -119,6 +127,31 @@ def accumulating_metrics(actual: np.ndarray, reference: np.ndarray) -> tuple[flo
     if den1 == 0:
         return (0.0, 0.0) if not np.any(err) and not np.any(np.isnan(a)) else (math.inf, math.inf)
     return float(np.abs(err).sum() / den1), float(math.sqrt((err * err).sum() / den2))
+
+
+def elementwise_errors(actual: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """(max_abs, max_rel): the largest |a-b| over the elements, and that over the reference's
+    scale max|b| (its largest finite magnitude), in float64. diff1 and diff2 dilute one wrong
+    element among millions; this bound does not. NaN and infinities must be in the same
+    places with the same values (else both inf); an all-zero reference admits only an exact
+    result (max_rel 0, else inf). The same function as tests/python/reference.py's."""
+    a = np.asarray(actual, dtype=np.float64).ravel()
+    b = np.asarray(reference, dtype=np.float64).ravel()
+    if a.size == 0:
+        return 0.0, 0.0
+    special = ~np.isfinite(a) | ~np.isfinite(b)
+    if np.any(special):
+        same = (a[special] == b[special]) | (np.isnan(a[special]) & np.isnan(b[special]))
+        if not same.all():
+            return math.inf, math.inf
+        a, b = a[~special], b[~special]
+        if a.size == 0:
+            return 0.0, 0.0
+    max_abs = float(np.abs(a - b).max())
+    scale = float(np.abs(b).max())
+    if scale == 0:
+        return max_abs, (0.0 if max_abs == 0 else math.inf)
+    return max_abs, max_abs / scale
 
 
 def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[float, str]:
@@ -141,10 +174,14 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
         where = tuple(int(i) for i in np.unravel_index(int(np.argmin(same.ravel())), value.shape)) if value.ndim else ()
         return math.inf, f"{bad} of {value.size} differ (first at {list(where)}: {value[where]!s} vs {golden[where]!s})"
     d1, d2 = accumulating_metrics(value, golden)
-    ratio = max(d1 / tol["diff1"], d2 / tol["diff2"])
+    max_abs, max_rel = elementwise_errors(value, golden)
+    ratio = max(d1 / tol["diff1"], d2 / tol["diff2"], max_rel / tol.get("max_rel", DEFAULT_FLOAT["max_rel"]))
     if math.isnan(ratio):
         ratio = math.inf
-    return ratio, f"diff1 {d1:.1e} diff2 {d2:.1e} (<= {tol['diff1']:.0e})"
+    return ratio, (
+        f"diff1 {d1:.1e} diff2 {d2:.1e} (<= {tol['diff1']:.0e}), max abs {max_abs:.1e} = {max_rel:.1e} x scale "
+        f"(<= {tol.get('max_rel', DEFAULT_FLOAT['max_rel']):.0e})"
+    )
 
 
 # ============================================================================ generated frames

@@ -9,7 +9,8 @@ declared static, symbolic or mixed. Checks (docs/CONTRACT.md):
 - outcome per path: ok / error / crash / memory abort / hang;
 - an unmutated case on cpu agrees with the numpy reference (tests/python/reference*.py) in
   the output's accuracy class (§1.5);
-- cpu and mlu agree: both error, or both succeed with agreeing outputs;
+- cpu and mlu agree: both error with the same message, or both succeed with agreeing
+  outputs; one path alone running out of memory is a finding too;
 - an error raised by the library names `mluops.<Op> node '<node>'` (§1.2);
 - after a run-time error the session still runs the case's unmutated feeds correctly.
 
@@ -752,14 +753,14 @@ class Runner:
         if cpu["outcome"] != mlu["outcome"]:
             which = "mlu" if mlu["outcome"] == "error" else "cpu"
             msg = results[which]["msg"]
-            # Memory is a resource, not a rule: under the worker's cap a node can fit on one
-            # path and not on the other (on the emulated card every output is held twice,
-            # in card memory, which is host memory here, and in ONNX Runtime's host copy).
-            # A clean out-of-memory error there is counted, reported and not failing.
+            # Only one path ran out of memory: a finding (failing) of its own kind, so that a
+            # path that needs more memory than the other for the same node is seen. (The
+            # emulated card holds every output twice, in card memory, which is host memory
+            # here, and in ONNX Runtime's host copy; the fixed-seed runs have none.)
             kind = "oom" if OUT_OF_MEMORY.search(msg or "") else "disagree"
             return [(kind, f"only {which} fails: {msg}")], False
         if cpu["outcome"] != "ok":
-            return [], False
+            return self.compare_messages(cpu, mlu), False
         loose = overflow_prone(case) and "acc" in case.classes
         classes = ["loose" if loose and c == "acc" else c for c in case.classes]
         names = [o["name"] for o in SCHEMAS[case.op]["outputs"]]
@@ -769,6 +770,20 @@ class Runner:
             # The comparison itself does not fit under the worker's cap: not compared.
             return [], True
         return ([("disagree", f"mlu vs cpu: {why}")] if why else []), loose
+
+
+    @staticmethod
+    def compare_messages(cpu: dict, mlu: dict) -> list:
+        """Both paths failed: the same rule must give the same error, in the same phase, word
+        for word. Out of memory on both is the one exception: ONNX Runtime's host allocator
+        (std::bad_alloc) and the card's allocator word it differently, so both need only say
+        that memory ran out. Every both-failed case counts as `msgcmp` (see handle_lines)."""
+        findings = []
+        if cpu["phase"] != mlu["phase"]:
+            findings.append(("message", f"cpu fails at {cpu['phase']}, mlu at {mlu['phase']}: {cpu['msg']} | {mlu['msg']}"))
+        elif cpu["msg"] != mlu["msg"] and not (OUT_OF_MEMORY.search(cpu["msg"]) and OUT_OF_MEMORY.search(mlu["msg"])):
+            findings.append(("message", f"the messages differ: cpu {cpu['msg']!r} | mlu {mlu['msg']!r}"))
+        return findings
 
 
 def cap_address_space(gib: float) -> None:
@@ -800,7 +815,8 @@ def worker_main(args) -> None:
                 send({"path": path, "result": results[path]})
             send({"stage": "compare"})
             findings, loose = runner.cross_check(case, results, outputs) if len(results) == 2 else ([], False)
-            send({"done": findings, "loose": loose})
+            both_failed = len(results) == 2 and all(r["outcome"] == "error" for r in results.values())
+            send({"done": findings, "loose": loose, "msgcmp": both_failed})
         except Exception:
             send({"internal": traceback.format_exc()})
 
@@ -858,10 +874,10 @@ class Worker:
 
 
 COLUMNS = ["cases", "ok", "error", "crash", "hang", "memabort", "disagree", "unusable", "noname",
-           "unmutated", "rechecked", "loose", "on_mlu", "ort_noname", "oom"]
+           "unmutated", "rechecked", "loose", "on_mlu", "ort_noname", "oom", "msgcmp", "message"]
 # A clean error saying memory ran out (ours, ONNX Runtime's, numpy's).
 OUT_OF_MEMORY = re.compile(r"out of memory|bad_alloc|Unable to allocate|MemoryError", re.IGNORECASE)
-FAILING = {"crash", "hang", "memabort", "disagree", "unusable", "noname", "internal"}
+FAILING = {"crash", "hang", "memabort", "disagree", "unusable", "noname", "internal", "oom", "message"}
 
 
 class Fuzz:
@@ -933,6 +949,7 @@ class Fuzz:
                 self.record_path(t["op"], t["k"], msg["path"], msg["result"])
             elif "done" in msg:
                 self.stats[(t["op"], "mlu")]["loose"] += msg["loose"]
+                self.stats[(t["op"], "mlu")]["msgcmp"] += msg["msgcmp"]
                 for kind, detail in msg["done"]:
                     self.finding(kind, t["op"], t["k"], "mlu", detail)
                 return True

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from reference import accumulating_metrics
+from reference import accumulating_metrics, elementwise_errors
 
 REPO = Path(__file__).resolve().parents[2]
 CASES_FILE = REPO / "tests" / "cases" / "errors.json"
@@ -193,10 +193,24 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 # ----------------------------------------------------------------------------- accuracy
-def assert_accumulating(actual, reference, what: str, tol: float = 3e-3):
+#: The per-element bound beside diff1/diff2: max |a-b| <= MAX_REL[dtype] * max|reference|.
+#: Measured over every assert_accumulating of test_ops, test_ep, test_concurrency and
+#: test_export (1,096 comparisons, 2026-05): at most 7.6e-7 in float32 (ThreeInterpolateBackward
+#: against float64), 2.9e-4 in float16 (its epsilon is 9.8e-4); the bounds are 40x and 10x those.
+MAX_REL = {"float16": 3e-3, "float32": 3e-5, "float64": 3e-5}
+
+
+def assert_accumulating(actual, reference, what: str, tol: float = 3e-3, max_rel: float | None = None):
+    """The contract's accumulating class (diff1, diff2 <= tol) and, because those whole-tensor
+    metrics dilute one wrong element among many, a per-element bound: max |a-b| <= max_rel *
+    max|reference| (default MAX_REL of the actual's dtype)."""
     d1, d2 = accumulating_metrics(actual, reference)
     # NaN metrics fail these comparisons too.
     assert d1 <= tol and d2 <= tol, f"{what}: diff1 = {d1:.3g}, diff2 = {d2:.3g} (limit {tol})"
+    if max_rel is None:
+        max_rel = MAX_REL[np.asarray(actual).dtype.name]
+    ea, er = elementwise_errors(actual, reference)
+    assert er <= max_rel, f"{what}: max |a-b| = {ea:.3g} = {er:.3g} x max|reference| (limit {max_rel:g})"
 
 
 # ----------------------------------------------------------------------------- fixtures

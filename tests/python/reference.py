@@ -1,6 +1,6 @@
 """Independent numpy references of the five mluops operators, written from docs/CONTRACT.md
 (no code shared with the Rust kernels), with the input generators the tests use and the
-contract's accumulating-class metric. Used by the session tests (test_ops.py) and by
+contract's accumulating-class metric and the per-element bound beside it. Used by the session tests (test_ops.py) and by
 models/make_demo_data.py to compute the demo model's goldens."""
 
 from __future__ import annotations
@@ -24,6 +24,32 @@ def accumulating_metrics(actual: np.ndarray, reference: np.ndarray) -> tuple[flo
     if den1 == 0:
         return (0.0, 0.0) if not np.any(err) and not np.any(np.isnan(a)) else (math.inf, math.inf)
     return float(np.abs(err).sum() / den1), float(math.sqrt((err * err).sum() / den2))
+
+
+def elementwise_errors(actual: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """(max_abs, max_rel): the largest |a-b| over the elements, and that over the reference's
+    scale max|b| (its largest finite magnitude), in float64. Whole-tensor diff1/diff2 dilute
+    one wrong element among millions; this bound does not. NaN and infinities must be in the
+    same places with the same values (else both are inf); an all-zero reference admits only
+    an exact result (max_rel 0, else inf)."""
+    a = np.asarray(actual, dtype=np.float64).ravel()
+    b = np.asarray(reference, dtype=np.float64).ravel()
+    assert a.shape == b.shape
+    if a.size == 0:
+        return 0.0, 0.0
+    special = ~np.isfinite(a) | ~np.isfinite(b)
+    if np.any(special):
+        same = (a[special] == b[special]) | (np.isnan(a[special]) & np.isnan(b[special]))
+        if not same.all():
+            return math.inf, math.inf
+        a, b = a[~special], b[~special]
+        if a.size == 0:
+            return 0.0, 0.0
+    max_abs = float(np.abs(a - b).max())
+    scale = float(np.abs(b).max())
+    if scale == 0:
+        return max_abs, (0.0 if max_abs == 0 else math.inf)
+    return max_abs, max_abs / scale
 
 
 def dsb_reference(gvf, feats, vf, p2v, count, mode):
