@@ -134,7 +134,7 @@ def elementwise_errors(actual: np.ndarray, reference: np.ndarray) -> tuple[float
     scale max|b| (its largest finite magnitude), in float64. diff1 and diff2 dilute one wrong
     element among millions; this bound does not. NaN and infinities must be in the same
     places with the same values (else both inf); an all-zero reference admits only an exact
-    result (max_rel 0, else inf). The same function as tests/python/reference.py's."""
+    result (max_rel 0, else inf)."""
     a = np.asarray(actual, dtype=np.float64).ravel()
     b = np.asarray(reference, dtype=np.float64).ravel()
     if a.size == 0:
