@@ -15,6 +15,9 @@ echo "== build (release library for the Python tests)"
 cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
 echo "== cargo test (unit, integration, ort sessions, property tests)"
+# tests/mluops_backend.rs loads the emulated libmluops of the same profile; `cargo test`
+# builds examples under hashed names only, so the plain name is built here.
+cargo build --example mluops_emulated
 cargo test --all-targets
 echo "== BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (2 above)"
 # (The emulator's self-tests launch 8 tasks: they need 2 clusters or more.)

@@ -1,5 +1,5 @@
 //! The MLU-OPS backend end to end on the emulated card, against the emulated libmluops
-//! (mluops_emulated/, built by `cargo test` as an example): version check, handles,
+//! (mluops_emulated/, built by `cargo build --example mluops_emulated`, as scripts/test.sh does): version check, handles,
 //! descriptors, workspace queries, calls, num_act_out, status mapping, declines to the next
 //! path and to the CPU, and the value checks gating every call. No MLU hardware and no
 //! Cambricon library run these tests.
@@ -20,7 +20,7 @@ fn emulated_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     let profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
     let lib = profile.join("examples/libmluops_emulated.so");
-    assert!(lib.exists(), "{} is missing: `cargo test` builds the example mluops_emulated", lib.display());
+    assert!(lib.exists(), "{} is missing: build it with `cargo build --example mluops_emulated` (scripts/test.sh does)", lib.display());
     lib
 }
 
