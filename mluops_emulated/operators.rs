@@ -148,6 +148,49 @@ pub unsafe extern "C" fn mluOpThreeInterpolateBackward(
     })
 }
 
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mluOpThreeInterpolateForward(
+    h: *mut c_void,
+    features_desc: *mut c_void,
+    features: *const c_void,
+    indices_desc: *mut c_void,
+    indices: *const c_void,
+    weights_desc: *mut c_void,
+    weights: *const c_void,
+    output_desc: *mut c_void,
+    output: *mut c_void,
+) -> Status {
+    guarded("mluOpThreeInterpolateForward", || {
+        let _h = handle(h)?;
+        let f = desc(features_desc, "features")?;
+        require(f.dims.len() == 3, BAD_PARAM, || "features: [B, C, M]".into())?;
+        require(f.layout == LAYOUT_ARRAY, BAD_PARAM, || "features: ARRAY layout".into())?;
+        require(matches!(f.dtype, DTYPE_FLOAT | DTYPE_HALF), BAD_PARAM, || "features: half or float".into())?;
+        let (b, c, m) = (f.dims[0], f.dims[1], f.dims[2]);
+        let i = desc(indices_desc, "indices")?;
+        require(i.dims.len() == 3 && i.dims[0] == b && i.dims[2] == 3, BAD_PARAM, || "indices: int32 [B, N, 3]".into())?;
+        let n = i.dims[1];
+        expect(i, "indices", DTYPE_INT32, &[b, n, 3])?;
+        expect(desc(weights_desc, "weights")?, "weights", f.dtype, &[b, n, 3])?;
+        expect(desc(output_desc, "output")?, "output", f.dtype, &[b, c, n])?;
+        for d in [f, i] {
+            require(d.numel() < 1 << 31, NOT_SUPPORTED, || format!("{} elements (2^31 or more)", d.numel()))?;
+        }
+        require(b * c * n * 3 < 1 << 31, NOT_SUPPORTED, || "output or weights of 2^31 elements or more".into())?;
+        // Zero elements in indices, weights or output: BAD_PARAM (three_interpolate.cpp:339-344
+        // at v1.4.0; the caller skips the call); M == 0 alone: success, nothing written.
+        require(b * c * n > 0, BAD_PARAM, || "zero elements in indices, weights or output".into())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let inputs = [tensor(f, features, "features")?, tensor(i, indices, "indices")?,
+            tensor(desc(weights_desc, "")?, weights, "weights")?];
+        let refs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();
+        let out = compute::<three_interpolate::ThreeInterpolate>(attrs(Vec::new()), &refs)?;
+        store(&out[0], output, "output")
+    })
+}
+
 fn sparse<'a>(d: *mut c_void) -> Result<&'a mut SparseConv, Status> {
     require(!d.is_null(), BAD_PARAM, || "sparse_conv_desc is null".into())?;
     // SAFETY: made by mluOpCreateSparseConvolutionDescriptor; used by one call at a time.
@@ -399,5 +442,93 @@ pub unsafe extern "C" fn mluOpPsRoiPoolBackward(
             &[Some(&inputs[0]), Some(&inputs[1]), Some(&inputs[2]), Some(&inputs[3])],
         )?;
         store(&result[0], bottom, "bottom_grad")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mluOpPsRoiPoolForward(
+    h: *mut c_void,
+    pooled_height: c_int,
+    pooled_width: c_int,
+    spatial_scale: f32,
+    group_size: c_int,
+    output_dim: c_int,
+    input_desc: *mut c_void,
+    input: *const c_void,
+    rois_desc: *mut c_void,
+    rois: *const c_void,
+    output_desc: *mut c_void,
+    output: *mut c_void,
+    mapping_desc: *mut c_void,
+    mapping: *mut c_void,
+) -> Status {
+    guarded("mluOpPsRoiPoolForward", || {
+        let _h = handle(h)?;
+        let i = desc(input_desc, "input")?;
+        let rd = desc(rois_desc, "rois")?;
+        let o = desc(output_desc, "output")?;
+        let m = desc(mapping_desc, "mapping_channel")?;
+        require(i.dims.len() == 4 && rd.dims.len() == 2 && o.dims.len() == 4 && m.dims.len() == 4, BAD_PARAM, || "ranks 4, 2, 4, 4".into())?;
+        require(i.dtype == DTYPE_FLOAT && rd.dtype == DTYPE_FLOAT && o.dtype == DTYPE_FLOAT && m.dtype == DTYPE_INT32, BAD_PARAM, || {
+            "float input, rois, output; int32 mapping_channel".into()
+        })?;
+        require(i.layout == LAYOUT_NHWC && o.layout == LAYOUT_NHWC && m.layout == LAYOUT_NHWC, BAD_PARAM, || {
+            "input, output and mapping_channel: NHWC layout".into()
+        })?;
+        let (r, p) = (o.dims[0], o.dims[1]);
+        require(pooled_height as usize == p && pooled_width as usize == o.dims[2] && output_dim as usize == o.dims[3], BAD_PARAM, || {
+            "pooled sizes and output_dim must match output".into()
+        })?;
+        require(group_size as usize == p && o.dims[1] == o.dims[2], BAD_PARAM, || "group_size == pooled_height == pooled_width".into())?;
+        require(group_size >= 1 && output_dim >= 1 && spatial_scale > 0.0, BAD_PARAM, || {
+            "group_size >= 1, output_dim >= 1, spatial_scale > 0".into()
+        })?;
+        require(rd.dims[1] == 5 && rd.dims[0] == r && m.dims == o.dims, BAD_PARAM, || "rois [R, 5], mapping_channel shaped as output".into())?;
+        require(i.dims[3] == p * p * output_dim as usize, BAD_PARAM, || "input channels != output_dim * group_size^2".into())?;
+        for d in [i, rd, o, m] {
+            require(d.numel() * 4 < 1 << 31, NOT_SUPPORTED, || format!("{} bytes (2^31 or more)", d.numel() * 4))?;
+        }
+        // An empty input is success with nothing written; no rois is BAD_PARAM
+        // (psroipool.cpp:132-139 at v1.4.0).
+        if i.numel() == 0 {
+            return Ok(());
+        }
+        require(r > 0, BAD_PARAM, || "rois has zero elements".into())?;
+        let mut roi_rows: Vec<f32> = read(rois, r * 5, "rois")?;
+        let batches = i.dims[0];
+        for roi in roi_rows.chunks_exact_mut(5) {
+            for v in &mut roi[1..] {
+                *v = v.floor();
+            }
+            // The vendor's forward kernel returns from its roi loop at a batch id outside
+            // [0, batches) (psroipool_block.mlu:82-84 at v1.4.0): that core's remaining
+            // rois are never written. Undefined there, a failed call here.
+            let b = roi[0];
+            require(b.is_finite() && b.trunc() >= 0.0 && (b.trunc() as usize) < batches, EXECUTION_FAILED, || {
+                format!("roi {roi:?}: batch id outside [0, {batches}) stops the vendor kernel's remaining rois")
+            })?;
+            require(roi[1..].iter().all(|v| v.abs() < INT_EDGE), EXECUTION_FAILED, || {
+                format!("roi {roi:?}: a coordinate outside the int range (undefined in the vendor kernel)")
+            })?;
+            let (start_w, start_h) = (roi[1] * spatial_scale, roi[2] * spatial_scale);
+            let bin_w = ((roi[3] + 1.0) * spatial_scale - start_w).max(0.1) / pooled_width as f32;
+            let bin_h = ((roi[4] + 1.0) * spatial_scale - start_h).max(0.1) / pooled_height as f32;
+            let edges = [start_w, start_h, start_w + pooled_width as f32 * bin_w, start_h + pooled_height as f32 * bin_h];
+            require(edges.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
+                format!("roi {roi:?}: a bin edge outside the int range (undefined in the vendor kernel)")
+            })?;
+        }
+        let inputs = [tensor(i, input, "input")?, Tensor { shape: vec![r, 5], data: OwnedData::F32(roi_rows) }];
+        let result = compute::<psroipool::PsRoiPool>(
+            attrs(vec![
+                ("pooled_height", AttrValue::Int(i64::from(pooled_height))),
+                ("pooled_width", AttrValue::Int(i64::from(pooled_width))),
+                ("spatial_scale", AttrValue::Float(spatial_scale)),
+                ("output_dim", AttrValue::Int(i64::from(output_dim))),
+            ]),
+            &[Some(&inputs[0]), Some(&inputs[1])],
+        )?;
+        store(&result[0], output, "output")?;
+        store(&result[1], mapping, "mapping_channel")
     })
 }

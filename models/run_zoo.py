@@ -8,9 +8,9 @@ model and provider is printed: nodes on the MLU / nodes ORT assigned (from the s
 assignment record; the model's own node count in parentheses, ORT fuses or folds some), the
 worst output against its tolerance, and the run time.
 
-The EP declines the nodes it has no MLU kernel for (the forward partners DynamicScatter,
-IndiceConv, ThreeInterpolate, PsRoiPool; DynamicScatterBackward mean/sum; GetIndicePairs
-transpose): they run on ONNX Runtime's CPU provider inside the EP session, and the table
+The EP declines the nodes no card backend of it runs (the forward partners DynamicScatter
+and IndiceConv; ThreeInterpolate and PsRoiPool too without an MLU-OPS library;
+DynamicScatterBackward mean/sum; GetIndicePairs transpose): they run on ONNX Runtime's CPU provider inside the EP session, and the table
 lists them.
 
 Usage: python models/run_zoo.py [path/to/libonnxruntime_ep_mlu.so] [--models bevdepth,...]

@@ -15,9 +15,9 @@ import onnxruntime_ep_mlu as mlu
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import compare as compare_output
 
-#: The op types the MLUExecutionProvider has kernels for: the nodes a network must place on
-#: the card (the forward partners DynamicScatter, IndiceConv, ThreeInterpolate and PsRoiPool
-#: run on ONNX Runtime's CPU provider inside the EP session).
+#: The op types every card backend of the MLUExecutionProvider runs: the nodes a network must
+#: place on the card (the forward partners run on ONNX Runtime's CPU provider inside the EP
+#: session, except ThreeInterpolate and PsRoiPool on the MLU-OPS backend).
 MLU_OPS = frozenset(
     {"DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"}
 )

@@ -79,6 +79,7 @@ fn runs_on(op: &str, attrs: &[(&str, AttrValue)], order: &'static [Backend], inp
         assert_eq!(g.shape, r.shape, "{op} output {i} shape");
         let same = match (&g.data, &r.data) {
             (OwnedData::F32(a), OwnedData::F32(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (OwnedData::F16(a), OwnedData::F16(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
             (OwnedData::I32(a), OwnedData::I32(b)) => a == b,
             _ => false,
         };
@@ -297,4 +298,64 @@ fn psroipool_backward_bin_edges_or_coordinates_beyond_int_go_to_the_next_path() 
     // library converts the coordinate itself to int).
     let far_end = psroi_inputs(vec![1.0, 2.0, 3.0, -3.0e38, 5.0]);
     runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&far_end), Ran::Host("int range".into()));
+}
+
+#[test]
+fn three_interpolate_forward_runs_on_mluops_only_and_float16_declines() {
+    let (b, c, n, m) = (2, 5, 40, 17);
+    let idx: Vec<i32> = (0..b * n * 3).map(|i| ((i * 5) % m) as i32).collect();
+    let inputs = [f32s(&[b, c, m], 7), i32s(&[b, n, 3], idx.clone()), f32s(&[b, n, 3], 8)];
+    runs_on("ThreeInterpolate", &[], MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    runs_on("ThreeInterpolate", &[], AUTO, &refs(&inputs), Ran::Card(Backend::MluOps));
+    let half = |t: &Tensor| {
+        let OwnedData::F32(v) = &t.data else { unreachable!() };
+        Tensor { shape: t.shape.clone(), data: OwnedData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()) }
+    };
+    let h = [half(&inputs[0]), inputs[1].clone(), half(&inputs[2])];
+    runs_on("ThreeInterpolate", &[], AUTO, &refs(&h), Ran::Host("float16".into()));
+    // No BANG kernel: a provider of our kernels alone declines the node at placement.
+    let why = node("ThreeInterpolate", &[], &[Backend::Bang]).static_choice(&device().info, None).expect_err("declined");
+    assert!(why.contains("no card backend of this provider has kernels for it"), "{why}");
+    // An index outside [0, M): the contract's error, from the check before the library.
+    let mut bad = idx;
+    bad[100] = m as i32;
+    let bad_inputs = [inputs[0].clone(), i32s(&[b, n, 3], bad), inputs[2].clone()];
+    let err = run_node_on_device(&device(), &node("ThreeInterpolate", &[], MLUOPS), &refs(&bad_inputs)).expect_err("index M");
+    let want = cpu("ThreeInterpolate", &[], &refs(&bad_inputs)).expect_err("CPU rejects");
+    assert_eq!(err.to_string(), want.to_string(), "the same contract error on both paths");
+}
+
+fn psroi_forward_inputs(batches: usize, rois: Vec<f32>) -> Vec<Tensor> {
+    let r = rois.len() / 5;
+    vec![f32s(&[batches, 12, 10, 18], 9), Tensor { shape: vec![r, 5], data: OwnedData::F32(rois) }]
+}
+
+#[test]
+fn psroipool_forward_rois_that_give_nothing_become_empty_rois_not_a_skipped_batch() {
+    // Non-finite rois first and in the middle: the vendor's forward kernel stops a core's
+    // remaining rois at an out-of-range batch (the emulated library fails the call), so
+    // they must reach it as rois with empty bins. Half-integer coordinates test rounding.
+    let rois = vec![
+        0.0, f32::NAN, 1.0, 2.0, 3.0, //
+        0.0, 1.5, 2.5, 9.5, 7.5, //
+        1.0, 0.0, 0.0, f32::INFINITY, 4.0, //
+        1.0, -0.5, 0.4, 3.6, 11.5, //
+        1.9, 2.5, 1.5, 2.5, 1.5,
+    ];
+    for scale in [0.5f32, 0.01, 3.0] {
+        let mut attrs = psroi_attrs();
+        attrs[2] = ("spatial_scale", AttrValue::Float(scale));
+        runs_on("PsRoiPool", &attrs, MLUOPS, &refs(&psroi_forward_inputs(2, rois.clone())), Ran::Card(Backend::MluOps));
+    }
+    // An empty map with rois: the library writes nothing, the contract fills mapping_channel.
+    let empty = psroi_forward_inputs(0, vec![f32::NAN, 0.0, 0.0, 1.0, 1.0]);
+    runs_on("PsRoiPool", &psroi_attrs(), MLUOPS, &refs(&empty), Ran::Host("empty input map".into()));
+    // A finite roi on a batch outside [0, batches): the contract's error, before the library.
+    let bad = psroi_forward_inputs(2, vec![2.0, 1.0, 1.0, 3.0, 3.0]);
+    let err = run_node_on_device(&device(), &node("PsRoiPool", &psroi_attrs(), MLUOPS), &refs(&bad)).expect_err("batch 2");
+    let want = cpu("PsRoiPool", &psroi_attrs(), &refs(&bad)).expect_err("CPU rejects");
+    assert_eq!(err.to_string(), want.to_string(), "the same contract error on both paths");
+    // Coordinates beyond the int range the library converts to: no card path, the CPU.
+    let far = psroi_forward_inputs(2, vec![0.0, 1.0e12, 2.0, 1.0e12 + 4096.0, 7.0]);
+    runs_on("PsRoiPool", &psroi_attrs(), AUTO, &refs(&far), Ran::Host("int range".into()));
 }

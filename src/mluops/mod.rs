@@ -223,6 +223,8 @@ functions! {
     mluOpDynamicPointToVoxelBackward(HandlePtr, ReduceMode, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
         TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr,
         *const c_void, *mut c_void, usize, TensorDescPtr, *mut c_void) -> Status;
+    mluOpThreeInterpolateForward(HandlePtr, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
+        TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void) -> Status;
     mluOpThreeInterpolateBackward(HandlePtr, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void,
         TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void) -> Status;
     mluOpGetIndicePairsWorkspaceSize(HandlePtr, SparseConvDescPtr, TensorDescPtr, TensorDescPtr, TensorDescPtr,
@@ -231,6 +233,8 @@ functions! {
         TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
     mluOpVoxelPoolingForward(HandlePtr, c_int, c_int, c_int, c_int, c_int, c_int, TensorDescPtr, *const c_void,
         TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
+    mluOpPsRoiPoolForward(HandlePtr, c_int, c_int, f32, c_int, c_int, TensorDescPtr, *const c_void, TensorDescPtr,
+        *const c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
     mluOpPsRoiPoolBackward(HandlePtr, c_int, c_int, f32, c_int, TensorDescPtr, *const c_void, TensorDescPtr,
         *const c_void, TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void) -> Status;
 }

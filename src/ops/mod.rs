@@ -104,7 +104,7 @@ macro_rules! cpu_only {
 }
 
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
-/// partners the models need (CPU kernels only).
+/// partners the models need (two of them on MLU-OPS: docs/MLUOPS_BINDING.md §4).
 pub const ALL: &[OpEntry] = &[
     card!(dynamic_scatter::DynamicScatterBackward, [mluops, bang]),
     card!(three_interpolate::ThreeInterpolateBackward, [mluops, bang]),
@@ -113,8 +113,8 @@ pub const ALL: &[OpEntry] = &[
     card!(psroipool::PsRoiPoolBackward, [mluops, bang]),
     cpu_only!(dynamic_scatter::DynamicScatter),
     cpu_only!(sparse_conv::IndiceConv),
-    cpu_only!(three_interpolate::ThreeInterpolate),
-    cpu_only!(psroipool::PsRoiPool),
+    card!(three_interpolate::ThreeInterpolate, [mluops]),
+    card!(psroipool::PsRoiPool, [mluops]),
 ];
 
 pub fn entry(name: &str) -> Option<&'static OpEntry> {

@@ -13,7 +13,7 @@
 
 
 use crate::error::{Error, Result};
-use crate::ops::rules::{self, Broken, Check, RowValues, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -98,16 +98,6 @@ impl PsRoiPoolBackward {
         roi.iter().all(|v| v.is_finite()).then(|| roi[0].trunc())
     }
 
-    /// Every roi with finite values must name a batch in [0, batches) (input `index`):
-    /// the batch value rule, for PsRoiPool's plan.
-    pub(super) fn check_batches(inputs: &Inputs<'_>, index: usize, rois: &[f32], batches: usize) -> Result<()> {
-        let (above, below) = batch_bounds(batches);
-        match rules::first_broken_float(rois, 5, 0, above, below) {
-            None => Ok(()),
-            Some(row) => Err(batch_error(inputs, index, row, &rois[row * 5..row * 5 + 5], batches)),
-        }
-    }
-
     /// Row and column spans of every bin of one roi, or `None` when the roi contributes
     /// nothing (non-finite start or bin size). Float32, each operation rounded (Rust never
     /// fuses), floor/ceil, then clamped to the map before conversion.
@@ -188,7 +178,7 @@ fn ceil_clamped(v: f32, limit: usize) -> usize {
 
 /// The batch rule on `rois` (input `index`, [R, 5]): a truncated batch id in [0, batches)
 /// in every roi whose five values are finite.
-fn batch_rule(index: usize, batches: usize) -> ValueRule {
+pub(super) fn batch_rule(index: usize, batches: usize) -> ValueRule {
     let (above, below) = batch_bounds(batches);
     ValueRule { input: index, check: Check::GuardedFloat { cols: 5, col: 0, above, below } }
 }
@@ -200,7 +190,7 @@ fn batch_bounds(batches: usize) -> (f32, f32) {
     if batches == 0 { (-1.0, -1.0) } else { (-1.0, Check::float_below(batches)) }
 }
 
-fn batch_error(inputs: &Inputs<'_>, index: usize, k: usize, roi: &[f32], batches: usize) -> Error {
+pub(super) fn batch_error(inputs: &Inputs<'_>, index: usize, k: usize, roi: &[f32], batches: usize) -> Error {
     let id = roi.first().copied().unwrap_or(f32::NAN);
     inputs.error(index, format!("roi {k}: batch_id {id} (truncated {}) outside [0, {batches})", id.trunc()))
 }

@@ -10,10 +10,11 @@
 //! each; when the rois read more of those lines than re-laying the input costs, each pixel's
 //! channels are first re-laid in bin order ([ph*pw][od], a bin's channels contiguous) in a
 //! scratch copy. The sums and their order are the same either way, so is the result.
-//! No MLU kernel: the EP declines it.
+//! On the card: MLU-OPS only (mluops.rs).
 
 use crate::ops::Operator;
-use super::backward::{PsRoiPoolBackward, Span};
+use super::backward::{PsRoiPoolBackward, Span, batch_error, batch_rule};
+use crate::ops::rules::{Broken, Rules, RowValues, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut};
 use crate::schema::Attrs;
@@ -27,10 +28,11 @@ const GRAIN: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq)]
 pub struct PsRoiPool(pub PsRoiPoolBackward);
 
-/// Sizes validated by `plan`.
+/// Sizes validated by the shape rules.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
-    rois: usize,
+    pub(super) rois: usize,
+    pub(super) batches: usize,
     pub(super) height: usize,
     pub(super) width: usize,
 }
@@ -63,6 +65,51 @@ impl PsRoiPool {
     }
 }
 
+impl PsRoiPool {
+    /// output and mapping_channel, both [R, ph, pw, output_dim].
+    pub(super) fn output_specs(&self, plan: &Plan) -> [OutputSpec; 2] {
+        let d = &self.0;
+        let shape = [plan.rois, d.pooled, d.pooled, d.output_dim];
+        [OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)]
+    }
+}
+
+impl Rules for PsRoiPool {
+    type Dims = Plan;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Plan> {
+        let d = &self.0;
+        let input = inputs.shaped::<f32>(0, &[None, None, None, None], "[batches, height, width, channels]")?;
+        let [batches, height, width, channels] = input[..] else { unreachable!("rank checked") };
+        if channels != d.channels {
+            return Err(inputs.error(
+                0,
+                format!(
+                    "channels ({channels}) must equal pooled_height * pooled_width * output_dim = {} * {} * {} = {}",
+                    d.pooled, d.pooled, d.output_dim, d.channels
+                ),
+            ));
+        }
+        let r = inputs.shaped::<f32>(1, &[None, Some(5)], "[R, 5]")?[0];
+        let numel = r.checked_mul(d.channels).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
+        if numel.is_none() {
+            return Err(Error::output("output", format!("[R, ph, pw, output_dim] with R = {r} is too large")));
+        }
+        Ok(Plan { rois: r, batches, height, width })
+    }
+
+    fn value_rules(&self, plan: &Plan) -> Vec<ValueRule> {
+        vec![batch_rule(1, plan.batches)]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, plan: &Plan, broken: &Broken) -> Error {
+        match &broken.values {
+            RowValues::F32(roi) => batch_error(inputs, 1, broken.row, roi, plan.batches),
+            values => Error::Runtime(format!("PsRoiPool: value rule {} reported {values:?}", broken.rule)),
+        }
+    }
+}
+
 impl Operator for PsRoiPool {
     const NAME: &'static str = "PsRoiPool";
     const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool.json");
@@ -73,28 +120,9 @@ impl Operator for PsRoiPool {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
-        let d = &self.0;
-        let input = inputs.get_shaped::<f32>(0, &[None, None, None, None], "[batches, height, width, channels]")?;
-        let &[batches, height, width, channels] = input.shape else { unreachable!("rank checked") };
-        if channels != d.channels {
-            return Err(inputs.error(
-                0,
-                format!(
-                    "channels ({channels}) must equal pooled_height * pooled_width * output_dim = {} * {} * {} = {}",
-                    d.pooled, d.pooled, d.output_dim, d.channels
-                ),
-            ));
-        }
-        let rois = inputs.get_shaped::<f32>(1, &[None, Some(5)], "[R, 5]")?;
-        let r = rois.shape[0];
-        PsRoiPoolBackward::check_batches(inputs, 1, rois.data, batches)?;
-        let numel = r.checked_mul(d.channels).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
-        if numel.is_none() {
-            return Err(Error::output("output", format!("[R, ph, pw, output_dim] with R = {r} is too large")));
-        }
-        let shape = [r, d.pooled, d.pooled, d.output_dim];
-        let specs = vec![OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)];
-        Ok((specs, Plan { rois: r, height, width }))
+        let plan = self.shape_rules(inputs)?;
+        check_values(self, inputs, &plan)?;
+        Ok((self.output_specs(&plan).to_vec(), plan))
     }
 
     fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
@@ -103,7 +131,7 @@ impl Operator for PsRoiPool {
         let rois = inputs.get::<f32>(1)?.data;
         let out = outputs.take::<f32>(0)?;
         let mapping = outputs.take::<i32>(1)?;
-        let Plan { rois: r_count, height, width } = plan;
+        let Plan { rois: r_count, height, width, .. } = plan;
         let (p, od, channels) = (d.pooled, d.output_dim, d.channels);
         let per_roi = p * p * od;
         if out.len() != r_count * per_roi || mapping.len() != out.len() || rois.len() != r_count * 5 {

@@ -1,13 +1,17 @@
-//! PsRoiPoolBackward on Cambricon's MLU-OPS library (`mluOpPsRoiPoolBackward`). The library
-//! converts roi coordinates with a `_rd` intrinsic whose rounding is not confirmed (round
-//! down by its name, half away from zero in mlu-ops' own CPU reference), converts bin edges
-//! to int before clamping, and truncates non-finite batch ids (docs/MLUOPS_BINDING.md §3.7).
-//! So the rois go to the library as a card copy prepared on the host: coordinates rounded
-//! as the contract rounds (integers, which every rounding keeps), and the batch id -1 (a
-//! roi the library skips) for a roi the contract makes contribute nothing. A node with a
-//! bin edge beyond the int range goes to the next path.
+//! PsRoiPool and PsRoiPoolBackward on Cambricon's MLU-OPS library (`mluOpPsRoiPoolForward` /
+//! `Backward`). The library converts roi coordinates with a `_rd` intrinsic whose rounding is
+//! not confirmed (round down by its name, half away from zero in mlu-ops' own CPU reference),
+//! converts bin edges to int before clamping, and truncates non-finite batch ids
+//! (docs/MLUOPS_BINDING.md §3.7). So the rois go to the library as a card copy prepared on
+//! the host: coordinates rounded as the contract rounds (integers, which every rounding
+//! keeps), and a roi the contract makes contribute nothing replaced by one the library
+//! gives nothing for. The backward kernel skips a roi whose batch is out of range: batch -1.
+//! The forward kernel stops its core's remaining rois there (psroipool_block.mlu:82-84 at
+//! v1.4.0): a roi on batch 0 whose every bin is empty, which gives 0 and the channel map.
+//! A node with a bin edge beyond the int range goes to the next path.
 
 use super::backward::{PsRoiPlan, PsRoiPoolBackward};
+use super::forward::{Plan, PsRoiPool};
 use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
@@ -23,40 +27,112 @@ const EDGE_LIMIT: f32 = (1u32 << 30) as f32;
 /// The contract's least roi extent (R-FCN's 0.1).
 const MIN_ROI_EXTENT: f32 = 0.1;
 
+/// One roi as the library is to be given it.
+enum LibraryRoi {
+    /// Coordinates rounded as the contract rounds.
+    Rounded([f32; 5]),
+    /// The contract makes it contribute nothing (a non-finite value, start or bin size).
+    Nothing,
+    /// A coordinate or bin edge beyond the int range the library converts to.
+    BeyondInt,
+}
+
 impl PsRoiPoolBackward {
-    /// One roi as the library is given it: rounded coordinates, or batch -1 when the contract
-    /// makes it contribute nothing; `None` when a bin edge leaves the int range.
-    fn library_roi(&self, roi: &[f32]) -> Option<[f32; 5]> {
+    fn library_roi(&self, roi: &[f32]) -> LibraryRoi {
         let r = [roi[0], roi[1].round(), roi[2].round(), roi[3].round(), roi[4].round()];
+        let Some([start_w, start_h, bin_w, bin_h]) = self.library_bins(&r) else { return LibraryRoi::Nothing };
+        if !roi.iter().all(|v| v.is_finite()) {
+            return LibraryRoi::Nothing;
+        }
+        let far = |start: f32, bin: f32| start.abs().max((self.pooled as f32 * bin + start).abs());
+        let coordinates = r[1..].iter().all(|v| v.abs() < EDGE_LIMIT);
+        if coordinates && far(start_w, bin_w) < EDGE_LIMIT && far(start_h, bin_h) < EDGE_LIMIT {
+            LibraryRoi::Rounded(r)
+        } else {
+            LibraryRoi::BeyondInt
+        }
+    }
+
+    /// (start_w, start_h, bin_w, bin_h) of rounded roi `r` in the library's float32 order,
+    /// `None` when one is not finite.
+    fn library_bins(&self, r: &[f32; 5]) -> Option<[f32; 4]> {
         let scale = self.spatial_scale;
         let (start_w, start_h) = (r[1] * scale, r[2] * scale);
         let (end_w, end_h) = ((r[3] + 1.0) * scale, (r[4] + 1.0) * scale);
         let bin_w = (end_w - start_w).max(MIN_ROI_EXTENT) / self.pooled as f32;
         let bin_h = (end_h - start_h).max(MIN_ROI_EXTENT) / self.pooled as f32;
-        if !roi.iter().all(|v| v.is_finite()) || ![start_w, start_h, bin_w, bin_h].iter().all(|v| v.is_finite()) {
-            return Some([-1.0, 0.0, 0.0, 0.0, 0.0]);
-        }
-        let far = |start: f32, bin: f32| start.abs().max((self.pooled as f32 * bin + start).abs());
-        let coordinates = r[1..].iter().all(|v| v.abs() < EDGE_LIMIT);
-        (coordinates && far(start_w, bin_w) < EDGE_LIMIT && far(start_h, bin_h) < EDGE_LIMIT).then_some(r)
+        let bins = [start_w, start_h, bin_w, bin_h];
+        bins.iter().all(|v| v.is_finite()).then_some(bins)
     }
-}
 
-impl MluOpsOperator for PsRoiPoolBackward {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    /// A roi on batch 0 all of whose bins lie left of and above the map (every edge <= 0,
+    /// so clamped to 0: empty), with int-range edges; `None` when the scale allows none.
+    fn empty_roi(&self) -> Option<[f32; 5]> {
+        // -k * scale <= -(max(scale, 0.1) + margin): the last edge stays below 0.
+        let k = ((0.2 / f64::from(self.spatial_scale)).max(1.0).ceil() + 2.0) as f32;
+        let r = [0.0, -k, -k, -k, -k];
+        let [start_w, _, bin_w, _] = self.library_bins(&r)?;
+        let last = self.pooled as f32 * bin_w + start_w;
+        (last <= 0.0 && start_w.abs() < EDGE_LIMIT && k < EDGE_LIMIT).then_some(r)
+    }
+
+    /// The rois of input `index` prepared for the library in card scratch; `nothing` is the
+    /// replacement for a roi that contributes nothing (`None`: the node declines).
+    fn prepare_rois(
+        &self,
+        rois: usize,
+        index: usize,
+        nothing: Option<[f32; 5]>,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<*mut c_void> {
+        let mut host = scratch::filled(rois * 5, 0f32, "the host copy of rois")?;
+        // SAFETY: `host` holds R*5 floats; input `index` is the [R, 5] rois on the card.
+        unsafe { card.device.copy_raw(host.as_mut_ptr().cast(), card.input::<c_void>(index), rois * 20, Direction::DeviceToHost)? };
+        for row in host.chunks_exact_mut(5) {
+            let adapted = match self.library_roi(row) {
+                LibraryRoi::Rounded(r) => Some(r),
+                LibraryRoi::Nothing => nothing,
+                LibraryRoi::BeyondInt => None,
+            };
+            let adapted = adapted.ok_or_else(|| {
+                Error::MluLimit(format!("roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"))
+            })?;
+            row.copy_from_slice(&adapted);
+        }
+        let prepared = outputs.workspace(rois * 20)?;
+        // SAFETY: `prepared` holds R*5 floats of card memory; `host` as many on the host.
+        unsafe { card.device.copy_raw(prepared, host.as_ptr().cast(), rois * 20, Direction::HostToDevice)? };
+        Ok(prepared)
+    }
+
+    /// The library's int arguments.
+    fn int_arguments(&self) -> std::result::Result<(), String> {
         if self.pooled > i32::MAX as usize || self.output_dim > i32::MAX as usize {
             return Err("pooled sizes or output_dim beyond the library's int arguments".into());
         }
         Ok(())
     }
+}
+
+/// The library's tensors stay below 2^31 bytes: the map [batches, height, width, channels]
+/// and the pooled side [R, channels].
+fn byte_limits(batches: usize, height: usize, width: usize, channels: usize, rois: usize) -> std::result::Result<(), String> {
+    let map = [batches, height, width, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
+    let pooled = [rois, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
+    if map > MAX_BYTES || pooled > MAX_BYTES {
+        return Err("a tensor of 2^31 bytes or more: MLU-OPS's PsRoiPool takes less".into());
+    }
+    Ok(())
+}
+
+impl MluOpsOperator for PsRoiPoolBackward {
+    fn mluops_supported(&self) -> std::result::Result<(), String> {
+        self.int_arguments()
+    }
 
     fn mluops_fits(&self, plan: &PsRoiPlan) -> std::result::Result<(), String> {
-        let bottom = [plan.batches, plan.height, plan.width, self.channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
-        let top = [plan.rois, self.channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
-        if bottom > MAX_BYTES || top > MAX_BYTES {
-            return Err("a tensor of 2^31 bytes or more: MLU-OPS's PsRoiPool takes less".into());
-        }
-        Ok(())
+        byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
     }
 
     fn mluops_compute(&self, plan: &PsRoiPlan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
@@ -69,18 +145,7 @@ impl MluOpsOperator for PsRoiPoolBackward {
             return Ok(());
         }
         let r = plan.rois;
-        let mut rois = scratch::filled(r * 5, 0f32, "the host copy of rois")?;
-        // SAFETY: `rois` holds R*5 floats; input 1 is the [R, 5] rois on the card.
-        unsafe { card.device.copy_raw(rois.as_mut_ptr().cast(), card.input::<c_void>(1), r * 20, Direction::DeviceToHost)? };
-        for row in rois.chunks_exact_mut(5) {
-            let adapted = self.library_roi(row).ok_or_else(|| {
-                Error::MluLimit(format!("roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"))
-            })?;
-            row.copy_from_slice(&adapted);
-        }
-        let prepared = outputs.workspace(r * 20)?;
-        // SAFETY: `prepared` holds R*5 floats of card memory; `rois` as many on the host.
-        unsafe { card.device.copy_raw(prepared, rois.as_ptr().cast(), r * 20, Direction::HostToDevice)? };
+        let prepared = self.prepare_rois(r, 1, Some([-1.0, 0.0, 0.0, 0.0, 0.0]), card, outputs)?;
         let (p, o) = (self.pooled, self.output_dim);
         let top = lib.tensor(Layout::Nhwc, DType::Float, &[r, p, p, o])?;
         let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
@@ -96,6 +161,50 @@ impl MluOpsOperator for PsRoiPoolBackward {
                 )
             };
             lib.check("mluOpPsRoiPoolBackward", s)
+        })
+    }
+}
+
+impl MluOpsOperator for PsRoiPool {
+    fn mluops_supported(&self) -> std::result::Result<(), String> {
+        self.0.int_arguments()
+    }
+
+    fn mluops_fits(&self, plan: &Plan) -> std::result::Result<(), String> {
+        if plan.rois > 0 && plan.batches * plan.height * plan.width == 0 {
+            // psroipool.cpp:132-135 at v1.4.0: success with nothing written, where the
+            // contract fills mapping_channel.
+            return Err("an empty input map: the library writes no output".into());
+        }
+        byte_limits(plan.batches, plan.height, plan.width, self.0.channels, plan.rois)
+    }
+
+    fn mluops_compute(&self, plan: &Plan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let [spec, map_spec] = self.output_specs(plan);
+        let out = outputs.allocate(0, &spec)?;
+        let mapping = outputs.allocate(1, &map_spec)?;
+        // R = 0 (or output_dim 0) is BAD_PARAM there and empty outputs here.
+        if spec.numel() == 0 {
+            return Ok(());
+        }
+        let d = &self.0;
+        let r = plan.rois;
+        let prepared = d.prepare_rois(r, 1, d.empty_roi(), card, outputs)?;
+        let (p, o) = (d.pooled, d.output_dim);
+        let input = lib.tensor(Layout::Nhwc, DType::Float, &[plan.batches, plan.height, plan.width, d.channels])?;
+        let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
+        let out_d = lib.tensor(Layout::Nhwc, DType::Float, &[r, p, p, o])?;
+        let map_d = lib.tensor(Layout::Nhwc, DType::Int32, &[r, p, p, o])?;
+        lib.with_handle(card.queue, |h| {
+            // SAFETY: descriptors of the node's tensors; card memory of those sizes; the int
+            // arguments bounded by mluops_supported (group_size is pooled: R-FCN's bins).
+            let s = unsafe {
+                (lib.f.mluOpPsRoiPoolForward)(
+                    h, p as i32, p as i32, d.spatial_scale, p as i32, o as i32, input.ptr, card.input::<c_void>(0), rois_d.ptr,
+                    prepared.cast_const(), out_d.ptr, out, map_d.ptr, mapping,
+                )
+            };
+            lib.check("mluOpPsRoiPoolForward", s)
         })
     }
 }

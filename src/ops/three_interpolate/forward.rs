@@ -4,7 +4,7 @@
 //!
 //! Tasks own whole output rows (b, c): each reads its source row (M values, cache-resident)
 //! at random and writes its N outputs in order, so the op streams B*C*(M + N) values plus
-//! the batch's indices and weights once per row block. No MLU kernel: the EP declines it.
+//! the batch's indices and weights once per row block. On the card: MLU-OPS only (mluops.rs).
 
 use crate::ops::Operator;
 use super::Real;
@@ -46,17 +46,15 @@ impl ThreeInterpolate {
     }
 
     fn dims_of<T: Element>(inputs: &Inputs<'_>) -> Result<Dims> {
-        let f = inputs.get_shaped::<T>(FEATURES, &[None, None, None], "[B, C, M]")?;
-        let (b, c, m) = (f.shape[0], f.shape[1], f.shape[2]);
+        let &[b, c, m] = inputs.shaped::<T>(FEATURES, &[None, None, None], "[B, C, M]")? else { unreachable!("rank checked") };
         if let Some(w) = inputs.dtype(WEIGHTS).filter(|&w| w != T::DTYPE) {
             return Err(inputs.error(
                 WEIGHTS,
                 format!("dtype {} differs from features' {}: both must be the same T", w.onnx_name(), T::DTYPE.onnx_name()),
             ));
         }
-        let idx = inputs.get_shaped::<i32>(INDICES, &[Some(b), None, Some(3)], &format!("[B, N, 3] (B = {b} of features)"))?;
-        let n = idx.shape[1];
-        inputs.get_shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &format!("[B, N, 3] = [{b}, {n}, 3] (as indices)"))?;
+        let n = inputs.shaped::<i32>(INDICES, &[Some(b), None, Some(3)], &format!("[B, N, 3] (B = {b} of features)"))?[1];
+        inputs.shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &format!("[B, N, 3] = [{b}, {n}, 3] (as indices)"))?;
         let bytes = b.checked_mul(c).and_then(|x| x.checked_mul(n)).and_then(|x| x.checked_mul(T::DTYPE.size()));
         if bytes.is_none_or(|x| x > isize::MAX as usize) {
             return Err(Error::output("output", format!("[B, C, N] = [{b}, {c}, {n}] is too large")));
