@@ -229,6 +229,29 @@ def harness(mlu_lib) -> Harness:
     return Harness(mlu_lib)
 
 
+EP = "MLUExecutionProvider"
+
+
+@pytest.fixture(scope="session")
+def mlu_devices(mlu_lib: Path):
+    """Registers the library as an EP library once per process (the emulated card: the
+    factory reads MLU_EP_EMULATE when the library is registered)."""
+    os.environ["MLU_EP_EMULATE"] = "1"
+    ort.set_default_logger_severity(3)
+    if not any(d.ep_name == EP for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library(EP, str(mlu_lib))
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
+    assert devices, "the EP library registered but reports no device"
+    return devices
+
+
+def emulated_mluops(lib: Path) -> Path:
+    """The emulated libmluops built beside the library (`cargo build --example mluops_emulated`)."""
+    path = lib.parent / "examples" / "libmluops_emulated.so"
+    assert path.exists(), f"{path} is missing: build it with cargo build [--release] --example mluops_emulated"
+    return path
+
+
 def pytest_generate_tests(metafunc):
     """`error_case` / `valid_case` arguments run once per errors.json entry, with the case name as id."""
     for arg, kind in (("error_case", "error"), ("valid_case", "valid_edge")):

@@ -18,16 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, library_path
+from conftest import REPO, emulated_mluops, library_path
 
 ZOO = REPO / "models"
-
-
-def emulated_mluops(lib: Path) -> Path:
-    """The emulated libmluops built beside the library (`cargo build --example mluops_emulated`)."""
-    path = lib.parent / "examples" / "libmluops_emulated.so"
-    assert path.exists(), f"{path} is missing: build it with cargo build [--release] --example mluops_emulated"
-    return path
 
 
 SCRIPT = r"""

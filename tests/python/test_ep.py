@@ -28,18 +28,6 @@ DEMO = REPO / "models" / "mluops_demo.onnx"
 DEMO_DATA = REPO / "models" / "mluops_demo.npz"
 
 
-@pytest.fixture(scope="module")
-def mlu_devices(mlu_lib: Path):
-    """Registers the library as an EP library once per process (the emulated card)."""
-    os.environ["MLU_EP_EMULATE"] = "1"
-    ort.set_default_logger_severity(3)
-    if not any(d.ep_name == EP for d in ort.get_ep_devices()):
-        ort.register_execution_provider_library(EP, str(mlu_lib))
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
-    assert devices, "the EP library registered but reports no device"
-    return devices
-
-
 def options(lib: Path | None = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.log_severity_level = 3

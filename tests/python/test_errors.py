@@ -1,5 +1,7 @@
 """The error rules and legal edge cases of docs/CONTRACT.md, driven by tests/cases/errors.json
-through real onnxruntime sessions (one pytest id per table entry)."""
+through real onnxruntime sessions (one pytest id per table entry): on the CPU custom-op path,
+then every error case again under the MLUExecutionProvider on the emulated card with each
+card backend, which must fail in the same phase with the same message."""
 
 from __future__ import annotations
 
@@ -11,20 +13,66 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import SCHEMAS, load_cases, make_session, materialize, node_name
+import onnxruntime as ort
+import pytest
+
+from conftest import SCHEMAS, emulated_mluops, load_cases, make_session, materialize, node_name
 
 
-def _failure(case, harness):
-    """(phase, exception) of the first failure of the case's model, or (None, outputs)."""
+def _failure(case, harness, session=None):
+    """(phase, exception) of the first failure of the case's model, or (None, outputs).
+    `session` builds the session from the model (default: the CPU custom-op path)."""
     model, feeds = harness.case_model(case)
     try:
-        sess = make_session(model, harness.lib)
+        sess = session(model) if session else make_session(model, harness.lib)
     except Exception as e:  # onnxruntime raises per-status subclasses of RuntimeError/Exception
         return "create", e
     try:
         return None, sess.run(None, feeds)
     except Exception as e:
         return "run", e
+
+
+def _status_message(e) -> str:
+    """The library's own words: what follows ONNX Runtime's 'Status Message:' prefix, which
+    names the provider's kernel."""
+    return str(e).split("Status Message:")[-1].strip()
+
+
+@pytest.mark.parametrize("backend", ["bang", "mluops"])
+def test_error_case_fails_alike_under_each_card_backend(error_case, backend, harness, mlu_devices):
+    """The card path gets the error table too: same phase, same message as the CPU path,
+    whether the provider claimed the node (its shape and value rules on the card) or
+    declined it (ONNX Runtime's CPU provider)."""
+    want_phase, want = _failure(error_case, harness)
+    phase, got = _failure(error_case, harness, lambda model: _card_session(model, backend, harness.lib, mlu_devices))
+    assert phase == want_phase, f"{backend}: failed at {phase}, the CPU path at {want_phase}: {got}"
+    assert _status_message(got) == _status_message(want), f"{backend}: {_status_message(got)}\n  CPU path: {_status_message(want)}"
+
+
+def _card_session(model, backend: str, lib, devices) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    so.add_provider_for_devices(devices, {"mlu_backend": backend, "mluops_library": str(emulated_mluops(lib))})
+    return ort.InferenceSession(model, so)
+
+
+def test_the_card_backends_claim_most_error_cases(harness, mlu_devices):
+    """The comparison above is not only ONNX Runtime's CPU provider twice: count the run-time
+    error cases each backend claims."""
+    cases = [c for c in load_cases() if c["kind"] == "error" and c["phase"] == "run"]
+    for backend, least in (("bang", 50), ("mluops", 61)):
+        claimed = 0
+        for case in cases:
+            model, _ = harness.case_model(case)
+            try:
+                sess = _card_session(model, backend, harness.lib, mlu_devices)
+            except Exception:
+                continue
+            claimed += any(sub.ep_name == "MLUExecutionProvider" and sub.get_nodes()
+                           for sub in sess.get_provider_graph_assignment_info())
+        assert claimed >= least, f"{backend}: only {claimed} of {len(cases)} run-time error cases claimed by the provider"
 
 
 def test_error_case_is_rejected_with_named_message(error_case, harness):

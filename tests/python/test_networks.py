@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, emulated_mluops
 
 sys.path.insert(0, str(REPO))
 from networks import bevdepth, centerpoint, common, run  # noqa: E402
@@ -20,13 +20,9 @@ def bev_case():
     return bevdepth.case("ci", 7)
 
 
-def emulated_mluops(mlu_lib) -> str:
-    return str(mlu_lib.parent / "examples" / "libmluops_emulated.so")
-
-
 def test_the_bevdepth_graph_agrees_with_its_peer_on_both_paths(bev_case, mlu_lib):
     (graph,) = bev_case.graphs
-    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, emulated_mluops(mlu_lib))
+    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, str(emulated_mluops(mlu_lib)))
     assert ok, rows
     assert "1/1" in rows[1], "VoxelPoolingForward on the MLU"
     assert "1 on bang" in rows[2] and "1 on mluops" in rows[3] and "0 CPU fallbacks" in rows[3], rows
@@ -42,7 +38,7 @@ def test_a_peer_that_disagrees_fails_the_graph(bev_case, mlu_lib):
         return {**out, "bev": bev}
 
     rows, ok = run.run_graph(bev_case, dataclasses.replace(graph, peer=off_by_one_cell), str(mlu_lib), 1,
-                             emulated_mluops(mlu_lib))
+                             str(emulated_mluops(mlu_lib)))
     assert not ok
     assert all("BAD" in r for r in rows), rows
 
@@ -80,7 +76,7 @@ def test_outputs_that_depend_on_the_thread_count_fail_the_graph(bev_case, mlu_li
         return OneUlpOff(sess) if threads == 2 else sess
 
     monkeypatch.setattr(common, "cpu_session", session)
-    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, emulated_mluops(mlu_lib))
+    rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, str(emulated_mluops(mlu_lib)))
     assert not ok
     assert "BAD" in rows[0] and "1- and 2-thread outputs differ: bev" in rows[0], rows
     assert "OK" in rows[1], rows
