@@ -71,6 +71,14 @@ fn runs_on(op: &str, attrs: &[(&str, AttrValue)], order: &'static [Backend], inp
     let (got, ran) = run_node_on_device(&device(), &n, inputs).expect("the node runs");
     match (&want, &ran) {
         (Ran::Host(w), Ran::Host(r)) => assert!(r.contains(w.as_str()), "{op}: fell back for '{r}', expected '{w}'"),
+        // The earlier paths' run-time declines: each expected reason names its backend.
+        (Ran::Card(w, wd), Ran::Card(r, rd)) => {
+            assert_eq!(w, r, "{op}: the backend that ran it");
+            assert_eq!(wd.len(), rd.len(), "{op}: run-time declines {rd:?}, expected {wd:?}");
+            for ((wb, why), (rb, got)) in wd.iter().zip(rd) {
+                assert!(wb == rb && got.contains(why.as_str()), "{op}: declined by {rb:?} for '{got}', expected {wb:?}: '{why}'");
+            }
+        }
         _ => assert_eq!(ran, want, "{op}: where the node ran"),
     }
     let reference = cpu(op, attrs, inputs).expect("CPU kernel runs");
@@ -116,7 +124,7 @@ fn refs(v: &[Tensor]) -> Vec<Option<&Tensor>> {
 fn dynamic_scatter_backward_max_runs_on_mluops() {
     let inputs = dsb_inputs(300, 40, 9);
     let max = [("reduce_type", AttrValue::String("max".into()))];
-    runs_on("DynamicScatterBackward", &max, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    runs_on("DynamicScatterBackward", &max, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps, vec![]));
 }
 
 #[test]
@@ -128,13 +136,19 @@ fn declines_go_to_the_next_path_then_to_the_cpu() {
     let max = [("reduce_type", AttrValue::String("max".into()))];
     // N < M at run time: MLU-OPS requires N >= M.
     let few = dsb_inputs(30, 40, 9);
-    runs_on("DynamicScatterBackward", &max, AUTO, &refs(&few), Ran::Card(Backend::Bang));
+    runs_on("DynamicScatterBackward", &max, AUTO, &refs(&few), Ran::Card(Backend::Bang, vec![(Backend::MluOps, "N >= M".into())]));
     runs_on("DynamicScatterBackward", &max, MLUOPS, &refs(&few), Ran::Host("N >= M".into()));
     let n = node("DynamicScatterBackward", &mean, AUTO);
     let why = n.static_choice(&device().info, None).expect_err("no backend runs mean");
     assert!(why.starts_with("mluops: ") && why.contains("; bang: "), "each backend's reason, in order: {why}");
     let n = node("DynamicScatterBackward", &max, AUTO);
-    assert_eq!(n.static_choice(&device().info, None), Ok(Backend::MluOps), "auto tries MLU-OPS first");
+    assert_eq!(n.static_choice(&device().info, None), Ok((Backend::MluOps, vec![])), "auto tries MLU-OPS first");
+    // Submanifold GetIndicePairs: MLU-OPS passed over at placement, its reason kept.
+    let (first, passed_over) = node("GetIndicePairs", &gip_attrs(1, 3, 1), AUTO)
+        .static_choice(&device().info, None)
+        .expect("the BANG kernels run subm");
+    assert_eq!(first, Backend::Bang);
+    assert!(passed_over.len() == 1 && passed_over[0].starts_with("mluops: "), "MLU-OPS's reason is kept: {passed_over:?}");
 }
 
 #[test]
@@ -143,7 +157,7 @@ fn three_interpolate_backward_float_runs_on_mluops_and_float16_declines() {
     let idx: Vec<i32> = (0..b * n * 3).map(|i| ((i * 7) % m) as i32).collect();
     let inputs = [f32s(&[b, c, n], 3), i32s(&[b, n, 3], idx.clone()), f32s(&[b, n, 3], 4)];
     let attrs = [("m", AttrValue::Int(m as i64))];
-    runs_on("ThreeInterpolateBackward", &attrs, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    runs_on("ThreeInterpolateBackward", &attrs, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps, vec![]));
     let half = |t: &Tensor| {
         let OwnedData::F32(v) = &t.data else { unreachable!() };
         Tensor { shape: t.shape.clone(), data: OwnedData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()) }
@@ -176,12 +190,12 @@ fn sites(l: usize) -> Tensor {
 #[test]
 fn get_indice_pairs_runs_on_mluops_with_num_act_out_from_the_descriptor() {
     let input = sites(60);
-    runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&input)], Ran::Card(Backend::MluOps));
-    runs_on("GetIndicePairs", &gip_attrs(0, 3, 1), MLUOPS, &[Some(&input)], Ran::Card(Backend::MluOps));
+    runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&input)], Ran::Card(Backend::MluOps, vec![]));
+    runs_on("GetIndicePairs", &gip_attrs(0, 3, 1), MLUOPS, &[Some(&input)], Ran::Card(Backend::MluOps, vec![]));
     let empty = i32s(&[0, 4], Vec::new());
-    runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&empty)], Ran::Card(Backend::MluOps));
+    runs_on("GetIndicePairs", &gip_attrs(0, 3, 2), MLUOPS, &[Some(&empty)], Ran::Card(Backend::MluOps, vec![]));
     // subm: declined (the duplicate-site rule cannot be checked around the library).
-    runs_on("GetIndicePairs", &gip_attrs(1, 3, 1), AUTO, &[Some(&input)], Ran::Card(Backend::Bang));
+    runs_on("GetIndicePairs", &gip_attrs(1, 3, 1), AUTO, &[Some(&input)], Ran::Card(Backend::Bang, vec![]));
     // A batch_size beyond int32 (a fuzz finding): the descriptor takes ints, so declined.
     let mut huge = gip_attrs(0, 3, 2);
     huge[0] = ("batch_size", AttrValue::Int(1 << 40));
@@ -193,7 +207,7 @@ fn get_indice_pairs_site_count_defect_goes_to_the_next_path() {
     // K = 1, stride 1, the same site twice: every (site, offset) pair is valid and the sites
     // repeat, where the library's count drops one site (emulated as the vendor's code does).
     let twice = i32s(&[2, 4], vec![1, 2, 3, 4, 1, 2, 3, 4]);
-    runs_on("GetIndicePairs", &gip_attrs(0, 1, 1), AUTO, &[Some(&twice)], Ran::Card(Backend::Bang));
+    runs_on("GetIndicePairs", &gip_attrs(0, 1, 1), AUTO, &[Some(&twice)], Ran::Card(Backend::Bang, vec![(Backend::MluOps, "drops one".into())]));
     runs_on("GetIndicePairs", &gip_attrs(0, 1, 1), MLUOPS, &[Some(&twice)], Ran::Host("drops one".into()));
 }
 
@@ -203,9 +217,9 @@ fn voxel_pooling_forward_runs_on_mluops_and_empty_sizes_decline() {
     let geom: Vec<i32> = (0..b * n * 3).map(|i| (i * 5 % 13) as i32 - 2).collect();
     let inputs = [i32s(&[b, n, 3], geom), f32s(&[b, n, c], 5)];
     let attrs = [("voxel_num", AttrValue::Ints(vec![8, 7, 6]))];
-    runs_on("VoxelPoolingForward", &attrs, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    runs_on("VoxelPoolingForward", &attrs, MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps, vec![]));
     let empty = [i32s(&[b, 0, 3], Vec::new()), f32s(&[b, 0, c], 5)];
-    runs_on("VoxelPoolingForward", &attrs, AUTO, &refs(&empty), Ran::Card(Backend::Bang));
+    runs_on("VoxelPoolingForward", &attrs, AUTO, &refs(&empty), Ran::Card(Backend::Bang, vec![(Backend::MluOps, "no empty B, N or C".into())]));
 }
 
 #[test]
@@ -286,13 +300,13 @@ fn psroipool_backward_rois_are_rounded_as_the_contract_rounds_before_the_library
         1.0, 0.0, 0.0, f32::INFINITY, 4.0,
     ];
     let inputs = psroi_inputs(rois);
-    runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
+    runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps, vec![]));
 }
 
 #[test]
 fn psroipool_backward_bin_edges_or_coordinates_beyond_int_go_to_the_next_path() {
     let inputs = psroi_inputs(vec![0.0, 1.0e12, 2.0, 1.0e12 + 4096.0, 7.0]);
-    runs_on("PsRoiPoolBackward", &psroi_attrs(), AUTO, &refs(&inputs), Ran::Card(Backend::Bang));
+    runs_on("PsRoiPoolBackward", &psroi_attrs(), AUTO, &refs(&inputs), Ran::Card(Backend::Bang, vec![(Backend::MluOps, "int range".into())]));
     runs_on("PsRoiPoolBackward", &psroi_attrs(), MLUOPS, &refs(&inputs), Ran::Host("int range".into()));
     // A far end coordinate whose roi width the 0.1 floor keeps small (a fuzz finding: the
     // library converts the coordinate itself to int).
@@ -305,8 +319,8 @@ fn three_interpolate_forward_runs_on_mluops_only_and_float16_declines() {
     let (b, c, n, m) = (2, 5, 40, 17);
     let idx: Vec<i32> = (0..b * n * 3).map(|i| ((i * 5) % m) as i32).collect();
     let inputs = [f32s(&[b, c, m], 7), i32s(&[b, n, 3], idx.clone()), f32s(&[b, n, 3], 8)];
-    runs_on("ThreeInterpolate", &[], MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps));
-    runs_on("ThreeInterpolate", &[], AUTO, &refs(&inputs), Ran::Card(Backend::MluOps));
+    runs_on("ThreeInterpolate", &[], MLUOPS, &refs(&inputs), Ran::Card(Backend::MluOps, vec![]));
+    runs_on("ThreeInterpolate", &[], AUTO, &refs(&inputs), Ran::Card(Backend::MluOps, vec![]));
     let half = |t: &Tensor| {
         let OwnedData::F32(v) = &t.data else { unreachable!() };
         Tensor { shape: t.shape.clone(), data: OwnedData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()) }
@@ -345,7 +359,7 @@ fn psroipool_forward_rois_that_give_nothing_become_empty_rois_not_a_skipped_batc
     for scale in [0.5f32, 0.01, 3.0] {
         let mut attrs = psroi_attrs();
         attrs[2] = ("spatial_scale", AttrValue::Float(scale));
-        runs_on("PsRoiPool", &attrs, MLUOPS, &refs(&psroi_forward_inputs(2, rois.clone())), Ran::Card(Backend::MluOps));
+        runs_on("PsRoiPool", &attrs, MLUOPS, &refs(&psroi_forward_inputs(2, rois.clone())), Ran::Card(Backend::MluOps, vec![]));
     }
     // An empty map with rois: the library writes nothing, the contract fills mapping_channel.
     let empty = psroi_forward_inputs(0, vec![f32::NAN, 0.0, 0.0, 1.0, 1.0]);

@@ -220,22 +220,32 @@ impl EpKernel {
         ep.recycle(queue);
         let ran = ran?;
         ep.counts().ran(&ran);
-        if let Ran::Host(why) = &ran {
-            let sizes: Vec<String> = tensors.iter().flatten().map(|t| format!("{:?}", t.shape)).collect();
-            ep.logger().log(
+        let sizes = || tensors.iter().flatten().map(|t| format!("{:?}", t.shape)).collect::<Vec<_>>().join(", ");
+        match &ran {
+            Ran::Host(why) => ep.logger().log(
                 WARNING,
-                &format!(
-                    "{EP_NAME}: mluops.{} node '{}' ran on the host CPU (inputs {}): {why}",
-                    self.op,
-                    self.node_name,
-                    sizes.join(", ")
-                ),
-            );
+                &format!("{EP_NAME}: mluops.{} node '{}' ran on the host CPU (inputs {}): {why}", self.op, self.node_name, sizes()),
+            ),
+            Ran::Card(b, declined) if !declined.is_empty() => {
+                let why: Vec<String> = declined.iter().map(|(d, why)| format!("{}: {why}", d.name())).collect();
+                ep.logger().log(
+                    WARNING,
+                    &format!(
+                        "{EP_NAME}: mluops.{} node '{}' ran on backend {} after a run-time decline (inputs {}): {}",
+                        self.op,
+                        self.node_name,
+                        b.name(),
+                        sizes(),
+                        why.join("; ")
+                    ),
+                );
+            }
+            Ran::Card(..) => {}
         }
         if let Some(before) = before {
             let inputs: usize = tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
             let backend = match &ran {
-                Ran::Card(b) => b.name(),
+                Ran::Card(b, _) => b.name(),
                 Ran::Host(_) => "cpu",
             };
             traffic::record(self.op, &self.node_name, backend, &device.traffic().since(&before), inputs + card.output_bytes);

@@ -27,6 +27,8 @@ pub struct Counts {
     claimed: [AtomicUsize; 2],
     declined: AtomicUsize,
     runs: [AtomicUsize; 2],
+    /// Run-time declines by a backend whose node then ran on a later one.
+    passed_over: [AtomicUsize; 2],
     fallbacks: AtomicUsize,
 }
 
@@ -40,7 +42,12 @@ fn slot(b: Backend) -> usize {
 impl Counts {
     pub fn ran(&self, ran: &Ran) {
         let counter = match ran {
-            Ran::Card(b) => &self.runs[slot(*b)],
+            Ran::Card(b, declined) => {
+                for (d, _) in declined {
+                    self.passed_over[slot(*d)].fetch_add(1, Ordering::Relaxed);
+                }
+                &self.runs[slot(*b)]
+            }
             Ran::Host(_) => &self.fallbacks,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -52,6 +59,7 @@ impl Counts {
             "claimed": per(&self.claimed),
             "declined": self.declined.load(Ordering::Relaxed),
             "card_runs": per(&self.runs),
+            "run_time_declines": per(&self.passed_over),
             "cpu_fallbacks": self.fallbacks.load(Ordering::Relaxed),
         })
     }
@@ -195,7 +203,7 @@ impl Ep {
     }
 
     /// The backend that takes `node`, or why none does.
-    fn choice(&self, node: Node<'_>, op_type: &str) -> std::result::Result<Backend, String> {
+    fn choice(&self, node: Node<'_>, op_type: &str) -> std::result::Result<(Backend, Vec<String>), String> {
         let entry = ops::entry(op_type).ok_or("not an operator of this library")?;
         let create_card = entry.create_card.ok_or("no card backend runs this operator (its CPU kernel runs it)")?;
         let card = create_card(&Attrs::new(ops::schema(op_type), &node.attributes()), &self.backends)
@@ -219,12 +227,17 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::
         let choice =
             if info.has_kernel(node)? { ep.choice(node, &op_type) } else { Err("no card kernel is registered for it".into()) };
         match choice {
-            Ok(backend) => {
+            Ok((backend, passed_over)) => {
                 info.claim(node)?;
                 ep.counts.claimed[slot(backend)].fetch_add(1, Ordering::Relaxed);
+                let after = if passed_over.is_empty() { String::new() } else { format!(" (passed over: {})", passed_over.join("; ")) };
                 ep.logger.log(
                     INFO,
-                    &format!("{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {} with backend {}", ep.card, backend.name()),
+                    &format!(
+                        "{EP_NAME}: mluops.{op_type} node '{name}' runs on MLU card {} with backend {}{after}",
+                        ep.card,
+                        backend.name()
+                    ),
                 );
             }
             Err(why) => {

@@ -267,16 +267,21 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
         let rules = op.value_rules(&dims);
         let records: *mut i32 = outputs.workspace(rules.len() * 4)?.cast();
         let verify = || {
-            let broken = read_records(device, &rules, records, device_inputs)?;
+            let broken = read_records(device, inputs, &rules, records, device_inputs)?;
             broken.map_or(Ok(()), |b| Err(op.describe(inputs, &dims, &b)))
         };
         let card = Card { device, queue, inputs: device_inputs, records, rules: rules.len(), verify: &verify };
         let mut enqueue = || {
             for (k, rule) in rules.iter().enumerate() {
-                let data = device_inputs.get(rule.input).copied().unwrap_or(std::ptr::null());
+                let part = rule.elements(inputs.numel(rule.input).unwrap_or(0));
+                let data = match device_inputs.get(rule.input).copied() {
+                    // SAFETY: `part` lies inside the input's elements, 4 bytes each.
+                    Some(p) if !p.is_null() => unsafe { p.cast::<u8>().add(part.start * 4) }.cast::<c_void>(),
+                    _ => std::ptr::null(),
+                };
                 // SAFETY: `records` holds one int32 per rule.
                 let record = unsafe { records.add(k) };
-                launch_check(device, queue, rule, data, inputs.numel(rule.input).unwrap_or(0), record, outputs)?;
+                launch_check(device, queue, rule, data, part.len(), record, outputs)?;
             }
             if P::HOST_GATE && !rules.is_empty() {
                 queue.sync()?;
@@ -330,20 +335,26 @@ pub fn card_node<O: Rules>(attrs: &Attrs<'_>, backends: &CardBackends, paths: &[
 /// Where a node ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ran {
-    Card(Backend),
+    /// On this card backend, after the earlier paths that declined the run-time sizes (each
+    /// with its reason, in order).
+    Card(Backend, Vec<(Backend, String)>),
     /// On the host CPU after every card path declined its run-time sizes: the reasons.
     Host(String),
 }
 
 impl CardNode {
-    /// Why no path of this node runs its configuration, or `None` when one does (the
-    /// backend that will be tried first).
-    pub fn static_choice(&self, info: &DeviceInfo, shapes: Option<&StaticShapes>) -> std::result::Result<Backend, String> {
+    /// The backend that will be tried first, with the reasons of the backends passed over
+    /// before it ("backend: reason" each), or why no path runs this configuration.
+    pub fn static_choice(
+        &self,
+        info: &DeviceInfo,
+        shapes: Option<&StaticShapes>,
+    ) -> std::result::Result<(Backend, Vec<String>), String> {
         let mut why = Vec::new();
         for p in &self.paths {
             let verdict = p.supported().and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
             match verdict {
-                Ok(()) => return Ok(p.backend()),
+                Ok(()) => return Ok((p.backend(), why)),
                 Err(r) => why.push(format!("{}: {r}", p.backend().name())),
             }
         }
@@ -369,20 +380,29 @@ impl CardNode {
             tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).collect();
         let ptrs: Vec<*const c_void> =
             tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cast_const())).collect();
-        let sizes = read_sizes(device, self.size_inputs, &described, &ptrs)?;
+        let sizes = match read_sizes(device, self.size_inputs, &described, &ptrs)? {
+            Ok(sizes) => sizes,
+            Err(i) => {
+                let why = format!("size input '{}' holds more than the {SIZE_INPUT_BYTES} bytes the card path reads", names[i]);
+                self.run_on_host(device, names, tensors, outputs)?;
+                return Ok(Ran::Host(why));
+            }
+        };
         let inputs = card_inputs(names.clone(), &described, &sizes)?;
         let mut declined = Vec::new();
         for p in self.paths.iter().filter(|p| p.supported().is_ok()) {
             match p.run(device, queue, &inputs, &ptrs, outputs) {
-                Err(Error::MluLimit(why)) => declined.push(format!("{}: {why}", p.backend().name())),
-                other => return other.map(|()| Ran::Card(p.backend())),
+                Err(Error::MluLimit(why)) => declined.push((p.backend(), why)),
+                Ok(()) => return Ok(Ran::Card(p.backend(), declined)),
+                Err(e) => return Err(e),
             }
         }
-        if declined.is_empty() {
-            declined.push("no card path supports this configuration".into());
+        let mut why: Vec<String> = declined.iter().map(|(b, why)| format!("{}: {why}", b.name())).collect();
+        if why.is_empty() {
+            why.push("no card path supports this configuration".into());
         }
         self.run_on_host(device, names, tensors, outputs)?;
-        Ok(Ran::Host(declined.join("; ")))
+        Ok(Ran::Host(why.join("; ")))
     }
 
     /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs
@@ -468,6 +488,7 @@ fn launch_check(
 /// After the queue's synchronisation: the first broken rule, with its row read from the card.
 fn read_records(
     device: &Device,
+    inputs: &Inputs<'_>,
     rules: &[ValueRule],
     records: *const i32,
     device_inputs: &[*const c_void],
@@ -475,17 +496,18 @@ fn read_records(
     if rules.is_empty() {
         return Ok(None);
     }
-    let mut found = [0i32; SIZE_INPUT_BYTES / 4];
-    let found = &mut found[..rules.len().min(SIZE_INPUT_BYTES / 4)];
+    let mut found = crate::scratch::filled(rules.len(), -1i32, "the value checks' records")?;
     // SAFETY: `records` holds one int32 per rule, written by the check kernels.
     unsafe { device.copy_raw(found.as_mut_ptr().cast(), records.cast(), found.len() * 4, Direction::DeviceToHost)? };
     let Some((rule, row)) = found.iter().enumerate().find_map(|(k, &r)| usize::try_from(r).ok().map(|row| (k, row))) else {
         return Ok(None);
     };
     let cols = rules[rule].check.cols();
+    let first = rules[rule].elements(inputs.numel(rules[rule].input).unwrap_or(0)).start;
     let src = device_inputs[rules[rule].input].cast::<u8>();
-    // SAFETY: the check kernel found row `row` inside the input, `cols` 4-byte values each.
-    let src = unsafe { src.add(row * cols * 4) }.cast::<c_void>();
+    // SAFETY: the check kernel found row `row` inside the rule's part of the input, `cols`
+    // 4-byte values each.
+    let src = unsafe { src.add((first + row * cols) * 4) }.cast::<c_void>();
     let values = match rules[rule].check {
         Check::Int { .. } => {
             let mut v = vec![0i32; cols];
@@ -530,14 +552,14 @@ pub fn card_inputs<'a>(
     Inputs::new(names, tensors)
 }
 
-/// The values of the size inputs `which` (each at most [`SIZE_INPUT_BYTES`]; a larger one
-/// stays on the card and its shape rule reports it), copied from the card.
+/// The values of the size inputs `which`, copied from the card; `Err(name)` names one
+/// larger than [`SIZE_INPUT_BYTES`] (not read: the node then runs its CPU kernel).
 pub fn read_sizes(
     device: &Device,
     which: &[usize],
     inputs: &[Option<(DType, Vec<i64>)>],
     device_inputs: &[*const c_void],
-) -> Result<Vec<Option<OwnedData>>> {
+) -> Result<std::result::Result<Vec<Option<OwnedData>>, usize>> {
     let mut sizes = vec![None; inputs.len()];
     for &i in which {
         let Some(Some((dtype, shape))) = inputs.get(i) else { continue };
@@ -545,7 +567,10 @@ pub fn read_sizes(
             continue;
         };
         let spec = OutputSpec::new(*dtype, dims);
-        if spec.bytes() > SIZE_INPUT_BYTES || spec.bytes() == 0 {
+        if spec.bytes() > SIZE_INPUT_BYTES {
+            return Ok(Err(i));
+        }
+        if spec.bytes() == 0 {
             continue;
         }
         let mut data = OwnedData::poisoned(&spec, "a size input")?;
@@ -553,7 +578,7 @@ pub fn read_sizes(
         unsafe { device.copy_raw(data.as_mut_ptr(), device_inputs[i], spec.bytes(), Direction::DeviceToHost)? };
         sizes[i] = Some(data);
     }
-    Ok(sizes)
+    Ok(Ok(sizes))
 }
 
 /// The input shapes of a node as the graph declares them: `None` for an absent input,
@@ -669,7 +694,7 @@ pub fn run_on_device<O: MluOperator + Clone>(device: &Arc<Device>, op: &O, input
     let node = CardNode { op: O::NAME, cpu, paths: vec![path], size_inputs: O::SIZE_INPUTS };
     node.paths[0].supported().map_err(|why| Error::Runtime(format!("{}: not supported by the BANG kernels: {why}", O::NAME)))?;
     match run_node_on_device(device, &node, inputs)? {
-        (outputs, Ran::Card(_)) => Ok(outputs),
+        (outputs, Ran::Card(..)) => Ok(outputs),
         (_, Ran::Host(why)) => Err(Error::Runtime(format!("{}: ran on the host, not the card: {why}", O::NAME))),
     }
 }

@@ -46,11 +46,34 @@ impl Check {
     }
 }
 
-/// A contract rule on the values of input `input`.
+/// A contract rule on the values of input `input`, or of the elements `part` = (first,
+/// count) of it (`first` a multiple of the check's columns; rows are counted from `first`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ValueRule {
     pub input: usize,
+    pub part: Option<(usize, usize)>,
     pub check: Check,
+}
+
+impl ValueRule {
+    /// `check` on every value of input `input`.
+    pub fn whole(input: usize, check: Check) -> Self {
+        ValueRule { input, part: None, check }
+    }
+
+    /// `check` on `count` elements of input `input` from element `first`.
+    pub fn part(input: usize, first: usize, count: usize, check: Check) -> Self {
+        ValueRule { input, part: Some((first, count)), check }
+    }
+
+    /// The elements the rule covers, of an input of `numel` (empty when the part lies
+    /// outside it, which the shape rules exclude).
+    pub fn elements(&self, numel: usize) -> std::ops::Range<usize> {
+        match self.part {
+            None => 0..numel,
+            Some((first, count)) => first.min(numel)..first.saturating_add(count).min(numel),
+        }
+    }
 }
 
 /// The values of the row that broke a rule.
@@ -93,8 +116,10 @@ pub trait Rules: Operator {
     }
 }
 
-/// The most bytes a size input may hold (PsRoiPoolBackward's `bottom_shape`: 4 int64).
-pub const SIZE_INPUT_BYTES: usize = 64;
+/// The most bytes of a size input the card path reads (PsRoiPoolBackward's `bottom_shape`: 4
+/// int64; IndiceConv's `indice_num`: one int32 per kernel offset, up to 4096 offsets). A
+/// larger one is not read: the node then runs its CPU kernel.
+pub const SIZE_INPUT_BYTES: usize = 16 * 1024;
 
 /// The first row of `data` that breaks `check`, if any (the host's version of kernels/check).
 fn first_broken_int(data: &[i32], cols: usize, bounds: &[(i32, i32); 4]) -> Option<usize> {
@@ -112,11 +137,13 @@ pub fn check_values<O: Rules>(op: &O, inputs: &Inputs<'_>, dims: &O::Dims) -> Re
         let broken = match r.check {
             Check::Int { cols, bounds } => {
                 let data = inputs.get::<i32>(r.input)?.data;
+                let data = &data[r.elements(data.len())];
                 first_broken_int(data, cols, &bounds)
                     .map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_vec())))
             }
             Check::GuardedFloat { cols, col, above, below } => {
                 let data = inputs.get::<f32>(r.input)?.data;
+                let data = &data[r.elements(data.len())];
                 first_broken_float(data, cols, col, above, below)
                     .map(|row| (row, RowValues::F32(data[row * cols..(row + 1) * cols].to_vec())))
             }

@@ -78,6 +78,7 @@ def test_every_zoo_model_on_each_backend(backend, tmp_path):
         assert len(sessions) == 1, f"{name}: one provider session line, got {sessions}"
         s = sessions[0]
         assert s["cpu_fallbacks"] == 0, f"{name} ({backend}): unexpected run-time CPU fallbacks: {s}"
+        assert s["run_time_declines"] == {"mluops": 0, "bang": 0}, f"{name} ({backend}): unexpected run-time declines: {s}"
         assert sum(s["card_runs"].values()) == len(nodes), f"{name}: node lines and counts disagree: {s}"
         assert [x for x in nodes if x["backend"] == "cpu"] == []
         if backend != "auto":
@@ -160,6 +161,28 @@ def test_a_run_time_fallback_is_logged_and_counted(tmp_path):
     session = [json.loads(x) for x in traffic.read_text().splitlines() if "session" in x]
     assert len(session) == 1 and session[0]["cpu_fallbacks"] == 1 and session[0]["card_runs"] == {"mluops": 0, "bang": 0}, session
     assert session[0]["claimed"]["mluops"] == 1 and session[0]["traffic"]["d2h"] > 0, session
+
+
+def test_a_run_time_decline_to_the_next_backend_is_logged_and_counted(tmp_path):
+    """The same node under auto: MLU-OPS declines at run time and the BANG kernels run it, a
+    warning through ONNX Runtime's logger naming the reason, run_time_declines.mluops = 1."""
+    lib = library_path()
+    traffic = tmp_path / "t.jsonl"
+    env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC=str(traffic))
+    p = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(lib), "auto", str(emulated_mluops(lib)), str(Path(__file__).parent)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    said = p.stdout + p.stderr
+    assert p.returncode == 0, said[-3000:]
+    line = next((x for x in said.splitlines() if "node 'dsb' ran on backend bang after a run-time decline" in x), None)
+    assert line is not None and "[W:onnxruntime:" in line, said[-3000:]
+    assert "mluops: N = 30 points < M = 40 voxels: MLU-OPS requires N >= M" in line, line
+    session = [json.loads(x) for x in traffic.read_text().splitlines() if "session" in x]
+    assert len(session) == 1, session
+    s = session[0]
+    assert s["cpu_fallbacks"] == 0 and s["card_runs"] == {"mluops": 0, "bang": 1}, s
+    assert s["run_time_declines"] == {"mluops": 1, "bang": 0} and s["claimed"]["mluops"] == 1, s
 
 
 def test_the_librarys_log_records_reach_onnxruntimes_logger(tmp_path):

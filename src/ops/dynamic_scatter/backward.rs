@@ -137,7 +137,7 @@ impl Rules for DynamicScatterBackward {
     /// at, so it is no row rule: `scan_map` checks it (the MLU kernels run `max` only).
     fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
         let (_, hi) = Check::half_open(-1, d.v);
-        vec![ValueRule { input: MAP, check: Check::int_range(-1, hi) }]
+        vec![ValueRule::whole(MAP, Check::int_range(-1, hi))]
     }
 
     fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {

@@ -180,7 +180,7 @@ fn ceil_clamped(v: f32, limit: usize) -> usize {
 /// in every roi whose five values are finite.
 pub(super) fn batch_rule(index: usize, batches: usize) -> ValueRule {
     let (above, below) = batch_bounds(batches);
-    ValueRule { input: index, check: Check::GuardedFloat { cols: 5, col: 0, above, below } }
+    ValueRule::whole(index, Check::GuardedFloat { cols: 5, col: 0, above, below })
 }
 
 /// trunc(x) in [0, batches) exactly when above < x < below: x > -1 truncates to >= 0 (to
@@ -252,7 +252,7 @@ impl Rules for PsRoiPoolBackward {
     /// The batch rule, then `mapping_channel` in [0, channels) everywhere.
     fn value_rules(&self, plan: &PsRoiPlan) -> Vec<ValueRule> {
         let (lo, hi) = Check::half_open(0, self.channels);
-        vec![batch_rule(1, plan.batches), ValueRule { input: 2, check: Check::int_range(lo, hi) }]
+        vec![batch_rule(1, plan.batches), ValueRule::whole(2, Check::int_range(lo, hi))]
     }
 
     fn describe(&self, inputs: &Inputs<'_>, plan: &PsRoiPlan, broken: &Broken) -> Error {

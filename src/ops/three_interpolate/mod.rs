@@ -33,7 +33,7 @@ fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
 /// The value rule of `indices` ([B, n, 3], input 1 of both operators): every value in [0, m).
 fn indices_rule(m: usize) -> ValueRule {
     let (lo, hi) = Check::half_open(0, m);
-    ValueRule { input: INDICES, check: Check::int_range(lo, hi) }
+    ValueRule::whole(INDICES, Check::int_range(lo, hi))
 }
 
 /// The contract error of [`indices_rule`]; `m_name` says where m comes from.

@@ -238,7 +238,7 @@ impl Rules for GetIndicePairs {
     fn value_rules(&self, _: &GipDims) -> Vec<ValueRule> {
         let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
         let bounds = limits.map(|n| Check::half_open(0, usize::try_from(n).unwrap_or(0)));
-        vec![ValueRule { input: INDICES, check: Check::Int { cols: 4, bounds } }]
+        vec![ValueRule::whole(INDICES, Check::Int { cols: 4, bounds })]
     }
 
     fn describe(&self, inputs: &Inputs<'_>, _: &GipDims, broken: &Broken) -> Error {
