@@ -110,8 +110,6 @@ struct SparseConv {
     filter: [i32; 3],
     output: [i32; 3],
     sub_m: i32,
-    transpose: i32,
-    inverse: i32,
     num_act_out: i32,
 }
 
@@ -339,7 +337,9 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
 ) -> Status {
     guarded("mluOpSetSparseConvolutionDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor is null".into())?;
-        require(dim_nb == 5, NOT_SUPPORTED, || format!("dimNb {dim_nb}: only 3-D (dimNb 5) sparse convolutions"))?;
+        require(dim_nb == 5, BAD_PARAM, || format!("dimNb {dim_nb}: only 3-D (dimNb 5) sparse convolutions"))?;
+        // get_indice_pairs_structs.cpp:77-88 at v1.4.0: no transpose, no inverse.
+        require(transpose == 0 && inverse == 0, BAD_PARAM, || format!("transpose {transpose}, inverse {inverse}: must be 0"))?;
         require(batch > 0, BAD_PARAM, || format!("batch {batch}"))?;
         let s = SparseConv {
             set: true,
@@ -351,8 +351,6 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
             filter: three(filter, "filter_space")?,
             output: three(output, "output_space")?,
             sub_m,
-            transpose,
-            inverse,
             num_act_out: 0,
         };
         let positive = |a: &[i32; 3]| a.iter().all(|&x| x > 0);
@@ -362,7 +360,7 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
             BAD_PARAM,
             || "stride, dilation and the spaces must be positive".into(),
         )?;
-        require([sub_m, transpose, inverse].iter().all(|v| *v == 0 || *v == 1), BAD_PARAM, || "sub_m, transpose, inverse are 0 or 1".into())?;
+        require(sub_m == 0 || sub_m == 1, BAD_PARAM, || format!("sub_m {sub_m}: 0 or 1"))?;
         // SAFETY: made by mluOpCreateSparseConvolutionDescriptor.
         unsafe { *(d as *mut SparseConv) = s };
         Ok(())

@@ -201,12 +201,16 @@ fn sparse<'a>(d: *mut c_void) -> Result<&'a mut SparseConv, Status> {
 
 /// GetIndicePairs' checks, shared by its two functions: (L, K).
 fn gip_check(s: &SparseConv, indices: *mut c_void, pairs: *mut c_void, out: *mut c_void, num: *mut c_void) -> Result<(usize, usize), Status> {
-    require(s.transpose == 0, NOT_SUPPORTED, || "transpose convolutions are not supported".into())?;
-    require(s.inverse == 0, NOT_SUPPORTED, || "inverse convolutions are not supported".into())?;
     let i = desc(indices, "indices")?;
     require(i.dims.len() == 2 && i.dims[1] == 4, BAD_PARAM, || "indices: int32 [L, 4]".into())?;
     let l = i.dims[0];
     expect(i, "indices", DTYPE_INT32, &[l, 4])?;
+    // The vendor holds batch * output volume + 1 and batch * input volume in int
+    // (normal_get_indice_pairs.cpp:205-208, 841 at v1.4.0): beyond it, undefined there.
+    let volume = |space: &[i32; 3]| space.iter().fold(s.batch as u128, |a, &d| a * d as u128);
+    require(volume(&s.output) < i32::MAX as u128 && volume(&s.input) <= i32::MAX as u128, BAD_PARAM, || {
+        "batch * output or input volume overflows the vendor's int grid".into()
+    })?;
     let grid = s.input.iter().fold(s.batch as usize, |a, &d| a * d as usize);
     require(l <= grid, BAD_PARAM, || format!("L = {l} beyond batch * input volume = {grid}"))?;
     let k: usize = s.filter.iter().map(|&x| x as usize).product();

@@ -200,6 +200,13 @@ fn get_indice_pairs_runs_on_mluops_with_num_act_out_from_the_descriptor() {
     let mut huge = gip_attrs(0, 3, 2);
     huge[0] = ("batch_size", AttrValue::Int(1 << 40));
     runs_on("GetIndicePairs", &huge, MLUOPS, &[Some(&input)], Ran::Host("no card path supports".into()));
+    // batch * output volume beyond int32 (32 nuScenes-sized grids): the library's int grid
+    // would overflow, so MLU-OPS is passed over at placement.
+    let mut big = gip_attrs(0, 3, 1);
+    big[0] = ("batch_size", AttrValue::Int(32));
+    big[1] = ("spatial_shape", AttrValue::Ints(vec![41, 1440, 1440]));
+    let why = node("GetIndicePairs", &big, MLUOPS).static_choice(&device().info, None).expect_err("declined");
+    assert!(why.contains("MLU-OPS computes its grid in int"), "{why}");
 }
 
 #[test]

@@ -433,13 +433,14 @@ pub unsafe fn create(
             &format!("{EP_NAME}: this library is already registered in this process, as '{first}'; register it once (or unregister it first)"),
         );
     }
-    // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives;
-    // unrouted when the factory is released.
-    unsafe { crate::ffi::route_log(logger) };
-    // SAFETY: as above.
+    let raw_logger = logger;
+    // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives.
     let logger = unsafe { Logger::new(logger) };
     match Factory::new(logger) {
         Ok(f) => {
+            // SAFETY: as above; unrouted when the factory is released (a factory that was
+            // never made routes nothing).
+            unsafe { crate::ffi::route_log(raw_logger) };
             *registered = Some(name.to_owned());
             // SAFETY: checked non-null; room for at least one factory.
             unsafe {

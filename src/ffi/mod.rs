@@ -290,8 +290,17 @@ pub use ort_sys::OrtLoggingLevel::{
     ORT_LOGGING_LEVEL_ERROR as ERROR, ORT_LOGGING_LEVEL_INFO as INFO, ORT_LOGGING_LEVEL_WARNING as WARNING,
 };
 
-/// ONNX Runtime's default logger while a factory holds it, else null.
-static ROUTED: std::sync::atomic::AtomicPtr<OrtLogger> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+/// ONNX Runtime's default logger while a factory holds it, else null. Held for reading
+/// across each use, so that `route_log(null)` returns only when no record is using it.
+static ROUTED: std::sync::RwLock<Routed> = std::sync::RwLock::new(Routed(std::ptr::null()));
+
+struct Routed(*const OrtLogger);
+
+// SAFETY: an ORT logger may be used from any thread (ORT's loggers are thread-safe); the
+// lock orders its uses before its release.
+unsafe impl Send for Routed {}
+// SAFETY: as above.
+unsafe impl Sync for Routed {}
 
 /// The crate's `log` records (allocation failures, frees, a ParallelFor fallback, ...) go
 /// to ONNX Runtime's default logger while a factory holds it, else to stderr: never to
@@ -310,9 +319,9 @@ impl log::Log for Forward {
         if !self.enabled(r.metadata()) {
             return;
         }
-        let logger = ROUTED.load(std::sync::atomic::Ordering::Acquire);
+        let routed = ROUTED.read().unwrap_or_else(|e| e.into_inner());
         let msg = format!("onnxruntime-ep-mlu: {}", r.args());
-        if logger.is_null() {
+        if routed.0.is_null() {
             eprintln!("[{}] {msg}", r.level());
             return;
         }
@@ -321,7 +330,7 @@ impl log::Log for Forward {
             log::Level::Warn => WARNING,
             _ => INFO,
         };
-        Logger(logger).log(level, &msg);
+        Logger(routed.0.cast_mut()).log(level, &msg);
     }
 
     fn flush(&self) {}
@@ -334,7 +343,7 @@ impl log::Log for Forward {
 /// # Safety
 /// `logger` is null or a live ONNX Runtime logger until the next call of this function.
 pub unsafe fn route_log(logger: *const OrtLogger) {
-    ROUTED.store(logger.cast_mut(), std::sync::atomic::Ordering::Release);
+    ROUTED.write().unwrap_or_else(|e| e.into_inner()).0 = logger;
     install_log();
 }
 

@@ -386,6 +386,11 @@ impl Queue {
     pub fn ptr(&self) -> QueuePtr {
         self.ptr
     }
+
+    /// The card this queue belongs to.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
     /// Waits for everything enqueued; a kernel failure (an emulator rule violation names
     /// kernel, task and source line) comes back here.
     pub fn sync(&self) -> Result<()> {

@@ -244,9 +244,10 @@ pub struct Library {
     pub f: Functions,
     pub path: String,
     pub version: (i32, i32, i32),
-    /// Handles not in use. A handle must not be used by two threads at once (MLU-OPS
-    /// docs/user_guide thread_safety.rst): each call takes one and gives it back.
-    idle: Mutex<Vec<Handle>>,
+    /// Handles not in use, per card (keyed by the card's address: `mluOpCreate` binds a
+    /// handle to the thread's current card). A handle must not be used by two threads at
+    /// once (MLU-OPS docs/user_guide thread_safety.rst): each call takes one and gives it back.
+    idle: Mutex<Vec<(usize, Handle)>>,
     _lib: libloading::Library,
 }
 
@@ -336,7 +337,11 @@ impl Library {
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be
     /// bound to the card: `mluOpCreate` takes the thread's current device).
     pub fn with_handle<T>(&self, queue: &Queue, f: impl FnOnce(HandlePtr) -> Result<T>) -> Result<T> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let card = Arc::as_ptr(queue.device()) as usize;
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.iter().position(|(c, _)| *c == card).map(|i| idle.swap_remove(i).1)
+        };
         let handle = match idle {
             Some(h) => h,
             None => {
@@ -348,7 +353,7 @@ impl Library {
         };
         // SAFETY: a live handle of this library and the caller's live queue.
         let result = self.check("mluOpSetQueue", unsafe { (self.f.mluOpSetQueue)(handle.0, queue.ptr()) }).and_then(|()| f(handle.0));
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push((card, handle));
         result
     }
 
@@ -399,7 +404,7 @@ impl Library {
 
 impl Drop for Library {
     fn drop(&mut self) {
-        for h in self.idle.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for (_, h) in self.idle.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
             // SAFETY: a handle of this library, no longer used.
             unsafe { (self.f.mluOpDestroy)(h.0) };
         }

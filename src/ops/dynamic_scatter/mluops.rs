@@ -3,15 +3,15 @@
 
 use super::Reduce;
 use super::backward::{Dims, DynamicScatterBackward};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mluops::{DType, Layout, Library, ReduceMode};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
 use crate::tensor::{self, OutputSpec};
 use std::ffi::c_void;
 
-/// The library's NRAM bound on MLU370 (5N + 20C + 4 bytes within NRAM less 128 KB;
-/// docs/MLUOPS_BINDING.md): beyond it the call is BAD_PARAM.
-const NRAM_BOUND: usize = 768 * 1024 - 128 * 1024;
+/// What the library keeps of a card's NRAM for itself (REM_FOR_STACK: core/context.cpp:279
+/// and kernels/kernel.h:67 at v1.4.0): its NRAM bound is the rest.
+const NRAM_KEPT: usize = 128 * 1024;
 
 impl MluOpsOperator for DynamicScatterBackward {
     fn mluops_supported(&self) -> std::result::Result<(), String> {
@@ -25,13 +25,15 @@ impl MluOpsOperator for DynamicScatterBackward {
         if d.n < d.m {
             return Err(format!("N = {} points < M = {} voxels: MLU-OPS requires N >= M", d.n, d.m));
         }
-        if 5 * d.n + 20 * d.c + 4 > NRAM_BOUND {
-            return Err(format!("N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {NRAM_BOUND}", d.n, d.c));
-        }
         Ok(())
     }
 
     fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        // The library's NRAM bound, 5N + 20C + 4 bytes (BAD_PARAM beyond it), on this card.
+        let nram = usize::try_from(card.device.info.nram_bytes).unwrap_or(usize::MAX).saturating_sub(NRAM_KEPT);
+        if d.n.saturating_mul(5).saturating_add(d.c.saturating_mul(20)).saturating_add(4) > nram {
+            return Err(Error::MluLimit(format!("N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}", d.n, d.c)));
+        }
         let out = outputs.allocate(0, &OutputSpec::new(tensor::DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N*C floats.
         unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
@@ -41,7 +43,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         // voxel_num: the optional input, or V = M written to the card.
         let voxel_num: *const c_void = if card.input::<c_void>(5).is_null() {
             let v: *mut i32 = outputs.workspace(4)?.cast();
-            let value = [i32::try_from(d.v).map_err(|_| crate::error::Error::MluLimit(format!("V = {} beyond int32", d.v)))?];
+            let value = [i32::try_from(d.v).map_err(|_| Error::MluLimit(format!("V = {} beyond int32", d.v)))?];
             // SAFETY: `v` was just allocated for one int32.
             unsafe { card.device.copy_raw(v.cast(), value.as_ptr().cast(), 4, crate::mlu::Direction::HostToDevice)? };
             v.cast_const().cast()

@@ -61,6 +61,12 @@ impl MluOpsOperator for GetIndicePairs {
         if let Some(s) = self.stride.iter().find(|&&s| !(s as u64).is_power_of_two() && s != 3 && s != 5) {
             return Err(format!("stride {s}: mluOpGetIndicePairs' float division is exact only for strides 2^k, 3 and 5"));
         }
+        // The library holds batch * output volume + 1 (its grid) and batch * input volume in
+        // int (normal_get_indice_pairs.cpp:205-208 and 841 at v1.4.0).
+        let volume = |space: [i64; 3]| space.iter().fold(self.batch as u128, |a, &v| a * v as u128);
+        if volume(self.output_space) + 1 > i32::MAX as u128 || volume(self.input_space) > i32::MAX as u128 {
+            return Err("batch * output or input volume beyond int32: MLU-OPS computes its grid in int".into());
+        }
         if self.input_space.iter().zip(&self.pad).any(|(&i, &p)| i + p >= 1 << 23) {
             return Err("coordinates + padding of 2^23 or more: beyond the library's exact float arithmetic".into());
         }
@@ -97,7 +103,9 @@ impl MluOpsOperator for GetIndicePairs {
         // SAFETY: `pairs` was just allocated for K*2*L int32.
         unsafe { device.fill_raw(pairs, 0xFF, k * 2 * l * 4)? };
         let bound = self.site_bound(l, k);
-        let out_bound = outputs.workspace(bound * 16)?;
+        let out_bound = outputs.workspace(bound * 16).map_err(|e| {
+            Error::MluLimit(format!("out_indices' upper bound of {bound} rows could not be allocated on the card: {e}"))
+        })?;
         let conv = lib.sparse_conv(&self.params())?;
         let indices = lib.tensor(Layout::Array, DType::Int32, &[l, 4])?;
         let pairs_d = lib.tensor(Layout::Array, DType::Int32, &[k, 2, l])?;
@@ -130,7 +138,9 @@ impl MluOpsOperator for GetIndicePairs {
         // outputs are rewritten by the next path.
         if num_out < k * l {
             let mut counts = vec![0i32; k];
-            // SAFETY: `num` holds K int32 the library wrote (it synchronised the queue).
+            // Whatever the library enqueued after its own synchronisation has finished.
+            card.queue.sync()?;
+            // SAFETY: `num` holds K int32 the library wrote.
             unsafe { device.copy_raw(counts.as_mut_ptr().cast(), num.cast_const(), k * 4, Direction::DeviceToHost)? };
             let valid: usize = counts.iter().map(|&c| c.max(0) as usize).sum();
             if valid == k * l {
