@@ -536,3 +536,134 @@ pub unsafe extern "C" fn mluOpPsRoiPoolForward(
         store(&result[1], mapping, "mapping_channel")
     })
 }
+
+/// The checks of IndiceConvolutionForward's two functions (foolProof,
+/// indice_convolution_forward.cpp:37-167 at v1.4.0): (L, Cin, Cout, indice_num).
+#[allow(clippy::too_many_arguments)]
+fn icf_check(
+    features: *mut c_void,
+    filters: *mut c_void,
+    pairs: *mut c_void,
+    out: *mut c_void,
+    indice_num: *const i64,
+    num_act_out: i64,
+    inverse: i64,
+    sub_m: i64,
+) -> Result<(usize, usize, usize, Vec<i64>), Status> {
+    let f = desc(features, "features")?;
+    let w = desc(filters, "filters")?;
+    let p = desc(pairs, "indice_pairs")?;
+    let o = desc(out, "features_out")?;
+    require(!indice_num.is_null(), BAD_PARAM, || "indice_num is null".into())?;
+    require(matches!(f.dtype, DTYPE_FLOAT | DTYPE_HALF) && f.dtype == w.dtype && f.dtype == o.dtype, BAD_PARAM, || {
+        "features, filters and features_out: one of half, float".into()
+    })?;
+    require(p.dtype == DTYPE_INT32, BAD_PARAM, || "indice_pairs: int32".into())?;
+    require(matches!(sub_m, 0 | 1) && matches!(inverse, 0 | 1), BAD_PARAM, || "sub_m and inverse: 0 or 1".into())?;
+    require(inverse == 0, NOT_SUPPORTED, || "inverse is not supported".into())?;
+    // NDHWC and NCDHW filters are transposed by the vendor: only ARRAY ([kd, kh, kw, Cin,
+    // Cout], read as [K][Cin][Cout]) is computed here, the layout the provider passes.
+    require(w.layout == LAYOUT_ARRAY, NOT_SUPPORTED, || "filters: the emulated library computes ARRAY layout only".into())?;
+    require(f.dims.len() == 2 && p.dims.len() == 3 && o.dims.len() == 2, BAD_PARAM, || "features, indice_pairs, features_out: ranks 2, 3, 2".into())?;
+    require(p.dims[2] <= 1_000_000, NOT_SUPPORTED, || format!("indice_pairs' dims[2] = {} beyond 1,000,000", p.dims[2]))?;
+    require(w.dims.len() == 5, NOT_SUPPORTED, || "filters: 5 dimensions".into())?;
+    let (ci, k, co) = (w.dims[3], w.dims[0] * w.dims[1] * w.dims[2], w.dims[4]);
+    let l = f.dims[0];
+    require(l == p.dims[2] && f.dims[1] == ci, BAD_PARAM, || "features: [indice_pairs' dims[2], Cin]".into())?;
+    require(p.dims[0] == k && p.dims[1] == 2, BAD_PARAM, || "indice_pairs: [K, 2, L]".into())?;
+    require(num_act_out >= 0 && o.dims[0] == num_act_out as usize && o.dims[1] == co, BAD_PARAM, || {
+        "features_out: [num_act_out, Cout]".into()
+    })?;
+    // SAFETY: the caller's host array of K values (the API's contract).
+    let counts = unsafe { std::slice::from_raw_parts(indice_num, k) }.to_vec();
+    require(counts.iter().all(|&n| (0..=l as i64).contains(&n)), BAD_PARAM, || format!("indice_num {counts:?} outside [0, {l}]"))?;
+    Ok((l, ci, co, counts))
+}
+
+/// The emulated library's workspace: a gathered block, its product and a scatter result
+/// (the vendor's segments, indice_convolution_forward.cpp:199-216, without CNNL's extras).
+fn icf_workspace(ci: usize, co: usize, num_act_out: usize, counts: &[i64]) -> usize {
+    let most = counts.iter().copied().max().unwrap_or(0) as usize;
+    (most * (ci + co) + num_act_out * co) * 4
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mluOpGetIndiceConvolutionForwardWorkspaceSize(
+    h: *mut c_void,
+    features: *mut c_void,
+    filters: *mut c_void,
+    pairs: *mut c_void,
+    out: *mut c_void,
+    indice_num: *const i64,
+    num_act_out: i64,
+    inverse: i64,
+    sub_m: i64,
+    size: *mut usize,
+) -> Status {
+    guarded("mluOpGetIndiceConvolutionForwardWorkspaceSize", || {
+        let _h = handle(h)?;
+        let (_, ci, co, counts) = icf_check(features, filters, pairs, out, indice_num, num_act_out, inverse, sub_m)?;
+        // A zero-element tensor: success with *size left unset (as the vendor).
+        if [features, filters, pairs, out].iter().any(|&d| desc(d, "").map_or(true, |d| d.numel() == 0)) {
+            return Ok(());
+        }
+        require(!size.is_null(), BAD_PARAM, || "workspace_size is null".into())?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { *size = icf_workspace(ci, co, num_act_out as usize, &counts) };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mluOpIndiceConvolutionForward(
+    h: *mut c_void,
+    features_desc: *mut c_void,
+    features: *const c_void,
+    filters_desc: *mut c_void,
+    filters: *const c_void,
+    pairs_desc: *mut c_void,
+    pairs: *const c_void,
+    indice_num: *const i64,
+    num_act_out: i64,
+    inverse: i64,
+    sub_m: i64,
+    workspace: *mut c_void,
+    workspace_size: usize,
+    out_desc: *mut c_void,
+    out: *mut c_void,
+) -> Status {
+    guarded("mluOpIndiceConvolutionForward", || {
+        let _h = handle(h)?;
+        let (l, ci, co, counts) = icf_check(features_desc, filters_desc, pairs_desc, out_desc, indice_num, num_act_out, inverse, sub_m)?;
+        let descs = [features_desc, filters_desc, pairs_desc, out_desc].map(|d| desc(d, ""));
+        if descs.iter().any(|d| d.as_ref().map_or(true, |d| d.numel() == 0)) {
+            return Ok(());
+        }
+        require(workspace_size >= icf_workspace(ci, co, num_act_out as usize, &counts) && !workspace.is_null(), BAD_PARAM, || {
+            format!("workspace of {workspace_size} bytes where {} are required", icf_workspace(ci, co, num_act_out as usize, &counts))
+        })?;
+        let k = counts.len();
+        let rulebook: Vec<i32> = read(pairs, k * 2 * l, "indice_pairs")?;
+        // Each offset's products reach the output through ScatterNd in UPDATE mode
+        // (indice_convolution_forward.cpp:482): a destination repeated within one offset
+        // keeps one of its contributions there, a failed call here.
+        for (kk, &n) in counts.iter().enumerate() {
+            let mut seen = std::collections::HashSet::new();
+            let dst = &rulebook[(kk * 2 + 1) * l..(kk * 2 + 1) * l + n as usize];
+            require(dst.iter().all(|d| seen.insert(*d)), EXECUTION_FAILED, || {
+                format!("offset {kk}: a destination repeats (ScatterNd UPDATE keeps one contribution in the vendor library)")
+            })?;
+        }
+        let filters_t = tensor(desc(filters_desc, "")?, filters, "filters")?;
+        let inputs = [
+            tensor(desc(features_desc, "")?, features, "features")?,
+            Tensor { shape: vec![k, ci, co], data: filters_t.data },
+            Tensor { shape: vec![k, 2, l], data: OwnedData::I32(rulebook) },
+            Tensor { shape: vec![k], data: OwnedData::I32(counts.iter().map(|&n| n as i32).collect()) },
+            Tensor { shape: vec![num_act_out as usize, 0], data: OwnedData::I32(Vec::new()) },
+        ];
+        let refs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();
+        let result = compute::<sparse_conv::IndiceConv>(attrs(vec![("inverse", AttrValue::Int(0))]), &refs)?;
+        store(&result[0], out, "features_out")
+    })
+}

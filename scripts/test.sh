@@ -44,10 +44,10 @@ echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
 echo "== fuzz: 27,000 fixed-seed cases (all nine operators, both paths, isolated workers; tests/fuzz/README.md)"
 "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 27000
-echo "== fuzz on the MLU-OPS backend: 12,600 cases of its seven operators, mlu_backend=mluops against the emulated libmluops"
+echo "== fuzz on the MLU-OPS backend: 14,400 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
 MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libmluops_emulated.so" \
-    "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 12600 \
-    --ops DynamicScatterBackward,ThreeInterpolateBackward,GetIndicePairs,VoxelPoolingForward,PsRoiPoolBackward,ThreeInterpolate,PsRoiPool
+    "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 14400 \
+    --ops DynamicScatterBackward,ThreeInterpolateBackward,GetIndicePairs,VoxelPoolingForward,PsRoiPoolBackward,IndiceConv,ThreeInterpolate,PsRoiPool
 echo "== every operator's session on both paths under valgrind (memcheck)"
 scripts/valgrind.sh
 echo "== the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"

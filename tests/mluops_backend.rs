@@ -380,3 +380,70 @@ fn psroipool_forward_rois_that_give_nothing_become_empty_rois_not_a_skipped_batc
     let far = psroi_forward_inputs(2, vec![0.0, 1.0e12, 2.0, 1.0e12 + 4096.0, 7.0]);
     runs_on("PsRoiPool", &psroi_attrs(), AUTO, &refs(&far), Ran::Host("int range".into()));
 }
+
+/// IndiceConv's inputs over GetIndicePairs' rulebook (the CPU kernel's) of `input` sites.
+fn conv_inputs(gip: &[(&'static str, AttrValue)], input: &Tensor, cin: usize, cout: usize, bias: bool) -> Vec<Tensor> {
+    let rulebook = cpu("GetIndicePairs", gip, &[Some(input)]).expect("a valid rulebook");
+    let (l, k) = (input.shape[0], rulebook[0].shape[0]);
+    let mut v = vec![f32s(&[l, cin], 11), f32s(&[k, cin, cout], 12), rulebook[0].clone(), rulebook[2].clone(), rulebook[1].clone()];
+    if bias {
+        v.push(f32s(&[cout], 13));
+    }
+    v
+}
+
+/// Runs IndiceConv through the node runner on `order`; asserts where it ran and its output
+/// against the CPU kernel's within the accumulating class (the bias comes last on MLU-OPS).
+fn conv_runs_on(inputs: &[Tensor], order: &'static [Backend], want: Backend) {
+    let attrs = [("inverse", AttrValue::Int(0))];
+    let (got, ran) = run_node_on_device(&device(), &node("IndiceConv", &attrs, order), &refs(inputs)).expect("the node runs");
+    assert_eq!(ran, Ran::Card(want, vec![]), "IndiceConv: where it ran");
+    let reference = cpu("IndiceConv", &attrs, &refs(inputs)).expect("CPU kernel runs");
+    let (OwnedData::F32(g), OwnedData::F32(r)) = (&got[0].data, &reference[0].data) else { panic!("float outputs") };
+    assert_eq!(got[0].shape, reference[0].shape);
+    let scale = r.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    let worst = g.iter().zip(r).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-6 * scale, "IndiceConv on {want:?}: max |a-b| = {worst} against max |ref| = {scale}");
+}
+
+#[test]
+fn indice_conv_runs_on_mluops_with_the_bias_added_on_the_card() {
+    let input = sites(60);
+    for (gip, bias) in [(gip_attrs(0, 3, 2), true), (gip_attrs(0, 3, 1), false), (gip_attrs(1, 3, 1), true)] {
+        conv_runs_on(&conv_inputs(&gip, &input, 5, 7, bias), MLUOPS, Backend::MluOps);
+    }
+    // Without a bias the library's sums are the CPU kernel's, bit for bit (the emulated
+    // library computes with it); with one, only the bias's place in each sum differs.
+    let plain = conv_inputs(&gip_attrs(0, 3, 2), &input, 4, 6, false);
+    runs_on("IndiceConv", &[("inverse", AttrValue::Int(0))], MLUOPS, &refs(&plain), Ran::Card(Backend::MluOps, vec![]));
+    // No pair at all (every indice_num 0): the bias alone, written without the library.
+    let mut none = conv_inputs(&gip_attrs(0, 3, 2), &input, 4, 6, true);
+    none[3] = i32s(&none[3].shape.clone(), vec![0; none[3].shape[0]]);
+    conv_runs_on(&none, MLUOPS, Backend::MluOps);
+}
+
+#[test]
+fn indice_conv_declines_what_mluops_would_get_wrong_or_refuse() {
+    let attrs = [("inverse", AttrValue::Int(0))];
+    // Duplicate input rows: a destination repeats within an offset, which the library's
+    // ScatterNd (UPDATE) would not sum.
+    let s = sites(30);
+    let OwnedData::I32(v) = &s.data else { unreachable!() };
+    let twice = i32s(&[60, 4], v.iter().chain(v).copied().collect());
+    let dup = conv_inputs(&gip_attrs(0, 3, 2), &twice, 4, 6, true);
+    runs_on("IndiceConv", &attrs, MLUOPS, &refs(&dup), Ran::Host("distinct destinations".into()));
+    // P != L: the library wants indice_pairs' last dimension equal to features' rows.
+    let mut wide = conv_inputs(&gip_attrs(0, 3, 2), &sites(60), 4, 6, false);
+    wide[0] = f32s(&[61, 4], 11);
+    runs_on("IndiceConv", &attrs, MLUOPS, &refs(&wide), Ran::Host("P = 60 != features' L = 61".into()));
+    let inverse = node("IndiceConv", &[("inverse", AttrValue::Int(1))], MLUOPS).static_choice(&device().info, None);
+    assert!(inverse.is_err_and(|why| why.contains("inverse = 1")), "inverse is declined at placement");
+    // A pair out of range: the contract's error from the checks before the library.
+    let mut bad = conv_inputs(&gip_attrs(0, 3, 2), &sites(60), 4, 6, true);
+    let OwnedData::I32(pairs) = &mut bad[2].data else { unreachable!() };
+    let p = 60;
+    pairs[(13 * 2 + 1) * p] = 1 << 20;
+    let err = run_node_on_device(&device(), &node("IndiceConv", &attrs, MLUOPS), &refs(&bad)).expect_err("destination out of range");
+    let want = cpu("IndiceConv", &attrs, &refs(&bad)).expect_err("CPU rejects");
+    assert_eq!(err.to_string(), want.to_string(), "the same contract error on both paths");
+}

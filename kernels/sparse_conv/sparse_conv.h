@@ -1,5 +1,6 @@
-// GetIndicePairs: the C ABI of sparse_conv.mlu, the launch entries of its five kernels
-// (expand, mark, rank, out, pairs) and their geometry argument. Included after
+// The sparse convolution family: the C ABI of sparse_conv.mlu, the launch entries of
+// GetIndicePairs' five kernels (expand, mark, rank, out, pairs) and their geometry argument,
+// and IndiceConv's bias step on the MLU-OPS path. Included after
 // ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declarations
 // (src/mlu/mod.rs, kernels!; Geometry in src/ops/sparse_conv/get_indice_pairs/mlu.rs) are checked
 // against this file by tests/kernel_abi.rs.
@@ -39,3 +40,8 @@ MLUOPS_EXPORT int mluops_get_indice_pairs_pairs(cnrtQueue_t queue, uint32_t task
                                                 const int32_t *expand, const int32_t *bitmap,
                                                 const int32_t *word_rank, const int32_t *perm, int32_t *pairs,
                                                 int32_t *indice_num);
+
+// IndiceConv's bias (mluOpIndiceConvolutionForward has none): out[r, c] += bias[c] over
+// float32 [rows, cols], tile_rows rows per NRAM tile.
+MLUOPS_EXPORT int mluops_indice_conv_bias(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rows,
+                                          int32_t cols, int32_t tile_rows, const float *bias, float *out);

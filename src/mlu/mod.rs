@@ -161,6 +161,8 @@ kernels! {
         padded: i32, tile_points: i32, tile_voxels: i32, fill_tile: i32,
         grad_voxel_feats: *const f32, feats: *const f32, voxel_feats: *const f32, point2voxel_map: *const i32,
         reduce_from: *mut i32, grad_feats: *mut f32, gate: *const i32, gates: i32);
+    mluops_indice_conv_bias(task_dim: u32, task_type: i32, rows: i32, cols: i32, tile_rows: i32,
+        bias: *const f32, out: *mut f32);
     mluops_check_int_rows(task_dim: u32, task_type: i32, data: *const i32, rows: i32, cols: i32,
         bounds: *const crate::mlu::IntBounds, tile_rows: i32, task_first: *mut i32, record: *mut i32);
     mluops_check_float_rows(task_dim: u32, task_type: i32, data: *const f32, rows: i32, cols: i32, col: i32,

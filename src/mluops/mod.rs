@@ -231,6 +231,10 @@ functions! {
         TensorDescPtr, *mut usize) -> Status;
     mluOpGetIndicePairs(HandlePtr, SparseConvDescPtr, TensorDescPtr, *const c_void, *mut c_void, usize,
         TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
+    mluOpGetIndiceConvolutionForwardWorkspaceSize(HandlePtr, TensorDescPtr, TensorDescPtr, TensorDescPtr, TensorDescPtr,
+        *const i64, i64, i64, i64, *mut usize) -> Status;
+    mluOpIndiceConvolutionForward(HandlePtr, TensorDescPtr, *const c_void, TensorDescPtr, *const c_void, TensorDescPtr,
+        *const c_void, *const i64, i64, i64, i64, *mut c_void, usize, TensorDescPtr, *mut c_void) -> Status;
     mluOpVoxelPoolingForward(HandlePtr, c_int, c_int, c_int, c_int, c_int, c_int, TensorDescPtr, *const c_void,
         TensorDescPtr, *const c_void, TensorDescPtr, *mut c_void, TensorDescPtr, *mut c_void) -> Status;
     mluOpPsRoiPoolForward(HandlePtr, c_int, c_int, f32, c_int, c_int, TensorDescPtr, *const c_void, TensorDescPtr,

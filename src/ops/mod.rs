@@ -104,7 +104,7 @@ macro_rules! cpu_only {
 }
 
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
-/// partners the models need (two of them on MLU-OPS: docs/MLUOPS_BINDING.md §4).
+/// partners the models need (three of them on MLU-OPS: docs/MLUOPS_BINDING.md §4).
 pub const ALL: &[OpEntry] = &[
     card!(dynamic_scatter::DynamicScatterBackward, [mluops, bang]),
     card!(three_interpolate::ThreeInterpolateBackward, [mluops, bang]),
@@ -112,7 +112,7 @@ pub const ALL: &[OpEntry] = &[
     card!(voxel_pooling::VoxelPoolingForward, [mluops, bang]),
     card!(psroipool::PsRoiPoolBackward, [mluops, bang]),
     cpu_only!(dynamic_scatter::DynamicScatter),
-    cpu_only!(sparse_conv::IndiceConv),
+    card!(sparse_conv::IndiceConv, [mluops]),
     card!(three_interpolate::ThreeInterpolate, [mluops]),
     card!(psroipool::PsRoiPool, [mluops]),
 ];

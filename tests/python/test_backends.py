@@ -63,6 +63,12 @@ def run_model(lib: Path, backend: str, name: str, spec: dict, tmp: Path) -> tupl
     return diffs, lines
 
 
+def biased_indice_conv(model: Path) -> bool:
+    import onnx
+
+    return any(n.op_type == "IndiceConv" and len(n.input) > 5 and n.input[5] for n in onnx.load(str(model)).graph.node)
+
+
 def zoo_models() -> dict:
     return json.loads((ZOO / "zoo.json").read_text())["models"]
 
@@ -85,8 +91,9 @@ def test_every_zoo_model_on_each_backend(backend, tmp_path):
             other = "bang" if backend == "mluops" else "mluops"
             assert s["card_runs"][other] == 0 and s["claimed"][other] == 0, f"{name}: {other} ran under {backend}: {s}"
         # The MLU-OPS path computes with the emulated library's CPU kernels, the BANG path
-        # with the BANG kernels: exact against the CPU session but for atomics' order.
-        if backend == "mluops":
+        # with the BANG kernels: exact against the CPU session but for atomics' order, and
+        # on MLU-OPS for IndiceConv's bias, added after the library's sums there.
+        if backend == "mluops" and not biased_indice_conv(ZOO / spec["model"]):
             assert diffs == {}, f"{name} on mluops differs from the CPU session: {diffs}"
         else:
             assert all(isinstance(d, float) and d < 1e-3 for d in diffs.values()), f"{name} ({backend}): {diffs}"

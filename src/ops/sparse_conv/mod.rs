@@ -1,9 +1,8 @@
-//! The sparse convolution family (spconv v1 / mmcv): GetIndicePairs, the rulebook (CPU and
-//! BANG kernels), and IndiceConv, the convolution that consumes it (CPU).
+//! The sparse convolution family (spconv v1 / mmcv): GetIndicePairs, the rulebook (CPU, BANG
+//! kernels and MLU-OPS), and IndiceConv, the convolution that consumes it (CPU and MLU-OPS).
 
 pub mod get_indice_pairs;
 pub mod indice_conv;
-
 
 pub use get_indice_pairs::GetIndicePairs;
 pub use indice_conv::IndiceConv;

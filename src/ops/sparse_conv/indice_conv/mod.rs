@@ -41,9 +41,12 @@
 //! bit-identical across runs and thread counts. (The path and the GEMM's kernels are picked
 //! by the CPU's instruction set: another CPU may round differently, within the accumulating
 //! class.)
-//! No MLU kernel: the EP declines it.
+//! On the card: MLU-OPS only (mluops.rs).
+
+pub mod mluops;
 
 use crate::ops::Operator;
+use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule};
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
@@ -51,12 +54,12 @@ use crate::scratch::{self, FirstError};
 use crate::schema::Attrs;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
-const FEATURES: usize = 0;
-const FILTERS: usize = 1;
-const PAIRS: usize = 2;
+pub(super) const FEATURES: usize = 0;
+pub(super) const FILTERS: usize = 1;
+pub(super) const PAIRS: usize = 2;
 const NUM: usize = 3;
 const OUT_INDICES: usize = 4;
-const BIAS: usize = 5;
+pub(super) const BIAS: usize = 5;
 /// A row tile's output block, at most: it stays in L2 while the tile's offsets are walked.
 const TILE_OUT_BYTES: usize = 128 * 1024;
 /// Pairs per offset that a tile aims at (the GEMMs' m), density permitting.
@@ -165,9 +168,101 @@ fn tile_shift_unbounded(rows: usize, cout: usize, total: usize, active: usize) -
     usize::BITS - 1 - rows_per_tile.leading_zeros()
 }
 
+/// What IndiceConv's shape rules learn: the sizes and each offset's pair count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvDims {
+    pub(super) l: usize,
+    pub(super) cin: usize,
+    pub(super) k: usize,
+    pub(super) cout: usize,
+    /// indice_pairs' last dimension.
+    pub(super) p: usize,
+    /// num_out, the output's rows.
+    pub(super) rows: usize,
+    /// indice_num, each in [0, P].
+    pub(super) counts: Vec<usize>,
+    pub(super) bias: bool,
+}
+
+impl IndiceConv {
+    /// The slot each pair is read from (source) and the one it is written to.
+    pub(super) fn slots(&self) -> [usize; 2] {
+        if self.inverse { [1, 0] } else { [0, 1] }
+    }
+}
+
+impl Rules for IndiceConv {
+    const SIZE_INPUTS: &'static [usize] = &[NUM];
+    type Dims = ConvDims;
+
+    /// Shapes, dtypes and indice_num (read on the host on both paths).
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<ConvDims> {
+        let &[l, cin] = inputs.shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")? else { unreachable!("rank checked") };
+        let filters = inputs.shaped::<f32>(FILTERS, &[None, Some(cin), None], &format!("[K, Cin, Cout] (Cin = {cin} of features)"))?;
+        let (k_count, cout) = (filters[0], filters[2]);
+        let p = inputs.shaped::<i32>(PAIRS, &[Some(k_count), Some(2), None], &format!("[K, 2, P] (K = {k_count} of filters)"))?[2];
+        let num = inputs.get_shaped::<i32>(NUM, &[Some(k_count)], &format!("[K] (K = {k_count} of filters)"))?;
+        let out_indices = inputs.shape_of::<i32>(OUT_INDICES)?;
+        if out_indices.len() != 2 {
+            return Err(inputs.error(OUT_INDICES, format!("expected shape [num_out, D], got {out_indices:?}")));
+        }
+        let rows = out_indices[0];
+        let bias = inputs.dtype(BIAS).is_some();
+        if bias {
+            let shape = inputs.shape_of::<f32>(BIAS)?;
+            if shape != [cout] {
+                return Err(inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {shape:?}")));
+            }
+        }
+        let numel = rows.checked_mul(cout).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
+        if numel.is_none() {
+            return Err(Error::output("output", format!("[num_out, Cout] = [{rows}, {cout}] is too large")));
+        }
+        let mut counts = scratch::with_capacity(k_count, "indice_num")?;
+        for (k, &n) in num.data.iter().enumerate() {
+            let n = usize::try_from(n).ok().filter(|&n| n <= p).ok_or_else(|| {
+                inputs.error(NUM, format!("indice_num[{k}] = {n} is outside [0, P] with P = {p} (indice_pairs' last dimension)"))
+            })?;
+            counts.push(n);
+        }
+        if l > u32::MAX as usize || rows > u32::MAX as usize || k_count > u32::MAX as usize {
+            return Err(inputs.error(FEATURES, format!("L = {l}, num_out = {rows} or K = {k_count} is too large")));
+        }
+        Ok(ConvDims { l, cin, k: k_count, cout, p, rows, counts, bias })
+    }
+
+    /// For each offset k with pairs, in order: its sources in [0, L), then its destinations
+    /// in [0, num_out), over its first indice_num[k] slots.
+    fn value_rules(&self, d: &ConvDims) -> Vec<ValueRule> {
+        let slots = self.slots();
+        let limits = [d.l, d.rows];
+        let mut rules = Vec::new();
+        for (k, &n) in d.counts.iter().enumerate().filter(|(_, n)| **n > 0) {
+            for (slot, limit) in slots.into_iter().zip(limits) {
+                let (lo, hi) = Check::half_open(0, limit);
+                rules.push(ValueRule::part(PAIRS, (k * 2 + slot) * d.p, n, Check::int_range(lo, hi)));
+            }
+        }
+        rules
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, d: &ConvDims, broken: &Broken) -> Error {
+        let rule = self.value_rules(d).get(broken.rule).copied();
+        match (rule.and_then(|r| r.part), &broken.values) {
+            (Some((first, _)), RowValues::I32(v)) if d.p > 0 => {
+                let (k, slot) = (first / (2 * d.p), first / d.p % 2);
+                let source = slot == self.slots()[0];
+                let limit = if source { d.l } else { d.rows };
+                pair_error(inputs, k, slot, broken.row, v.first().copied().unwrap_or(0), limit, source)
+            }
+            (_, values) => Error::Runtime(format!("IndiceConv: value rule {} reported {values:?}", broken.rule)),
+        }
+    }
+}
+
 impl Operator for IndiceConv {
     const NAME: &'static str = "IndiceConv";
-    const SCHEMA: &'static str = include_str!("../../../schemas/sparse_conv/indice_conv.json");
+    const SCHEMA: &'static str = include_str!("../../../../schemas/sparse_conv/indice_conv.json");
     type Plan = ConvPlan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
@@ -179,40 +274,9 @@ impl Operator for IndiceConv {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, ConvPlan)> {
-        let features = inputs.get_shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")?;
-        let (l, cin) = (features.shape[0], features.shape[1]);
-        let filters =
-            inputs.get_shaped::<f32>(FILTERS, &[None, Some(cin), None], &format!("[K, Cin, Cout] (Cin = {cin} of features)"))?;
-        let (k_count, cout) = (filters.shape[0], filters.shape[2]);
-        let pairs = inputs.get_shaped::<i32>(PAIRS, &[Some(k_count), Some(2), None], &format!("[K, 2, P] (K = {k_count} of filters)"))?;
-        let p = pairs.shape[2];
-        let num = inputs.get_shaped::<i32>(NUM, &[Some(k_count)], &format!("[K] (K = {k_count} of filters)"))?;
-        let out_indices = inputs.get::<i32>(OUT_INDICES)?;
-        if out_indices.shape.len() != 2 {
-            return Err(inputs.error(OUT_INDICES, format!("expected shape [num_out, D], got {:?}", out_indices.shape)));
-        }
-        let rows = out_indices.shape[0];
-        if let Some(bias) = inputs.get_optional::<f32>(BIAS)?
-            && bias.shape != [cout]
-        {
-            return Err(inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {:?}", bias.shape)));
-        }
-        let numel = rows.checked_mul(cout).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
-        if numel.is_none() {
-            return Err(Error::output("output", format!("[num_out, Cout] = [{rows}, {cout}] is too large")));
-        }
-        let mut counts = Vec::with_capacity(k_count);
-        for (k, &n) in num.data.iter().enumerate() {
-            let n = usize::try_from(n).ok().filter(|&n| n <= p).ok_or_else(|| {
-                inputs.error(NUM, format!("indice_num[{k}] = {n} is outside [0, P] with P = {p} (indice_pairs' last dimension)"))
-            })?;
-            counts.push(n);
-        }
-        if l > u32::MAX as usize || rows > u32::MAX as usize || k_count > u32::MAX as usize {
-            return Err(inputs.error(FEATURES, format!("L = {l}, num_out = {rows} or K = {k_count} is too large")));
-        }
-        // Which slot is read (source) and which is written (destination).
-        let slots = if self.inverse { [1, 0] } else { [0, 1] };
+        let ConvDims { l, cin, k: k_count, cout, p, rows, counts, .. } = self.shape_rules(inputs)?;
+        let pairs = inputs.get::<i32>(PAIRS)?;
+        let slots = self.slots();
         let total: usize = counts.iter().sum();
         let active = counts.iter().filter(|&&n| n > 0).count();
         let shift = tile_shift(rows, cout, total, active, k_count);
@@ -834,27 +898,26 @@ fn copy_row(dst: &mut [f32], src: &[f32]) {
 }
 
 /// The error of the first pair out of range, in (k, slot, j) order: for each k, its source
-/// slot, then its destination slot.
+/// slot, then its destination slot (the order of the value rules).
 fn first_bad_pair(inputs: &Inputs<'_>, data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2]) -> Error {
-    let slot_name = |s: usize| if s == 0 { "input row (slot 0)" } else { "output row (slot 1)" };
-    let whats = ["L (features' rows)", "num_out (out_indices' rows)"];
     for (k, &n) in counts.iter().enumerate() {
         let base = k * 2 * p;
-        for ((slot, limit), what) in slots.into_iter().zip(limits).zip(whats) {
+        for ((slot, limit), source) in slots.into_iter().zip(limits).zip([true, false]) {
             let vals = &data[base + slot * p..base + slot * p + n];
             if let Some(j) = vals.iter().position(|&x| x as u32 as usize >= limit) {
-                return inputs.error(
-                    PAIRS,
-                    format!(
-                        "indice_pairs[{k}, {slot}, {j}] = {} ({}) is outside [0, {limit}) with {limit} = {what}",
-                        vals[j],
-                        slot_name(slot)
-                    ),
-                );
+                return pair_error(inputs, k, slot, j, vals[j], limit, source);
             }
         }
     }
     Error::Runtime("IndiceConv: a pair was out of range but could not be found again".into())
+}
+
+/// indice_pairs[k, slot, j] = `value` outside [0, `limit`), in the contract's words; `source`
+/// when the slot holds the pairs' sources (features rows), else their destinations.
+fn pair_error(inputs: &Inputs<'_>, k: usize, slot: usize, j: usize, value: i32, limit: usize, source: bool) -> Error {
+    let row = if slot == 0 { "input row (slot 0)" } else { "output row (slot 1)" };
+    let what = if source { "L (features' rows)" } else { "num_out (out_indices' rows)" };
+    inputs.error(PAIRS, format!("indice_pairs[{k}, {slot}, {j}] = {value} ({row}) is outside [0, {limit}) with {limit} = {what}"))
 }
 
 #[cfg(test)]

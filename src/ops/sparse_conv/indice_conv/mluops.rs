@@ -1,0 +1,181 @@
+//! IndiceConv on Cambricon's MLU-OPS library (`mluOpIndiceConvolutionForward`: per kernel
+//! offset a gather, a float32 GEMM and a ScatterNd into a zero-filled output, added offset by
+//! offset; indice_convolution_forward.cpp at v1.4.0). What the contract needs around it:
+//! - the library adds each offset's products with ScatterNd in UPDATE mode (:482), so a
+//!   destination repeated within one offset keeps one contribution, where the contract sums
+//!   them (GetIndicePairs makes such rulebooks from duplicate input rows). Before the call
+//!   each offset's destinations are marked in a bitmap and counted (GetIndicePairs' mark and
+//!   rank kernels, kernels/sparse_conv): fewer distinct than indice_num[k] declines the node;
+//! - it has no bias: kernels/sparse_conv's bias step adds it to the library's output, so
+//!   the bias comes last in each sum rather than first (the accumulating class allows the
+//!   other order);
+//! - no inverse (NOT_SUPPORTED, :73-77), indice_pairs' last dimension P equal to features'
+//!   rows L (:146), P <= 1,000,000 (:95-100), every tensor below 2^31 elements (:118-125),
+//!   indice_num as a host int64 array (read on the host by the shape rules anyway).
+//!
+//! Filters go as ARRAY [K, 1, 1, Cin, Cout]: the library reads an ARRAY filter as
+//! [kd, kh, kw, Cin, Cout] with no transpose (:132-136, 180-186), which is the contract's
+//! [K, Cin, Cout]. The empty cases (L, Cin or every indice_num 0) are written here without a
+//! call: the library returns without writing its output there.
+
+use super::{BIAS, ConvDims, FEATURES, FILTERS, IndiceConv, PAIRS};
+use crate::error::{Error, Result};
+use crate::mlu::{Direction, NRAM_BUDGET, TASK_UNION1};
+use crate::mluops::{DType, Layout, Library};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::scratch;
+use crate::tensor::{self, OutputSpec};
+use std::ffi::c_void;
+
+/// indice_pairs' last dimension at most (INDICE_IN_LARGE_TENSOR_NUM, get_indice_pairs_structs.h:36).
+const MAX_P: usize = 1_000_000;
+/// Entries per tile of the mark and rank kernels (int32, a multiple of 32).
+const STREAM_TILE: usize = 16 * 1024;
+
+impl IndiceConv {
+    /// Declines the node unless every offset's first indice_num[k] destinations are distinct.
+    fn distinct_destinations(&self, d: &ConvDims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let device = card.device;
+        let active = scratch::collect(d.counts.iter().copied().enumerate().filter(|&(_, n)| n > 0), "the active offsets")?;
+        let words = d.rows.div_ceil(32);
+        let ints = |outputs: &mut dyn DeviceOutputs, n: usize| -> Result<*mut i32> { Ok(outputs.workspace(n * 4)?.cast()) };
+        let bitmaps = ints(outputs, active.len() * words)?;
+        // SAFETY: `bitmaps` was just allocated for that many int32.
+        unsafe { device.zero_raw(bitmaps.cast(), active.len() * words * 4)? };
+        let word_rank = ints(outputs, words)?;
+        // One cluster: the rank kernel's barrier reaches the cores of one cluster only.
+        let rank_tasks = device.info.cores_per_cluster;
+        let core_totals = ints(outputs, rank_tasks as usize)?;
+        let totals = ints(outputs, active.len())?;
+        let i = device::i32_of;
+        let (nwords, tile) = (i("words", words)?, i("tile", STREAM_TILE)?);
+        let kernels = &device.kernels;
+        let pairs = card.input::<i32>(PAIRS);
+        for (a, &(k, n)) in active.iter().enumerate() {
+            let count = i("indice_num[k]", n)?;
+            // SAFETY (both launches): offset k's destination slot is P int32 of the [K, 2, P]
+            // rulebook, its first n checked to lie in [0, num_out) before this runs; bitmap a
+            // holds `words` int32, totals one per active offset; the launches only enqueue and
+            // the node's driver synchronises the queue before the workspace is freed.
+            let (dst, bitmap, total) = unsafe { (pairs.add((k * 2 + 1) * d.p), bitmaps.add(a * words), totals.add(a)) };
+            // SAFETY: as above.
+            card.queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
+                (kernels.mluops_get_indice_pairs_mark)(q, device.info.cores(), TASK_UNION1, count, nwords, tile, dst, bitmap)
+            })?;
+            // SAFETY: as above.
+            card.queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
+                (kernels.mluops_get_indice_pairs_rank)(q, rank_tasks, TASK_UNION1, nwords, tile, bitmap, word_rank, core_totals, total)
+            })?;
+        }
+        card.queue.sync()?;
+        let mut found = scratch::filled(active.len(), 0i32, "the distinct destinations per offset")?;
+        // SAFETY: `totals` holds one int32 per active offset, written by the rank kernels.
+        unsafe { device.copy_raw(found.as_mut_ptr().cast(), totals.cast_const().cast(), found.len() * 4, Direction::DeviceToHost)? };
+        match active.iter().zip(&found).find(|((_, n), f)| usize::try_from(**f).ok() != Some(*n)) {
+            None => Ok(()),
+            Some(((k, n), f)) => Err(Error::MluLimit(format!(
+                "offset {k}: {f} distinct destinations among its {n} pairs; MLU-OPS's ScatterNd (UPDATE) would keep one \
+                 contribution of each repeated one"
+            ))),
+        }
+    }
+
+    /// output[r, :] += bias on the card, when the node has a bias.
+    fn add_bias(&self, d: &ConvDims, card: &Card<'_>, out: *mut c_void) -> Result<()> {
+        if !d.bias {
+            return Ok(());
+        }
+        let i = device::i32_of;
+        // NRAM: the bias and a tile of rows, each rounded up to 64 bytes (mluops_fits bounds Cout).
+        let tile_rows = ((NRAM_BUDGET - 2 * 64 - d.cout * 4) / (d.cout * 4)).min(i32::MAX as usize);
+        let (rows, cols, tile_rows) = (i("num_out", d.rows)?, i("Cout", d.cout)?, i("tile_rows", tile_rows)?);
+        let device = card.device;
+        let bias = card.input::<f32>(BIAS);
+        // SAFETY: `bias` is the [Cout] input and `out` the [num_out, Cout] output in card
+        // memory; the launch only enqueues.
+        card.queue.launch("mluops_indice_conv_bias", |q| unsafe {
+            (device.kernels.mluops_indice_conv_bias)(q, device.info.cores(), TASK_UNION1, rows, cols, tile_rows, bias, out.cast())
+        })
+    }
+}
+
+impl MluOpsOperator for IndiceConv {
+    fn mluops_supported(&self) -> std::result::Result<(), String> {
+        if self.inverse {
+            return Err("inverse = 1: mluOpIndiceConvolutionForward does not support it".into());
+        }
+        Ok(())
+    }
+
+    fn mluops_supported_shapes(&self, shapes: &StaticShapes) -> std::result::Result<(), String> {
+        let dim = |input: usize, axis: usize| shapes.get(input).and_then(|s| s.as_ref()).and_then(|s| s.get(axis).copied().flatten());
+        match (dim(FEATURES, 0), dim(PAIRS, 2)) {
+            (Some(l), Some(p)) if l != p => Err(format!("indice_pairs' P = {p} != features' L = {l}: MLU-OPS requires them equal")),
+            (_, Some(p)) if p > MAX_P => Err(format!("indice_pairs' P = {p} beyond MLU-OPS's {MAX_P}")),
+            _ => Ok(()),
+        }
+    }
+
+    fn mluops_fits(&self, d: &ConvDims) -> std::result::Result<(), String> {
+        if d.p != d.l {
+            return Err(format!("indice_pairs' P = {} != features' L = {}: MLU-OPS requires them equal", d.p, d.l));
+        }
+        if d.p > MAX_P {
+            return Err(format!("indice_pairs' P = {} beyond MLU-OPS's {MAX_P}", d.p));
+        }
+        let sizes = [d.l.saturating_mul(d.cin), d.k.saturating_mul(d.cin).saturating_mul(d.cout), d.k.saturating_mul(2 * d.p), d.rows.saturating_mul(d.cout)];
+        if sizes.iter().any(|&n| n > i32::MAX as usize) {
+            return Err("a tensor of 2^31 elements or more: MLU-OPS takes less".into());
+        }
+        if d.bias && 2 * 64 + 2 * d.cout * 4 > NRAM_BUDGET {
+            return Err(format!("Cout = {}: the bias step holds the bias and a row in NRAM", d.cout));
+        }
+        Ok(())
+    }
+
+    fn mluops_compute(&self, d: &ConvDims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let spec = OutputSpec::new(tensor::DType::F32, [d.rows, d.cout]);
+        if spec.numel() == 0 {
+            outputs.allocate(0, &spec)?;
+            return Ok(());
+        }
+        let total: usize = d.counts.iter().sum();
+        if d.l == 0 || d.cin == 0 || total == 0 {
+            // No pair contributes: the bias (or zeros), without the library.
+            let out = outputs.allocate(0, &spec)?;
+            // SAFETY: `out` was just allocated for the spec's bytes.
+            unsafe { card.device.zero_raw(out, spec.bytes())? };
+            return self.add_bias(d, card, out);
+        }
+        self.distinct_destinations(d, card, outputs)?;
+        let out = outputs.allocate(0, &spec)?;
+        let counts = scratch::collect(d.counts.iter().map(|&n| n as i64), "indice_num for MLU-OPS")?;
+        let features = lib.tensor(Layout::Array, DType::Float, &[d.l, d.cin])?;
+        let filters = lib.tensor(Layout::Array, DType::Float, &[d.k, 1, 1, d.cin, d.cout])?;
+        let pairs = lib.tensor(Layout::Array, DType::Int32, &[d.k, 2, d.p])?;
+        let out_d = lib.tensor(Layout::Array, DType::Float, &[d.rows, d.cout])?;
+        let num_out = d.rows as i64;
+        lib.with_handle(card.queue, |h| {
+            let mut size = 0usize;
+            // SAFETY: live descriptors, `counts` holds K int64 on the host, a valid out-pointer.
+            let s = unsafe {
+                (lib.f.mluOpGetIndiceConvolutionForwardWorkspaceSize)(
+                    h, features.ptr, filters.ptr, pairs.ptr, out_d.ptr, counts.as_ptr(), num_out, 0, 0, &mut size,
+                )
+            };
+            lib.check("mluOpGetIndiceConvolutionForwardWorkspaceSize", s)?;
+            let workspace = outputs.workspace(size)?;
+            // SAFETY: descriptors of the node's tensors at these card addresses, `counts` on
+            // the host, the workspace of the size asked for; the rulebook's first
+            // indice_num[k] pairs of each offset were checked in range and distinct.
+            let s = unsafe {
+                (lib.f.mluOpIndiceConvolutionForward)(
+                    h, features.ptr, card.input::<c_void>(FEATURES), filters.ptr, card.input::<c_void>(FILTERS), pairs.ptr,
+                    card.input::<c_void>(PAIRS), counts.as_ptr(), num_out, 0, 0, workspace, size, out_d.ptr, out,
+                )
+            };
+            lib.check("mluOpIndiceConvolutionForward", s)
+        })?;
+        self.add_bias(d, card, out)
+    }
+}
