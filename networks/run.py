@@ -7,7 +7,7 @@ its users run today on the same inputs and weights.
 
 One line per network, graph and path: nodes on the MLU / nodes the EP must take (those with
 an MLU kernel) and, on the MLU path, how many nodes ONNX Runtime assigned in all; then one
-line per card backend (`mlu_backend` = bang, mluops: the MLU-OPS rows use the emulated
+line per card backend (`mlu_backend` = bang, mluops, auto: the MLU-OPS and auto rows use the emulated
 libmluops unless --mluops-library names another) with the nodes it ran, the declines, the
 run-time CPU fallbacks (any fails the run) and the host<->card bytes of one inference,
 ONNX Runtime's copies around CPU nodes included; the worst
@@ -115,7 +115,7 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
     extra = f"; must be on MLU but not: {', '.join(missed)}" if missed else ""
     rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; emulated card "
                 f"{emu * 1e3:8.1f} ms (the emulator's time, not an MLU's)   {text}{extra}")
-    for backend in ("bang", "mluops"):
+    for backend in ("bang", "mluops", "auto"):
         counts, out = per_backend(g, library, backend, mluops_library, names)
         ratio, text = common.compare(out, ref, g.canonical, g.tolerances)
         fallbacks = counts["cpu_fallbacks"]
@@ -124,8 +124,9 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         good = ratio <= 1.0 and fallbacks == 0 and same
         ok &= good
         t = counts["traffic"]
+        runs = ", ".join(f"{n} on {b}" for b, n in counts["card_runs"].items() if backend in (b, "auto"))
         rows.append(f"{label} {backend:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  nodes on the card: "
-                    f"{counts['card_runs'][backend]} on {backend}, {sum(counts['claimed'].values())} claimed, "
+                    f"{runs}, {sum(counts['claimed'].values())} claimed, "
                     f"{counts['declined']} declined, {fallbacks} CPU fallbacks; host<->card per inference "
                     f"{t['h2d']:,} B to the card, {t['d2h']:,} B back (ONNX Runtime's copies included)   {text}")
     return rows, ok
