@@ -244,11 +244,11 @@ impl EpKernel {
         }
         if let Some(before) = before {
             let inputs: usize = tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
-            let backend = match &ran {
-                Ran::Card(b, _) => b.name(),
-                Ran::Host(_) => "cpu",
+            let (backend, why) = match &ran {
+                Ran::Card(b, _) => (b.name(), None),
+                Ran::Host(why) => ("cpu", Some(why.as_str())),
             };
-            traffic::record(self.op, &self.node_name, backend, &device.traffic().since(&before), inputs + card.output_bytes);
+            traffic::record(self.op, &self.node_name, backend, why, &device.traffic().since(&before), inputs + card.output_bytes);
         }
         Ok(())
     }

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One provider's counts of its decisions: nodes claimed per backend and declined (at
-/// `GetCapability`), node runs per backend and run-time CPU fallbacks. Logged and written
+/// `GetCapability`, each decline with its reason), node runs per backend, run-time declines
+/// and run-time CPU fallbacks. Logged and written
 /// to the traffic report when the session ends.
 #[derive(Default, Debug)]
 pub struct Counts {
@@ -30,6 +31,8 @@ pub struct Counts {
     /// Run-time declines by a backend whose node then ran on a later one.
     passed_over: [AtomicUsize; 2],
     fallbacks: AtomicUsize,
+    /// The nodes declined at `GetCapability`: op, node and reason of each.
+    declines: Mutex<Vec<serde_json::Value>>,
 }
 
 fn slot(b: Backend) -> usize {
@@ -61,6 +64,7 @@ impl Counts {
             "card_runs": per(&self.runs),
             "run_time_declines": per(&self.passed_over),
             "cpu_fallbacks": self.fallbacks.load(Ordering::Relaxed),
+            "declines": *self.declines.lock().unwrap_or_else(|e| e.into_inner()),
         })
     }
 }
@@ -242,6 +246,8 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::
             }
             Err(why) => {
                 ep.counts.declined.fetch_add(1, Ordering::Relaxed);
+                let decline = json!({"op": op_type, "node": name, "why": why});
+                ep.counts.declines.lock().unwrap_or_else(|e| e.into_inner()).push(decline);
                 ep.logger.log(WARNING, &format!("{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"));
             }
         }

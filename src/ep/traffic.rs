@@ -3,7 +3,8 @@
 //! run-time fallback), what crossed the card's boundaries during it (`crate::mlu::Traffic`)
 //! and the least the operator must read and write (its inputs' and outputs' bytes); and
 //! each provider, when its session ends, one `session` line with its counts (nodes claimed
-//! per backend, declined, runs per backend, CPU fallbacks) and every host<->card byte of the
+//! per backend, declined with each reason, runs per backend, run-time declines, CPU
+//! fallbacks; a fallback's node line has its reasons) and every host<->card byte of the
 //! session, the copies ONNX Runtime inserts around CPU nodes included. The counters are per
 //! card: nodes that run at the same time on one card share them, so the per-node lines are
 //! exact for one node at a time (`models/run_zoo.py --traffic` runs sessions that way).
@@ -32,12 +33,15 @@ pub fn traffic_json(t: &Traffic) -> serde_json::Value {
     })
 }
 
-/// Appends one node run's line.
-pub fn record(op: &str, node: &str, backend: &str, t: &Traffic, minimum: usize) {
+/// Appends one node run's line (`why`: the reasons of a run-time fallback to the CPU).
+pub fn record(op: &str, node: &str, backend: &str, why: Option<&str>, t: &Traffic, minimum: usize) {
     let mut line = traffic_json(t);
     line["op"] = json!(op);
     line["node"] = json!(node);
     line["backend"] = json!(backend);
+    if let Some(why) = why {
+        line["why"] = json!(why);
+    }
     line["minimum"] = json!(minimum);
     append(&line);
 }

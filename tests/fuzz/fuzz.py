@@ -648,6 +648,53 @@ def message_names_node(op: str, node: str, msg: str) -> str | None:
     return None if node in msg else "ort"
 
 
+def offcard_reason(report: str, node: str) -> str | None:
+    """Why `node` did not run on the card, from a traffic report (src/ep/traffic.rs): its
+    decline at placement, or its run-time fallback to the CPU; None when it ran there or no
+    session reached placement."""
+    lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
+    for line in lines:
+        if line.get("node") == node and line.get("backend") == "cpu":
+            return "run time: " + line.get("why", "?")
+        for d in line.get("declines", []):
+            if d.get("node") == node:
+                return "placement: " + d.get("why", "?")
+    return None
+
+
+#: Why a valid node may stay off the card, each a rule the docs state (a reason matching
+#: none of them is an `offcard` finding).
+DOCUMENTED_OFFCARD = [
+    (re.compile(p), where) for p, where in [
+        (r"reduce_type mean/sum", "CONTRACT §2.5: max only on the card"),
+        (r"transpose = 1", "CONTRACT §4.5: transpose = 0 only"),
+        (r"no card backend of this provider has kernels for it", "MLUOPS_BINDING §4: forward partners on MLU-OPS only"),
+        (r"no card backend runs this operator|no card kernel is registered for it", "CONTRACT §1.7: DynamicScatter on the CPU"),
+        (r"no MLU-OPS library", "USAGE: mlu_backend / mluops_library"),
+        (r"float16", "MLUOPS_BINDING §4: float32 only on MLU-OPS"),
+        (r"int32|int range|2\^31|beyond the library's int", "CONTRACT §1.6-1.7 and MLUOPS_BINDING §4: sizes"),
+        (r"NRAM", "CONTRACT §x.5: NRAM tiles"),
+        (r"subm = 1", "MLUOPS_BINDING §4: GetIndicePairs subm on BANG only"),
+        (r"N = \d+ points < M", "MLUOPS_BINDING §4: N >= M"),
+        (r"no empty B, N or C", "MLUOPS_BINDING §4: VoxelPoolingForward sizes > 0"),
+        (r"stride \d+: mluOpGetIndicePairs", "MLUOPS_BINDING §4: strides 2^k, 3, 5"),
+        (r"L = \d+ (sites|rows) beyond", "MLUOPS_BINDING §4: GetIndicePairs L"),
+        (r"P = \d+ != features' L", "MLUOPS_BINDING §4: IndiceConv P == L"),
+        (r"distinct destinations", "MLUOPS_BINDING §4: IndiceConv's repeated destinations"),
+        (r"inverse = 1", "MLUOPS_BINDING §4: IndiceConv inverse"),
+        (r"empty input map", "MLUOPS_BINDING §4: PsRoiPool with an empty map"),
+        (r"drops one", "MLUOPS_BINDING §4: the GetIndicePairs site-count defect"),
+        (r"invalid attributes", "CONTRACT §1.2: the CPU kernel reports an attribute error"),
+    ]
+]
+
+
+def documented_offcard(why: str) -> bool:
+    """Every backend's part of the reason ("mluops: ...; bang: ...") matches a documented rule."""
+    parts = re.split(r"; (?=(?:mluops|bang): )", why)
+    return all(any(p.search(part) for p, _ in DOCUMENTED_OFFCARD) for part in parts)
+
+
 def conforms(feeds: dict, decl: list) -> bool:
     """Whether the feeds fit the model's declared inputs (dtype, rank, static dims)."""
     for name, dtype, shape in decl:
@@ -675,6 +722,9 @@ class Runner:
         self.devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
         if not self.devices:
             raise RuntimeError("MLUExecutionProvider registered but offers no device")
+        # The provider's traffic report, one per worker: where each mlu-path node ran and why.
+        fd, self.report = tempfile.mkstemp(prefix="mluops-fuzz-traffic-", suffix=".jsonl")
+        os.close(fd)
 
     def session(self, case: Case, path: str, model: bytes):
         ort = self.ort
@@ -693,9 +743,25 @@ class Runner:
         return ort.InferenceSession(model, so)
 
     def run_path(self, case: Case, path: str) -> tuple[dict, list | None]:
-        """(result, outputs) of one path; result is JSON-able."""
+        """(result, outputs) of one path; result is JSON-able. On the mlu path, `offcard` is
+        the provider's reason when the node did not run on the card (its traffic report)."""
+        if path != "mlu":
+            return self._run_path(case, path)
+        import gc
+
+        open(self.report, "w").close()
+        os.environ["MLU_EP_TRAFFIC"] = self.report
+        try:
+            res, outs = self._run_path(case, path)
+            gc.collect()  # the session's end writes the provider's session line
+        finally:
+            del os.environ["MLU_EP_TRAFFIC"]
+        res["offcard"] = offcard_reason(self.report, case.node)
+        return res, outs
+
+    def _run_path(self, case: Case, path: str) -> tuple[dict, list | None]:
         res = {"outcome": "ok", "phase": None, "msg": None, "noname": None, "on_mlu": None, "rechecked": False,
-               "kinds": sorted({m.split()[0] for m in case.mutations}) or ["none"], "findings": []}
+               "offcard": None, "kinds": sorted({m.split()[0] for m in case.mutations}) or ["none"], "findings": []}
         names = [o["name"] for o in SCHEMAS[case.op]["outputs"]]
         model = build_model(case.op, case.attrs, case.decl, case.node)
         try:
@@ -874,10 +940,10 @@ class Worker:
 
 
 COLUMNS = ["cases", "ok", "error", "crash", "hang", "memabort", "disagree", "unusable", "noname",
-           "unmutated", "rechecked", "loose", "on_mlu", "ort_noname", "oom", "msgcmp", "message"]
+           "unmutated", "rechecked", "loose", "on_mlu", "off_card", "offcard", "ort_noname", "oom", "msgcmp", "message"]
 # A clean error saying memory ran out (ours, ONNX Runtime's, numpy's).
 OUT_OF_MEMORY = re.compile(r"out of memory|bad_alloc|Unable to allocate|MemoryError", re.IGNORECASE)
-FAILING = {"crash", "hang", "memabort", "disagree", "unusable", "noname", "internal", "oom", "message"}
+FAILING = {"crash", "hang", "memabort", "disagree", "unusable", "noname", "internal", "oom", "message", "offcard"}
 
 
 class Fuzz:
@@ -888,12 +954,20 @@ class Fuzz:
         self.ort_messages = Counter()  # ONNX Runtime messages without the node name, by pattern
         self.ort_examples = {}  # pattern -> its first case
         self.by_kind = defaultdict(Counter)  # (mutation kind, path) -> outcome -> count
+        self.offcard = Counter()  # (op, reason with numbers masked) -> mlu-path cases off the card
 
     def record_path(self, op, k, path, res):
         st = self.stats[(op, path)]
         st["cases"] += 1
         st[res["outcome"]] += 1
         st["on_mlu"] += bool(res["on_mlu"])
+        why = res.get("offcard")
+        if why:
+            st["off_card"] += 1
+            self.offcard[(op, re.sub(r"-?\d+(\.\d+)?", "N", why)[:200])] += 1
+            # A valid case that runs must run on the card unless a documented rule keeps it off.
+            if res["kinds"] == ["none"] and res["outcome"] == "ok" and not documented_offcard(why):
+                self.finding("offcard", op, k, path, f"a valid node ran off the card for an undocumented reason: {why}")
         st["unmutated"] += res["kinds"] == ["none"]
         st["rechecked"] += res["rechecked"]
         for kind in res["kinds"]:
@@ -1023,6 +1097,10 @@ class Fuzz:
                      for path in PATHS if (kind, path) in self.by_kind]
             if cells:
                 print(f"  {kind:6} " + "   ".join(cells))
+        if self.offcard:
+            print("\nmlu-path nodes off the card, by reason (valid ones must match a rule of DOCUMENTED_OFFCARD):")
+            for (op, why), n in sorted(self.offcard.items(), key=lambda x: -x[1])[:20]:
+                print(f"  {n:6}  {op}: {why}")
         if self.ort_messages:
             print("\nONNX Runtime errors that do not name the node (reported, not failing):")
             for text, n in self.ort_messages.most_common(12):
