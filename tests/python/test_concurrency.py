@@ -6,6 +6,8 @@ card (the forward partners run on the CPU provider inside that session)."""
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -132,9 +134,11 @@ def card(mlu_lib):
 
 
 @pytest.mark.parametrize("path", ["cpu", "mlu"])
-def test_eight_threads_mixing_valid_and_invalid_inputs(path, mlu_lib, card):
+def test_eight_threads_mixing_valid_and_invalid_inputs(path, mlu_lib, card, tmp_path, monkeypatch):
     cases = _cases()
     sessions, baseline = {}, {}
+    report = tmp_path / "traffic.jsonl"
+    monkeypatch.setenv("MLU_EP_TRAFFIC", str(report))
     for op, (attrs, valid, _, _) in cases.items():
         model = _model(op, attrs, valid)
         sessions[op] = make_session(model, mlu_lib, intra_threads=2) if path == "cpu" else _mlu_session(model)
@@ -170,7 +174,16 @@ def test_eight_threads_mixing_valid_and_invalid_inputs(path, mlu_lib, card):
     assert sum(v for v, _ in results) + sum(e for _, e in results) == THREADS * RUNS
     assert all(v > 0 and e > 0 for v, e in results)
     if path == "mlu":
-        # The five MLU operators ran on the card, not on a silent CPU fallback.
+        # The five MLU operators ran on the card, not on a silent CPU fallback: placed there,
+        # and no run-time fallback or decline in any session's counts (its line in the
+        # traffic report, written when the session ends).
         for op in ops[:5]:
             placed = {n.name: sub.ep_name for sub in sessions[op].get_provider_graph_assignment_info() for n in sub.get_nodes()}
             assert placed[f"node_{op}"] == EP, (op, placed)
+        sessions.clear()
+        gc.collect()
+        lines = [json.loads(x) for x in report.read_text().splitlines()]
+        counts = [x for x in lines if "session" in x]
+        assert len(counts) == len(ops), counts
+        assert all(c["cpu_fallbacks"] == 0 and c["run_time_declines"] == {"mluops": 0, "bang": 0} for c in counts), counts
+        assert sum(c["card_runs"]["bang"] for c in counts) == sum(1 for x in lines if x.get("backend") == "bang") > 0

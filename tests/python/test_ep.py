@@ -8,6 +8,8 @@ outputs in the contract's accumulating class."""
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import resource
 import subprocess
@@ -225,7 +227,7 @@ def test_forward_operators_without_mlu_kernels_run_on_cpu_between_mlu_nodes(mlu_
     assert got[4][0] > 5 and (got[2] == -1).any() and np.abs(got[7]).sum() > 0 and np.abs(got[9]).sum() > 0
 
 
-def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_lib):
+def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_lib, tmp_path, monkeypatch):
     # DynamicScatterBackward with C = 60000: one point's rows exceed the kernel's NRAM tile.
     n, m, c = 3, 2, 60000
     rng = np.random.default_rng(1)
@@ -239,12 +241,25 @@ def test_static_shapes_beyond_the_kernels_limits_are_declined(mlu_devices, mlu_l
     # the run finds C beyond the kernel's limit and runs the node's CPU kernel instead.
     dyn = [(k, d, [None] * len(s)) for k, d, s in spec]
     dyn_model = build_model("DynamicScatterBackward", {}, dyn, "dsb_dyn")
+    report = tmp_path / "traffic.jsonl"
+    monkeypatch.setenv("MLU_EP_TRAFFIC", str(report))
     dyn_sess = mlu_session(dyn_model, mlu_devices)
     assert assignment(dyn_sess)["dsb_dyn"] == EP
     np.testing.assert_array_equal(dyn_sess.run(None, feeds)[0], cpu_session(dyn_model, mlu_lib).run(None, feeds)[0])
     # ... and a valid C in the same session still runs on the card.
     small = {k: v for k, v in dsb_inputs(rng, n, m, 8, "max").items()}
     np.testing.assert_array_equal(dyn_sess.run(None, small)[0], cpu_session(dyn_model, mlu_lib).run(None, small)[0])
+    # The fallback is the expected one, and counted: the traffic report's node lines and the
+    # session line written when the session ends.
+    del dyn_sess
+    gc.collect()
+    monkeypatch.delenv("MLU_EP_TRAFFIC")
+    lines = [json.loads(x) for x in report.read_text().splitlines()]
+    runs = [x for x in lines if x.get("node") == "dsb_dyn"]
+    assert [x["backend"] for x in runs] == ["cpu", "bang"], runs
+    assert "C = 60000" in runs[0]["why"] or "60000" in runs[0]["why"], runs[0]
+    (session,) = [x for x in lines if "session" in x]
+    assert session["cpu_fallbacks"] == 1 and session["card_runs"]["bang"] == 1, session
     # VoxelPoolingForward whose output B*ny*nx*C exceeds int32 offsets (session only: the
     # output would be 16 GiB).
     vspec = [("geom_xyz", "int32", [1, 8, 3]), ("input_features", "float32", [1, 8, 1024])]
