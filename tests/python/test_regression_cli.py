@@ -70,6 +70,7 @@ def folders(tmp_path_factory):
     (root / "badtol" / "bevdepth" / "tolerances.json").write_text("{")
     (root / "zoo.json").write_text('{"models": {"a": {"model": "a.onnx", "data": "a.npz", "outputs": {}}}}')
     (root / "notzoo.json").write_text("[")
+    (root / "noref.py").write_text("def other(model, inputs):\n    return {}\n")
     return root
 
 
@@ -94,6 +95,9 @@ ERRORS = [
     (["--runtime-env", "{}"], "--runtime-env is for Ray runs"),
     (["--frames", "{d}/empty", "--write-frames", "{d}/out"], "--write-frames writes generated frames"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["--generate", "1", "--reference", "{d}/nosuch.py"], "--reference {d}/nosuch.py: "),
+    (["--generate", "1", "--reference", "{d}/zoo.json"], "--reference {d}/zoo.json: not a Python file"),
+    (["--generate", "1", "--reference", "{d}/noref.py"], "defines no goldens(model, inputs) function"),
 ]
 
 
@@ -115,3 +119,29 @@ def test_no_library_is_one_line_too(folders):
     out = subprocess.run([sys.executable, *MODULE, "--generate", "1"], env=env, cwd=folders, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "MLU_EP_LIB" in out.stderr and "or pass --library" in out.stderr, out.stderr
+
+
+def test_generated_frames_with_an_independent_reference_check_the_cpu_path(mlu_lib, tmp_path):
+    """--reference: generated frames 1.. carry the numpy models' goldens, so the CPU path is
+    compared with them (not with itself): a reference that differs in one element fails the
+    CPU path's frames, the checkout's numpy models pass them."""
+    env = user_env() | {"PYTHONPATH": str(REPO / "python"), "MLU_EP_LIB": str(mlu_lib)}
+    zoo_goldens = REPO / "models" / "make_zoo_goldens.py"
+    off_by_one = tmp_path / "off_by_one.py"
+    off_by_one.write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('z', {str(zoo_goldens)!r})\n"
+        "z = importlib.util.module_from_spec(spec); spec.loader.exec_module(z)\n"
+        "def goldens(model, inputs):\n"
+        "    out = z.goldens(model, inputs)\n"
+        "    out['head'] = out['head'].copy(); out['head'].flat[7] += 1.0\n"
+        "    return out\n"
+    )
+    args = ["--generate", "3", "--models", "bevdepth", "--paths", "cpu"]
+    good = subprocess.run([sys.executable, *MODULE, *args, "--reference", str(zoo_goldens)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert good.returncode == 0 and f"frames 1..: goldens of {zoo_goldens}" in good.stdout, good.stdout + good.stderr
+    bad = subprocess.run([sys.executable, *MODULE, *args, "--reference", str(off_by_one)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL gen-0-00001" in bad.stdout and "FAIL gen-0-00002" in bad.stdout and "FAIL gen-0-00000" not in bad.stdout, bad.stdout
