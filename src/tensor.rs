@@ -216,6 +216,12 @@ impl<'a> Inputs<'a> {
     }
 }
 
+/// Allocates the outputs of one node once their specs are known (ONNX Runtime's
+/// KernelContext_GetOutput, or owned buffers).
+pub trait OutputHost {
+    fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>>;
+}
+
 /// One output buffer, allocated by the host with the planned shape.
 #[derive(Debug, Default)]
 pub enum OutData<'a> {

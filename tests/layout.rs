@@ -1,5 +1,7 @@
 //! The layering rules of docs/LAYOUT.md that a grep can check: only src/ffi/ calls ONNX
-//! Runtime, and the device runtime (src/mlu/) knows no operator.
+//! Runtime and, under it, only the custom-op host names the operators; the device runtime
+//! (src/mlu/) and the MLU-OPS binding (src/mluops/) know no operator; unit tests over 150
+//! lines live in their own file.
 
 use std::path::{Path, PathBuf};
 
@@ -90,4 +92,54 @@ fn the_device_runtime_knows_no_operator() {
         .map(|(f, n, l)| format!("{}:{n}: {}", f.display(), l.trim()))
         .collect();
     assert!(found.is_empty(), "src/mlu/ uses the operators:\n{}", found.join("\n"));
+}
+
+/// `crate::ops` named in the code lines of `files`, as `file:line: text`.
+fn uses_of_ops(files: &[PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|f| code_lines(f).into_iter().map(move |(n, l)| (f, n, l)))
+        .filter(|(_, _, l)| l.contains("crate::ops"))
+        .map(|(f, n, l)| format!("{}:{n}: {}", f.display(), l.trim()))
+        .collect()
+}
+
+#[test]
+fn under_ffi_only_the_custom_op_host_knows_the_operators() {
+    let mut files = Vec::new();
+    sources(&src().join("ffi"), &mut files);
+    files.retain(|f| !f.ends_with("custom_op.rs"));
+    let found = uses_of_ops(&files);
+    assert!(found.is_empty(), "src/ffi/ (but custom_op.rs) uses the operators:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_mlu_ops_binding_knows_no_operator() {
+    let mut files = Vec::new();
+    sources(&src().join("mluops"), &mut files);
+    let found = uses_of_ops(&files);
+    assert!(found.is_empty(), "src/mluops/ uses the operators:\n{}", found.join("\n"));
+}
+
+/// Unit tests longer than this live in a sibling file (`mod tests;`), not inline.
+const INLINE_TEST_LINES: usize = 150;
+
+#[test]
+fn inline_test_modules_are_short() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut long = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("source");
+        let lines: Vec<&str> = text.lines().collect();
+        let Some(start) = lines.iter().position(|l| l.trim_start().starts_with("mod tests {")) else { continue };
+        // The module's closing brace at its own indentation.
+        let indent = lines[start].len() - lines[start].trim_start().len();
+        let close = format!("{}}}", " ".repeat(indent));
+        let end = lines[start..].iter().position(|l| *l == close).map_or(lines.len(), |e| start + e);
+        if end - start > INLINE_TEST_LINES {
+            long.push(format!("{}: mod tests of {} lines (line {})", file.display(), end - start, start + 1));
+        }
+    }
+    assert!(long.is_empty(), "inline test modules over {INLINE_TEST_LINES} lines:\n{}", long.join("\n"));
 }

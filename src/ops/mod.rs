@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use device::{CardBackends, CardNode, PathOf, bang, card_node, mluops};
 use crate::parallel::Parallel;
 use crate::schema::{AttrValue, Attrs, Schema};
-use crate::tensor::{Inputs, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
+use crate::tensor::{Inputs, OutputHost, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -42,12 +42,6 @@ pub trait Operator: Sized + Send + Sync + 'static {
     fn schema() -> &'static Schema {
         schema(Self::NAME)
     }
-}
-
-/// Allocates the outputs of one node once their specs are known (ONNX Runtime's
-/// KernelContext_GetOutput, or owned buffers).
-pub trait OutputHost {
-    fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>>;
 }
 
 /// A type-erased configured node: what the ONNX Runtime glue holds per node.
