@@ -109,6 +109,14 @@ pub unsafe extern "C" fn mluOpDynamicPointToVoxelBackward(
     })
 }
 
+/// The dims of a ThreeInterpolate tensor of 3 dimensions, ARRAY layout, half or float
+/// (three_interpolate.cpp:273-287 at v1.4.0); `what` names it and its shape.
+fn real_array3(d: &TensorDesc, what: &str) -> Result<[usize; 3], Status> {
+    require(d.dims.len() == 3 && d.layout == LAYOUT_ARRAY, BAD_PARAM, || format!("{what}, ARRAY layout"))?;
+    require(matches!(d.dtype, DTYPE_FLOAT | DTYPE_HALF), BAD_PARAM, || format!("{what}: half or float"))?;
+    Ok([d.dims[0], d.dims[1], d.dims[2]])
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpThreeInterpolateBackward(
     h: *mut c_void,
@@ -124,10 +132,7 @@ pub unsafe extern "C" fn mluOpThreeInterpolateBackward(
     guarded("mluOpThreeInterpolateBackward", || {
         let _h = handle(h)?;
         let g = desc(grad_output_desc, "grad_output")?;
-        require(g.dims.len() == 3, BAD_PARAM, || "grad_output: [B, C, N]".into())?;
-        require(g.layout == LAYOUT_ARRAY, BAD_PARAM, || "grad_output: ARRAY layout".into())?;
-        require(matches!(g.dtype, DTYPE_FLOAT | DTYPE_HALF), BAD_PARAM, || "grad_output: half or float".into())?;
-        let (b, c, n) = (g.dims[0], g.dims[1], g.dims[2]);
+        let [b, c, n] = real_array3(g, "grad_output: [B, C, N]")?;
         let gf = desc(grad_features_desc, "grad_features")?;
         require(gf.dims.len() == 3, BAD_PARAM, || "grad_features: [B, C, M]".into())?;
         let m = gf.dims[2];
@@ -163,10 +168,7 @@ pub unsafe extern "C" fn mluOpThreeInterpolateForward(
     guarded("mluOpThreeInterpolateForward", || {
         let _h = handle(h)?;
         let f = desc(features_desc, "features")?;
-        require(f.dims.len() == 3, BAD_PARAM, || "features: [B, C, M]".into())?;
-        require(f.layout == LAYOUT_ARRAY, BAD_PARAM, || "features: ARRAY layout".into())?;
-        require(matches!(f.dtype, DTYPE_FLOAT | DTYPE_HALF), BAD_PARAM, || "features: half or float".into())?;
-        let (b, c, m) = (f.dims[0], f.dims[1], f.dims[2]);
+        let [b, c, m] = real_array3(f, "features: [B, C, M]")?;
         let i = desc(indices_desc, "indices")?;
         require(i.dims.len() == 3 && i.dims[0] == b && i.dims[2] == 3, BAD_PARAM, || "indices: int32 [B, N, 3]".into())?;
         let n = i.dims[1];
@@ -356,6 +358,76 @@ pub unsafe extern "C" fn mluOpVoxelPoolingForward(
 /// The largest bin edge magnitude the vendor kernel converts to int without overflow.
 const INT_EDGE: f32 = 2_147_483_520.0;
 
+/// The checks both PsRoiPool functions make (psroipool.cpp:48-145 at v1.4.0) of `[map,
+/// rois, pooled, mapping]`: the feature map [batches, h, w, ph*pw*od] and the pooled side
+/// [R, ph, pw, od] float NHWC (named `names`), rois float [R, 5], mapping_channel int32 NHWC
+/// shaped as the pooled side; ph == pw, od >= 1, scale > 0, every tensor below 2^31 bytes.
+/// Returns R.
+fn psroi_check(d: [&TensorDesc; 4], names: [&str; 2], [ph, pw, od]: [c_int; 3], scale: f32) -> Result<usize, Status> {
+    let [map, rois, pooled, mapping] = d;
+    let ranks = [map, rois, pooled, mapping].map(|t| t.dims.len());
+    require(ranks == [4, 2, 4, 4], BAD_PARAM, || format!("{} rank 4, rois rank 2, {} and mapping_channel rank 4", names[0], names[1]))?;
+    require(map.dtype == DTYPE_FLOAT && rois.dtype == DTYPE_FLOAT && pooled.dtype == DTYPE_FLOAT && mapping.dtype == DTYPE_INT32, BAD_PARAM, || {
+        format!("float {}, rois, {}; int32 mapping_channel", names[0], names[1])
+    })?;
+    require(map.layout == LAYOUT_NHWC && pooled.layout == LAYOUT_NHWC && mapping.layout == LAYOUT_NHWC, BAD_PARAM, || {
+        format!("{}, {} and mapping_channel: NHWC layout", names[0], names[1])
+    })?;
+    let r = pooled.dims[0];
+    require([ph, pw, od].iter().all(|&v| v >= 1) && pooled.dims[1..] == [ph as usize, pw as usize, od as usize], BAD_PARAM, || {
+        format!("pooled sizes and output_dim >= 1 and matching {}", names[1])
+    })?;
+    require(ph == pw && scale > 0.0, BAD_PARAM, || "pooled_height == pooled_width, spatial_scale > 0".into())?;
+    require(rois.dims == [r, 5] && mapping.dims == pooled.dims, BAD_PARAM, || format!("rois [R, 5], mapping_channel shaped as {}", names[1]))?;
+    require(map.dims[3] == (ph * pw * od) as usize, BAD_PARAM, || format!("{} channels != output_dim * ph * pw", names[0]))?;
+    for t in d {
+        require(t.numel() * 4 < 1 << 31, NOT_SUPPORTED, || format!("{} bytes (2^31 or more)", t.numel() * 4))?;
+    }
+    Ok(r)
+}
+
+/// What the vendor's PsRoiPool kernel does at a roi whose batch is outside [0, batches).
+#[derive(PartialEq)]
+enum BadBatch {
+    /// The backward kernel skips the roi (modelled: batch NaN, which the CPU kernel skips).
+    Skipped,
+    /// The forward kernel returns from its roi loop (psroipool_block.mlu:82-84 at v1.4.0):
+    /// that core's remaining rois are never written. Undefined there, a failed call here.
+    Abandons,
+}
+
+/// The rois as the vendor's PsRoiPool kernels read them: coordinates converted with a
+/// round-down intrinsic (the reading that differs from the contract: modelled so that the
+/// provider's pre-rounding is what makes the results agree), `bad` at an out-of-range batch,
+/// and each coordinate (psroipool_block.mlu:35-42), then each bin edge (256-263), converted
+/// to int before clamping: beyond the int range, undefined there, a failed call here.
+fn vendor_rois(rois: &mut [f32], batches: usize, pooled: [c_int; 2], scale: f32, bad: BadBatch) -> Result<(), Status> {
+    for roi in rois.chunks_exact_mut(5) {
+        for v in &mut roi[1..] {
+            *v = v.floor();
+        }
+        let b = roi[0];
+        if !(b.is_finite() && b.trunc() >= 0.0 && (b.trunc() as usize) < batches) {
+            require(bad == BadBatch::Skipped, EXECUTION_FAILED, || {
+                format!("roi {roi:?}: batch id outside [0, {batches}) stops the vendor kernel's remaining rois")
+            })?;
+            roi[0] = f32::NAN;
+            continue;
+        }
+        require(roi[1..].iter().all(|v| v.abs() < INT_EDGE), EXECUTION_FAILED, || {
+            format!("roi {roi:?}: a coordinate outside the int range (undefined in the vendor kernel)")
+        })?;
+        let (start_w, start_h) = (roi[1] * scale, roi[2] * scale);
+        let bin_w = ((roi[3] + 1.0) * scale - start_w).max(0.1) / pooled[1] as f32;
+        let bin_h = ((roi[4] + 1.0) * scale - start_h).max(0.1) / pooled[0] as f32;
+        let edges = [start_w, start_h, start_w + pooled[1] as f32 * bin_w, start_h + pooled[0] as f32 * bin_h];
+        require(edges.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
+            format!("roi {roi:?}: a bin edge outside the int range (undefined in the vendor kernel)")
+        })?;
+    }
+    Ok(())
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpPsRoiPoolBackward(
     h: *mut c_void,
@@ -374,61 +446,15 @@ pub unsafe extern "C" fn mluOpPsRoiPoolBackward(
 ) -> Status {
     guarded("mluOpPsRoiPoolBackward", || {
         let _h = handle(h)?;
-        let t = desc(top_grad_desc, "top_grad")?;
-        let rd = desc(rois_desc, "rois")?;
-        let m = desc(mapping_desc, "mapping_channel")?;
-        let bd = desc(bottom_desc, "bottom_grad")?;
-        require(t.dims.len() == 4 && rd.dims.len() == 2 && m.dims.len() == 4 && bd.dims.len() == 4, BAD_PARAM, || "ranks 4, 2, 4, 4".into())?;
-        require(t.dtype == DTYPE_FLOAT && rd.dtype == DTYPE_FLOAT && bd.dtype == DTYPE_FLOAT && m.dtype == DTYPE_INT32, BAD_PARAM, || {
-            "float top_grad, rois, bottom_grad; int32 mapping_channel".into()
-        })?;
-        require(t.layout == LAYOUT_NHWC && m.layout == LAYOUT_NHWC && bd.layout == LAYOUT_NHWC, BAD_PARAM, || {
-            "top_grad, mapping_channel and bottom_grad: NHWC layout".into()
-        })?;
-        let (r, p, o) = (t.dims[0], pooled_height as usize, output_dim as usize);
-        require(pooled_height >= 0 && t.dims[1] == p && t.dims[2] as c_int == pooled_width && t.dims[3] as c_int == output_dim, BAD_PARAM, || {
-            "pooled sizes and output_dim must match top_grad".into()
-        })?;
-        require(t.dims[1] == t.dims[2] && output_dim >= 1, BAD_PARAM, || "pooled_height == pooled_width, output_dim >= 1".into())?;
-        require(spatial_scale > 0.0, BAD_PARAM, || "spatial_scale > 0".into())?;
-        require(rd.dims == [r, 5] && m.dims == t.dims, BAD_PARAM, || "rois [R, 5], mapping_channel shaped as top_grad".into())?;
-        require(bd.dims[3] == p * p * o, BAD_PARAM, || "bottom_grad channels != output_dim * ph * pw".into())?;
-        for d in [t, rd, m, bd] {
-            require(d.numel() * 4 < 1 << 31, NOT_SUPPORTED, || format!("{} bytes (2^31 or more)", d.numel() * 4))?;
-        }
+        let (t, rd, m, bd) = (desc(top_grad_desc, "top_grad")?, desc(rois_desc, "rois")?, desc(mapping_desc, "mapping_channel")?, desc(bottom_desc, "bottom_grad")?);
+        let r = psroi_check([bd, rd, t, m], ["bottom_grad", "top_grad"], [pooled_height, pooled_width, output_dim], spatial_scale)?;
         require(r > 0, BAD_PARAM, || "rois has zero elements".into())?;
         if t.numel() == 0 || bd.numel() == 0 {
             return Ok(());
         }
         let mut roi_rows: Vec<f32> = read(rois, r * 5, "rois")?;
         let batches = bd.dims[0];
-        for roi in roi_rows.chunks_exact_mut(5) {
-            // The vendor's kernel converts coordinates with a round-down intrinsic (the
-            // reading that differs from the contract: modelled so that the provider's
-            // pre-rounding is what makes the results agree), skips a roi whose truncated
-            // batch is outside [0, batches), and converts bin edges to int before clamping:
-            // an edge beyond the int range is undefined there, a failed call here.
-            for v in &mut roi[1..] {
-                *v = v.floor();
-            }
-            let b = roi[0];
-            if !(b.is_finite() && b.trunc() >= 0.0 && (b.trunc() as usize) < batches) {
-                roi[0] = f32::NAN;
-                continue;
-            }
-            // Each coordinate goes through an int (psroipool_block.mlu:35-42), then each bin
-            // edge (256-263).
-            require(roi[1..].iter().all(|v| v.abs() < INT_EDGE), EXECUTION_FAILED, || {
-                format!("roi {roi:?}: a coordinate outside the int range (undefined in the vendor kernel)")
-            })?;
-            let (start_w, start_h) = (roi[1] * spatial_scale, roi[2] * spatial_scale);
-            let bin_w = ((roi[3] + 1.0) * spatial_scale - start_w).max(0.1) / pooled_width as f32;
-            let bin_h = ((roi[4] + 1.0) * spatial_scale - start_h).max(0.1) / pooled_height as f32;
-            let edges = [start_w, start_h, start_w + pooled_width as f32 * bin_w, start_h + pooled_height as f32 * bin_h];
-            require(edges.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
-                format!("roi {roi:?}: a bin edge outside the int range (undefined in the vendor kernel)")
-            })?;
-        }
+        vendor_rois(&mut roi_rows, batches, [pooled_height, pooled_width], spatial_scale, BadBatch::Skipped)?;
         let shape = Tensor { shape: vec![4], data: OwnedData::I64(bd.dims.iter().map(|&d| d as i64).collect()) };
         let inputs = [
             tensor(t, top_grad, "top_grad")?,
@@ -468,30 +494,9 @@ pub unsafe extern "C" fn mluOpPsRoiPoolForward(
 ) -> Status {
     guarded("mluOpPsRoiPoolForward", || {
         let _h = handle(h)?;
-        let i = desc(input_desc, "input")?;
-        let rd = desc(rois_desc, "rois")?;
-        let o = desc(output_desc, "output")?;
-        let m = desc(mapping_desc, "mapping_channel")?;
-        require(i.dims.len() == 4 && rd.dims.len() == 2 && o.dims.len() == 4 && m.dims.len() == 4, BAD_PARAM, || "ranks 4, 2, 4, 4".into())?;
-        require(i.dtype == DTYPE_FLOAT && rd.dtype == DTYPE_FLOAT && o.dtype == DTYPE_FLOAT && m.dtype == DTYPE_INT32, BAD_PARAM, || {
-            "float input, rois, output; int32 mapping_channel".into()
-        })?;
-        require(i.layout == LAYOUT_NHWC && o.layout == LAYOUT_NHWC && m.layout == LAYOUT_NHWC, BAD_PARAM, || {
-            "input, output and mapping_channel: NHWC layout".into()
-        })?;
-        let (r, p) = (o.dims[0], o.dims[1]);
-        require(pooled_height as usize == p && pooled_width as usize == o.dims[2] && output_dim as usize == o.dims[3], BAD_PARAM, || {
-            "pooled sizes and output_dim must match output".into()
-        })?;
-        require(group_size as usize == p && o.dims[1] == o.dims[2], BAD_PARAM, || "group_size == pooled_height == pooled_width".into())?;
-        require(group_size >= 1 && output_dim >= 1 && spatial_scale > 0.0, BAD_PARAM, || {
-            "group_size >= 1, output_dim >= 1, spatial_scale > 0".into()
-        })?;
-        require(rd.dims[1] == 5 && rd.dims[0] == r && m.dims == o.dims, BAD_PARAM, || "rois [R, 5], mapping_channel shaped as output".into())?;
-        require(i.dims[3] == p * p * output_dim as usize, BAD_PARAM, || "input channels != output_dim * group_size^2".into())?;
-        for d in [i, rd, o, m] {
-            require(d.numel() * 4 < 1 << 31, NOT_SUPPORTED, || format!("{} bytes (2^31 or more)", d.numel() * 4))?;
-        }
+        let (i, rd, o, m) = (desc(input_desc, "input")?, desc(rois_desc, "rois")?, desc(output_desc, "output")?, desc(mapping_desc, "mapping_channel")?);
+        let r = psroi_check([i, rd, o, m], ["input", "output"], [pooled_height, pooled_width, output_dim], spatial_scale)?;
+        require(group_size == pooled_height, BAD_PARAM, || "group_size == pooled_height".into())?;
         // An empty input is success with nothing written; no rois is BAD_PARAM
         // (psroipool.cpp:132-139 at v1.4.0).
         if i.numel() == 0 {
@@ -500,28 +505,7 @@ pub unsafe extern "C" fn mluOpPsRoiPoolForward(
         require(r > 0, BAD_PARAM, || "rois has zero elements".into())?;
         let mut roi_rows: Vec<f32> = read(rois, r * 5, "rois")?;
         let batches = i.dims[0];
-        for roi in roi_rows.chunks_exact_mut(5) {
-            for v in &mut roi[1..] {
-                *v = v.floor();
-            }
-            // The vendor's forward kernel returns from its roi loop at a batch id outside
-            // [0, batches) (psroipool_block.mlu:82-84 at v1.4.0): that core's remaining
-            // rois are never written. Undefined there, a failed call here.
-            let b = roi[0];
-            require(b.is_finite() && b.trunc() >= 0.0 && (b.trunc() as usize) < batches, EXECUTION_FAILED, || {
-                format!("roi {roi:?}: batch id outside [0, {batches}) stops the vendor kernel's remaining rois")
-            })?;
-            require(roi[1..].iter().all(|v| v.abs() < INT_EDGE), EXECUTION_FAILED, || {
-                format!("roi {roi:?}: a coordinate outside the int range (undefined in the vendor kernel)")
-            })?;
-            let (start_w, start_h) = (roi[1] * spatial_scale, roi[2] * spatial_scale);
-            let bin_w = ((roi[3] + 1.0) * spatial_scale - start_w).max(0.1) / pooled_width as f32;
-            let bin_h = ((roi[4] + 1.0) * spatial_scale - start_h).max(0.1) / pooled_height as f32;
-            let edges = [start_w, start_h, start_w + pooled_width as f32 * bin_w, start_h + pooled_height as f32 * bin_h];
-            require(edges.iter().all(|e| e.is_finite() && e.abs() < INT_EDGE), EXECUTION_FAILED, || {
-                format!("roi {roi:?}: a bin edge outside the int range (undefined in the vendor kernel)")
-            })?;
-        }
+        vendor_rois(&mut roi_rows, batches, [pooled_height, pooled_width], spatial_scale, BadBatch::Abandons)?;
         let inputs = [tensor(i, input, "input")?, Tensor { shape: vec![r, 5], data: OwnedData::F32(roi_rows) }];
         let result = compute::<psroipool::PsRoiPool>(
             attrs(vec![

@@ -130,8 +130,12 @@ fn sized_vec(line: &str) -> bool {
     line.split("vec![").skip(1).any(|rest| rest.split(']').next().is_some_and(|inside| inside.contains(';')))
 }
 
-/// Allocation sites of the non-test code of one file: (file, trimmed line).
+/// Allocation sites of the non-test code of one file: (file, trimmed line). A `tests.rs`
+/// is a module's unit tests (`#[cfg(test)] mod tests;`): none.
 fn sites(file: &Path, rel: &str) -> Vec<(String, String)> {
+    if file.file_name().is_some_and(|n| n == "tests.rs") {
+        return Vec::new();
+    }
     let text = std::fs::read_to_string(file).unwrap();
     let mut out = Vec::new();
     for line in text.lines() {

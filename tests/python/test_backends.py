@@ -150,19 +150,26 @@ del sess
 """
 
 
-def test_a_run_time_fallback_is_logged_and_counted(tmp_path):
-    """N < M: MLU-OPS declines at run time (N >= M is its rule) and, with mlu_backend=mluops,
-    the node runs on the host CPU: a warning through ONNX Runtime's logger naming op, node,
-    sizes and reason, and cpu_fallbacks = 1 in the session line."""
+def run_fallback_script(backend: str, tmp_path: Path) -> tuple[str, Path]:
+    """FALLBACK_SCRIPT under `mlu_backend` = `backend` with the emulated libmluops: what it
+    printed (ONNX Runtime's log included) and its traffic report."""
     lib = library_path()
     traffic = tmp_path / "t.jsonl"
     env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC=str(traffic))
     p = subprocess.run(
-        [sys.executable, "-c", FALLBACK_SCRIPT, str(lib), "mluops", str(emulated_mluops(lib)), str(Path(__file__).parent)],
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(lib), backend, str(emulated_mluops(lib)), str(Path(__file__).parent)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     said = p.stdout + p.stderr
     assert p.returncode == 0, said[-3000:]
+    return said, traffic
+
+
+def test_a_run_time_fallback_is_logged_and_counted(tmp_path):
+    """N < M: MLU-OPS declines at run time (N >= M is its rule) and, with mlu_backend=mluops,
+    the node runs on the host CPU: a warning through ONNX Runtime's logger naming op, node,
+    sizes and reason, and cpu_fallbacks = 1 in the session line."""
+    said, traffic = run_fallback_script("mluops", tmp_path)
     assert "mluops.DynamicScatterBackward node 'dsb' ran on the host CPU (inputs [40, 4], [30, 4]" in said, said[-3000:]
     assert "mluops: N = 30 points < M = 40 voxels: MLU-OPS requires N >= M" in said, said[-3000:]
     session = [json.loads(x) for x in traffic.read_text().splitlines() if "session" in x]
@@ -173,15 +180,7 @@ def test_a_run_time_fallback_is_logged_and_counted(tmp_path):
 def test_a_run_time_decline_to_the_next_backend_is_logged_and_counted(tmp_path):
     """The same node under auto: MLU-OPS declines at run time and the BANG kernels run it, a
     warning through ONNX Runtime's logger naming the reason, run_time_declines.mluops = 1."""
-    lib = library_path()
-    traffic = tmp_path / "t.jsonl"
-    env = dict(os.environ, MLU_EP_EMULATE="1", MLU_EP_TRAFFIC=str(traffic))
-    p = subprocess.run(
-        [sys.executable, "-c", FALLBACK_SCRIPT, str(lib), "auto", str(emulated_mluops(lib)), str(Path(__file__).parent)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    said = p.stdout + p.stderr
-    assert p.returncode == 0, said[-3000:]
+    said, traffic = run_fallback_script("auto", tmp_path)
     line = next((x for x in said.splitlines() if "node 'dsb' ran on backend bang after a run-time decline" in x), None)
     assert line is not None and "[W:onnxruntime:" in line, said[-3000:]
     assert "mluops: N = 30 points < M = 40 voxels: MLU-OPS requires N >= M" in line, line
