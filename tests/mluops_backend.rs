@@ -246,6 +246,12 @@ fn statuses_name_the_call_and_the_status() {
     let lib = backends(MLUOPS).mluops.expect("the emulated library opens");
     let err = lib.tensor(Layout::Array, DType::Float, &[]).err().expect("dimNb 0 is BAD_PARAM").to_string();
     assert_eq!(err, "MLU-OPS mluOpSetTensorDescriptor returned MLUOP_STATUS_BAD_PARAM (3): MLUOP_STATUS_BAD_PARAM");
+    // NOT_SUPPORTED, a scale limitation the binding did not model, sends the node to the
+    // next path (a run-time decline); every other failure is the node's error.
+    let limit = lib.check("mluOpX", mluops::NOT_SUPPORTED).expect_err("a failure");
+    assert!(matches!(limit, onnxruntime_ep_mlu::error::Error::MluLimit(ref m) if m.contains("MLUOP_STATUS_NOT_SUPPORTED")), "{limit:?}");
+    let failed = lib.check("mluOpX", 6).expect_err("a failure");
+    assert!(matches!(failed, onnxruntime_ep_mlu::error::Error::Runtime(_)), "{failed:?}");
 }
 
 #[test]

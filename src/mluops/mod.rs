@@ -27,6 +27,8 @@ pub struct CEnum {
 /// `mluOpStatus_t` (mlu_op.h v1.4.0:64-94).
 pub type Status = c_int;
 pub const SUCCESS: Status = 0;
+/// A scale limitation the library reports from its parameter checks.
+pub const NOT_SUPPORTED: Status = 7;
 
 /// Every `mluOpStatus_t` value, by its C name.
 pub const STATUS: CEnum = CEnum {
@@ -39,7 +41,7 @@ pub const STATUS: CEnum = CEnum {
         ("MLUOP_STATUS_INTERNAL_ERROR", 4),
         ("MLUOP_STATUS_ARCH_MISMATCH", 5),
         ("MLUOP_STATUS_EXECUTION_FAILED", 6),
-        ("MLUOP_STATUS_NOT_SUPPORTED", 7),
+        ("MLUOP_STATUS_NOT_SUPPORTED", NOT_SUPPORTED),
         ("MLUOP_STATUS_NUMERICAL_OVERFLOW", 8),
     ],
 };
@@ -335,7 +337,10 @@ impl Library {
             // SAFETY: a non-null result is a static NUL-terminated string.
             format!(": {}", unsafe { CStr::from_ptr(text) }.to_string_lossy())
         };
-        Err(Error::Runtime(format!("MLU-OPS {call} returned {} ({s}){text}", status_name(s))))
+        let message = format!("MLU-OPS {call} returned {} ({s}){text}", status_name(s));
+        // A scale limitation the binding does not model: the library refuses before it
+        // enqueues anything (its parameter checks come first), so the next path runs the node.
+        if s == NOT_SUPPORTED { Err(Error::MluLimit(message)) } else { Err(Error::Runtime(message)) }
     }
 
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be
