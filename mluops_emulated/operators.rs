@@ -4,9 +4,9 @@
 use super::*;
 use onnxruntime_ep_mlu::ops::{dynamic_scatter, psroipool, sparse_conv, three_interpolate, voxel_pooling};
 
-/// The NRAM bound of DynamicPointToVoxelBackward on MLU370 (5N + 20C + 4 bytes within
-/// NRAM less 128 KB: docs/MLUOPS_BINDING.md).
-const DPV_BACKWARD_NRAM: usize = 768 * 1024 - 128 * 1024;
+/// The vendor kernels' NRAM on MLU370 (NRAM less 128 KB, MAX_NRAM_SIZE of kernels/kernel.h):
+/// DynamicPointToVoxelBackward's bound 5N + 20C + 4 bytes, PsRoiPoolForward's passes.
+const MLU370_NRAM: usize = 768 * 1024 - 128 * 1024;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(
@@ -54,7 +54,7 @@ fn dpv_backward_check(
     expect(desc(count, "voxel_points_count")?, "voxel_points_count", DTYPE_INT32, &[m])?;
     expect(desc(voxel_num, "voxel_num")?, "voxel_num", DTYPE_INT32, &[1])?;
     require(n >= m, BAD_PARAM, || format!("N = {n} < M = {m}"))?;
-    require(5 * n + 20 * c + 4 <= DPV_BACKWARD_NRAM, BAD_PARAM, || format!("N = {n}, C = {c} exceed the NRAM bound"))?;
+    require(5 * n + 20 * c + 4 <= MLU370_NRAM, BAD_PARAM, || format!("N = {n}, C = {c} exceed the NRAM bound"))?;
     Ok((n, m))
 }
 
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn mluOpThreeInterpolateForward(
         for d in [f, i] {
             require(d.numel() < 1 << 31, NOT_SUPPORTED, || format!("{} elements (2^31 or more)", d.numel()))?;
         }
-        require(b * c * n * 3 < 1 << 31, NOT_SUPPORTED, || "output or weights of 2^31 elements or more".into())?;
+        require(b * c * n < 1 << 31 && b * n * 3 < 1 << 31, NOT_SUPPORTED, || "output or weights of 2^31 elements or more".into())?;
         // Zero elements in indices, weights or output: BAD_PARAM (three_interpolate.cpp:339-344
         // at v1.4.0; the caller skips the call); M == 0 alone: success, nothing written.
         require(b * c * n > 0, BAD_PARAM, || "zero elements in indices, weights or output".into())?;
@@ -497,6 +497,12 @@ pub unsafe extern "C" fn mluOpPsRoiPoolForward(
         let (i, rd, o, m) = (desc(input_desc, "input")?, desc(rois_desc, "rois")?, desc(output_desc, "output")?, desc(mapping_desc, "mapping_channel")?);
         let r = psroi_check([i, rd, o, m], ["input", "output"], [pooled_height, pooled_width, output_dim], spatial_scale)?;
         require(group_size == pooled_height, BAD_PARAM, || "group_size == pooled_height".into())?;
+        // The kernel's output channels per NRAM pass (psroipool_block.mlu:199-203 at v1.4.0,
+        // MLU370's 640 KiB): 0 is a division by zero there, a failed call here.
+        let bins = (group_size as usize * group_size as usize).div_ceil(64) * 64;
+        require(MLU370_NRAM / ((2 + 2 * bins) * 4) >= 64, EXECUTION_FAILED, || {
+            format!("group_size {group_size}: no output channel block fits the vendor kernel's NRAM (division by zero)")
+        })?;
         // An empty input is success with nothing written; no rois is BAD_PARAM
         // (psroipool.cpp:132-139 at v1.4.0).
         if i.numel() == 0 {
@@ -561,6 +567,11 @@ fn icf_check(
     // SAFETY: the caller's host array of K values (the API's contract).
     let counts = unsafe { std::slice::from_raw_parts(indice_num, k) }.to_vec();
     require(counts.iter().all(|&n| (0..=l as i64).contains(&n)), BAD_PARAM, || format!("indice_num {counts:?} outside [0, {l}]"))?;
+    // The vendor sizes its gathered and product blocks as int products (:194-206).
+    let most = counts.iter().copied().max().unwrap_or(0) as usize;
+    require(most * ci.max(co) * 4 <= i32::MAX as usize, EXECUTION_FAILED, || {
+        format!("max indice_num {most} x {}: beyond the vendor's int workspace arithmetic", ci.max(co))
+    })?;
     Ok((l, ci, co, counts))
 }
 

@@ -453,3 +453,35 @@ fn indice_conv_declines_what_mluops_would_get_wrong_or_refuse() {
     let want = cpu("IndiceConv", &attrs, &refs(&bad)).expect_err("CPU rejects");
     assert_eq!(err.to_string(), want.to_string(), "the same contract error on both paths");
 }
+
+#[test]
+fn psroipool_forward_pooled_sizes_the_library_kernel_cannot_hold_decline() {
+    // pooled 35: the forward kernel's channel block per NRAM pass is 0 there (a division by
+    // zero in the vendor's kernel); pooled 34 still runs.
+    for (pooled, want) in [(34i64, Ran::Card(Backend::MluOps, vec![])), (35, Ran::Host("fits no output channel block".into()))] {
+        let attrs = [
+            ("pooled_height", AttrValue::Int(pooled)),
+            ("pooled_width", AttrValue::Int(pooled)),
+            ("spatial_scale", AttrValue::Float(1.0)),
+            ("output_dim", AttrValue::Int(1)),
+        ];
+        let c = (pooled * pooled) as usize;
+        let inputs = [f32s(&[1, 6, 5, c], 14), Tensor { shape: vec![2, 5], data: OwnedData::F32(vec![0.0, 0.0, 0.0, 4.0, 5.0, 0.0, 1.0, 1.0, 2.0, 2.0]) }];
+        runs_on("PsRoiPool", &attrs, MLUOPS, &refs(&inputs), want);
+    }
+}
+
+#[test]
+fn indice_conv_with_no_kernel_offset_is_the_bias_on_the_card() {
+    // K = 0: indice_num is an empty size input, read as such.
+    let (l, cin, cout) = (5, 3, 4);
+    let inputs = [
+        f32s(&[l, cin], 15),
+        f32s(&[0, cin, cout], 16),
+        i32s(&[0, 2, l], Vec::new()),
+        i32s(&[0], Vec::new()),
+        i32s(&[7, 4], vec![0; 28]),
+        f32s(&[cout], 17),
+    ];
+    conv_runs_on(&inputs, MLUOPS, Backend::MluOps);
+}

@@ -216,9 +216,10 @@ impl EpKernel {
         let mut card =
             CardOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new(), output_bytes: 0 };
         // Synchronises the queue on every path (ops::device's rule).
-        let ran = self.node.run(device, &queue, names, &tensors, &mut card);
+        let (ran, result) = self.node.run(device, &queue, names, &tensors, &mut card);
         ep.recycle(queue);
-        let ran = ran?;
+        // A run that failed on a path is logged and counted as that path's run.
+        let Some(ran) = ran else { return result };
         ep.counts().ran(&ran);
         let sizes = || tensors.iter().flatten().map(|t| format!("{:?}", t.shape)).collect::<Vec<_>>().join(", ");
         match &ran {
@@ -248,9 +249,10 @@ impl EpKernel {
                 Ran::Card(b, _) => (b.name(), None),
                 Ran::Host(why) => ("cpu", Some(why.as_str())),
             };
-            traffic::record(self.op, &self.node_name, backend, why, &device.traffic().since(&before), inputs + card.output_bytes);
+            let spent = device.traffic().since(&before);
+            traffic::record(self.op, &self.node_name, backend, why, result.is_err(), &spent, inputs + card.output_bytes);
         }
-        Ok(())
+        result
     }
 }
 

@@ -33,14 +33,18 @@ pub fn traffic_json(t: &Traffic) -> serde_json::Value {
     })
 }
 
-/// Appends one node run's line (`why`: the reasons of a run-time fallback to the CPU).
-pub fn record(op: &str, node: &str, backend: &str, why: Option<&str>, t: &Traffic, minimum: usize) {
+/// Appends one node run's line (`why`: the reasons of a run-time fallback to the CPU;
+/// `failed`: the run ended in the node's error).
+pub fn record(op: &str, node: &str, backend: &str, why: Option<&str>, failed: bool, t: &Traffic, minimum: usize) {
     let mut line = traffic_json(t);
     line["op"] = json!(op);
     line["node"] = json!(node);
     line["backend"] = json!(backend);
     if let Some(why) = why {
         line["why"] = json!(why);
+    }
+    if failed {
+        line["failed"] = json!(true);
     }
     line["minimum"] = json!(minimum);
     append(&line);

@@ -227,11 +227,15 @@ pub struct Device {
     pub info: DeviceInfo,
     pub kernels: Kernels,
     counters: Counters,
+    /// Unique in this process for the process's life (never reused, unlike an address).
+    pub id: u64,
 }
 
 impl Device {
     pub fn new(runtime: Box<dyn Runtime>, info: DeviceInfo, kernels: Kernels) -> Arc<Self> {
-        Arc::new(Device { runtime, info, kernels, counters: Counters::default() })
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(Device { runtime, info, kernels, counters: Counters::default(), id })
     }
 
     /// The emulated card (kernels/ compiled for the host).

@@ -250,10 +250,10 @@ pub struct Library {
     pub f: Functions,
     pub path: String,
     pub version: (i32, i32, i32),
-    /// Handles not in use, per card (keyed by the card's address: `mluOpCreate` binds a
+    /// Handles not in use, per card (keyed by the card's `Device::id`: `mluOpCreate` binds a
     /// handle to the thread's current card). A handle must not be used by two threads at
     /// once (MLU-OPS docs/user_guide thread_safety.rst): each call takes one and gives it back.
-    idle: Mutex<Vec<(usize, Handle)>>,
+    idle: Mutex<Vec<(u64, Handle)>>,
     _lib: libloading::Library,
 }
 
@@ -346,7 +346,7 @@ impl Library {
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be
     /// bound to the card: `mluOpCreate` takes the thread's current device).
     pub fn with_handle<T>(&self, queue: &Queue, f: impl FnOnce(HandlePtr) -> Result<T>) -> Result<T> {
-        let card = Arc::as_ptr(queue.device()) as usize;
+        let card = queue.device().id;
         let idle = {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
             idle.iter().position(|(c, _)| *c == card).map(|i| idle.swap_remove(i).1)

@@ -381,7 +381,9 @@ impl CardNode {
     /// The one node runner, for the provider and the tests alike: the size inputs read
     /// from the card, then each path this configuration supports in order until one takes
     /// the run-time sizes, else the CPU kernel on host copies of the inputs, its outputs
-    /// copied to the card. Returns where the node ran.
+    /// copied to the card. Returns where the node ran (`None` when it failed before any path
+    /// was chosen) and how: a node's error is reported with the path that raised it, so that a
+    /// failed run is logged and counted like a successful one.
     pub fn run(
         &self,
         device: &Arc<Device>,
@@ -389,34 +391,37 @@ impl CardNode {
         names: Vec<String>,
         tensors: &[Option<CardTensor>],
         outputs: &mut dyn DeviceOutputs,
-    ) -> Result<Ran> {
+    ) -> (Option<Ran>, Result<()>) {
         let described: Vec<Option<(DType, Vec<i64>)>> =
             tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).collect();
         let ptrs: Vec<*const c_void> =
             tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cast_const())).collect();
-        let sizes = match read_sizes(device, self.size_inputs, &described, &ptrs)? {
-            Ok(sizes) => sizes,
-            Err(i) => {
+        let sizes = match read_sizes(device, self.size_inputs, &described, &ptrs) {
+            Err(e) => return (None, Err(e)),
+            Ok(Ok(sizes)) => sizes,
+            Ok(Err(i)) => {
                 let why = format!("size input '{}' holds more than the {SIZE_INPUT_BYTES} bytes the card path reads", names[i]);
-                self.run_on_host(device, names, tensors, outputs)?;
-                return Ok(Ran::Host(why));
+                let result = self.run_on_host(device, names, tensors, outputs);
+                return (Some(Ran::Host(why)), result);
             }
         };
-        let inputs = card_inputs(names.clone(), &described, &sizes)?;
+        let inputs = match card_inputs(names.clone(), &described, &sizes) {
+            Ok(inputs) => inputs,
+            Err(e) => return (None, Err(e)),
+        };
         let mut declined = Vec::new();
         for p in self.paths.iter().filter(|p| p.supported().is_ok()) {
             match p.run(device, queue, &inputs, &ptrs, outputs) {
                 Err(Error::MluLimit(why)) => declined.push((p.backend(), why)),
-                Ok(()) => return Ok(Ran::Card(p.backend(), declined)),
-                Err(e) => return Err(e),
+                result => return (Some(Ran::Card(p.backend(), declined)), result),
             }
         }
         let mut why: Vec<String> = declined.iter().map(|(b, why)| format!("{}: {why}", b.name())).collect();
         if why.is_empty() {
             why.push("no card path supports this configuration".into());
         }
-        self.run_on_host(device, names, tensors, outputs)?;
-        Ok(Ran::Host(why.join("; ")))
+        let result = self.run_on_host(device, names, tensors, outputs);
+        (Some(Ran::Host(why.join("; "))), result)
     }
 
     /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs
@@ -584,10 +589,11 @@ pub fn read_sizes(
         if spec.bytes() > SIZE_INPUT_BYTES {
             return Ok(Err(i));
         }
+        let mut data = OwnedData::poisoned(&spec, "a size input")?;
         if spec.bytes() == 0 {
+            sizes[i] = Some(data);
             continue;
         }
-        let mut data = OwnedData::poisoned(&spec, "a size input")?;
         // SAFETY: `data` holds spec.bytes() bytes; the card tensor as many.
         unsafe { device.copy_raw(data.as_mut_ptr(), device_inputs[i], spec.bytes(), Direction::DeviceToHost)? };
         sizes[i] = Some(data);
@@ -682,7 +688,9 @@ pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Optio
     let mut outs = Outs { device: Arc::clone(device), bufs: Vec::new(), scratch: Vec::new() };
     let queue = device.queue()?;
     let names = super::schema(node.op).input_names();
-    let ran = node.run(device, &queue, names, &tensors, &mut outs)?;
+    let (ran, result) = node.run(device, &queue, names, &tensors, &mut outs);
+    result?;
+    let ran = ran.ok_or_else(|| Error::Runtime(format!("{}: ran on no path", node.op)))?;
     let mut result = Vec::new();
     for (i, slot) in outs.bufs.into_iter().enumerate() {
         let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", node.op)))?;

@@ -5,6 +5,8 @@ card backend, which must fail in the same phase with the same message."""
 
 from __future__ import annotations
 
+import gc
+import json
 import subprocess
 import sys
 import textwrap
@@ -40,14 +42,26 @@ def _status_message(e) -> str:
 
 
 @pytest.mark.parametrize("backend", ["bang", "mluops"])
-def test_error_case_fails_alike_under_each_card_backend(error_case, backend, harness, mlu_devices):
+def test_error_case_fails_alike_under_each_card_backend(error_case, backend, harness, mlu_devices, tmp_path, monkeypatch):
     """The card path gets the error table too: same phase, same message as the CPU path,
     whether the provider claimed the node (its shape and value rules on the card) or
-    declined it (ONNX Runtime's CPU provider)."""
+    declined it (ONNX Runtime's CPU provider); a claimed node's error comes from the card
+    path, never from a run-time fallback to its CPU kernel (the traffic report has no
+    `cpu` run of it)."""
     want_phase, want = _failure(error_case, harness)
+    report = tmp_path / "traffic.jsonl"
+    monkeypatch.setenv("MLU_EP_TRAFFIC", str(report))
     phase, got = _failure(error_case, harness, lambda model: _card_session(model, backend, harness.lib, mlu_devices))
+    gc.collect()
+    monkeypatch.delenv("MLU_EP_TRAFFIC")
     assert phase == want_phase, f"{backend}: failed at {phase}, the CPU path at {want_phase}: {got}"
     assert _status_message(got) == _status_message(want), f"{backend}: {_status_message(got)}\n  CPU path: {_status_message(want)}"
+    # The node's own run lines (a session line may come from an earlier test's session,
+    # released later); float16 on MLU-OPS is the one documented run-time fallback here.
+    lines = [json.loads(x) for x in report.read_text().splitlines()] if report.exists() else []
+    fallbacks = [x for x in lines if x.get("node") == node_name(error_case) and x.get("backend") == "cpu"
+                 and not x.get("why", "").startswith("mluops: float16: ")]
+    assert fallbacks == [], f"{backend}: the card path fell back to the CPU: {fallbacks}"
 
 
 def _card_session(model, backend: str, lib, devices) -> ort.InferenceSession:

@@ -24,6 +24,9 @@ const MAX_BYTES: usize = (1 << 31) - 1;
 /// Coordinates and bin edges beyond this magnitude could leave the int range the library
 /// converts them to (it converts each coordinate, then each bin edge).
 const EDGE_LIMIT: f32 = (1u32 << 30) as f32;
+/// What the library keeps of a card's NRAM for itself (REM_FOR_STACK, kernels/kernel.h:67 at
+/// v1.4.0).
+const NRAM_KEPT: usize = 128 * 1024;
 /// The contract's least roi extent (R-FCN's 0.1).
 const MIN_ROI_EXTENT: f32 = 0.1;
 
@@ -91,13 +94,19 @@ impl PsRoiPoolBackward {
         unsafe { card.device.copy_raw(host.as_mut_ptr().cast(), card.input::<c_void>(index), rois * 20, Direction::DeviceToHost)? };
         for row in host.chunks_exact_mut(5) {
             let adapted = match self.library_roi(row) {
-                LibraryRoi::Rounded(r) => Some(r),
-                LibraryRoi::Nothing => nothing,
-                LibraryRoi::BeyondInt => None,
+                LibraryRoi::Rounded(r) => r,
+                LibraryRoi::Nothing => nothing.ok_or_else(|| {
+                    Error::MluLimit(format!(
+                        "roi {row:?} contributes nothing, and at spatial_scale {} no roi with empty bins stays in MLU-OPS's int range",
+                        self.spatial_scale
+                    ))
+                })?,
+                LibraryRoi::BeyondInt => {
+                    return Err(Error::MluLimit(format!(
+                        "roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"
+                    )));
+                }
             };
-            let adapted = adapted.ok_or_else(|| {
-                Error::MluLimit(format!("roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"))
-            })?;
             row.copy_from_slice(&adapted);
         }
         let prepared = outputs.workspace(rois * 20)?;
@@ -180,6 +189,17 @@ impl MluOpsOperator for PsRoiPool {
     }
 
     fn mluops_compute(&self, plan: &Plan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        // The forward kernel's output channels per NRAM pass, FLOOR_ALIGN(NRAM / ((2 + 2 *
+        // CEIL_ALIGN(ph * pw, 64)) * 4), 64), divides output_dim (psroipool_block.mlu:199-203
+        // at v1.4.0; its NRAM is the card's less 128 KiB): 0 there is a division by zero.
+        let nram = usize::try_from(card.device.info.nram_bytes).unwrap_or(usize::MAX).saturating_sub(NRAM_KEPT);
+        let bins = (self.0.pooled * self.0.pooled).div_ceil(64) * 64;
+        if nram / ((2 + 2 * bins) * 4) < 64 {
+            return Err(Error::MluLimit(format!(
+                "pooled {}: mluOpPsRoiPoolForward's kernel fits no output channel block in NRAM at this size",
+                self.0.pooled
+            )));
+        }
         let [spec, map_spec] = self.output_specs(plan);
         let out = outputs.allocate(0, &spec)?;
         let mapping = outputs.allocate(1, &map_spec)?;

@@ -39,7 +39,9 @@ impl IndiceConv {
         let active = scratch::collect(d.counts.iter().copied().enumerate().filter(|&(_, n)| n > 0), "the active offsets")?;
         let words = d.rows.div_ceil(32);
         let ints = |outputs: &mut dyn DeviceOutputs, n: usize| -> Result<*mut i32> { Ok(outputs.workspace(n * 4)?.cast()) };
-        let bitmaps = ints(outputs, active.len() * words)?;
+        let bitmaps = ints(outputs, active.len() * words).map_err(|e| {
+            Error::MluLimit(format!("the destination bitmaps ({} offsets x {words} words) do not fit on the card: {e}", active.len()))
+        })?;
         // SAFETY: `bitmaps` was just allocated for that many int32.
         unsafe { device.zero_raw(bitmaps.cast(), active.len() * words * 4)? };
         let word_rank = ints(outputs, words)?;
@@ -126,6 +128,12 @@ impl MluOpsOperator for IndiceConv {
         let sizes = [d.l.saturating_mul(d.cin), d.k.saturating_mul(d.cin).saturating_mul(d.cout), d.k.saturating_mul(2 * d.p), d.rows.saturating_mul(d.cout)];
         if sizes.iter().any(|&n| n > i32::MAX as usize) {
             return Err("a tensor of 2^31 elements or more: MLU-OPS takes less".into());
+        }
+        // The library's gathered and product blocks, [max indice_num, Cin] and [.., Cout],
+        // are sized in int (indice_convolution_forward.cpp:194-206 at v1.4.0).
+        let most = d.counts.iter().copied().max().unwrap_or(0);
+        if most.saturating_mul(d.cin.max(d.cout)).saturating_mul(4) > i32::MAX as usize {
+            return Err(format!("max indice_num = {most} x Cin/Cout: beyond the library's int workspace arithmetic"));
         }
         if d.bias && 2 * 64 + 2 * d.cout * 4 > NRAM_BUDGET {
             return Err(format!("Cout = {}: the bias step holds the bias and a row in NRAM", d.cout));
