@@ -103,7 +103,7 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let counts: Vec<AtomicUsize> = (0..num.len()).map(|_| AtomicUsize::new(0", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2", CONST),
     ("src/ops/sparse_conv/indice_conv/mod.rs", "books.resize_with(n_pieces, Piece::default);", TASKS),
-    ("src/ops/sparse_conv/indice_conv/mod.rs", "let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.rows", TASKS),
+    ("src/ops/sparse_conv/indice_conv/mod.rs", "let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.dims", TASKS),
     ("src/ops/three_interpolate/backward.rs", "let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f", CONST),
     ("src/ops/three_interpolate/forward.rs", "let mut w = vec![0f32; 3 * d.n];", INPUT),
     ("src/ops/three_interpolate/forward.rs", "let mut src = vec![0f32; d.m];", INPUT),

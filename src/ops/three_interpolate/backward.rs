@@ -11,7 +11,7 @@
 //! loop, in float32; float16 inputs are widened on load and rounded once on store.
 
 
-use super::{Real, float_dtype, indices_error, indices_rule};
+use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
@@ -42,16 +42,6 @@ const GRAIN: usize = 32 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThreeInterpolateBackward {
     pub m: usize,
-}
-
-/// Validated sizes and the element type T.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dims {
-    pub(super) b: usize,
-    pub(super) c: usize,
-    pub(super) n: usize,
-    pub(super) m: usize,
-    pub(super) dtype: DType,
 }
 
 impl ThreeInterpolateBackward {

@@ -7,8 +7,7 @@
 //! the batch's indices and weights once per row block. On the card: MLU-OPS only (mluops.rs).
 
 use crate::ops::Operator;
-use super::Real;
-use super::{float_dtype, indices_error, indices_rule};
+use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
@@ -26,16 +25,6 @@ const GRAIN: usize = 32 * 1024;
 /// No attributes: M is the last dimension of `features`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ThreeInterpolate;
-
-/// Validated sizes and the element type T.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dims {
-    pub(super) b: usize,
-    pub(super) c: usize,
-    pub(super) m: usize,
-    pub(super) n: usize,
-    pub(super) dtype: DType,
-}
 
 impl ThreeInterpolate {
     fn dims(inputs: &Inputs<'_>) -> Result<Dims> {

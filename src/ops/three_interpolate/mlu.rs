@@ -4,7 +4,8 @@
 //!. NRAM: the Mo x Co accumulator (twice: transposed and stored layouts)
 //! is fixed first, then the N tile No takes everything left, as the seed gives N priority.
 
-use super::backward::{Dims, ThreeInterpolateBackward};
+use super::Dims;
+use super::backward::ThreeInterpolateBackward;
 use crate::error::Result;
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};

@@ -2,18 +2,19 @@
 //! (`mluOpThreeInterpolateForward` / `Backward`). Both take float32 only: the library computes
 //! float16 in float16 (three_interpolate_union1.mlu at v1.4.0), the contract in float32.
 
-use super::backward::{Dims, ThreeInterpolateBackward};
-use super::forward::{self, ThreeInterpolate};
+use super::backward::ThreeInterpolateBackward;
+use super::{Dims, ThreeInterpolate};
 use crate::error::Result;
-use crate::mluops::{self, Layout, Library};
+use crate::mluops::{self, Functions, Layout, Library, Status, TensorDescPtr};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
 use crate::tensor::{DType, OutputSpec};
 use std::ffi::c_void;
 
 /// The library's rules shared by both directions: float32, and every tensor below 2^31
 /// elements (three_interpolate.cpp:330-337 at v1.4.0).
-fn fits(dtype: DType, b: usize, c: usize, m: usize, n: usize, name: &str) -> std::result::Result<(), String> {
-    if dtype == DType::F16 {
+fn fits(d: &Dims, name: &str) -> std::result::Result<(), String> {
+    let (b, c, m, n) = (d.b, d.c, d.m, d.n);
+    if d.dtype == DType::F16 {
         return Err(format!("float16: mluOpThreeInterpolate{name} computes in float16, the contract in float32"));
     }
     let sizes = [b.saturating_mul(c).saturating_mul(n), b.saturating_mul(c).saturating_mul(m), b.saturating_mul(n).saturating_mul(3)];
@@ -23,13 +24,44 @@ fn fits(dtype: DType, b: usize, c: usize, m: usize, n: usize, name: &str) -> std
     Ok(())
 }
 
+/// The C type both directions share: the handle, three float32 inputs (the first [B, C, x],
+/// then indices and weights [B, N, 3]) and the float32 output [B, C, y].
+type Call = unsafe extern "C" fn(
+    mluops::HandlePtr,
+    TensorDescPtr,
+    *const c_void,
+    TensorDescPtr,
+    *const c_void,
+    TensorDescPtr,
+    *const c_void,
+    TensorDescPtr,
+    *mut c_void,
+) -> Status;
+
+/// Calls `name` (`call` of `lib.f`) with the node's inputs 0-2, the first [B, C, `first`] and
+/// the output [B, C, `last`] at `out`.
+fn call(lib: &Library, card: &Card<'_>, name: &str, call: fn(&Functions) -> Call, d: &Dims, [first, last]: [usize; 2], out: *mut c_void) -> Result<()> {
+    let t = mluops::DType::Float;
+    let x = lib.tensor(Layout::Array, t, &[d.b, d.c, first])?;
+    let idx = lib.tensor(Layout::Array, mluops::DType::Int32, &[d.b, d.n, 3])?;
+    let w = lib.tensor(Layout::Array, t, &[d.b, d.n, 3])?;
+    let y = lib.tensor(Layout::Array, t, &[d.b, d.c, last])?;
+    lib.with_handle(card.queue, |h| {
+        // SAFETY: descriptors of the node's tensors; card memory of those sizes.
+        let s = unsafe {
+            call(&lib.f)(h, x.ptr, card.input::<c_void>(0), idx.ptr, card.input::<c_void>(1), w.ptr, card.input::<c_void>(2), y.ptr, out)
+        };
+        lib.check(name, s)
+    })
+}
+
 impl MluOpsOperator for ThreeInterpolateBackward {
     fn mluops_supported(&self) -> std::result::Result<(), String> {
         Ok(())
     }
 
     fn mluops_fits(&self, d: &Dims) -> std::result::Result<(), String> {
-        fits(d.dtype, d.b, d.c, d.m, d.n, "Backward")
+        fits(d, "Backward")
     }
 
     fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
@@ -44,20 +76,7 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         if d.n == 0 {
             return Ok(());
         }
-        let t = mluops::DType::Float;
-        let go = lib.tensor(Layout::Array, t, &[d.b, d.c, d.n])?;
-        let idx = lib.tensor(Layout::Array, mluops::DType::Int32, &[d.b, d.n, 3])?;
-        let w = lib.tensor(Layout::Array, t, &[d.b, d.n, 3])?;
-        let gf = lib.tensor(Layout::Array, t, &[d.b, d.c, d.m])?;
-        lib.with_handle(card.queue, |h| {
-            // SAFETY: descriptors of the node's tensors; card memory of those sizes.
-            let s = unsafe {
-                (lib.f.mluOpThreeInterpolateBackward)(
-                    h, go.ptr, card.input::<c_void>(0), idx.ptr, card.input::<c_void>(1), w.ptr, card.input::<c_void>(2), gf.ptr, out,
-                )
-            };
-            lib.check("mluOpThreeInterpolateBackward", s)
-        })
+        call(lib, card, "mluOpThreeInterpolateBackward", |f| f.mluOpThreeInterpolateBackward, d, [d.n, d.m], out)
     }
 }
 
@@ -66,30 +85,17 @@ impl MluOpsOperator for ThreeInterpolate {
         Ok(())
     }
 
-    fn mluops_fits(&self, d: &forward::Dims) -> std::result::Result<(), String> {
-        fits(d.dtype, d.b, d.c, d.m, d.n, "Forward")
+    fn mluops_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+        fits(d, "Forward")
     }
 
-    fn mluops_compute(&self, d: &forward::Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.n]))?;
         // An empty output is BAD_PARAM there and nothing to write here; M = 0 with N > 0 is
         // a broken value rule, reported before this runs.
         if d.b * d.c * d.n == 0 {
             return Ok(());
         }
-        let t = mluops::DType::Float;
-        let f = lib.tensor(Layout::Array, t, &[d.b, d.c, d.m])?;
-        let idx = lib.tensor(Layout::Array, mluops::DType::Int32, &[d.b, d.n, 3])?;
-        let w = lib.tensor(Layout::Array, t, &[d.b, d.n, 3])?;
-        let o = lib.tensor(Layout::Array, t, &[d.b, d.c, d.n])?;
-        lib.with_handle(card.queue, |h| {
-            // SAFETY: descriptors of the node's tensors; card memory of those sizes.
-            let s = unsafe {
-                (lib.f.mluOpThreeInterpolateForward)(
-                    h, f.ptr, card.input::<c_void>(0), idx.ptr, card.input::<c_void>(1), w.ptr, card.input::<c_void>(2), o.ptr, out,
-                )
-            };
-            lib.check("mluOpThreeInterpolateForward", s)
-        })
+        call(lib, card, "mluOpThreeInterpolateForward", |f| f.mluOpThreeInterpolateForward, d, [d.m, d.n], out)
     }
 }

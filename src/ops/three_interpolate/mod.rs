@@ -16,6 +16,17 @@ use crate::error::{Error, Result};
 use crate::ops::rules::{Broken, Check, RowValues, ValueRule};
 use crate::tensor::{DType, Inputs};
 
+/// Validated sizes of either operator (features or grad_features [B, C, M], indices and
+/// weights [B, N, 3], output or grad_output [B, C, N]) and the element type T.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    b: usize,
+    c: usize,
+    m: usize,
+    n: usize,
+    dtype: DType,
+}
+
 /// The input `indices` of both operators.
 const INDICES: usize = 1;
 

@@ -201,7 +201,8 @@ impl Operator for IndiceConv {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, ConvPlan)> {
-        let ConvDims { l, cin, k: k_count, cout, p, rows, counts, .. } = self.shape_rules(inputs)?;
+        let dims = self.shape_rules(inputs)?;
+        let ConvDims { l, k: k_count, cout, p, rows, ref counts, .. } = dims;
         let pairs = inputs.get::<i32>(PAIRS)?;
         let slots = self.slots();
         let total: usize = counts.iter().sum();
@@ -209,13 +210,12 @@ impl Operator for IndiceConv {
         let shift = tile_shift(rows, cout, total, active, k_count);
         let tiles = rows.div_ceil(1 << shift);
 
-        match in_place(pairs.data, &counts, p, slots, [l, rows], shift, par)? {
+        match in_place(pairs.data, counts, p, slots, [l, rows], shift, par)? {
             InPlace::Found(reads, starts) => {
                 let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-                let book = Book::InPlace { reads, starts, p, counts, slots };
-                return Ok((specs, ConvPlan { l, cin, cout, rows, shift, book }));
+                return Ok((specs, ConvPlan { dims, shift, book: Book::InPlace { reads, starts } }));
             }
-            InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows])),
+            InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows])),
             InPlace::Unordered => {}
         }
         // Pieces of the (k, j) sequence: piece q covers flat positions [q*len, (q+1)*len).
@@ -296,11 +296,11 @@ impl Operator for IndiceConv {
             })());
         });
         if invalid.into_inner() {
-            return Err(first_bad_pair(inputs, pairs.data, &counts, p, slots, [l, rows]));
+            return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
         }
         errors.into_result()?;
         let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-        Ok((specs, ConvPlan { l, cin, cout, rows, shift, book: Book::Grouped(books) }))
+        Ok((specs, ConvPlan { dims, shift, book: Book::Grouped(books) }))
     }
 
     fn execute(&self, r: ConvPlan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
@@ -309,8 +309,8 @@ impl Operator for IndiceConv {
         let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
         let pairs = inputs.get::<i32>(PAIRS)?.data;
         let out = outputs.take::<f32>(0)?;
-        let (cin, cout) = (r.cin, r.cout);
-        if out.len() != r.rows * cout || features.len() != r.l * cin || filters.len() % (cin * cout).max(1) != 0 {
+        let (cin, cout) = (r.dims.cin, r.dims.cout);
+        if out.len() != r.dims.rows * cout || features.len() != r.dims.l * cin || filters.len() % (cin * cout).max(1) != 0 {
             return Err(Error::Runtime("IndiceConv: buffers do not match the plan".into()));
         }
         if out.is_empty() {
@@ -323,7 +323,7 @@ impl Operator for IndiceConv {
         let weight = |t: usize| r.tile_len(t).saturating_mul(cin.saturating_mul(cout)).saturating_add(tile_rows.saturating_mul(cout)) as u64;
         let work = (0..tiles).map(weight).fold(0u64, u64::saturating_add);
         let cuts = balanced_cuts((0..tiles).map(weight), pieces(usize::try_from(work).unwrap_or(usize::MAX), GRAIN));
-        let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.rows) * cout).collect();
+        let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.dims.rows) * cout).collect();
         #[cfg(target_arch = "x86_64")]
         let fused = Fused::detect(cout);
         #[cfg(not(target_arch = "x86_64"))]
@@ -403,12 +403,12 @@ impl Operator for IndiceConv {
                         }
                     };
                     match &r.book {
-                        Book::InPlace { reads, starts, p, counts, slots } => {
+                        Book::InPlace { reads, starts } => {
                             // A tile holding a destination starts below 2^31.
                             let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
                                 let js = ConvPlan::in_place(starts, tiles, k, t);
-                                let (src, dst) = offset_pairs(pairs, counts, *p, *slots, k, how);
+                                let (src, dst) = offset_pairs(pairs, &r.dims.counts, r.dims.p, self.slots(), k, how);
                                 let (src, dst) = (&src[js.clone()], &dst[js]);
                                 // (Validated: sources in [0, L), destinations in this tile.)
                                 for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows)) {

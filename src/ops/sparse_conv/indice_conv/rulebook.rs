@@ -23,10 +23,9 @@ pub(super) struct Piece {
 pub(super) enum Book {
     /// Every offset's pairs are read in place, as `reads` says (own or mirror), ascending by
     /// destination: `starts[k * (tiles + 1) + t]` is the first of them whose destination is
-    /// at or past tile t's first row; P is indice_pairs' last dimension, `slots` the source
-    /// and destination slots. (Strictly ascending also means no output row repeats within
-    /// an offset.)
-    InPlace { reads: Vec<Read>, starts: Vec<usize>, p: usize, counts: Vec<usize>, slots: [usize; 2] },
+    /// at or past tile t's first row. (Strictly ascending also means no output row repeats
+    /// within an offset.)
+    InPlace { reads: Vec<Read>, starts: Vec<usize> },
     /// Otherwise: a grouped copy, made in pieces.
     Grouped(Vec<Piece>),
 }
@@ -34,10 +33,8 @@ pub(super) enum Book {
 /// The validated rulebook, by row tile.
 #[derive(Debug)]
 pub struct ConvPlan {
-    pub(super) l: usize,
-    pub(super) cin: usize,
-    pub(super) cout: usize,
-    pub(super) rows: usize,
+    /// What the shape rules found.
+    pub(super) dims: ConvDims,
     /// log2 of the rows per tile: tile t holds output rows [t << shift, (t + 1) << shift).
     pub(super) shift: u32,
     pub(super) book: Book,
@@ -45,7 +42,7 @@ pub struct ConvPlan {
 
 impl ConvPlan {
     pub(super) fn tiles(&self) -> usize {
-        self.rows.div_ceil(1 << self.shift)
+        self.dims.rows.div_ceil(1 << self.shift)
     }
 
     /// Tile t's pairs of offset k read in place: the range of j.
