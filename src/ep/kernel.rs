@@ -14,7 +14,7 @@ use crate::ffi::kernel::{KernelContext, KernelInfo};
 use crate::ffi::registry::{HostSide, KernelRegistry};
 use crate::ffi::{WARNING, guard, node_status, ok, status, version};
 use crate::mlu::{Buffer, Device, Direction};
-use crate::ops::device::{CardNode, DeviceOutputs, Ran};
+use crate::ops::device::{CardNode, DeviceOutputs, Ran, reasons};
 use crate::ops::{ALL, OpEntry};
 use crate::schema::{self, Attrs, Schema};
 use crate::tensor::OutputSpec;
@@ -228,7 +228,6 @@ impl EpKernel {
                 &format!("{EP_NAME}: mluops.{} node '{}' ran on the host CPU (inputs {}): {why}", self.op, self.node_name, sizes()),
             ),
             Ran::Card(b, declined) if !declined.is_empty() => {
-                let why: Vec<String> = declined.iter().map(|(d, why)| format!("{}: {why}", d.name())).collect();
                 ep.logger().log(
                     WARNING,
                     &format!(
@@ -237,7 +236,7 @@ impl EpKernel {
                         self.node_name,
                         b.name(),
                         sizes(),
-                        why.join("; ")
+                        reasons(declined)
                     ),
                 );
             }

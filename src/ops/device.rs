@@ -416,12 +416,9 @@ impl CardNode {
                 result => return (Some(Ran::Card(p.backend(), declined)), result),
             }
         }
-        let mut why: Vec<String> = declined.iter().map(|(b, why)| format!("{}: {why}", b.name())).collect();
-        if why.is_empty() {
-            why.push("no card path supports this configuration".into());
-        }
+        let why = if declined.is_empty() { "no card path supports this configuration".into() } else { reasons(&declined) };
         let result = self.run_on_host(device, names, tensors, outputs);
-        (Some(Ran::Host(why.join("; "))), result)
+        (Some(Ran::Host(why)), result)
     }
 
     /// Copies the inputs to the host, runs the CPU kernel on them, then copies its outputs
@@ -462,6 +459,12 @@ impl CardNode {
     fn cpu_output_names(&self) -> Vec<String> {
         super::schema(self.op).output_names()
     }
+}
+
+/// Backends' run-time declines as the log and the traffic report word them:
+/// "backend: reason; backend: reason".
+pub fn reasons(declined: &[(Backend, String)]) -> String {
+    declined.iter().map(|(b, why)| format!("{}: {why}", b.name())).collect::<Vec<_>>().join("; ")
 }
 
 /// Enqueues kernels/check for `rule` over `numel` elements at `data`, writing `record`.
