@@ -389,10 +389,11 @@ def generated_frames(models: dict[str, dict], count: int, seed: int = 0, referen
     for name, spec in models.items():
         if name not in GENERATORS or spec.get("base") is None:
             raise ValueError(f"no generator for model {name!r} (generated frames exist for {list(GENERATORS)})")
+        base = _load_npz(spec["base"]) if reference is not None else None
         for i in range(count):
             row = {"model": name, "frame": f"gen-{seed}-{i:05d}", "seed": seed, "index": i, "payload": b""}
-            if reference is not None and i > 0:
-                inputs = generate(name, _load_npz(spec["base"]), seed, i)
+            if base is not None and i > 0:
+                inputs = generate(name, base, seed, i)
                 arrays = {"in." + k: v for k, v in inputs.items()}
                 arrays |= {"out." + k: np.asarray(v) for k, v in reference(name, inputs).items()}
                 buffer = io.BytesIO()

@@ -574,8 +574,8 @@ pub fn card_inputs<'a>(
     Inputs::new(names, tensors)
 }
 
-/// The values of the size inputs `which`, copied from the card; `Err(name)` names one
-/// larger than [`SIZE_INPUT_BYTES`] (not read: the node then runs its CPU kernel).
+/// The values of the size inputs `which`, copied from the card; `Err(i)` when input i holds
+/// more than [`SIZE_INPUT_BYTES`] (not read: the node then runs its CPU kernel).
 pub fn read_sizes(
     device: &Device,
     which: &[usize],
