@@ -14,9 +14,12 @@ use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 mod common;
+#[path = "reference/dynamic_scatter.rs"]
+mod reference;
 use common::{Rng, assert_accumulating, canon};
+use reference::{Case, reference};
 
 // ---------------------------------------------------------------- helpers
 
@@ -28,16 +31,6 @@ fn attrs(reduce: &str) -> HashMap<String, AttrValue> {
 
 fn op(reduce: &str) -> DynamicScatter {
     descriptor(&attrs(reduce)).expect("valid reduce_type")
-}
-
-/// Inputs: feats [N, C], coors [N, D].
-#[derive(Debug, Clone)]
-struct Case {
-    n: usize,
-    c: usize,
-    d: usize,
-    feats: Vec<f32>,
-    coors: Vec<i32>,
 }
 
 /// The five outputs.
@@ -52,10 +45,6 @@ struct Out {
 }
 
 impl Case {
-    fn tensors(&self) -> (Tensor, Tensor) {
-        (Tensor::f32([self.n, self.c], self.feats.clone()), Tensor::i32([self.n, self.d], self.coors.clone()))
-    }
-
     fn run(&self, op: &DynamicScatter, par: &dyn Parallel) -> Out {
         let (f, c) = self.tensors();
         let out = run(op, &[Some(&f), Some(&c)], par).expect("valid case runs");
@@ -69,70 +58,6 @@ impl Case {
             shapes: out.iter().map(|t| t.shape.clone()).collect(),
         }
     }
-}
-
-/// The contract's outputs, computed naively.
-struct Reference {
-    m: usize,
-    voxel_coors: Vec<i32>,
-    map: Vec<i32>,
-    count: Vec<i32>,
-    /// max: largest non-NaN value, -inf when there is none.
-    max: Vec<f32>,
-    /// float32 sums in ascending point order, and those divided in float32 by the count.
-    sum32: Vec<f32>,
-    mean32: Vec<f32>,
-    /// float64 sums and means.
-    sum64: Vec<f64>,
-    mean64: Vec<f64>,
-}
-
-fn reference(case: &Case) -> Reference {
-    let (n, c, d) = (case.n, case.c, case.d);
-    // Distinct rows of kept points; Vec<i32> orders lexicographically, first coordinate
-    // most significant. Points are pushed in ascending order.
-    let mut voxels: BTreeMap<Vec<i32>, Vec<usize>> = BTreeMap::new();
-    for i in 0..n {
-        let row = &case.coors[i * d..(i + 1) * d];
-        if row.iter().all(|&x| x >= 0) {
-            voxels.entry(row.to_vec()).or_default().push(i);
-        }
-    }
-    let m = voxels.len();
-    let mut r = Reference {
-        m,
-        voxel_coors: Vec::with_capacity(m * d),
-        map: vec![-1; n],
-        count: Vec::with_capacity(m),
-        max: vec![f32::NEG_INFINITY; m * c],
-        sum32: vec![0.0; m * c],
-        mean32: vec![0.0; m * c],
-        sum64: vec![0.0; m * c],
-        mean64: vec![0.0; m * c],
-    };
-    for (v, (row, points)) in voxels.iter().enumerate() {
-        r.voxel_coors.extend_from_slice(row);
-        r.count.push(points.len() as i32);
-        for &i in points {
-            r.map[i] = v as i32;
-        }
-        for ch in 0..c {
-            let values: Vec<f32> = points.iter().map(|&i| case.feats[i * c + ch]).collect();
-            let non_nan: Vec<f32> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-            r.max[v * c + ch] = non_nan.iter().copied().fold(f32::NEG_INFINITY, |a, x| if x > a { x } else { a });
-            let mut s32 = 0f32;
-            let mut s64 = 0f64;
-            for &x in &values {
-                s32 += x;
-                s64 += x as f64;
-            }
-            r.sum32[v * c + ch] = s32;
-            r.mean32[v * c + ch] = s32 / points.len() as f32;
-            r.sum64[v * c + ch] = s64;
-            r.mean64[v * c + ch] = s64 / points.len() as f64;
-        }
-    }
-    r
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

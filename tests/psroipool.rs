@@ -16,26 +16,15 @@ use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 mod common;
+#[path = "reference/psroipool.rs"]
+mod reference;
 use common::psroi::Attrs;
 use common::{Rng, assert_accumulating, canon};
+use reference::{Case, reference, reference_bin};
 
 // ---------------------------------------------------------------- helpers
 
-
-/// Inputs: input [batches, height, width, channels] (NHWC), rois [R, 5].
-#[derive(Debug, Clone)]
-struct Case {
-    shape: [usize; 4],
-    input: Vec<f32>,
-    r: usize,
-    rois: Vec<f32>,
-}
-
 impl Case {
-    fn tensors(&self) -> (Tensor, Tensor) {
-        (Tensor::f32(self.shape, self.input.clone()), Tensor::f32([self.r, 5], self.rois.clone()))
-    }
-
     fn run(&self, a: Attrs, par: &dyn Parallel) -> Result<(Vec<f32>, Vec<i32>), String> {
         let op: PsRoiPool = descriptor(&a.map()).map_err(|e| format!("{e}"))?;
         let (x, r) = self.tensors();
@@ -49,87 +38,6 @@ impl Case {
             out[1].data.i32().expect("mapping_channel is int32").to_vec(),
         ))
     }
-}
-
-/// The bin of the contract: (hstart, hend, wstart, wend) clamped, or None when the roi has a
-/// non-finite value or its scaled start / bin size is not finite. float32, every operation
-/// rounded separately (Rust never fuses).
-fn reference_bin(a: Attrs, roi: &[f32], i: usize, j: usize, height: usize, width: usize) -> Option<[usize; 4]> {
-    if !roi.iter().all(|v| v.is_finite()) {
-        return None;
-    }
-    let s = a.scale;
-    let start_w = roi[1].round() * s; // f32::round: half away from zero
-    let start_h = roi[2].round() * s;
-    let end_w = (roi[3].round() + 1.0) * s;
-    let end_h = (roi[4].round() + 1.0) * s;
-    let roi_w = if end_w - start_w > 0.1 { end_w - start_w } else { 0.1 };
-    let roi_h = if end_h - start_h > 0.1 { end_h - start_h } else { 0.1 };
-    let bin_w = roi_w / a.pw as f32;
-    let bin_h = roi_h / a.ph as f32;
-    if !(start_w.is_finite() && start_h.is_finite() && bin_w.is_finite() && bin_h.is_finite()) {
-        return None;
-    }
-    // Clamp to [0, limit] in floating point (f64 holds every f32 and limit exactly).
-    let clamp = |v: f32, limit: usize| -> usize {
-        let v = v as f64;
-        if v.is_nan() || v <= 0.0 {
-            0
-        } else if v >= limit as f64 {
-            limit
-        } else {
-            v as usize
-        }
-    };
-    let hs = clamp((i as f32 * bin_h + start_h).floor(), height);
-    let he = clamp(((i + 1) as f32 * bin_h + start_h).ceil(), height);
-    let ws = clamp((j as f32 * bin_w + start_w).floor(), width);
-    let we = clamp(((j + 1) as f32 * bin_w + start_w).ceil(), width);
-    Some([hs, he, ws, we])
-}
-
-struct Reference {
-    out64: Vec<f64>,
-    /// float32 sum, rows then columns ascending, divided by the area in float32.
-    out32: Vec<f32>,
-    mapping: Vec<i32>,
-}
-
-fn reference(case: &Case, a: Attrs) -> Reference {
-    let [_, height, width, channels] = case.shape;
-    let (p, q, od) = (a.ph as usize, a.pw as usize, a.od as usize);
-    let n = case.r * p * q * od;
-    let mut r = Reference { out64: vec![0.0; n], out32: vec![0.0; n], mapping: vec![0; n] };
-    for ri in 0..case.r {
-        let roi = &case.rois[ri * 5..ri * 5 + 5];
-        for i in 0..p {
-            for j in 0..q {
-                let bin = reference_bin(a, roi, i, j, height, width);
-                for o in 0..od {
-                    let k = ((ri * p + i) * q + j) * od + o;
-                    let c = (o * p + i) * q + j;
-                    r.mapping[k] = c as i32;
-                    let Some([hs, he, ws, we]) = bin else { continue };
-                    if he <= hs || we <= ws {
-                        continue;
-                    }
-                    let b = roi[0].trunc() as usize;
-                    let (mut s64, mut s32) = (0f64, 0f32);
-                    for h in hs..he {
-                        for w in ws..we {
-                            let x = case.input[((b * height + h) * width + w) * channels + c];
-                            s64 += x as f64;
-                            s32 += x;
-                        }
-                    }
-                    let area = (he - hs) * (we - ws);
-                    r.out64[k] = s64 / area as f64;
-                    r.out32[k] = s32 / area as f32;
-                }
-            }
-        }
-    }
-    r
 }
 
 fn check(case: &Case, a: Attrs, par: &dyn Parallel) -> (Vec<f32>, Vec<i32>) {

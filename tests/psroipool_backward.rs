@@ -9,33 +9,15 @@ use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
 use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 mod common;
+#[path = "reference/psroipool_backward.rs"]
+mod reference;
 use common::psroi::Attrs;
 use common::{Rng, assert_accumulating};
+use reference::{Case, reference};
 
 // ---------------------------------------------------------------- helpers
 
-
-/// Inputs in the contract's order.
-#[derive(Debug, Clone)]
-struct Case {
-    r: usize,
-    top: Vec<f32>,
-    rois: Vec<f32>,
-    mapping: Vec<i32>,
-    bottom_shape: Vec<i64>,
-}
-
 impl Case {
-    fn tensors(&self, a: Attrs) -> [Tensor; 4] {
-        let (p, q, od) = (a.ph as usize, a.pw as usize, a.od as usize);
-        [
-            Tensor::f32([self.r, p, q, od], self.top.clone()),
-            Tensor::f32([self.r, 5], self.rois.clone()),
-            Tensor::i32([self.r, p, q, od], self.mapping.clone()),
-            Tensor::i64([self.bottom_shape.len()], self.bottom_shape.clone()),
-        ]
-    }
-
     fn run(&self, a: Attrs, par: &dyn Parallel) -> Result<Tensor, String> {
         let op: PsRoiPoolBackward = descriptor(&a.map()).map_err(|e| e.to_string())?;
         let t = self.tensors(a);
@@ -50,68 +32,6 @@ impl Case {
         assert_eq!(t.shape, dims, "bottom_grad shape");
         t.data.f32().expect("bottom_grad is float32").to_vec()
     }
-}
-
-/// Bin edges of the contract, float32 with every operation rounded (Rust never fuses):
-/// returns None when the roi contributes nothing, else per bin (hstart, hend, wstart, wend).
-fn reference_bin(a: Attrs, roi: &[f32], i: usize, j: usize, height: usize, width: usize) -> Option<[usize; 4]> {
-    if roi.iter().any(|v| !v.is_finite()) {
-        return None;
-    }
-    let s = a.scale;
-    // f32::round is round half away from zero.
-    let round = f32::round;
-    let start_w = round(roi[1]) * s;
-    let start_h = round(roi[2]) * s;
-    let end_w = (round(roi[3]) + 1.0) * s;
-    let end_h = (round(roi[4]) + 1.0) * s;
-    let roi_w = f32::max(end_w - start_w, 0.1);
-    let roi_h = f32::max(end_h - start_h, 0.1);
-    let bin_w = roi_w / a.pw as f32;
-    let bin_h = roi_h / a.ph as f32;
-    if !(start_w.is_finite() && start_h.is_finite() && bin_w.is_finite() && bin_h.is_finite()) {
-        return None;
-    }
-    let clamp = |v: f32, hi: usize| -> usize {
-        let v = v.max(0.0).min(hi as f32);
-        v as usize
-    };
-    let hs = clamp((i as f32 * bin_h + start_h).floor(), height);
-    let he = clamp(((i + 1) as f32 * bin_h + start_h).ceil(), height);
-    let ws = clamp((j as f32 * bin_w + start_w).floor(), width);
-    let we = clamp(((j + 1) as f32 * bin_w + start_w).ceil(), width);
-    Some([hs, he, ws, we])
-}
-
-/// One loop per top_grad element, float64 accumulation.
-fn reference(case: &Case, a: Attrs) -> Vec<f64> {
-    let [_, height, width, channels] = [0, 1, 2, 3].map(|k| case.bottom_shape[k] as usize);
-    let (p, q, od) = (a.ph as usize, a.pw as usize, a.od as usize);
-    let mut out = vec![0f64; case.bottom_shape.iter().product::<i64>() as usize];
-    for r in 0..case.r {
-        let roi = &case.rois[r * 5..r * 5 + 5];
-        for i in 0..p {
-            for j in 0..q {
-                let Some([hs, he, ws, we]) = reference_bin(a, roi, i, j, height, width) else { continue };
-                if he <= hs || we <= ws {
-                    continue;
-                }
-                let b = roi[0].trunc() as usize;
-                let area = ((he - hs) * (we - ws)) as f64;
-                for o in 0..od {
-                    let k = ((r * p + i) * q + j) * od + o;
-                    let v = case.top[k] as f64 / area;
-                    let c = case.mapping[k] as usize;
-                    for h in hs..he {
-                        for w in ws..we {
-                            out[((b * height + h) * width + w) * channels + c] += v;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 fn check(case: &Case, a: Attrs, par: &dyn Parallel) {

@@ -16,57 +16,12 @@ use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 use std::collections::HashMap;
 mod common;
+#[path = "reference/three_interpolate.rs"]
+mod reference;
 use common::{Rng, assert_accumulating};
+use reference::{Case, Ty, reference_bits, reference64, representable, tensor};
 
 // ---------------------------------------------------------------- test data
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ty {
-    F32,
-    F16,
-}
-
-/// Inputs: features [B, C, M], indices [B, N, 3], weights [B, N, 3]; values stored as f32
-/// exactly representable in the tensor type.
-#[derive(Debug, Clone)]
-struct Case {
-    b: usize,
-    c: usize,
-    m: usize,
-    n: usize,
-    ty: Ty,
-    features: Vec<f32>,
-    indices: Vec<i32>,
-    weights: Vec<f32>,
-}
-
-fn tensor(ty: Ty, shape: [usize; 3], data: &[f32]) -> Tensor {
-    match ty {
-        Ty::F32 => Tensor::f32(shape, data.to_vec()),
-        Ty::F16 => Tensor::f16(shape, data.iter().map(|&x| f16::from_f32(x)).collect()),
-    }
-}
-
-fn representable(ty: Ty, x: f32) -> f32 {
-    match ty {
-        Ty::F32 => x,
-        Ty::F16 => f16::from_f32(x).to_f32(),
-    }
-}
-
-impl Case {
-    fn tensors(&self) -> [Tensor; 3] {
-        [
-            tensor(self.ty, [self.b, self.c, self.m], &self.features),
-            Tensor::i32([self.b, self.n, 3], self.indices.clone()),
-            tensor(self.ty, [self.b, self.n, 3], &self.weights),
-        ]
-    }
-
-    fn index_error(&self) -> bool {
-        self.indices.iter().any(|&i| i < 0 || i as i64 >= self.m as i64)
-    }
-}
 
 fn op() -> ThreeInterpolate {
     descriptor(&HashMap::new()).expect("no attributes")
@@ -96,50 +51,7 @@ fn run_case(case: &Case, par: &dyn Parallel) -> Result<(Vec<f32>, Vec<u32>), Err
     })
 }
 
-// ---------------------------------------------------------------- references
-
-/// float64 reference: output[b, c, n] = sum over k of features[b, c, idx[k]] * w[k].
-fn reference64(case: &Case) -> Vec<f64> {
-    let (b, c, m, n) = (case.b, case.c, case.m, case.n);
-    let mut out = vec![0f64; b * c * n];
-    for bi in 0..b {
-        for ci in 0..c {
-            for ni in 0..n {
-                let mut acc = 0f64;
-                for k in 0..3 {
-                    let i = case.indices[(bi * n + ni) * 3 + k] as usize;
-                    acc += case.features[(bi * c + ci) * m + i] as f64 * case.weights[(bi * n + ni) * 3 + k] as f64;
-                }
-                out[(bi * c + ci) * n + ni] = acc;
-            }
-        }
-    }
-    out
-}
-
-/// The contract's exact evaluation: ((f0*w0) + (f1*w1)) + (f2*w2) in float32, every
-/// operation rounded (Rust never fuses), then for float16 one rounding to float16. Bits.
-fn reference_bits(case: &Case) -> Vec<u32> {
-    let (b, c, m, n) = (case.b, case.c, case.m, case.n);
-    let mut out = Vec::with_capacity(b * c * n);
-    for bi in 0..b {
-        for ci in 0..c {
-            for ni in 0..n {
-                let f = |k: usize| case.features[(bi * c + ci) * m + case.indices[(bi * n + ni) * 3 + k] as usize];
-                let w = |k: usize| case.weights[(bi * n + ni) * 3 + k];
-                let p0 = f(0) * w(0);
-                let p1 = f(1) * w(1);
-                let p2 = f(2) * w(2);
-                let s = (p0 + p1) + p2;
-                out.push(match case.ty {
-                    Ty::F32 => s.to_bits(),
-                    Ty::F16 => f16::from_f32(s).to_bits() as u32,
-                });
-            }
-        }
-    }
-    out
-}
+// ---------------------------------------------------------------- references (tests/reference/)
 
 /// Bits with NaN payloads made alike.
 fn canon(ty: Ty, bits: &[u32]) -> Vec<u32> {

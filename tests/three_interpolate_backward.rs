@@ -5,7 +5,6 @@
 //! The big seed cases run at full size only with MLU_EP_FULL_SCALE=1; a reduced form of each
 //! (B and C cut, N and M kept) always runs.
 
-use half::f16;
 use onnxruntime_ep_mlu::error::Error;
 use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
@@ -15,55 +14,14 @@ use onnxruntime_ep_mlu::tensor::Tensor;
 use proptest::prelude::*;
 use std::collections::HashMap;
 mod common;
+#[path = "reference/three_interpolate_backward.rs"]
+mod reference;
 use common::Rng;
+use reference::{Case, Ty, reference, representable, tensor};
 
 // ---------------------------------------------------------------------------------------
-// Test data
+// Test data (the case and its reference: tests/reference/)
 // ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ty {
-    F32,
-    F16,
-}
-
-/// One set of inputs, stored as float64 values exactly representable in the tensor type.
-#[derive(Debug, Clone)]
-struct Case {
-    b: usize,
-    c: usize,
-    n: usize,
-    m: i64,
-    ty: Ty,
-    grad_output: Vec<f64>,
-    indices: Vec<i32>,
-    weights: Vec<f64>,
-}
-
-fn tensor(ty: Ty, shape: [usize; 3], data: &[f64]) -> Tensor {
-    match ty {
-        Ty::F32 => Tensor::f32(shape, data.iter().map(|&x| x as f32).collect()),
-        Ty::F16 => Tensor::f16(shape, data.iter().map(|&x| f16::from_f64(x)).collect()),
-    }
-}
-
-/// Rounds a value to the tensor type, so the reference sees exactly what the kernel sees.
-fn representable(ty: Ty, x: f64) -> f64 {
-    match ty {
-        Ty::F32 => f64::from(x as f32),
-        Ty::F16 => f16::from_f64(x).to_f64(),
-    }
-}
-
-impl Case {
-    fn tensors(&self) -> Vec<Tensor> {
-        vec![
-            tensor(self.ty, [self.b, self.c, self.n], &self.grad_output),
-            Tensor::i32([self.b, self.n, 3], self.indices.clone()),
-            tensor(self.ty, [self.b, self.n, 3], &self.weights),
-        ]
-    }
-}
 
 impl Rng {
     fn below(&mut self, n: usize) -> usize {
@@ -85,26 +43,6 @@ fn random_case(rng: &mut Rng, (b, c, n, m): (usize, usize, usize, usize), ty: Ty
 
 // ---------------------------------------------------------------------------------------
 // Reference, metric and expected errors, written from the contract
-// ---------------------------------------------------------------------------------------
-
-/// grad_features = 0, then for every b, c, n, k: += grad_output[b,c,n] * weights[b,n,k],
-/// in float64.
-fn reference(case: &Case) -> Vec<f64> {
-    let (b, c, n, m) = (case.b, case.c, case.n, case.m as usize);
-    let mut out = vec![0.0f64; b * c * m];
-    for bi in 0..b {
-        for ci in 0..c {
-            for ni in 0..n {
-                let g = case.grad_output[(bi * c + ci) * n + ni];
-                for k in 0..3 {
-                    let j = case.indices[(bi * n + ni) * 3 + k] as usize;
-                    out[(bi * c + ci) * m + j] += g * case.weights[(bi * n + ni) * 3 + k];
-                }
-            }
-        }
-    }
-    out
-}
 
 /// The MLU-OPS accumulating metric: diff1 = sum|a-b| / sum|b|, diff2 = sqrt(sum (a-b)^2 /
 /// sum b^2), with b the float64 reference. An all-zero reference needs an all-zero result.

@@ -1,0 +1,40 @@
+//! PsRoiPoolBackward: attributes, bottom_shape, rois (non-finite values, batch ids outside
+//! the batch), mapping (some outside the channels) and gradients from the fuzzer's bytes;
+//! every path against the CPU kernel, the CPU kernel against the suite's reference
+//! (tests/reference/).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use onnxruntime_ep_mlu_fuzz::{Bytes, Class, check, common, outcome};
+
+#[path = "../../tests/reference/psroipool_backward.rs"]
+#[allow(dead_code)]
+mod reference;
+mod psroi;
+use reference::{Case, reference};
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Bytes::new(data);
+    let (a, attrs_valid) = psroi::attrs(&mut u);
+    let (batches, height, width) = (1 + u.below(2), 1 + u.below(6), 1 + u.below(6));
+    let channels = (a.ph * a.ph * a.od) as usize + usize::from(u.one_in(16));
+    let r = u.below(5);
+    let (rois, rois_valid) = psroi::rois(&mut u, r, batches);
+    let per_roi = (a.ph * a.ph * a.od) as usize;
+    let mut mapping: Vec<i32> = (0..r * per_roi).map(|_| u.below(channels) as i32).collect();
+    let mut mapping_valid = true;
+    if u.one_in(8) && !mapping.is_empty() {
+        let at = u.below(mapping.len());
+        mapping[at] = if u.one_in(2) { -1 } else { channels as i32 };
+        mapping_valid = false;
+    }
+    let top = u.floats(r * per_roi);
+    let bottom_shape = vec![batches as i64, height as i64, width as i64, channels as i64];
+    let case = Case { r, top, rois, mapping, bottom_shape };
+    let valid = attrs_valid && rois_valid && mapping_valid && channels == a.channels();
+    let inputs: Vec<_> = case.tensors(a).into_iter().map(Some).collect();
+    if let Some(out) = outcome(check("PsRoiPoolBackward", &a.map(), &inputs, Class::Accumulating), valid) {
+        let got = out[0].data.f32().expect("float32 bottom_grad");
+        common::assert_accumulating(got, &reference(&case, a), "bottom_grad against the reference");
+    }
+});

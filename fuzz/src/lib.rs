@@ -1,0 +1,280 @@
+//! The in-process fuzz harness (docs/VERIFICATION.md, "Coverage-guided fuzzing"). Each
+//! target in fuzz_targets/ decodes libFuzzer's bytes into one operator's attributes and
+//! inputs ([`Bytes`]), hands them to [`check`], which runs every path the library has, and
+//! compares the CPU result with its test suite's contract reference. Any disagreement
+//! panics: libFuzzer keeps the input as a crash.
+
+use half::f16;
+use libfuzzer_sys::arbitrary::Unstructured;
+use onnxruntime_ep_mlu::mlu::Device;
+use onnxruntime_ep_mlu::mluops;
+use onnxruntime_ep_mlu::ops::device::{Backend, CardBackends, Ran, run_node_on_device};
+use onnxruntime_ep_mlu::ops::{self, OwnedOutputs};
+use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
+use onnxruntime_ep_mlu::schema::{AttrValue, Attrs};
+use onnxruntime_ep_mlu::tensor::{Inputs, OwnedData, Tensor, TensorRef};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The test suites' shared helpers (data generator, the contract's accumulating metric).
+#[path = "../../tests/common/mod.rs"]
+pub mod common;
+
+/// libFuzzer's bytes as the values a case is built from. Exhausted input reads as zeros,
+/// so every byte string decodes to some case.
+pub struct Bytes<'a>(Unstructured<'a>);
+
+impl<'a> Bytes<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Bytes(Unstructured::new(data))
+    }
+    fn byte(&mut self) -> u8 {
+        self.0.arbitrary().unwrap_or(0)
+    }
+    /// A value in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n <= 1 { 0 } else { self.0.int_in_range(0..=n - 1).unwrap_or(0) }
+    }
+    /// True with chance about 1 in `n`.
+    pub fn one_in(&mut self, n: u8) -> bool {
+        self.byte() % n.max(1) == 0
+    }
+    /// A float that makes ties, signed zeros, NaN, infinities and denormals common; the
+    /// finite values are small, so no sum of a fuzz case overflows.
+    pub fn float(&mut self) -> f32 {
+        match self.byte() {
+            0 => f32::NAN,
+            1 => f32::INFINITY,
+            2 => f32::NEG_INFINITY,
+            3 => -0.0,
+            4 => 1e-40,
+            5 => -3e-39,
+            b => (b as i8) as f32 / 8.0,
+        }
+    }
+    /// A finite float in [-16, 16), from two bytes.
+    pub fn finite(&mut self) -> f32 {
+        let v = u16::from(self.byte()) << 8 | u16::from(self.byte());
+        (v as i16) as f32 / 2048.0
+    }
+    pub fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.float()).collect()
+    }
+    pub fn finites(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.finite()).collect()
+    }
+    /// An index into 0..n, or, about one time in `bad`, one just outside it (-1 or n).
+    pub fn index(&mut self, n: usize, bad: u8) -> i32 {
+        if self.one_in(bad) {
+            if self.one_in(2) { -1 } else { n as i32 }
+        } else {
+            self.below(n) as i32
+        }
+    }
+}
+
+/// How the card's result must match the CPU kernel's (docs/CONTRACT.md §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Bit for bit (index outputs, deterministic kernels).
+    Exact,
+    /// The contract's accumulating metric (atomic or reordered float sums); index outputs exact.
+    Accumulating,
+}
+
+/// The emulated card and the emulated libmluops (MLU_EP_MLUOPS_LIBRARY, set by
+/// scripts/fuzz.sh), opened once per process.
+struct Card {
+    device: Arc<Device>,
+    mluops: Result<Arc<mluops::Library>, String>,
+}
+
+fn card() -> &'static Card {
+    static CARD: OnceLock<Card> = OnceLock::new();
+    CARD.get_or_init(|| {
+        let lib = std::env::var("MLU_EP_MLUOPS_LIBRARY")
+            .expect("MLU_EP_MLUOPS_LIBRARY names the emulated libmluops (scripts/fuzz.sh sets it)");
+        let mluops = mluops::open(Some(&lib));
+        assert!(mluops.is_ok(), "the emulated libmluops at {lib} does not open: {:?}", mluops.err());
+        Card { device: Device::emulated().expect("the emulated card exists"), mluops }
+    })
+}
+
+/// Per backend: nodes run on the card, run on the host after a run-time decline, declined at
+/// placement (the provider would not claim them), plus cases and CPU errors.
+static COUNTS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+const CASES: usize = 0;
+const CPU_ERRORS: usize = 1;
+
+fn count(i: usize) -> u64 {
+    COUNTS[i].fetch_add(1, Ordering::Relaxed) + 1
+}
+
+fn backend_slot(b: Backend) -> usize {
+    match b {
+        Backend::Bang => 2,
+        Backend::MluOps => 5,
+    }
+}
+
+/// Why nodes ran off the card ("backend: reason", numbers as N), with how often.
+static OFF_CARD: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+fn off_card(why: &str) {
+    let mut text = String::new();
+    for ch in why.chars() {
+        match (ch.is_ascii_digit(), text.ends_with('N')) {
+            (true, true) => {}
+            (true, false) => text.push('N'),
+            _ => text.push(ch),
+        }
+    }
+    let mut seen = OFF_CARD.lock().unwrap_or_else(|e| e.into_inner());
+    match seen.iter_mut().find(|(t, _)| *t == text) {
+        Some((_, n)) => *n += 1,
+        None => seen.push((text, 1)),
+    }
+}
+
+/// Every power of two of cases, the counts so far and the reasons for running off the card
+/// on stderr (the long run's figures, docs/VERIFICATION.md).
+fn report(cases: u64) {
+    if cases.is_power_of_two() && cases >= 1024 {
+        let c: Vec<u64> = COUNTS.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        eprintln!(
+            "fuzz-counts: cases {} cpu_errors {} | bang card {} host {} unclaimed {} | mluops card {} host {} unclaimed {}",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+        );
+        let mut seen = OFF_CARD.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        seen.sort_by(|a, b| b.1.cmp(&a.1));
+        for (why, n) in seen.iter().take(6) {
+            eprintln!("fuzz-off-card: {n:>9}  {why}");
+        }
+    }
+}
+
+/// An attribute map from (name, value) pairs.
+pub fn attrs(attrs: &[(&str, AttrValue)]) -> HashMap<String, AttrValue> {
+    attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// The CPU kernel through the registry, as the custom-op host builds it.
+fn cpu(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tensor>], par: &dyn Parallel) -> Result<Vec<Tensor>, String> {
+    let schema = ops::schema(op);
+    let entry = ops::entry(op).expect("a registered operator");
+    let kernel = (entry.create)(&Attrs::new(schema, attrs)).map_err(|e| e.to_string())?;
+    let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
+    let inputs = Inputs::new(schema.input_names(), refs).map_err(|e| e.to_string())?;
+    let mut host = OwnedOutputs::named(schema.output_names());
+    kernel.compute(&inputs, &mut host, par).map_err(|e| e.to_string())?;
+    Ok(host.into_tensors())
+}
+
+/// Bits of every element, for exact comparison; every NaN alike (the contract fixes no
+/// NaN payload).
+pub fn bits(t: &Tensor) -> Vec<u64> {
+    match &t.data {
+        OwnedData::F32(v) => v.iter().map(|x| if x.is_nan() { 1 << 32 } else { u64::from(x.to_bits()) }).collect(),
+        OwnedData::F16(v) => v.iter().map(|x| if x.is_nan() { 1 << 32 } else { u64::from(x.to_bits()) }).collect(),
+        OwnedData::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
+        OwnedData::I64(v) => v.iter().map(|&x| x as u64).collect(),
+    }
+}
+
+/// A float output widened to f64 (`None` for an index output).
+pub fn widened(t: &Tensor) -> Option<Vec<f64>> {
+    match &t.data {
+        OwnedData::F32(v) => Some(v.iter().map(|&x| f64::from(x)).collect()),
+        OwnedData::F16(v) => Some(v.iter().map(|x| f16::to_f64(*x)).collect()),
+        _ => None,
+    }
+}
+
+/// The CPU result of a case its target built valid or invalid: a valid case must run, an
+/// invalid one must fail ([`check`] has asserted every path gives the same error).
+pub fn outcome(result: Result<Vec<Tensor>, String>, valid: bool) -> Option<Vec<Tensor>> {
+    match result {
+        Ok(out) => {
+            assert!(valid, "an invalid case ran");
+            Some(out)
+        }
+        Err(e) => {
+            assert!(!valid, "a valid case failed: {e}");
+            None
+        }
+    }
+}
+
+fn same_outputs(what: &str, got: &[Tensor], want: &[Tensor], class: Class) {
+    assert_eq!(got.len(), want.len(), "{what}: output count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.shape, w.shape, "{what}: output {i} shape");
+        match (class, widened(g), widened(w)) {
+            (Class::Accumulating, Some(g), Some(w)) => {
+                let g: Vec<f32> = g.iter().map(|&x| x as f32).collect();
+                common::assert_accumulating(&g, &w, &format!("{what}: output {i}"));
+            }
+            _ => {
+                let (g, w) = (bits(g), bits(w));
+                if let Some(k) = (0..g.len()).find(|&k| g[k] != w[k]) {
+                    panic!("{what}: output {i}[{k}] bits {:#x}, expected {:#x}", g[k], w[k]);
+                }
+            }
+        }
+    }
+}
+
+/// Runs operator `op` on `inputs` on every path: the CPU kernel at one thread and at two
+/// (bit-identical, or the same error), then, for operators a card backend runs, each
+/// backend alone on the emulated card through the provider's node runner, when its
+/// placement would claim the node. A card result must match the CPU's (`class`), a card
+/// error must be the CPU's error word for word. Returns the CPU result.
+pub fn check(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tensor>], class: Class) -> Result<Vec<Tensor>, String> {
+    let cases = count(CASES);
+    report(cases);
+    let serial = cpu(op, attrs, inputs, &Serial);
+    let threaded = cpu(op, attrs, inputs, &Threads(2));
+    match (&serial, &threaded) {
+        (Ok(s), Ok(t)) => same_outputs(&format!("{op}: 2 threads against 1"), t, s, Class::Exact),
+        (Err(s), Err(t)) => assert_eq!(t, s, "{op}: the error at 2 threads against 1"),
+        _ => panic!("{op}: 1 thread gave {serial:?}, 2 threads {threaded:?}"),
+    }
+    if serial.is_err() {
+        count(CPU_ERRORS);
+    }
+    let Some(create) = ops::entry(op).and_then(|e| e.create_card) else { return serial };
+    let card = card();
+    let shapes: Vec<Option<Vec<Option<usize>>>> =
+        inputs.iter().map(|t| t.as_ref().map(|t| t.shape.iter().map(|&d| Some(d)).collect())).collect();
+    for order in [&[Backend::Bang][..], &[Backend::MluOps][..]] {
+        let backends = CardBackends { order, mluops: card.mluops.clone() };
+        let slot = backend_slot(order[0]);
+        let node = match create(&Attrs::new(ops::schema(op), attrs), &backends) {
+            Err(e) => {
+                assert_eq!(Err(&e.to_string()), serial.as_ref().map(|_| ()), "{op} on {order:?}: the descriptor's error");
+                continue;
+            }
+            Ok(node) => node,
+        };
+        if let Err(why) = node.static_choice(&card.device.info, Some(&shapes)) {
+            count(slot + 2);
+            off_card(&format!("unclaimed: {why}"));
+            continue;
+        }
+        let tensors: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
+        let what = format!("{op} on {order:?}");
+        match (run_node_on_device(&card.device, &node, &tensors), &serial) {
+            (Ok((got, ran)), Ok(want)) => {
+                count(slot + usize::from(matches!(ran, Ran::Host(_))));
+                if let Ran::Host(why) = ran {
+                    off_card(&why);
+                }
+                same_outputs(&what, &got, want, class);
+            }
+            (Err(e), Err(want)) => assert_eq!(&e.to_string(), want, "{what}: the error"),
+            (got, want) => panic!("{what}: the card gave {:?}, the CPU {want:?}", got.map(|(_, ran)| ran)),
+        }
+    }
+    serial
+}
