@@ -5,7 +5,8 @@
 # the `ort` crate, the BANG kernels and emulator self-tests on the emulated MLU card, those
 # again with the C++ built by g++-11 and clang-14 at -std=c++17), the
 # network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
-# Python session and export tests, the model-zoo regression runner, the named networks
+# Python session and export tests, the in-process fuzz targets (scripts/fuzz.sh) and the
+# session fuzz harness, the model-zoo regression runner, the named networks
 # against their peer libraries (networks/run.py, CI scale), and the main job.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,11 +43,13 @@ echo "== BANG kernels on the emulated MLU card at network scale (release; no MLU
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 echo "== python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
-echo "== fuzz: 27,000 fixed-seed cases (all nine operators, both paths, isolated workers; tests/fuzz/README.md)"
-"$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 27000
-echo "== fuzz on the MLU-OPS backend: 14,400 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
+echo "== in-process coverage-guided fuzzing: each operator's target over its corpus plus 4,000 new cases, every path (fuzz/, scripts/fuzz.sh)"
+scripts/fuzz.sh --runs 4000
+echo "== session fuzz: 9,000 fixed-seed cases (all nine operators, both paths, through ONNX Runtime, isolated workers; tests/fuzz/README.md)"
+"$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 9000
+echo "== session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
 MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libmluops_emulated.so" \
-    "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 14400 \
+    "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 4800 \
     --ops DynamicScatterBackward,ThreeInterpolateBackward,GetIndicePairs,VoxelPoolingForward,PsRoiPoolBackward,IndiceConv,ThreeInterpolate,PsRoiPool
 echo "== every operator's session on both paths under valgrind (memcheck)"
 scripts/valgrind.sh

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The test suites' shared helpers (data generator, the contract's accumulating metric).
 #[path = "../../tests/common/mod.rs"]
+#[allow(clippy::should_implement_trait)]
 pub mod common;
 
 /// libFuzzer's bytes as the values a case is built from. Exhausted input reads as zeros,
@@ -38,7 +39,7 @@ impl<'a> Bytes<'a> {
     }
     /// True with chance about 1 in `n`.
     pub fn one_in(&mut self, n: u8) -> bool {
-        self.byte() % n.max(1) == 0
+        self.byte().is_multiple_of(n.max(1))
     }
     /// A float that makes ties, signed zeros, NaN, infinities and denormals common; the
     /// finite values are small, so no sum of a fuzz case overflows.
@@ -118,10 +119,33 @@ fn backend_slot(b: Backend) -> usize {
     }
 }
 
-/// Why nodes ran off the card ("backend: reason", numbers as N), with how often.
+/// The reasons a valid node may run off the card, each stated in the docs: the session
+/// fuzz harness's list (tests/fuzz/offcard.json).
+fn documented(why: &str) -> bool {
+    static RULES: OnceLock<(Vec<regex::Regex>, regex::Regex)> = OnceLock::new();
+    let (rules, backend) = RULES.get_or_init(|| {
+        let list: Vec<HashMap<String, String>> =
+            serde_json::from_str(include_str!("../../tests/fuzz/offcard.json")).expect("tests/fuzz/offcard.json parses");
+        let rules = list.iter().map(|r| regex::Regex::new(&r["reason"]).expect("a valid pattern")).collect();
+        // Each backend's part of a reason ("mluops: ...; bang: ...") must be documented.
+        (rules, regex::Regex::new(r"; (mluops|bang): ").expect("a valid pattern"))
+    });
+    let mut parts = Vec::new();
+    let mut from = 0;
+    for m in backend.find_iter(why) {
+        parts.push(&why[from..m.start()]);
+        from = m.start() + 2;
+    }
+    parts.push(&why[from..]);
+    parts.iter().all(|part| rules.iter().any(|r| r.is_match(part)))
+}
+
+/// Why nodes ran off the card ("backend: reason", numbers as N), with how often. A reason the
+/// docs do not state is a finding.
 static OFF_CARD: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 
-fn off_card(why: &str) {
+fn off_card(op: &str, why: &str) {
+    assert!(documented(why), "{op}: a valid node ran off the card for a reason the docs do not state: {why}");
     let mut text = String::new();
     for ch in why.chars() {
         match (ch.is_ascii_digit(), text.ends_with('N')) {
@@ -147,7 +171,7 @@ fn report(cases: u64) {
             c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
         );
         let mut seen = OFF_CARD.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        seen.sort_by(|a, b| b.1.cmp(&a.1));
+        seen.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         for (why, n) in seen.iter().take(6) {
             eprintln!("fuzz-off-card: {n:>9}  {why}");
         }
@@ -259,7 +283,9 @@ pub fn check(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tens
         };
         if let Err(why) = node.static_choice(&card.device.info, Some(&shapes)) {
             count(slot + 2);
-            off_card(&format!("unclaimed: {why}"));
+            if serial.is_ok() {
+                off_card(op, &format!("unclaimed: {why}"));
+            }
             continue;
         }
         let tensors: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
@@ -268,7 +294,7 @@ pub fn check(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tens
             (Ok((got, ran)), Ok(want)) => {
                 count(slot + usize::from(matches!(ran, Ran::Host(_))));
                 if let Ran::Host(why) = ran {
-                    off_card(&why);
+                    off_card(op, &why);
                 }
                 same_outputs(&what, &got, want, class);
             }

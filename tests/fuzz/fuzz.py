@@ -663,29 +663,11 @@ def offcard_reason(report: str, node: str) -> str | None:
 
 
 #: Why a valid node may stay off the card, each a rule the docs state (a reason matching
-#: none of them is an `offcard` finding).
+#: none of them is an `offcard` finding); tests/fuzz/offcard.json, which the in-process
+#: fuzz targets read too (fuzz/src/lib.rs).
 DOCUMENTED_OFFCARD = [
-    (re.compile(p), where) for p, where in [
-        (r"reduce_type mean/sum", "CONTRACT §2.5: max only on the card"),
-        (r"transpose = 1", "CONTRACT §4.5: transpose = 0 only"),
-        (r"no card backend of this provider has kernels for it", "MLUOPS_BINDING §4: forward partners on MLU-OPS only"),
-        (r"no card backend runs this operator|no card kernel is registered for it", "CONTRACT §1.7: DynamicScatter on the CPU"),
-        (r"no MLU-OPS library", "USAGE: mlu_backend / mluops_library"),
-        (r"float16", "MLUOPS_BINDING §4: float32 only on MLU-OPS"),
-        (r"int32|int range|2\^31|beyond the library's int", "CONTRACT §1.6-1.7 and MLUOPS_BINDING §4: sizes"),
-        (r"NRAM", "CONTRACT §x.5: NRAM tiles"),
-        (r"subm = 1", "MLUOPS_BINDING §4: GetIndicePairs subm on BANG only"),
-        (r"N = \d+ points < M", "MLUOPS_BINDING §4: N >= M"),
-        (r"no empty B, N or C", "MLUOPS_BINDING §4: VoxelPoolingForward sizes > 0"),
-        (r"stride \d+: mluOpGetIndicePairs", "MLUOPS_BINDING §4: strides 2^k, 3, 5"),
-        (r"L = \d+ (sites|rows) beyond", "MLUOPS_BINDING §4: GetIndicePairs L"),
-        (r"P = \d+ != features' L", "MLUOPS_BINDING §4: IndiceConv P == L"),
-        (r"distinct destinations", "MLUOPS_BINDING §4: IndiceConv's repeated destinations"),
-        (r"inverse = 1", "MLUOPS_BINDING §4: IndiceConv inverse"),
-        (r"empty input map", "MLUOPS_BINDING §4: PsRoiPool with an empty map"),
-        (r"drops one", "MLUOPS_BINDING §4: the GetIndicePairs site-count defect"),
-        (r"invalid attributes", "CONTRACT §1.2: the CPU kernel reports an attribute error"),
-    ]
+    (re.compile(rule["reason"]), rule["where"])
+    for rule in json.loads((Path(__file__).with_name("offcard.json")).read_text())
 ]
 
 
