@@ -8,10 +8,47 @@
 # Python session and export tests, the in-process fuzz targets (scripts/fuzz.sh) and the
 # session fuzz harness, the model-zoo regression runner, the named networks
 # against their peer libraries (networks/run.py, CI scale), and the main job.
+#
+# scripts/test.sh --card: on a host with Cambricon MLU cards and a Neuware toolkit
+# (NEUWARE_HOME), the tests that run on a card, on every card the runtime lists, instead
+# (docs/USAGE.md, "Testing on a card").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+case "${1:-}" in
+    "") card=0 ;;
+    --card) card=1 ;;
+    *) echo "usage: scripts/test.sh [--card]" >&2; exit 2 ;;
+esac
+if [ "$card" = 1 ] && [ -z "${NEUWARE_HOME:-}" ]; then
+    echo "test.sh --card: set NEUWARE_HOME to the Neuware toolkit: its cncc compiles kernels/ for the card and its lib64/libcnrt.so is the runtime" >&2
+    exit 1
+fi
 source scripts/setup.sh --test
+if [ "$card" = 1 ]; then
+    unset MLU_EP_EMULATE
+    echo "== card mode: build with the toolkit's cncc (NEUWARE_HOME=$NEUWARE_HOME)"
+    cargo build --release --lib
+    export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
+    cards=$("$VENV/bin/python" -c '
+import sys, onnxruntime as ort
+ort.register_execution_provider_library("MLUExecutionProvider", sys.argv[1])
+print(sum(d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("emulated") == "false" for d in ort.get_ep_devices()))
+' "$MLU_EP_LIB")
+    if [ "$cards" -lt 1 ]; then
+        echo "test.sh --card: the provider lists no real MLU card (run with ORT's logging at INFO to see why)" >&2
+        exit 1
+    fi
+    for ((i = 0; i < cards; i++)); do
+        echo "== card $i of $cards: the BANG kernels against the CPU kernels, seed and network scale"
+        MLU_EP_TEST_DEVICE=$i cargo test --release --test mlu_kernels
+        MLU_EP_TEST_DEVICE=$i MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
+    done
+    echo "== the provider on every card: sessions, placement, declines, the error table on the bang backend"
+    MLU_EP_TEST_CARD=1 "$VENV/bin/python" -m pytest tests/python/test_ep.py tests/python/test_errors.py -q
+    echo "== card mode: all passed on $cards card(s)"
+    exit 0
+fi
 echo "== build (release library for the Python tests)"
 cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"

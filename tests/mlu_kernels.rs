@@ -1,7 +1,7 @@
-//! The BANG kernels of kernels/, run on the emulated MLU card (the same sources compiled
-//! for the host against kernels/emulator), against the Rust CPU kernels: exact for index
+//! The BANG kernels of kernels/ on the card under test (`common::card`: a real MLU card when
+//! the Cambricon runtime lists one, else the emulated card, the same sources compiled for
+//! the host against kernels/emulator), against the Rust CPU kernels: exact for index
 //! outputs and DynamicScatterBackward, the contract's accumulating class otherwise.
-//! No MLU hardware runs these tests.
 
 use half::f16;
 use onnxruntime_ep_mlu::mlu::Device;
@@ -11,13 +11,13 @@ use onnxruntime_ep_mlu::parallel::Threads;
 use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 mod common;
 use common::{Rng, assert_accumulating};
 
+/// The card under test: the emulated one unless a real card is present (common::card).
 fn device() -> Arc<Device> {
-    static DEV: OnceLock<Arc<Device>> = OnceLock::new();
-    Arc::clone(DEV.get_or_init(|| Device::emulated().expect("the emulated card exists")))
+    common::card()
 }
 
 /// Full network scale when MLU_EP_FULL_SCALE=1, else the reduced size.
@@ -40,10 +40,10 @@ impl Rng {
     }
 }
 
-/// Runs `op` on CPU and on the emulated card.
+/// Runs `op` on CPU and on the card under test.
 fn both<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>]) -> (Vec<Tensor>, Vec<Tensor>) {
     let cpu = run(op, inputs, &Threads(2)).expect("CPU kernel runs");
-    let mlu = run_on_device(&device(), op, inputs).expect("BANG kernels run on the emulated card");
+    let mlu = run_on_device(&device(), op, inputs).expect("BANG kernels run on the card");
     assert_eq!(cpu.len(), mlu.len());
     for (c, m) in cpu.iter().zip(&mlu) {
         assert_eq!(c.shape, m.shape, "output shapes");

@@ -5,7 +5,9 @@
 
 pub mod psroi;
 
+use onnxruntime_ep_mlu::mlu::{Device, cnrt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 /// splitmix64: small, seedable, good enough for test data. Test files add the
 /// conveniences they need in their own `impl Rng` blocks.
@@ -69,6 +71,37 @@ pub fn canon(v: &[f32]) -> Vec<u32> {
             }
         })
         .collect()
+}
+
+/// The card the kernel tests run on (docs/USAGE.md, "Testing on a card"): with
+/// MLU_EP_TEST_DEVICE=<i> the Cambricon runtime's card i (`scripts/test.sh --card` runs the
+/// tests once per card), an error if it is missing; with MLU_EP_TEST_DEVICE=emulated, or
+/// unset on a host whose runtime lists no card, the emulated card; unset on a card host,
+/// card 0. Tests of the emulator itself or of the emulated libmluops use
+/// `Device::emulated()` and say so.
+pub fn card() -> Arc<Device> {
+    static CARD: OnceLock<Arc<Device>> = OnceLock::new();
+    let card = CARD.get_or_init(|| {
+        let chosen = std::env::var("MLU_EP_TEST_DEVICE").ok();
+        let (card, what) = match chosen.as_deref() {
+            Some("emulated") => (Device::emulated().expect("the emulated card starts"), "the emulated card".to_string()),
+            Some(i) => {
+                let i: usize = i.parse().unwrap_or_else(|_| panic!("MLU_EP_TEST_DEVICE={i}: not a card index or 'emulated'"));
+                let cards = cnrt::devices().unwrap_or_else(|why| panic!("MLU_EP_TEST_DEVICE={i}: no real card: {why}"));
+                let n = cards.len();
+                let card = cards.into_iter().nth(i).unwrap_or_else(|| panic!("MLU_EP_TEST_DEVICE={i}: the runtime lists {n} cards"));
+                (card, format!("real card {i}"))
+            }
+            None => match cnrt::devices().map(|cards| cards.into_iter().next()) {
+                Ok(Some(card)) => (card, "real card 0 (MLU_EP_TEST_DEVICE selects another)".to_string()),
+                Ok(None) => (Device::emulated().expect("the emulated card starts"), "the emulated card (no usable real card)".into()),
+                Err(why) => (Device::emulated().expect("the emulated card starts"), format!("the emulated card ({why})")),
+            },
+        };
+        eprintln!("kernel tests on {what}: {}", card.info.arch);
+        card
+    });
+    Arc::clone(card)
 }
 
 /// The libonnxruntime_ep_mlu.so the session tests load: MLU_EP_LIB when set, else the one

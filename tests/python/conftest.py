@@ -232,17 +232,37 @@ def harness(mlu_lib) -> Harness:
 EP = "MLUExecutionProvider"
 
 
-@pytest.fixture(scope="session")
-def mlu_devices(mlu_lib: Path):
-    """Registers the library as an EP library once per process (the emulated card: the
+#: `scripts/test.sh --card`: the provider tests run on the real cards only (no emulated card
+#: is registered, and a host without a card fails instead of testing the emulator).
+CARD_MODE = os.environ.get("MLU_EP_TEST_CARD") == "1"
+
+
+def ep_devices() -> list:
+    """Registers the library as an EP library once per process and returns its devices: the
+    real cards the Cambricon runtime lists and, unless CARD_MODE, the emulated card (the
     factory reads MLU_EP_EMULATE when the library is registered)."""
-    os.environ["MLU_EP_EMULATE"] = "1"
+    if not CARD_MODE:
+        os.environ["MLU_EP_EMULATE"] = "1"
     ort.set_default_logger_severity(3)
     if not any(d.ep_name == EP for d in ort.get_ep_devices()):
-        ort.register_execution_provider_library(EP, str(mlu_lib))
+        ort.register_execution_provider_library(EP, str(library_path()))
     devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
-    assert devices, "the EP library registered but reports no device"
+    assert devices, "the EP library registered but reports no device" + (" (MLU_EP_TEST_CARD=1: no real card)" if CARD_MODE else "")
     return devices
+
+
+def is_emulated(device) -> bool:
+    """The emulated card, told by its metadata (never by a device count)."""
+    return dict(device.device.metadata).get("emulated") == "true"
+
+
+@pytest.fixture(scope="session")
+def emulated_devices(mlu_lib: Path):
+    """The emulated card alone, for tests that need it (the emulated libmluops computes on
+    host memory; emulator facts); skipped with the reason under CARD_MODE."""
+    if CARD_MODE:
+        pytest.skip("needs the emulated card, which scripts/test.sh --card does not register")
+    return [d for d in ep_devices() if is_emulated(d)]
 
 
 def emulated_mluops(lib: Path) -> Path:
@@ -253,11 +273,17 @@ def emulated_mluops(lib: Path) -> Path:
 
 
 def pytest_generate_tests(metafunc):
-    """`error_case` / `valid_case` arguments run once per errors.json entry, with the case name as id."""
+    """`error_case` / `valid_case` arguments run once per errors.json entry, with the case name
+    as id; `mlu_devices` once per device the provider offers (each real card, and the
+    emulated card unless CARD_MODE), as a one-device list."""
     for arg, kind in (("error_case", "error"), ("valid_case", "valid_edge")):
         if arg in metafunc.fixturenames:
             cases = [c for c in load_cases() if c["kind"] == kind]
             metafunc.parametrize(arg, cases, ids=[c["name"] for c in cases])
+    if "mlu_devices" in metafunc.fixturenames:
+        devices = ep_devices()
+        ids = ["emulated" if is_emulated(d) else f"card{d.device.device_id}" for d in devices]
+        metafunc.parametrize("mlu_devices", [[d] for d in devices], ids=ids, scope="session")
 
 
 # ----------------------------------------------------------------------------- the installed wheel

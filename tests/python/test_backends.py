@@ -28,7 +28,8 @@ import json, os, sys
 import numpy as np, onnxruntime as ort
 lib, backend, mluops, zoo_dir, model, data = sys.argv[1:7]
 ort.register_execution_provider_library("MLUExecutionProvider", lib)
-devices = [d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider"]
+# The emulated card, told by its metadata: the emulated libmluops computes on host memory.
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("emulated") == "true"]
 feeds_npz = np.load(os.path.join(zoo_dir, data))
 cpu_opts = ort.SessionOptions(); cpu_opts.register_custom_ops_library(lib)
 cpu = ort.InferenceSession(os.path.join(zoo_dir, model), cpu_opts)
@@ -129,7 +130,8 @@ from conftest import build_model
 lib, backend, mluops = sys.argv[1:4]
 ort.set_default_logger_severity(1)
 ort.register_execution_provider_library("MLUExecutionProvider", lib)
-devices = [d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider"]
+# The emulated card, told by its metadata: the emulated libmluops computes on host memory.
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("emulated") == "true"]
 n, m, c = 30, 40, 4
 rng = np.random.default_rng(1)
 feats = rng.standard_normal((n, c)).astype(np.float32)

@@ -64,7 +64,7 @@ def lib() -> str:
 
 
 @pytest.fixture(scope="module")
-def mlu_devices(lib):
+def package_devices(lib):
     """The library registered as the MLUExecutionProvider with the emulated card (the
     library reads MLU_EP_EMULATE when it is registered, so it is set first)."""
     os.environ["MLU_EP_EMULATE"] = "1"
@@ -280,9 +280,9 @@ def test_bevdepth_block_on_cpu_matches_eager_torch(bev_model, lib, batch, seed):
     assert set(node_placement(sess, proto, "VoxelPoolingForward")) == {CPU}
 
 
-def test_bevdepth_block_on_the_emulated_mlu_runs_voxel_pooling_on_the_mlu(bev_model, mlu_devices):
+def test_bevdepth_block_on_the_emulated_mlu_runs_voxel_pooling_on_the_mlu(bev_model, package_devices):
     model, proto = bev_model
-    sess = mlu_session(proto, mlu_devices)
+    sess = mlu_session(proto, package_devices)
     assert node_placement(sess, proto, "VoxelPoolingForward") == [EP]
     assert set(node_placement(sess, proto, "Conv")) == {CPU}
     for batch, seed in [(2, 20), (1, 21)]:
@@ -454,9 +454,9 @@ def test_centerpoint_block_on_cpu_matches_eager_torch(sparse_model, lib, count, 
         assert len(want[1]) > 0 and np.abs(want[0]).sum() > 0
 
 
-def test_centerpoint_block_on_the_emulated_mlu_runs_the_rulebooks_on_the_mlu(sparse_model, mlu_devices):
+def test_centerpoint_block_on_the_emulated_mlu_runs_the_rulebooks_on_the_mlu(sparse_model, package_devices):
     model, proto = sparse_model
-    sess = mlu_session(proto, mlu_devices)
+    sess = mlu_session(proto, package_devices)
     assert node_placement(sess, proto, "GetIndicePairs") == [EP, EP]
     assert set(node_placement(sess, proto, "IndiceConv")) == {CPU}  # no MLU kernel: declined
     args = sparse_args(400, 34)
@@ -1019,10 +1019,10 @@ def test_package_names_and_cpu_session_options(lib):
         mlu.session_options(provider_options={"device_id": "0"})
 
 
-def test_with_ep_session_options_register_the_ep_once_and_add_its_devices(mlu_devices, bev_model):
-    assert mlu.register_execution_provider(emulate=True) == mlu_devices  # no second registration
-    assert all(d.ep_name == EP for d in mlu_devices)
-    assert dict(mlu_devices[0].device.metadata)["emulated"] == "true"
+def test_with_ep_session_options_register_the_ep_once_and_add_its_devices(package_devices, bev_model):
+    assert mlu.register_execution_provider(emulate=True) == package_devices  # no second registration
+    assert all(d.ep_name == EP for d in package_devices)
+    assert dict(package_devices[0].device.metadata)["emulated"] == "true"
     _, proto = bev_model
     sess = ort.InferenceSession(
         proto.SerializeToString(),
