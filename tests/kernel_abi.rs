@@ -365,11 +365,11 @@ fn swapped_parameters_of_the_same_type_are_reported() {
 
 #[test]
 fn a_changed_type_or_a_missing_entry_is_reported() {
-    // spatial_scale as int32_t, weights as float, and an entry Rust does not declare.
+    // bins_per_load as float, weights as float, and an entry Rust does not declare.
     let header = parse_header(
         "MLUOPS_EXPORT int mluops_psroipool_backward(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
              int32_t rois_num, int32_t pooled, int32_t output_dim, int32_t height, int32_t width, int32_t channels,
-             int32_t spatial_scale, int32_t bins_per_load, int32_t deal, const float *top_grad, const float *rois,
+             float bins_per_load, int32_t deal, const float *top_grad, const int32_t *spans,
              const int32_t *mapping_channel, float *bottom_grad, const int32_t *gate, int32_t gates);
          MLUOPS_EXPORT int mluops_three_interpolate_backward_f16(cnrtQueue_t queue, uint32_t task_dim,
              int32_t task_type, int32_t batches, int32_t channels, int32_t n_points, int32_t m_points, int32_t mo,
@@ -382,7 +382,7 @@ fn a_changed_type_or_a_missing_entry_is_reported() {
     let report = compare_entries(&header.entries, &rust);
     assert_eq!(report.len(), 3, "{report:#?}");
     assert!(
-        report[0].starts_with("mluops_psroipool_backward #9: C `int32_t spatial_scale` (Rust `i32`)"),
+        report[0].starts_with("mluops_psroipool_backward #9: C `float bins_per_load` (Rust `f32`)"),
         "{report:#?}"
     );
     assert!(

@@ -379,6 +379,35 @@ mod psroipool_backward {
         case(6, 8, 14, 14, 3, 21, 493, 0.0625, false);
     }
 
+    /// Rois whose every bin edge is an integer (at scale 1/16, width 7k * 16 pixels: bins of
+    /// k): where one ulp of a division would move a whole row or column of pixels.
+    #[test]
+    fn integer_aligned_bin_edges() {
+        let (p, od, s) = (7usize, 2usize, 0.0625f32);
+        let op: PsRoiPoolBackward = descriptor(&HashMap::from([
+            ("pooled_height".to_string(), AttrValue::Int(p as i64)),
+            ("pooled_width".to_string(), AttrValue::Int(p as i64)),
+            ("spatial_scale".to_string(), AttrValue::Float(s)),
+            ("output_dim".to_string(), AttrValue::Int(od as i64)),
+        ]))
+        .unwrap();
+        let (n, h, w, c) = (2usize, 40usize, 40usize, p * p * od);
+        let mut rois = Vec::new();
+        for (b, a, k) in [(0, 0, 1), (1, 3, 2), (0, 5, 4), (1, 0, 5), (0, 1, 3)] {
+            // x1 = 16a, x2 = 16(a + 7k) - 1: start a, end a + 7k, bins of k pixels.
+            let (lo, hi) = ((16 * a) as f32, (16 * (a + 7 * k) - 1) as f32);
+            rois.extend_from_slice(&[b as f32, lo, lo, hi, hi]);
+        }
+        let r = rois.len() / 5;
+        let mut rng = Rng(11);
+        let top = Tensor::f32([r, p, p, od], rng.f32s(r * c));
+        let map = Tensor::i32([r, p, p, od], (0..r * c).map(|_| rng.below(c as u64) as i32).collect());
+        let rois = Tensor::f32([r, 5], rois);
+        let shape = Tensor::i64([4], vec![n as i64, h as i64, w as i64, c as i64]);
+        let (cpu, mlu) = both(&op, &[Some(&top), Some(&rois), Some(&map), Some(&shape)]);
+        assert_close(&cpu[0], &mlu[0], "bottom_grad of integer-aligned rois");
+    }
+
     #[test]
     fn output_dim_larger_than_nram() {
         // 60000 > about 54.5K elements per NRAM tile: the seed's second case, in chunks.

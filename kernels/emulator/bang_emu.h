@@ -210,10 +210,8 @@ using ::bang_emu::NRAM2NRAM;
 #define __bang_float2half_rn(...) ::bang_emu::float2half_rn(BANG_EMU_LOC, __VA_ARGS__)
 #define __bang_atomic_reduce_add(...) ::bang_emu::atomic_reduce_add(BANG_EMU_LOC, __VA_ARGS__)
 
-// Device math (scalar, on the host's IEEE float).
-inline float round(float x) { return __builtin_roundf(x); }
-inline float floor(float x) { return __builtin_floorf(x); }
-inline float ceil(float x) { return __builtin_ceilf(x); }
+// Device math (scalar, on the host's IEEE float). No rounding functions: the kernels leave
+// every rounding decision to the host (PsRoiPoolBackward's bin spans).
 inline bool isnan(float x) { return __builtin_isnan(x); }
 inline bool isinf(float x) { return __builtin_isinf(x); }
 #endif  // BANG_EMU_RUNTIME

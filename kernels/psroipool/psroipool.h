@@ -5,6 +5,7 @@
 
 MLUOPS_EXPORT int mluops_psroipool_backward(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rois_num,
                                             int32_t pooled, int32_t output_dim, int32_t height, int32_t width,
-                                            int32_t channels, float spatial_scale, int32_t bins_per_load, int32_t deal,
-                                            const float *top_grad, const float *rois, const int32_t *mapping_channel,
-                                            float *bottom_grad, const int32_t *gate, int32_t gates);
+                                            int32_t channels, int32_t bins_per_load, int32_t deal,
+                                            const float *top_grad, const int32_t *spans,
+                                            const int32_t *mapping_channel, float *bottom_grad, const int32_t *gate,
+                                            int32_t gates);

@@ -154,8 +154,8 @@ kernels! {
         tile: i32, expand: *const i32, bitmap: *const i32, word_rank: *const i32, perm: *const i32,
         pairs: *mut i32, indice_num: *mut i32);
     mluops_psroipool_backward(task_dim: u32, task_type: i32, rois_num: i32, pooled: i32, output_dim: i32,
-        height: i32, width: i32, channels: i32, spatial_scale: f32, bins_per_load: i32, deal: i32,
-        top_grad: *const f32, rois: *const f32, mapping_channel: *const i32, bottom_grad: *mut f32,
+        height: i32, width: i32, channels: i32, bins_per_load: i32, deal: i32,
+        top_grad: *const f32, spans: *const i32, mapping_channel: *const i32, bottom_grad: *mut f32,
         gate: *const i32, gates: i32);
     mluops_dynamic_scatter_backward_max(task_dim: u32, task_type: i32, points: i32, voxels: i32, channels: i32,
         padded: i32, tile_points: i32, tile_voxels: i32, fill_tile: i32,

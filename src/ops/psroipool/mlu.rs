@@ -1,18 +1,22 @@
 //! PsRoiPoolBackward on the MLU: host policy for kernels/psroipool.
 //!
 //! UNION1 over the card's cores, the R * ph * pw bins split evenly. NRAM
-//! holds three tiles of T elements (top_grad, mapping_channel, values) and the roi:
+//! holds three tiles of T elements (top_grad, mapping_channel, values) and the bins' spans:
 //! case (a) when one bin's output_dim vector fits, T = bins_per_load * output_dim;
-//! case (b) otherwise, one bin in chunks of `deal` elements.
+//! case (b) otherwise, one bin in chunks of `deal` elements. The host computes every bin's
+//! batch and pixel spans (`bin_spans`): the kernel does no float geometry.
 
-use super::backward::{PsRoiPlan, PsRoiPoolBackward};
+use super::backward::{PsRoiPlan, PsRoiPoolBackward, Span};
 use crate::error::Result;
-use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
+use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::scratch;
+use std::ffi::c_void;
 
-/// Tiles carved (each rounded up to 64 bytes) and the roi tile's bytes.
+/// Tiles carved (each rounded up to 64 bytes).
 const TILES: usize = 4;
-const ROI_BYTES: usize = 32 * 4;
+/// Int32 per bin in the spans the kernel reads: batch, hstart, hend, wstart, wend.
+const SPAN_INTS: usize = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -23,15 +27,41 @@ pub struct Policy {
 
 impl Policy {
     pub fn new(info: &mlu::DeviceInfo, output_dim: usize, bins: usize) -> Self {
-        // Elements of the three tiles: top_grad and value (f32), mapping_channel (int32).
-        let elements = (NRAM_BUDGET - TILES * 64 - ROI_BYTES) / 12 / 32 * 32;
+        // Per bin: top_grad and value (f32) and mapping_channel (int32) of output_dim
+        // elements, and its spans.
+        let room = NRAM_BUDGET - TILES * 64;
+        let span = SPAN_INTS * 4;
         let task_dim = mlu::union1_tasks(info, bins);
         let per_task = bins.div_ceil(task_dim as usize).max(1);
-        if output_dim <= elements {
-            Policy { task_dim, bins_per_load: (elements / output_dim).min(per_task), deal: output_dim }
+        if output_dim * 12 + span <= room {
+            Policy { task_dim, bins_per_load: (room / (output_dim * 12 + span)).min(per_task), deal: output_dim }
         } else {
-            Policy { task_dim, bins_per_load: 1, deal: elements }
+            Policy { task_dim, bins_per_load: 1, deal: (room - span) / 12 / 32 * 32 }
         }
+    }
+}
+
+impl PsRoiPoolBackward {
+    /// Every bin's (batch, hstart, hend, wstart, wend) from the contract's float32 geometry
+    /// (the CPU kernel's `roi_spans`), batch -1 for a roi that contributes nothing. So the
+    /// card's division and rounding never decide a bin edge (docs/CONTRACT.md §6.5).
+    fn bin_spans(&self, rois: &[f32], plan: &PsRoiPlan) -> Result<Vec<i32>> {
+        let p = self.pooled;
+        let mut spans = scratch::filled(plan.rois * p * p * SPAN_INTS, 0i32, "the bins' spans")?;
+        let mut rows = scratch::filled(p, Span::default(), "a roi's row spans")?;
+        let mut cols = scratch::filled(p, Span::default(), "a roi's column spans")?;
+        for (roi, bins) in rois.chunks_exact(5).zip(spans.chunks_exact_mut(p * p * SPAN_INTS)) {
+            let contributes = Self::finite_batch(roi)
+                .filter(|_| self.roi_spans(roi, plan.height, plan.width, &mut rows, &mut cols).is_some());
+            // A batch outside [0, batches) closes the value-check gate: the kernel never
+            // reads it. Spans lie in [0, height] / [0, width], below 2^31 (mlu_fits).
+            let batch = contributes.map_or(-1, |b| b as i32);
+            for (k, bin) in bins.chunks_exact_mut(SPAN_INTS).enumerate() {
+                let (r, c) = if batch < 0 { (Span::default(), Span::default()) } else { (rows[k / p], cols[k % p]) };
+                bin.copy_from_slice(&[batch, r.start as i32, r.end as i32, c.start as i32, c.end as i32]);
+            }
+        }
+        Ok(spans)
     }
 }
 
@@ -43,8 +73,11 @@ impl MluOperator for PsRoiPoolBackward {
     fn mlu_fits(&self, plan: &PsRoiPlan) -> std::result::Result<(), String> {
         let out_len = self.output_spec(plan).numel();
         let top = plan.rois * self.pooled * self.pooled * self.output_dim;
-        if out_len > i32::MAX as usize || top > i32::MAX as usize {
-            return Err(format!("{out_len} output or {top} top_grad elements exceed the MLU kernel's int32 offsets"));
+        let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
+        if out_len > i32::MAX as usize || top > i32::MAX as usize || spans > i32::MAX as usize {
+            return Err(format!(
+                "{out_len} output, {top} top_grad or {spans} bin-span elements exceed the MLU kernel's int32 offsets"
+            ));
         }
         Ok(())
     }
@@ -58,9 +91,16 @@ impl MluOperator for PsRoiPoolBackward {
         if spec.numel() == 0 || bins * self.output_dim == 0 {
             return Ok(());
         }
+        let mut rois = scratch::filled(plan.rois * 5, 0f32, "the host copy of rois")?;
+        // SAFETY: `rois` holds R*5 floats; input 1 is the [R, 5] rois on the card.
+        unsafe { card.device.copy_raw(rois.as_mut_ptr().cast(), card.input::<c_void>(1), rois.len() * 4, Direction::DeviceToHost)? };
+        let spans = self.bin_spans(&rois, plan)?;
+        let spans_card = outputs.workspace(spans.len() * 4)?;
+        // SAFETY: `spans_card` holds as many int32 of card memory as `spans` on the host.
+        unsafe { card.device.copy_raw(spans_card, spans.as_ptr().cast(), spans.len() * 4, Direction::HostToDevice)? };
         let p = Policy::new(&card.device.info, self.output_dim, bins);
         let i = device::i32_of;
-        let rois = i("R", plan.rois)?;
+        let rois_num = i("R", plan.rois)?;
         let pooled = i("pooled", self.pooled)?;
         let output_dim = i("output_dim", self.output_dim)?;
         let height = i("height", plan.height)?;
@@ -74,8 +114,8 @@ impl MluOperator for PsRoiPoolBackward {
         // used only behind the value-check gate; the launch only enqueues.
         card.queue.launch("mluops_psroipool_backward", |q| unsafe {
             (k.mluops_psroipool_backward)(
-                q, p.task_dim, TASK_UNION1, rois, pooled, output_dim, height, width, channels, self.spatial_scale,
-                bins_per_load, deal, card.input(0), card.input(1), card.input(2), out.cast(), gate, gates,
+                q, p.task_dim, TASK_UNION1, rois_num, pooled, output_dim, height, width, channels, bins_per_load, deal,
+                card.input(0), spans_card.cast_const().cast(), card.input(2), out.cast(), gate, gates,
             )
         })
     }
