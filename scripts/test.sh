@@ -61,6 +61,12 @@ echo "== BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (
 # (The emulator's self-tests launch 8 tasks: they need 2 clusters or more.)
 MLU_EMU_CLUSTERS=1 cargo test --quiet --test mlu_kernels
 MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
+echo "== BANG kernels and emulator rules in each emulator mode: denormals flushed, async copies landing at issue, clusters one at a time last first"
+# What a card may do differently from the host (kernels/README.md, "Modes"): a kernel whose
+# result depends on the mode is a bug.
+for mode in MLU_EMU_FTZ=1 MLU_EMU_ASYNC=early MLU_EMU_ORDER=serial; do
+    env "$mode" MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
+done
 echo "== the same, the C++ (emulator, kernels, self-tests) built at -std=c++17 -Werror by g++-11, then clang-14"
 # A Cambricon host's compiler is older than Debian 12's g++ 12 (docs/USAGE.md, toolchain).
 # `cc` honours CXX and CXXFLAGS: only the C++ and this crate are rebuilt (seconds), and the

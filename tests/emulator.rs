@@ -16,6 +16,12 @@ unsafe extern "C" {
     ) -> i32;
     fn mluops_emu_selftest_broken(q: QueuePtr, task_dim: u32, task_type: i32, rule: i32, buf: *mut f32, n: i64) -> i32;
     fn mluops_emu_selftest_nram_over_budget(q: QueuePtr, buf: *mut f32) -> i32;
+    fn mluops_emu_selftest_order(q: QueuePtr, task_dim: u32, task_type: i32, tickets: *mut i32) -> i32;
+}
+
+/// The emulator mode `name` is set to `value` (kernels/README.md, "Modes").
+fn mode(name: &str, value: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == value)
 }
 
 // Op codes of selftest.cc, in its order; the first 12 are element-wise.
@@ -271,8 +277,53 @@ fn async_copies_land_at_the_sync() {
     assert_eq!(code, 0);
     q.sync().unwrap();
     dev.download(&buf, &mut host).unwrap();
-    assert!(host[1].is_nan(), "read before __sync_io sees the old NRAM content");
+    if mode("MLU_EMU_ASYNC", "early") {
+        assert_eq!(host[1], 7.0, "MLU_EMU_ASYNC=early: the copy has landed when it is issued");
+    } else {
+        assert!(host[1].is_nan(), "read before __sync_io sees the old NRAM content");
+    }
     assert_eq!(host[2], 7.0, "read after __sync_io sees the copy");
+}
+
+#[test]
+fn denormals_follow_mlu_emu_ftz() {
+    let tiny = f32::from_bits(1 << 20); // a float32 denormal
+    let out = run_f32("mul", 4, 64, 1, 0.0, &[tiny; 64], &[1.0; 64], &[0.0; 64]);
+    let want = if mode("MLU_EMU_FTZ", "1") { 0.0 } else { tiny };
+    assert!(out.iter().all(|&v| v == want), "denormal x 1: {:?}, expected {want:e}", &out[..4]);
+}
+
+#[test]
+fn task_order_follows_mlu_emu_order() {
+    let dev = device();
+    let clusters = (dev.info.clusters as usize).max(1);
+    for (task_type, tasks) in [(TASK_UNION1, 4 * clusters), (TASK_BLOCK, 8)] {
+        let buf = dev.upload(&vec![-1i32; tasks]).unwrap();
+        let q = dev.queue().unwrap();
+        // SAFETY: `buf` holds one int32 per task.
+        let code = unsafe { mluops_emu_selftest_order(q.ptr(), tasks as u32, task_type, buf.ptr()) };
+        q.launched("selftest", code).unwrap();
+        q.sync().unwrap();
+        let mut tickets = vec![0i32; tasks];
+        dev.download(&buf, &mut tickets).unwrap();
+        let mut sorted = tickets.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..tasks as i32).collect::<Vec<_>>(), "every task ran once");
+        if !mode("MLU_EMU_ORDER", "serial") {
+            continue;
+        }
+        if task_type == TASK_BLOCK {
+            let want: Vec<i32> = (0..tasks as i32).rev().collect();
+            assert_eq!(tickets, want, "BLOCK tasks one at a time, last first");
+        } else {
+            // Cluster c (tasks 4c..4c+3) starts after every later cluster has finished.
+            for c in 0..clusters {
+                let first = tickets[4 * c..4 * c + 4].iter().min().unwrap();
+                let want = 4 * (clusters - 1 - c) as i32;
+                assert_eq!(*first, want, "cluster {c} runs in place {}: {tickets:?}", clusters - 1 - c);
+            }
+        }
+    }
 }
 
 #[test]

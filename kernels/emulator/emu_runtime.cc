@@ -21,6 +21,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #define BANG_EMU_RUNTIME
 #include "bang_emu.h"
 
@@ -87,6 +91,36 @@ int clusters() {
   return n;
 }
 int total_cores() { return clusters() * kCoresPerCluster; }
+
+// What a card may do differently from the host, one mode each (kernels/README.md, "Modes";
+// scripts/test.sh runs the kernel tests in each), read once from the environment:
+//   MLU_EMU_FTZ=1          float denormals flushed to zero, as inputs and as results;
+//   MLU_EMU_ASYNC=early    __memcpy_async lands when issued (default: at the next sync);
+//   MLU_EMU_ORDER=serial   a launch's clusters (UNION) or tasks (BLOCK) one at a time, last first.
+struct Modes {
+  bool ftz = false, async_early = false, serial = false;
+};
+const Modes &modes() {
+  static const Modes m = [] {
+    auto is = [](const char *name, const char *value) {
+      const char *s = std::getenv(name);
+      return s && std::string(s) == value;
+    };
+    return Modes{is("MLU_EMU_FTZ", "1"), is("MLU_EMU_ASYNC", "early"), is("MLU_EMU_ORDER", "serial")};
+  }();
+  return m;
+}
+
+// Sets the calling (task) thread's float mode for MLU_EMU_FTZ: MXCSR's flush-to-zero (bit 15)
+// and denormals-are-zero (bit 6). The emulator's own arithmetic runs on these threads too.
+void enter_float_mode() {
+  if (!modes().ftz) return;
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(_mm_getcsr() | 0x8040);
+#else
+  throw std::runtime_error("MLU_EMU_FTZ=1 needs an x86 host (MXCSR)");
+#endif
+}
 
 thread_local std::string t_last_error;
 
@@ -339,29 +373,57 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
 void execute(Launch &l, void (*body)(void *), void *args) {
   if (l.type == cnrtFuncTypeBlock) {
     // BLOCK tasks are independent: the card's cores take them one after another.
+    if (modes().serial) {
+      std::thread([&] {
+        enter_float_mode();
+        Core core;
+        for (int t = l.task_dim - 1; t >= 0 && !l.failed; --t) run_task(l, core, t, body, args);
+      }).join();
+      return;
+    }
     int workers = std::min(l.task_dim, total_cores());
     std::atomic<int> next{0};
     std::vector<std::thread> threads;
     for (int w = 0; w < workers; ++w)
       threads.emplace_back([&] {
+        enter_float_mode();
         Core core;
         for (int t; !l.failed && (t = next++) < l.task_dim;) run_task(l, core, t, body, args);
       });
     for (auto &t : threads) t.join();
   } else {
     // UNION tasks are resident together: one thread per compute core and one per
-    // cluster's memory core, which runs the kernel too; barriers are real.
+    // cluster's memory core, which runs the kernel too; barriers are real. The groups
+    // (UnionN: N clusters) share nothing, so MLU_EMU_ORDER=serial runs one at a time.
     const int clusters = l.task_dim / kCoresPerCluster, per_group = l.type / kCoresPerCluster;
     for (int c = 0; c < clusters; ++c) l.clusters.push_back(std::make_unique<Cluster>());
     for (int g = 0; g < clusters / per_group; ++g) l.groups.push_back(std::make_unique<Group>(per_group));
     std::vector<std::unique_ptr<Core>> cores;
     for (int t = 0; t < l.task_dim; ++t) cores.push_back(std::make_unique<Core>());
     for (int c = 0; c < clusters; ++c) cores.push_back(std::make_unique<Core>(true));
-    std::vector<std::thread> threads;
-    for (int t = 0; t < l.task_dim; ++t) threads.emplace_back([&, t] { run_task(l, *cores[t], t, body, args); });
-    for (int c = 0; c < clusters; ++c)
-      threads.emplace_back([&, c] { run_task(l, *cores[l.task_dim + c], c * kCoresPerCluster, body, args); });
-    for (auto &t : threads) t.join();
+    auto start = [&](std::vector<std::thread> &threads, int first_cluster, int last_cluster) {
+      for (int t = first_cluster * kCoresPerCluster; t < last_cluster * kCoresPerCluster; ++t)
+        threads.emplace_back([&, t] {
+          enter_float_mode();
+          run_task(l, *cores[t], t, body, args);
+        });
+      for (int c = first_cluster; c < last_cluster; ++c)
+        threads.emplace_back([&, c] {
+          enter_float_mode();
+          run_task(l, *cores[l.task_dim + c], c * kCoresPerCluster, body, args);
+        });
+    };
+    if (modes().serial) {
+      for (int g = clusters / per_group - 1; g >= 0; --g) {
+        std::vector<std::thread> threads;
+        start(threads, g * per_group, (g + 1) * per_group);
+        for (auto &t : threads) t.join();
+      }
+    } else {
+      std::vector<std::thread> threads;
+      start(threads, 0, clusters);
+      for (auto &t : threads) t.join();
+    }
   }
 }
 
@@ -580,7 +642,7 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
   if (d.dst == Space::GDRAM) g_gdram_written.fetch_add(moved, std::memory_order_relaxed);
   Pending p{dst, src, static_cast<size_t>(bytes), dst_stride, src_stride, segnum};
   c.pending.push_back(p);
-  if (!async) run_pending(c);
+  if (!async || modes().async_early) run_pending(c);
 }
 
 void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir) {

@@ -3,6 +3,8 @@
 // kernel per enforced rule that deliberately breaks it.
 #include "../common/kernel.h"
 
+#include <atomic>
+
 MLUOPS_NRAM_BUFFER(nram_buffer);
 
 // Every intrinsic of the allow-list (bang_emu.h).
@@ -146,5 +148,21 @@ MLUOPS_EXPORT int mluops_emu_selftest_broken(cnrtQueue_t queue, uint32_t task_di
   cnrtDim3_t dim = {task_dim, 1, 1};
   MLUOPS_LAUNCH(MLUKernelSelftestBroken, dim, static_cast<cnrtFunctionType_t>(task_type), queue, rule, buf,
                        n);
+  return 0;
+}
+
+// The order tasks start in (MLU_EMU_ORDER=serial: clusters, or BLOCK tasks, last first):
+// each task's first act takes the next ticket. Host code: the counter is the emulator's.
+static std::atomic<int32_t> g_ticket{0};
+
+__mlu_global__ void MLUKernelSelftestOrder(int32_t *tickets) {
+  if (__is_mpu()) return;
+  tickets[taskId] = g_ticket++;
+}
+
+MLUOPS_EXPORT int mluops_emu_selftest_order(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t *tickets) {
+  g_ticket = 0;
+  cnrtDim3_t dim = {task_dim, 1, 1};
+  MLUOPS_LAUNCH(MLUKernelSelftestOrder, dim, static_cast<cnrtFunctionType_t>(task_type), queue, tickets);
   return 0;
 }
