@@ -128,17 +128,25 @@ pub trait CardPath<O: Rules>: Send + Sync + 'static {
     /// `Ok` unless the static input shapes already exceed a limit (the int32 check of every
     /// input is the driver's and cannot be dropped).
     fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String>;
-    /// `Ok` unless the run-time sizes exceed the backend: decided before anything is
-    /// launched.
-    fn fits(&self, op: &O, dims: &O::Dims) -> std::result::Result<(), String>;
+    /// What the run-time sizes need of the backend (its launch arguments, narrowed), or why
+    /// they exceed it: decided before anything is launched.
+    type Fit;
+    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> std::result::Result<Self::Fit, String>;
     /// Allocates the outputs and enqueues the backend's work for sizes that fit.
-    fn enqueue(&self, op: &O, dims: &O::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+    fn enqueue(&self, op: &O, dims: &O::Dims, fit: &Self::Fit, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
 }
 
 /// An operator with BANG kernels (the [`Bang`] path).
 pub trait MluOperator: Rules {
+    /// The kernels' arguments for one node's run-time sizes: every size narrowed to the
+    /// int32 the kernels' ABI takes and the tiling chosen ([`MluOperator::mlu_launch`]), so
+    /// that enqueueing meets no size limit.
+    type Launch;
+
     /// `Ok` when the BANG kernels support this configuration, else the reason.
-    fn mlu_supported(&self) -> std::result::Result<(), String>;
+    fn mlu_supported(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
 
     /// `Ok` unless the static input shapes exceed a size limit of the kernels beyond the
     /// driver's int32 element check (int32 products, NRAM rows); else the reason.
@@ -146,14 +154,13 @@ pub trait MluOperator: Rules {
         Ok(())
     }
 
-    /// `Ok` unless the run-time sizes exceed what the kernels take.
-    fn mlu_fits(&self, _dims: &Self::Dims) -> std::result::Result<(), String> {
-        Ok(())
-    }
+    /// The launch arguments for the run-time sizes, or why the kernels cannot take them
+    /// (the node goes to the next path, nothing launched).
+    fn mlu_launch(&self, info: &DeviceInfo, dims: &Self::Dims) -> std::result::Result<Self::Launch, String>;
 
-    /// Allocates the outputs and enqueues the kernels for sizes the shape rules validated.
-    /// Kernels that address memory with input values take `card.gate()`.
-    fn mlu_compute(&self, dims: &Self::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+    /// Allocates the outputs and enqueues the kernels with `launch`. Kernels that address
+    /// memory with input values take `card.gate()`.
+    fn mlu_compute(&self, dims: &Self::Dims, launch: &Self::Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
 }
 
 /// An operator Cambricon's MLU-OPS library runs (the [`MluOps`] path).
@@ -184,11 +191,12 @@ impl<O: MluOperator> CardPath<O> for Bang {
     fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
         op.mlu_supported_shapes(info, shapes)
     }
-    fn fits(&self, op: &O, dims: &O::Dims) -> std::result::Result<(), String> {
-        op.mlu_fits(dims)
+    type Fit = O::Launch;
+    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> std::result::Result<O::Launch, String> {
+        op.mlu_launch(info, dims)
     }
-    fn enqueue(&self, op: &O, dims: &O::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
-        op.mlu_compute(dims, card, outputs)
+    fn enqueue(&self, op: &O, dims: &O::Dims, launch: &O::Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        op.mlu_compute(dims, launch, card, outputs)
     }
 }
 
@@ -205,10 +213,11 @@ impl<O: MluOpsOperator> CardPath<O> for MluOps {
     fn supported_shapes(&self, op: &O, _: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
         op.mluops_supported_shapes(shapes)
     }
-    fn fits(&self, op: &O, dims: &O::Dims) -> std::result::Result<(), String> {
+    type Fit = ();
+    fn fits(&self, op: &O, _: &DeviceInfo, dims: &O::Dims) -> std::result::Result<(), String> {
         op.mluops_fits(dims)
     }
-    fn enqueue(&self, op: &O, dims: &O::Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn enqueue(&self, op: &O, dims: &O::Dims, _: &(), card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let lib = self.0.as_ref().map_err(|why| Error::Runtime(format!("no MLU-OPS library: {why}")))?;
         card.device.bind_thread()?;
         op.mluops_compute(dims, lib, card, outputs)
@@ -269,7 +278,7 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
                 return Err(limit(format!("input '{}' has {n} elements, beyond int32 offsets", inputs.name(i))));
             }
         }
-        self.path.fits(op, &dims).map_err(limit)?;
+        let fit = self.path.fits(op, &device.info, &dims).map_err(limit)?;
         let rules = op.value_rules(&dims);
         let records: *mut i32 = outputs.workspace(rules.len() * 4)?.cast();
         let verify = || {
@@ -301,7 +310,7 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
                 queue.sync()?;
                 card.verify()?;
             }
-            self.path.enqueue(op, &dims, &card, outputs)
+            self.path.enqueue(op, &dims, &fit, &card, outputs)
         };
         let enqueued = enqueue();
         // The node's one wait (two on a host-gated path), on every path once anything may be
@@ -483,7 +492,7 @@ fn launch_check(
     let cols = rule.check.cols();
     // NRAM: the tasks' slots and one tile of rows, each rounded up to 64 bytes.
     let tile_rows = ((NRAM_BUDGET - 2 * 64 - tasks as usize * 4) / (cols * 4)).min(i32::MAX as usize);
-    let (rows, cols, tile_rows) = (i32_of("rows", numel / cols)?, i32_of("cols", cols)?, i32_of("tile_rows", tile_rows)?);
+    let (rows, cols, tile_rows) = (bounded("rows", numel / cols)?, bounded("cols", cols)?, bounded("tile_rows", tile_rows)?);
     let k = &device.kernels;
     match rule.check {
         Check::Int { bounds, .. } => {
@@ -496,7 +505,7 @@ fn launch_check(
             })
         }
         Check::GuardedFloat { col, above, below, .. } => {
-            let col = i32_of("col", col)?;
+            let col = bounded("col", col)?;
             // SAFETY: as above, for float32 rows.
             queue.launch("mluops_check_float_rows", |q| unsafe {
                 (k.mluops_check_float_rows)(
@@ -724,7 +733,14 @@ pub fn run_on_device<O: MluOperator + Clone>(device: &Arc<Device>, op: &O, input
     }
 }
 
-/// Converts a size the policy guarantees small into the kernels' int32.
-pub fn i32_of(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::MluLimit(format!("MLU kernel argument {what} = {v} exceeds int32")))
+/// A run-time size narrowed to the kernels' int32, or the reason it cannot be (for a
+/// path's fit: the node then goes to the next path before anything is launched).
+pub fn narrow(what: &str, v: usize) -> std::result::Result<i32, String> {
+    i32::try_from(v).map_err(|_| format!("MLU kernel argument {what} = {v} exceeds int32"))
+}
+
+/// A size the checks before it have bounded, as the kernels' int32: beyond int32 is a bug
+/// (a runtime error), never a decline.
+pub fn bounded(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Runtime(format!("{what} = {v} beyond int32 after its limits were checked")))
 }

@@ -9,9 +9,8 @@
 
 use super::Reduce;
 use super::backward::{Dims, DynamicScatterBackward};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::Operator;
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 use crate::tensor::{DType, OutputSpec};
 
@@ -20,6 +19,18 @@ const FILL_TILE: usize = 16 * 1024;
 /// Tiles carved from the budget by kernel1 and kernel2, each rounded up to 64 bytes.
 const TILES_INDEX: usize = 6;
 const TILES_SCATTER: usize = 2;
+
+/// The kernels' arguments (`mlu_launch`).
+pub struct Launch {
+    policy: Policy,
+    points: i32,
+    voxels: i32,
+    channels: i32,
+    padded: i32,
+    tile_points: i32,
+    tile_voxels: i32,
+    fill_tile: i32,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -47,6 +58,8 @@ impl Policy {
 }
 
 impl MluOperator for DynamicScatterBackward {
+    type Launch = Launch;
+
     fn mlu_supported(&self) -> std::result::Result<(), String> {
         match self.reduce {
             Reduce::Max => Ok(()),
@@ -64,35 +77,32 @@ impl MluOperator for DynamicScatterBackward {
         }
     }
 
-    fn mlu_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> std::result::Result<Launch, String> {
         let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
-        if too_big || Policy::tiles(d.c).is_none() {
-            return Err(format!(
-                "N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows",
-                d.n, d.v, d.c
-            ));
-        }
-        Ok(())
+        let policy = Policy::new(info, d.c).filter(|_| !too_big).ok_or_else(|| {
+            format!("N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows", d.n, d.v, d.c)
+        })?;
+        let n = device::narrow;
+        Ok(Launch {
+            policy,
+            points: n("N", d.n)?,
+            voxels: n("V", d.v)?,
+            channels: n("C", d.c)?,
+            padded: n("Cp", policy.padded)?,
+            tile_points: n("tile_points", policy.tile_points)?,
+            tile_voxels: n("tile_voxels", policy.tile_voxels)?,
+            fill_tile: n("fill_tile", FILL_TILE)?,
+        })
     }
 
-    fn mlu_compute(&self, d: &Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(&self, d: &Dims, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N * C floats.
         unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
         if d.n * d.c == 0 || d.v == 0 {
             return Ok(());
         }
-        let p = Policy::new(&card.device.info, d.c)
-            .ok_or_else(|| Error::Runtime(format!("{}: no NRAM tiling for C = {}", Self::NAME, d.c)))?;
         let reduce_from: *mut i32 = outputs.workspace(d.v * d.c * 4)?.cast();
-        let i = device::i32_of;
-        let points = i("N", d.n)?;
-        let voxels = i("V", d.v)?;
-        let channels = i("C", d.c)?;
-        let padded = i("Cp", p.padded)?;
-        let tile_points = i("tile_points", p.tile_points)?;
-        let tile_voxels = i("tile_voxels", p.tile_voxels)?;
-        let fill_tile = i("fill_tile", FILL_TILE)?;
         let (gate, gates) = card.gate();
         let k = &card.device.kernels;
         // SAFETY: device buffers of the validated shapes and the workspace above; the
@@ -100,7 +110,8 @@ impl MluOperator for DynamicScatterBackward {
         // freed); the map is read only behind the value-check gate.
         card.queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
             (k.mluops_dynamic_scatter_backward_max)(
-                q, p.task_dim, TASK_UNION1, points, voxels, channels, padded, tile_points, tile_voxels, fill_tile,
+                q, l.policy.task_dim, TASK_UNION1, l.points, l.voxels, l.channels, l.padded, l.tile_points,
+                l.tile_voxels, l.fill_tile,
                 card.input(0), card.input(1), card.input(2), card.input(3), reduce_from, out.cast(), gate, gates,
             )
         })

@@ -54,7 +54,7 @@ impl PsRoiPoolBackward {
             let contributes = Self::finite_batch(roi)
                 .filter(|_| self.roi_spans(roi, plan.height, plan.width, &mut rows, &mut cols).is_some());
             // A batch outside [0, batches) closes the value-check gate: the kernel never
-            // reads it. Spans lie in [0, height] / [0, width], below 2^31 (mlu_fits).
+            // reads it. Spans lie in [0, height] / [0, width], below 2^31 (mlu_launch).
             let batch = contributes.map_or(-1, |b| b as i32);
             for (k, bin) in bins.chunks_exact_mut(SPAN_INTS).enumerate() {
                 let (r, c) = if batch < 0 { (Span::default(), Span::default()) } else { (rows[k / p], cols[k % p]) };
@@ -65,12 +65,23 @@ impl PsRoiPoolBackward {
     }
 }
 
-impl MluOperator for PsRoiPoolBackward {
-    fn mlu_supported(&self) -> std::result::Result<(), String> {
-        Ok(())
-    }
+/// The kernel's arguments (`mlu_launch`).
+pub struct Launch {
+    policy: Policy,
+    rois: i32,
+    pooled: i32,
+    output_dim: i32,
+    height: i32,
+    width: i32,
+    channels: i32,
+    bins_per_load: i32,
+    deal: i32,
+}
 
-    fn mlu_fits(&self, plan: &PsRoiPlan) -> std::result::Result<(), String> {
+impl MluOperator for PsRoiPoolBackward {
+    type Launch = Launch;
+
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &PsRoiPlan) -> std::result::Result<Launch, String> {
         let out_len = self.output_spec(plan).numel();
         let top = plan.rois * self.pooled * self.pooled * self.output_dim;
         let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
@@ -79,10 +90,22 @@ impl MluOperator for PsRoiPoolBackward {
                 "{out_len} output, {top} top_grad or {spans} bin-span elements exceed the MLU kernel's int32 offsets"
             ));
         }
-        Ok(())
+        let policy = Policy::new(info, self.output_dim, plan.rois * self.pooled * self.pooled);
+        let n = device::narrow;
+        Ok(Launch {
+            policy,
+            rois: n("R", plan.rois)?,
+            pooled: n("pooled", self.pooled)?,
+            output_dim: n("output_dim", self.output_dim)?,
+            height: n("height", plan.height)?,
+            width: n("width", plan.width)?,
+            channels: n("channels", self.channels)?,
+            bins_per_load: n("bins_per_load", policy.bins_per_load)?,
+            deal: n("deal", policy.deal)?,
+        })
     }
 
-    fn mlu_compute(&self, plan: &PsRoiPlan, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(&self, plan: &PsRoiPlan, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let spec = self.output_spec(plan);
         let out = outputs.allocate(0, &spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
@@ -98,24 +121,14 @@ impl MluOperator for PsRoiPoolBackward {
         let spans_card = outputs.workspace(spans.len() * 4)?;
         // SAFETY: `spans_card` holds as many int32 of card memory as `spans` on the host.
         unsafe { card.device.copy_raw(spans_card, spans.as_ptr().cast(), spans.len() * 4, Direction::HostToDevice)? };
-        let p = Policy::new(&card.device.info, self.output_dim, bins);
-        let i = device::i32_of;
-        let rois_num = i("R", plan.rois)?;
-        let pooled = i("pooled", self.pooled)?;
-        let output_dim = i("output_dim", self.output_dim)?;
-        let height = i("height", plan.height)?;
-        let width = i("width", plan.width)?;
-        let channels = i("channels", self.channels)?;
-        let bins_per_load = i("bins_per_load", p.bins_per_load)?;
-        let deal = i("deal", p.deal)?;
         let (gate, gates) = card.gate();
         let k = &card.device.kernels;
         // SAFETY: device buffers of the validated shapes; the batch ids and channels are
         // used only behind the value-check gate; the launch only enqueues.
         card.queue.launch("mluops_psroipool_backward", |q| unsafe {
             (k.mluops_psroipool_backward)(
-                q, p.task_dim, TASK_UNION1, rois_num, pooled, output_dim, height, width, channels, bins_per_load, deal,
-                card.input(0), spans_card.cast_const().cast(), card.input(2), out.cast(), gate, gates,
+                q, l.policy.task_dim, TASK_UNION1, l.rois, l.pooled, l.output_dim, l.height, l.width, l.channels,
+                l.bins_per_load, l.deal, card.input(0), spans_card.cast_const().cast(), card.input(2), out.cast(), gate, gates,
             )
         })
     }

@@ -45,17 +45,22 @@ impl Policy {
     }
 }
 
+/// The kernel's arguments (`mlu_launch`).
+pub struct Launch {
+    task_dim: u32,
+    /// B, C, N, M, then Mo, No, Co.
+    sizes: [i32; 7],
+}
+
 impl MluOperator for ThreeInterpolateBackward {
-    fn mlu_supported(&self) -> std::result::Result<(), String> {
-        Ok(())
-    }
+    type Launch = Launch;
 
     fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
         // grad_output [B, C, N] -> output B * C * m.
         device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
-    fn mlu_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> std::result::Result<Launch, String> {
         // The kernel's offsets are int32 products of these sizes.
         if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
             return Err(format!(
@@ -74,30 +79,30 @@ impl MluOperator for ThreeInterpolateBackward {
                 v * elem
             ));
         }
-        Ok(())
+        let p = Policy::new(info, d);
+        let n = device::narrow;
+        let sizes = [n("B", d.b)?, n("C", d.c)?, n("N", d.n)?, n("M", d.m)?, n("Mo", p.mo)?, n("No", p.no)?, n("Co", p.co)?];
+        Ok(Launch { task_dim: p.task_dim, sizes })
     }
 
     // Out-of-range indices need no gate: the kernel adds only indices inside its M tile.
-    fn mlu_compute(&self, d: &Dims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(&self, d: &Dims, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.m]))?;
         if d.b * d.c * d.m == 0 {
             return Ok(());
         }
-        let p = Policy::new(&card.device.info, d);
-        let i = device::i32_of;
-        let (b, c, n, m) = (i("B", d.b)?, i("C", d.c)?, i("N", d.n)?, i("M", d.m)?);
-        let (mo, no, co) = (i("Mo", p.mo)?, i("No", p.no)?, i("Co", p.co)?);
+        let [b, c, n, m, mo, no, co] = l.sizes;
         let (go, idx, w) = (card.input::<c_void>(0), card.input::<i32>(1), card.input::<c_void>(2));
         let k = &card.device.kernels;
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
         card.queue.launch("mluops_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {
                 (k.mluops_three_interpolate_backward_f16)(
-                    q, p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                    q, l.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
                 )
             } else {
                 (k.mluops_three_interpolate_backward_f32)(
-                    q, p.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                    q, l.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
                 )
             }
         })
@@ -114,7 +119,8 @@ mod tests {
     #[test]
     fn byte_strides_of_2_31_or_more_are_declined() {
         let op = ThreeInterpolateBackward { m: 16 };
-        let fits = |n: usize, m: usize, dtype| op.mlu_fits(&Dims { b: 1, c: 1, n, m, dtype });
+        let info = mlu::emulator::info().expect("the emulated card's description");
+        let fits = |n: usize, m: usize, dtype| op.mlu_launch(&info, &Dims { b: 1, c: 1, n, m, dtype }).map(|_| ());
         for (n, m, dtype) in [(1usize << 29, 16, DType::F32), (16, 1 << 29, DType::F32), (16, 1 << 30, DType::F16)] {
             assert_eq!(fits(n - usize::from(n > 16), m - usize::from(m > 16), dtype), Ok(()), "{n} {m} {dtype:?}");
             let err = fits(n, m, dtype).expect_err("a row stride of 2^31 bytes");

@@ -34,7 +34,16 @@ impl Policy {
     }
 }
 
+/// The kernel's arguments (`mlu_launch`).
+pub struct Launch {
+    task_dim: u32,
+    /// B, N, C, nx, ny, nz, tile_points, tile_channels.
+    sizes: [i32; 8],
+}
+
 impl MluOperator for VoxelPoolingForward {
+    type Launch = Launch;
+
     fn mlu_supported(&self) -> std::result::Result<(), String> {
         // The kernel takes the grid as int32 values.
         match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
@@ -48,7 +57,7 @@ impl MluOperator for VoxelPoolingForward {
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
-    fn mlu_fits(&self, plan: &VoxelPlan) -> std::result::Result<(), String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &VoxelPlan) -> std::result::Result<Launch, String> {
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
@@ -59,10 +68,22 @@ impl MluOperator for VoxelPoolingForward {
                 "the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements"
             ));
         }
-        Ok(())
+        let p = Policy::new(info, plan);
+        let n = device::narrow;
+        let sizes = [
+            n("B", plan.batches)?,
+            n("N", plan.points)?,
+            n("C", plan.channels)?,
+            n("nx", self.nx)?,
+            n("ny", self.ny)?,
+            n("nz", self.nz)?,
+            n("tile_points", p.tile_points)?,
+            n("tile_channels", p.tile_channels)?,
+        ];
+        Ok(Launch { task_dim: p.task_dim, sizes })
     }
 
-    fn mlu_compute(&self, plan: &VoxelPlan, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(&self, plan: &VoxelPlan, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
         let specs = self.output_specs(plan);
         let out = outputs.allocate(0, &specs[0])?;
         let pos = outputs.allocate(1, &specs[1])?;
@@ -71,23 +92,14 @@ impl MluOperator for VoxelPoolingForward {
         if plan.batches * plan.points == 0 {
             return Ok(());
         }
-        let p = Policy::new(&card.device.info, plan);
-        let i32_of = device::i32_of;
-        let batches = i32_of("B", plan.batches)?;
-        let points = i32_of("N", plan.points)?;
-        let channels = i32_of("C", plan.channels)?;
-        let nx = i32_of("nx", self.nx)?;
-        let ny = i32_of("ny", self.ny)?;
-        let nz = i32_of("nz", self.nz)?;
-        let tile_points = i32_of("tile_points", p.tile_points)?;
-        let tile_channels = i32_of("tile_channels", p.tile_channels)?;
+        let [batches, points, channels, nx, ny, nz, tile_points, tile_channels] = l.sizes;
         let (geom, feats) = (card.input::<i32>(0), card.input::<f32>(1));
         let k = &card.device.kernels;
         // SAFETY: the pointers are device buffers of the validated sizes (inputs checked by
         // the shape rules, outputs allocated above); the launch only enqueues.
         card.queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
             (k.mluops_voxel_pooling_forward)(
-                q, p.task_dim, TASK_UNION1, batches, points, channels, nx, ny, nz, tile_points, tile_channels, geom,
+                q, l.task_dim, TASK_UNION1, batches, points, channels, nx, ny, nz, tile_points, tile_channels, geom,
                 feats, out.cast(), pos.cast(),
             )
         })

@@ -64,7 +64,25 @@ fn ints(outputs: &mut dyn DeviceOutputs, n: usize) -> Result<*mut i32> {
     Ok(outputs.workspace(n * 4)?.cast())
 }
 
+/// The kernels' arguments (`mlu_launch`).
+#[derive(Clone, Copy)]
+pub struct Launch {
+    policy: Policy,
+    geometry: GipGeometry,
+    /// Linear sites of the output grid, and the bitmap words holding them.
+    sites: usize,
+    words: i32,
+    rows: i32,
+    kernel_volume: i32,
+    /// K * L: the expanded sites.
+    expanded: i32,
+    tile_rows: i32,
+    tile: i32,
+}
+
 impl MluOperator for GetIndicePairs {
+    type Launch = Launch;
+
     fn mlu_supported(&self) -> std::result::Result<(), String> {
         if self.transpose {
             return Err("transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)".into());
@@ -81,21 +99,33 @@ impl MluOperator for GetIndicePairs {
         }
     }
 
-    fn mlu_fits(&self, d: &GipDims) -> std::result::Result<(), String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &GipDims) -> std::result::Result<Launch, String> {
+        self.mlu_supported()?;
         // BANG's __memcpy takes int byte strides: expand stores its K rows of a tile with a
         // GDRAM row stride of L int32 (sparse_conv.mlu).
         if d.l * 4 > i32::MAX as usize {
             return Err(format!("L = {}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides", d.l, d.l * 4));
         }
-        Ok(())
+        let (Some(geometry), Some(sites)) = (self.geometry(), self.sites()) else {
+            return Err("a geometry or site count beyond int32".into());
+        };
+        let policy = Policy::new(info, d.k);
+        let n = device::narrow;
+        Ok(Launch {
+            policy,
+            geometry,
+            sites,
+            words: n("words", sites.div_ceil(32))?,
+            rows: n("L", d.l)?,
+            kernel_volume: n("K", d.k)?,
+            expanded: n("K*L", d.k * d.l)?,
+            tile_rows: n("tile_rows", policy.tile_rows)?,
+            tile: n("tile", policy.tile)?,
+        })
     }
 
-    fn mlu_compute(&self, d: &GipDims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
-        let unsupported = |why: String| Error::Runtime(format!("GetIndicePairs on the MLU: {why}"));
-        self.mlu_supported().map_err(unsupported)?;
-        let (Some(geometry), Some(sites)) = (self.geometry(), self.sites()) else {
-            return Err(unsupported("geometry beyond int32".into()));
-        };
+    fn mlu_compute(&self, d: &GipDims, launch: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+        let Launch { policy: p, geometry, sites, words: nwords, rows, kernel_volume: kv, expanded, tile_rows, tile } = *launch;
         let (l, k) = (d.l, d.k);
         let device = card.device;
         let words = sites.div_ceil(32);
@@ -106,10 +136,6 @@ impl MluOperator for GetIndicePairs {
             // SAFETY: `num` was just allocated for K int32.
             return unsafe { device.zero_raw(num, k * 4) };
         }
-        let p = Policy::new(&device.info, k);
-        let i = device::i32_of;
-        let (rows, kv, tile_rows, tile, nwords) =
-            (i("L", l)?, i("K", k)?, i("tile_rows", p.tile_rows)?, i("tile", p.tile)?, i("words", words)?);
         let expand = ints(outputs, k * l)?;
         let bitmap = ints(outputs, words)?;
         // SAFETY: `bitmap` was just allocated for `words` int32.
@@ -133,7 +159,7 @@ impl MluOperator for GetIndicePairs {
             )
         })?;
         // Subm marks the rows' own sites, the default mode every expanded one.
-        let (marked, count) = if self.sub_m { (site, rows) } else { (expand, i("K*L", k * l)?) };
+        let (marked, count) = if self.sub_m { (site, rows) } else { (expand, expanded) };
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
             (kernels.mluops_get_indice_pairs_mark)(
@@ -230,8 +256,9 @@ mod tests {
         .into_iter()
         .collect();
         let op = crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid");
-        assert_eq!(op.mlu_fits(&GipDims { l: (1 << 29) - 1, k: 1 }), Ok(()));
-        let err = op.mlu_fits(&GipDims { l: 1 << 29, k: 1 }).expect_err("a stride of 2^31 bytes");
+        let info = crate::mlu::emulator::info().expect("the emulated card's description");
+        assert!(op.mlu_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
+        let err = op.mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 }).err().expect("a stride of 2^31 bytes");
         assert!(err.contains("2147483648 bytes"), "{err}");
     }
 

@@ -49,7 +49,7 @@ impl IndiceConv {
         let rank_tasks = device.info.cores_per_cluster;
         let core_totals = ints(outputs, rank_tasks as usize)?;
         let totals = ints(outputs, active.len())?;
-        let i = device::i32_of;
+        let i = device::bounded;
         let (nwords, tile) = (i("words", words)?, i("tile", STREAM_TILE)?);
         let kernels = &device.kernels;
         let pairs = card.input::<i32>(PAIRS);
@@ -87,7 +87,7 @@ impl IndiceConv {
         if !d.bias {
             return Ok(());
         }
-        let i = device::i32_of;
+        let i = device::bounded;
         // NRAM: the bias and a tile of rows, each rounded up to 64 bytes (mluops_fits bounds Cout).
         let tile_rows = ((NRAM_BUDGET - 2 * 64 - d.cout * 4) / (d.cout * 4)).min(i32::MAX as usize);
         let (rows, cols, tile_rows) = (i("num_out", d.rows)?, i("Cout", d.cout)?, i("tile_rows", tile_rows)?);
