@@ -323,16 +323,21 @@ mod psroipool_backward {
     use super::*;
     use onnxruntime_ep_mlu::ops::psroipool::backward::PsRoiPoolBackward;
 
-    /// bottom (n, h, w), pooled p, output_dim od, r rois, spatial scale s.
-    #[allow(clippy::too_many_arguments)]
-    fn case(seed: u64, n: usize, h: usize, w: usize, p: usize, od: usize, r: usize, s: f32, odd_rois: bool) {
-        let op: PsRoiPoolBackward = descriptor(&HashMap::from([
+    /// The node of pooled size p x p, output_dim od and spatial scale s.
+    fn op(p: usize, od: usize, s: f32) -> PsRoiPoolBackward {
+        descriptor(&HashMap::from([
             ("pooled_height".to_string(), AttrValue::Int(p as i64)),
             ("pooled_width".to_string(), AttrValue::Int(p as i64)),
             ("spatial_scale".to_string(), AttrValue::Float(s)),
             ("output_dim".to_string(), AttrValue::Int(od as i64)),
         ]))
-        .unwrap();
+        .unwrap()
+    }
+
+    /// bottom (n, h, w), pooled p, output_dim od, r rois, spatial scale s.
+    #[allow(clippy::too_many_arguments)]
+    fn case(seed: u64, n: usize, h: usize, w: usize, p: usize, od: usize, r: usize, s: f32, odd_rois: bool) {
+        let op = op(p, od, s);
         let c = p * p * od;
         let mut rng = Rng(seed);
         let mut rois = Vec::with_capacity(r * 5);
@@ -384,13 +389,7 @@ mod psroipool_backward {
     #[test]
     fn integer_aligned_bin_edges() {
         let (p, od, s) = (7usize, 2usize, 0.0625f32);
-        let op: PsRoiPoolBackward = descriptor(&HashMap::from([
-            ("pooled_height".to_string(), AttrValue::Int(p as i64)),
-            ("pooled_width".to_string(), AttrValue::Int(p as i64)),
-            ("spatial_scale".to_string(), AttrValue::Float(s)),
-            ("output_dim".to_string(), AttrValue::Int(od as i64)),
-        ]))
-        .unwrap();
+        let op = op(p, od, s);
         let (n, h, w, c) = (2usize, 40usize, 40usize, p * p * od);
         let mut rois = Vec::new();
         for (b, a, k) in [(0, 0, 1), (1, 3, 2), (0, 5, 4), (1, 0, 5), (0, 1, 3)] {
