@@ -25,6 +25,8 @@ if [ "$card" = 1 ] && [ -z "${NEUWARE_HOME:-}" ]; then
     exit 1
 fi
 source scripts/setup.sh --test
+# Each stage's heading carries the minutes and seconds since the start (CI's budget).
+stage() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 if [ "$card" = 1 ]; then
     unset MLU_EP_EMULATE
     echo "== card mode: build with the toolkit's cncc (NEUWARE_HOME=$NEUWARE_HOME)"
@@ -49,25 +51,25 @@ print(sum(d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("e
     echo "== card mode: all passed on $cards card(s)"
     exit 0
 fi
-echo "== build (release library for the Python tests)"
+stage "build (release library for the Python tests)"
 cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
-echo "== cargo test (unit, integration, ort sessions, property tests)"
+stage "cargo test (unit, integration, ort sessions, property tests)"
 # tests/mluops_backend.rs loads the emulated libmluops of the same profile; `cargo test`
 # builds examples under hashed names only, so the plain name is built here.
 cargo build --example mluops_emulated
 cargo test --all-targets
-echo "== BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (2 above)"
+stage "BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (2 above)"
 # (The emulator's self-tests launch 8 tasks: they need 2 clusters or more.)
 MLU_EMU_CLUSTERS=1 cargo test --quiet --test mlu_kernels
 MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
-echo "== BANG kernels and emulator rules in each emulator mode: denormals flushed, async copies landing at issue, clusters one at a time last first"
+stage "BANG kernels and emulator rules in each emulator mode: denormals flushed, async copies landing at issue, clusters one at a time last first"
 # What a card may do differently from the host (kernels/README.md, "Modes"): a kernel whose
 # result depends on the mode is a bug.
 for mode in MLU_EMU_FTZ=1 MLU_EMU_ASYNC=early MLU_EMU_ORDER=serial; do
     env "$mode" MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
 done
-echo "== the same, the C++ (emulator, kernels, self-tests) built at -std=c++17 -Werror by g++-11, then clang-14"
+stage "the same, the C++ (emulator, kernels, self-tests) built at -std=c++17 -Werror by g++-11, then clang-14"
 # A Cambricon host's compiler is older than Debian 12's g++ 12 (docs/USAGE.md, toolchain).
 # `cc` honours CXX and CXXFLAGS: only the C++ and this crate are rebuilt (seconds), and the
 # next plain debug build rebuilds them with the default compiler again.
@@ -76,39 +78,39 @@ for cxx in g++-11 clang++-14; do
     CXX=$cxx CXXFLAGS=-Werror MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator --test bang_allow_list
     echo "   $cxx: built and ran in $((SECONDS - start)) s"
 done
-echo "== BANG kernels and emulator under ThreadSanitizer, then Address+UndefinedBehaviorSanitizer (4 clusters)"
+stage "BANG kernels and emulator under ThreadSanitizer, then Address+UndefinedBehaviorSanitizer (4 clusters)"
 MLU_EMU_CLUSTERS=4 scripts/sanitize.sh thread
 MLU_EMU_CLUSTERS=4 scripts/sanitize.sh address
-echo "== seed cases at network scale (release)"
+stage "seed cases at network scale (release)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
     --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
-echo "== BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
+stage "BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
-echo "== python session tests"
+stage "python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
-echo "== in-process coverage-guided fuzzing: each operator's target over its corpus plus 4,000 new cases, every path (fuzz/, scripts/fuzz.sh)"
+stage "in-process coverage-guided fuzzing: each operator's target over its corpus plus 4,000 new cases, every path (fuzz/, scripts/fuzz.sh)"
 scripts/fuzz.sh --runs 4000
-echo "== session fuzz: 9,000 fixed-seed cases (all nine operators, both paths, through ONNX Runtime, isolated workers; tests/fuzz/README.md)"
+stage "session fuzz: 9,000 fixed-seed cases (all nine operators, both paths, through ONNX Runtime, isolated workers; tests/fuzz/README.md)"
 "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 9000
-echo "== session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
+stage "session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
 MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libmluops_emulated.so" \
     "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 4800 \
     --ops DynamicScatterBackward,ThreeInterpolateBackward,GetIndicePairs,VoxelPoolingForward,PsRoiPoolBackward,IndiceConv,ThreeInterpolate,PsRoiPool
-echo "== every operator's session on both paths under valgrind (memcheck)"
+stage "every operator's session on both paths under valgrind (memcheck)"
 scripts/valgrind.sh
-echo "== the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
+stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
 scripts/ort_range.sh
-echo "== the wheel: pip wheel ./python, installed with onnxruntime 1.31.1 and numpy only into a fresh venv, both paths from outside the checkout"
+stage "the wheel: pip wheel ./python, installed with onnxruntime 1.31.1 and numpy only into a fresh venv, both paths from outside the checkout"
 scripts/wheel_check.sh
-echo "== model fixtures are what the builder writes"
+stage "model fixtures are what the builder writes"
 cargo run --quiet --example build_models -- --check
-echo "== model goldens are what the independent numpy models compute"
+stage "model goldens are what the independent numpy models compute"
 "$VENV/bin/python" models/make_zoo_goldens.py --check
-echo "== model-level regression suite (CPU and emulated MLU provider)"
+stage "model-level regression suite (CPU and emulated MLU provider)"
 "$VENV/bin/python" models/run_zoo.py "$MLU_EP_LIB"
-echo "== the named networks exported from PyTorch against their peers (spconv 2.3.8, torch, torchvision), CI scale, both paths"
+stage "the named networks exported from PyTorch against their peers (spconv 2.3.8, torch, torchvision), CI scale, both paths"
 "$VENV/bin/python" networks/run.py --scale ci --repeat 3 --library "$MLU_EP_LIB"
-echo "== dataset regression: 20 generated frames per zoo model, CPU and emulated MLU against the numpy models' goldens, in-process (the Ray runs are in tests/python/test_ray_regression.py)"
+stage "dataset regression: 20 generated frames per zoo model, CPU and emulated MLU against the numpy models' goldens, in-process (the Ray runs are in tests/python/test_ray_regression.py)"
 "$VENV/bin/python" models/run_dataset.py --generate 20 --library "$MLU_EP_LIB" --reference models/make_zoo_goldens.py
-echo "== main job"
+stage "main job"
 "$VENV/bin/python" models/run_demo.py "$MLU_EP_LIB"
