@@ -51,6 +51,8 @@ print(sum(d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("e
     echo "== card mode: all passed on $cards card(s)"
     exit 0
 fi
+# The host suite tests the emulated card (its clusters and modes), also on a card host.
+export MLU_EP_TEST_DEVICE=emulated
 stage "build (release library for the Python tests)"
 cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"

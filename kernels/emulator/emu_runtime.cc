@@ -111,14 +111,18 @@ const Modes &modes() {
   return m;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+constexpr bool kFtzHost = true;
+#else
+constexpr bool kFtzHost = false;
+#endif
+
 // Sets the calling (task) thread's float mode for MLU_EMU_FTZ: MXCSR's flush-to-zero (bit 15)
 // and denormals-are-zero (bit 6). The emulator's own arithmetic runs on these threads too.
+// (On another host `execute` fails the launch instead.)
 void enter_float_mode() {
-  if (!modes().ftz) return;
 #if defined(__x86_64__) || defined(__i386__)
-  _mm_setcsr(_mm_getcsr() | 0x8040);
-#else
-  throw std::runtime_error("MLU_EMU_FTZ=1 needs an x86 host (MXCSR)");
+  if (modes().ftz) _mm_setcsr(_mm_getcsr() | 0x8040);
 #endif
 }
 
@@ -371,6 +375,10 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
 }
 
 void execute(Launch &l, void (*body)(void *), void *args) {
+  if (modes().ftz && !kFtzHost) {
+    l.record("MLU_EMU_FTZ=1 needs an x86 host (the mode sets MXCSR)");
+    return;
+  }
   if (l.type == cnrtFuncTypeBlock) {
     // BLOCK tasks are independent: the card's cores take them one after another.
     if (modes().serial) {

@@ -26,13 +26,14 @@ impl Rng {
 /// The contract's accumulating metric: diff1 = sum|a-b| / sum|b| <= 3e-3 and
 /// diff2 = sqrt(sum (a-b)^2 / sum b^2) <= 3e-3 against a float64 reference (with an all-zero
 /// reference, the output must be 0). Positions where the reference is not finite must match
-/// it in kind (NaN, +inf, -inf) and are left out of the sums; so are positions where both
-/// are below float32's normal range (products of subnormals underflow in float32, not in
+/// it in kind (NaN, +inf, -inf) and are left out of the sums; so are positions where the
+/// reference is below float32's normal range and the output within 64 of float32's
+/// smallest steps (2^-149) of it (products of subnormals underflow in float32, not in
 /// float64: the fuzz targets found a reference of 2.7e-77 against a float32 0).
 pub fn assert_accumulating(got: &[f32], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (mut d1, mut n1, mut d2, mut n2) = (0f64, 0f64, 0f64, 0f64);
-    let tiny = f64::from(f32::MIN_POSITIVE);
+    let (tiny, steps) = (f64::from(f32::MIN_POSITIVE), 64.0 * f64::from(f32::from_bits(1)));
     for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
         if !b.is_finite() {
             let same = (b.is_nan() && a.is_nan()) || (a as f64 == b);
@@ -41,7 +42,7 @@ pub fn assert_accumulating(got: &[f32], want: &[f64], what: &str) {
         }
         let a = a as f64;
         assert!(a.is_finite(), "{what}[{i}]: got {a}, reference {b}");
-        if a.abs() < tiny && b.abs() < tiny {
+        if b.abs() < tiny && (a - b).abs() <= steps {
             continue;
         }
         d1 += (a - b).abs();

@@ -133,3 +133,27 @@ impl MluOperator for PsRoiPoolBackward {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spans' layout the kernel reads: per bin (r, i, j) in the CPU's order, the batch,
+    /// then rows i's and columns j's clamped spans; batch -1 and empty spans for a roi that
+    /// contributes nothing. A 4 x 6 roi at scale 1 in 2 x 2 bins has integer edges.
+    #[test]
+    fn spans_are_batch_then_row_then_column_per_bin() {
+        let op = PsRoiPoolBackward::new(2, 2, 1.0, 1).expect("valid attributes");
+        let plan = PsRoiPlan { rois: 2, batches: 2, height: 5, width: 8 };
+        // Roi 0: batch 1.7 -> 1, x 0..3 (4 wide: bins of 2), y 0..5 (6 high: bins of 3,
+        // the second clamped to height 5). Roi 1: a NaN coordinate.
+        let rois = [1.7, 0.0, 0.0, 3.0, 5.0, 0.0, f32::NAN, 0.0, 1.0, 1.0];
+        let spans = op.bin_spans(&rois, &plan).expect("small");
+        #[rustfmt::skip]
+        let want = [
+            1, 0, 3, 0, 2,   1, 0, 3, 2, 4,   1, 3, 5, 0, 2,   1, 3, 5, 2, 4,
+            -1, 0, 0, 0, 0,  -1, 0, 0, 0, 0,  -1, 0, 0, 0, 0,  -1, 0, 0, 0, 0,
+        ];
+        assert_eq!(spans, want);
+    }
+}
