@@ -69,8 +69,7 @@ fn ints(outputs: &mut dyn DeviceOutputs, n: usize) -> Result<*mut i32> {
 pub struct Launch {
     policy: Policy,
     geometry: GipGeometry,
-    /// Linear sites of the output grid, and the bitmap words holding them.
-    sites: usize,
+    /// The bitmap words holding the output grid's linear sites.
     words: i32,
     rows: i32,
     kernel_volume: i32,
@@ -114,7 +113,6 @@ impl MluOperator for GetIndicePairs {
         Ok(Launch {
             policy,
             geometry,
-            sites,
             words: n("words", sites.div_ceil(32))?,
             rows: n("L", d.l)?,
             kernel_volume: n("K", d.k)?,
@@ -125,10 +123,11 @@ impl MluOperator for GetIndicePairs {
     }
 
     fn mlu_compute(&self, d: &GipDims, launch: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
-        let Launch { policy: p, geometry, sites, words: nwords, rows, kernel_volume: kv, expanded, tile_rows, tile } = *launch;
+        let Launch { policy: p, geometry, words: nwords, rows, kernel_volume: kv, expanded, tile_rows, tile } = *launch;
         let (l, k) = (d.l, d.k);
         let device = card.device;
-        let words = sites.div_ceil(32);
+        // Non-negative: narrowed from a word count.
+        let words = nwords as usize;
         let pairs = outputs.allocate(0, &OutputSpec::new(DType::I32, [k, 2, l]))?;
         let num = outputs.allocate(2, &OutputSpec::new(DType::I32, [k]))?;
         if l == 0 {
