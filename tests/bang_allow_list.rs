@@ -90,6 +90,23 @@ fn every_construct_the_kernels_use_is_on_the_allow_list() {
     }
 }
 
+/// Device code computes indices in 32 bits, as mlu-ops does on mtp_372 (kernels/README.md).
+#[test]
+fn device_code_has_no_64_bit_integer_variables() {
+    let wide = ["long", "int64_t", "uint64_t", "size_t", "ptrdiff_t", "intptr_t"];
+    for f in mlu_sources().iter().chain([&Path::new(ROOT).join("kernels/common/kernel.h")]) {
+        let src = std::fs::read_to_string(f).unwrap();
+        for (n, line) in src.lines().enumerate() {
+            let code = line.split("//").next().unwrap();
+            let words: Vec<&str> = code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
+            // A launch entry's own signature is host code.
+            if let Some(w) = wide.iter().find(|w| words.contains(w)).filter(|_| !code.starts_with("MLUOPS_EXPORT")) {
+                panic!("{}:{}: `{w}` in device code: {line}", f.display(), n + 1);
+            }
+        }
+    }
+}
+
 #[test]
 fn the_emulator_offers_nothing_off_the_list() {
     let listed = allow_list();

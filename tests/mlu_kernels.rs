@@ -114,6 +114,21 @@ mod voxel_pooling_forward {
         }
     }
 
+    /// Out-of-grid coordinates anywhere in int32 (the kernel zeroes them before its int32
+    /// cell products).
+    #[test]
+    fn coordinates_at_the_int32_extremes() {
+        let op: VoxelPoolingForward =
+            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(vec![3, 2, 1]))])).unwrap();
+        let (lo, hi) = (i32::MIN, i32::MAX);
+        let geom = vec![hi, 0, 0, 2, 1, 0, 0, hi, 0, lo, lo, lo, 1, 1, hi, 1, 0, 0, hi, hi, hi, 0, lo, 0];
+        let g = Tensor::i32([2, 4, 3], geom);
+        let f = Tensor::f32([2, 4, 2], (0..16).map(|v| v as f32).collect());
+        let (cpu, mlu) = both(&op, &[Some(&g), Some(&f)]);
+        assert_exact(&cpu[0], &mlu[0], "output_features");
+        assert_exact(&cpu[1], &mlu[1], "pos_memo");
+    }
+
     #[test]
     fn several_tiles_on_every_core() {
         // About 11.7K points per NRAM tile: 3 batches of 40K points need many tiles on all 8 cores.
@@ -298,6 +313,13 @@ mod get_indice_pairs {
         ]))
         .unwrap();
         assert!(op.mlu_supported().unwrap_err().contains("transpose"));
+    }
+
+    /// Padding and (kernel - 1) * dilation just inside the kernels' int32 tap arithmetic.
+    #[test]
+    fn taps_at_the_int32_edge() {
+        let d = (1 << 30) - 1;
+        case(14, &conf([4, 4, 4], [3, 1, 1], [1, 1, 1], [d, 0, 0], [d, 1, 1], false), 30);
     }
 
     #[test]
@@ -557,6 +579,9 @@ mod bad_input {
         same_error(&ti, &[Some(&go), Some(&bad), Some(&w)], "outside [0, m)");
         let neg = Tensor::i32([1, 2, 3], vec![0, -1, 2, 3, 1, 0]);
         same_error(&ti, &[Some(&go), Some(&neg), Some(&w)], "outside [0, m)");
+        // The kernel runs beside the check: int32's extremes must not overflow its tile test.
+        let far = Tensor::i32([1, 2, 3], vec![1, i32::MIN, 2, i32::MAX, 0, 3]);
+        same_error(&ti, &[Some(&go), Some(&far), Some(&w)], "indices[0, 0, 1] = -2147483648 is outside [0, m)");
         // Seed boundary case 13: M = 0 with points is an error.
         let ti0: ThreeInterpolateBackward =
             descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(0))])).unwrap();

@@ -48,28 +48,35 @@
   ::bang_emu::carve(BANG_EMU_LOC, name, (count) * sizeof(T), #name)
 #endif
 
+// Device index arithmetic is 32-bit, as mlu-ops keeps it on mtp_372 (Cambricon/mlu-ops@v1.4.0
+// kernels/kernel.h:83-85 makes even sizeof 32-bit there): every host launch policy
+// (src/ops/*/mlu.rs) bounds the element counts a kernel indexes below 2^31, and loops step
+// by the chunk they took (never past their end), so no sum leaves int32.
 template <typename T>
-__mlu_func__ T *mluops_carve(int8_t *&cursor, long count) {
+__mlu_func__ T *mluops_carve(int8_t *&cursor, int32_t count) {
   T *p = reinterpret_cast<T *>(cursor);
-  long bytes = (count * static_cast<long>(sizeof(T)) + MLUOPS_ALIGN_BYTES - 1) / MLUOPS_ALIGN_BYTES * MLUOPS_ALIGN_BYTES;
-  cursor += bytes;
+  const int32_t size = static_cast<int32_t>(sizeof(T));
+  cursor += (count * size + MLUOPS_ALIGN_BYTES - 1) / MLUOPS_ALIGN_BYTES * MLUOPS_ALIGN_BYTES;
   return p;
 }
 
 // Element count rounded up to whole 128-byte vectors.
 template <typename T>
-__mlu_func__ long mluops_vec_pad(long n) {
-  const long per = MLUOPS_VECTOR_BYTES / static_cast<long>(sizeof(T));
+__mlu_func__ int32_t mluops_vec_pad(int32_t n) {
+  const int32_t per = MLUOPS_VECTOR_BYTES / static_cast<int32_t>(sizeof(T));
   return (n + per - 1) / per * per;
 }
 
 // The [begin, end) share of `total` items for task `task` of `tasks`: the first
 // total % tasks tasks take one more (the seeds' rem_num rule).
-__mlu_func__ void mluops_share(long total, int task, int tasks, long *begin, long *end) {
-  long per = total / tasks, rem = total % tasks;
+__mlu_func__ void mluops_share(int32_t total, int32_t task, int32_t tasks, int32_t *begin, int32_t *end) {
+  const int32_t per = total / tasks, rem = total % tasks;
   *begin = task * per + (task < rem ? task : rem);
   *end = *begin + per + (task < rem ? 1 : 0);
 }
+
+// The items a loop at `at` takes next: `tile`, or what is left before `end`.
+__mlu_func__ int32_t mluops_chunk(int32_t at, int32_t end, int32_t tile) { return end - at < tile ? end - at : tile; }
 
 // ---- launch ---------------------------------------------------------------------------
 // Every kernel has a C-ABI launch entry `mluops_<op>[_<step>](queue, dim..., args...)`

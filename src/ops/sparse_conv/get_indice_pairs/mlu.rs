@@ -89,6 +89,19 @@ impl MluOperator for GetIndicePairs {
         if self.geometry().is_none() {
             return Err("a padding, stride, dilation or size beyond int32".into());
         }
+        // The expand kernel's int32 tap arithmetic, (z + pad) - k * dilation per axis, with
+        // z below the input size.
+        let reach = |a: usize| {
+            let near = self.input_space[a] - 1 + self.pad[a];
+            let far = (self.filter_space[a] - 1).saturating_mul(self.dilation[a]);
+            near.max(far) > i64::from(i32::MAX)
+        };
+        if let Some(a) = (0..DIM_NB).find(|&a| reach(a)) {
+            return Err(format!(
+                "axis {a}: input size {} + padding {} or (kernel {} - 1) * dilation {} beyond the MLU kernels' int32 tap arithmetic",
+                self.input_space[a], self.pad[a], self.filter_space[a], self.dilation[a]
+            ));
+        }
         match self.sites() {
             Some(v) if v <= i32::MAX as usize - 31 => Ok(()),
             _ => Err(format!(
@@ -108,6 +121,16 @@ impl MluOperator for GetIndicePairs {
         let (Some(geometry), Some(sites)) = (self.geometry(), self.sites()) else {
             return Err("a geometry or site count beyond int32".into());
         };
+        // int32 offsets into indice_pairs [K, 2, L] and, in the default mode, into
+        // out_indices, whose rows are at most min(sites, K * L).
+        let expanded = d.k.saturating_mul(d.l);
+        let out_rows = if self.sub_m { d.l } else { sites.min(expanded) };
+        if expanded.saturating_mul(2) > i32::MAX as usize || out_rows.saturating_mul(4) > i32::MAX as usize {
+            return Err(format!(
+                "K = {}, L = {}: indice_pairs [K, 2, L] or out_indices (up to {out_rows} rows of 4) exceed the MLU kernels' int32 offsets",
+                d.k, d.l
+            ));
+        }
         let policy = Policy::new(info, d.k);
         let n = device::narrow;
         Ok(Launch {
@@ -116,7 +139,7 @@ impl MluOperator for GetIndicePairs {
             words: n("words", sites.div_ceil(32))?,
             rows: n("L", d.l)?,
             kernel_volume: n("K", d.k)?,
-            expanded: n("K*L", d.k * d.l)?,
+            expanded: n("K*L", expanded)?,
             tile_rows: n("tile_rows", policy.tile_rows)?,
             tile: n("tile", policy.tile)?,
         })
@@ -259,6 +282,27 @@ mod tests {
         assert!(op.mlu_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
         let err = op.mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 }).err().expect("a stride of 2^31 bytes");
         assert!(err.contains("2147483648 bytes"), "{err}");
+    }
+
+    /// (kernel - 1) * dilation at 2^31 is declined before any launch; one below is taken.
+    #[test]
+    fn tap_arithmetic_beyond_int32_is_declined() {
+        let op = |dilation: i64| {
+            let attrs = [
+                ("batch_size".to_owned(), AttrValue::Int(1)),
+                ("spatial_shape".to_owned(), AttrValue::Ints(vec![4, 4, 4])),
+                ("kernel_size".to_owned(), AttrValue::Ints(vec![3, 1, 1])),
+                ("dilation".to_owned(), AttrValue::Ints(vec![dilation, 1, 1])),
+                ("padding".to_owned(), AttrValue::Ints(vec![dilation, 0, 0])),
+            ]
+            .into_iter()
+            .collect();
+            crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid: the output is 4 x 4 x 4")
+        };
+        assert_eq!(op((1 << 30) - 1).output_space, [4, 4, 4]);
+        assert!(op((1 << 30) - 1).mlu_supported().is_ok());
+        let err = op(1 << 30).mlu_supported().err().expect("(3 - 1) * 2^30 = 2^31");
+        assert!(err.contains("axis 0") && err.contains("int32 tap arithmetic"), "{err}");
     }
 
     #[test]
