@@ -301,7 +301,7 @@ mod tests {
         };
         assert_eq!(op((1 << 30) - 1).output_space, [4, 4, 4]);
         assert!(op((1 << 30) - 1).mlu_supported().is_ok());
-        let err = op(1 << 30).mlu_supported().err().expect("(3 - 1) * 2^30 = 2^31");
+        let err = op(1 << 30).mlu_supported().expect_err("(3 - 1) * 2^30 = 2^31");
         assert!(err.contains("axis 0") && err.contains("int32 tap arithmetic"), "{err}");
     }
 
