@@ -6,7 +6,11 @@
 //!   compiled one by one by cncc (for MLU_EP_BANG_ARCH, default mtp_372) and linked into
 //!   `libmluops_kernels_mlu.so` (build_support/cncc.rs), which the Cambricon runtime path
 //!   opens with libloading; its path is baked in as MLUOPS_DEVICE_KERNELS.
+//! - The Rust side of each family's C header kernels/<family>/<family>.h, into
+//!   `$OUT_DIR/kernels/` (build_support/abi.rs), and the list of every launch entry.
 
+#[path = "build_support/abi.rs"]
+mod abi;
 #[path = "build_support/cncc.rs"]
 mod cncc;
 
@@ -27,6 +31,9 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     let mlu = cncc::mlu_sources(Path::new("kernels")).unwrap_or_else(|e| fail(&format!("error: reading kernels/: {e}")));
 
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    generate_abi(&mlu, &out_dir.join("kernels")).unwrap_or_else(|e| fail(&format!("error: {e}")));
+
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -46,7 +53,6 @@ fn main() {
     }
     build.compile("mluops_kernels_emu");
 
-    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let device_lib = std::env::var_os("NEUWARE_HOME").and_then(|home| {
         let home = PathBuf::from(home);
         let Some(cncc) = cncc::cncc(&home) else {
@@ -74,4 +80,31 @@ fn main() {
         "cargo:rustc-env=MLUOPS_DEVICE_KERNELS={}",
         device_lib.map(|p| p.display().to_string()).unwrap_or_default()
     );
+}
+
+/// For every family (a kernels/<family>/<family>.mlu), its header's Rust side in
+/// `dir/<family>.rs`, and `dir/entries.rs`: `KERNEL_ENTRIES`, every launch entry's name.
+fn generate_abi(mlu: &[PathBuf], dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut headers = Vec::new();
+    for f in mlu {
+        let family = f.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        if f.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()) != Some(family) {
+            continue;
+        }
+        let header = f.with_extension("h");
+        let src = std::fs::read_to_string(&header).map_err(|e| format!("{}: {e}", header.display()))?;
+        let rust = abi::generate(family, &src).map_err(|e| format!("{}: {e}", header.display()))?;
+        let code = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        if !code.lines().any(|l| l.trim() == format!("#include \"{family}.h\"")) {
+            return Err(format!("{}: does not include {family}.h", f.display()));
+        }
+        abi::check_definitions(&code, &src).map_err(|e| format!("{}: {e}", f.display()))?;
+        std::fs::write(dir.join(format!("{family}.rs")), rust).map_err(|e| e.to_string())?;
+        headers.push(src);
+    }
+    let names = abi::entry_names(&headers)?;
+    let list: String = names.iter().map(|n| format!("    \"{n}\\0\",\n")).collect();
+    let entries = format!("/// Every launch entry of kernels/*/*.h, NUL-terminated.\npub const KERNEL_ENTRIES: &[&str] = &[\n{list}];\n");
+    std::fs::write(dir.join("entries.rs"), entries).map_err(|e| e.to_string())
 }

@@ -2,7 +2,8 @@
 //! launch and known copies must move. One test in its own process: the emulator's GDRAM
 //! counters are process-wide.
 
-use onnxruntime_ep_mlu::mlu::{Device, Direction, IntBounds, TASK_UNION1};
+use onnxruntime_ep_mlu::mlu::abi::{CheckKernels, IntBounds};
+use onnxruntime_ep_mlu::mlu::{Device, Direction, TASK_UNION1};
 
 #[test]
 fn a_check_kernel_and_its_copies_are_counted_exactly() {
@@ -16,9 +17,10 @@ fn a_check_kernel_and_its_copies_are_counted_exactly() {
     let (first, record) = (scratch.ptr::<i32>(), scratch.ptr::<i32>().wrapping_add(tasks as usize));
     let bounds = IntBounds { lo: [0; 4], hi: [5; 4] };
     let q = d.queue().unwrap();
+    let k = d.kernels::<CheckKernels>().unwrap();
     // SAFETY: `data` holds `rows` int32; `scratch` the task slots and the record.
     q.launch("mluops_check_int_rows", |qp| unsafe {
-        (d.kernels.mluops_check_int_rows)(qp, tasks, TASK_UNION1, data.ptr(), rows as i32, 1, &bounds, 4096, first, record)
+        (k.mluops_check_int_rows)(qp, tasks, TASK_UNION1, data.ptr(), rows as i32, 1, &bounds, 4096, first, record)
     })
     .unwrap();
     q.sync().unwrap();

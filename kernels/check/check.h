@@ -2,8 +2,8 @@
 // contract's rules on input values on the card. Each writes `record`: the first row that
 // breaks its rule, or -1. The compute kernels of the node are gated on the records
 // (mluops_gate_closed, ../common/kernel.h) and the host reads them after its one queue
-// synchronisation. Included after ../common/kernel.h. The Rust declarations
-// (src/mlu/mod.rs, kernels!) are checked against this file by tests/kernel_abi.rs.
+// synchronisation. Included after ../common/kernel.h. build.rs generates the Rust side
+// (crate::mlu::abi) from this file (build_support/abi.rs).
 #pragma once
 
 // Inclusive bounds per column of an int32 row (at most 4 columns).

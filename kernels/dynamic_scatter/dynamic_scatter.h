@@ -1,7 +1,7 @@
 // DynamicScatterBackward: the C ABI of dynamic_scatter.mlu, its launch entry (the
 // max reduction). Included after ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int
-// types). The Rust declaration (src/mlu/mod.rs, kernels!) is checked against this file by
-// tests/kernel_abi.rs.
+// types). build.rs generates the Rust side (the family's `abi` module) from this file
+// (build_support/abi.rs).
 #pragma once
 
 MLUOPS_EXPORT int mluops_dynamic_scatter_backward_max(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,

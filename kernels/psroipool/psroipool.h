@@ -1,6 +1,6 @@
 // PsRoiPoolBackward: the C ABI of psroipool.mlu, its launch entry. Included after
-// ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declaration
-// (src/mlu/mod.rs, kernels!) is checked against this file by tests/kernel_abi.rs.
+// ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). build.rs generates the
+// Rust side (the family's `abi` module) from this file (build_support/abi.rs).
 #pragma once
 
 MLUOPS_EXPORT int mluops_psroipool_backward(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rois_num,

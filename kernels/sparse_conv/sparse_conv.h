@@ -1,9 +1,9 @@
 // The sparse convolution family: the C ABI of sparse_conv.mlu, the launch entries of
 // GetIndicePairs' five kernels (expand, mark, rank, out, pairs) and their geometry argument,
 // and IndiceConv's bias step on the MLU-OPS path. Included after
-// ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). The Rust declarations
-// (src/mlu/mod.rs, kernels!; Geometry in src/ops/sparse_conv/get_indice_pairs/mlu.rs) are checked
-// against this file by tests/kernel_abi.rs.
+// ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). build.rs generates the
+// Rust side (the family's `abi` module: GipGeometry, SparseConvKernels) from this file
+// (build_support/abi.rs).
 #pragma once
 
 // The convolution's geometry per axis (D, H, W) and the mode; passed by pointer, copied to

@@ -1,7 +1,7 @@
 // ThreeInterpolateBackward: the C ABI of three_interpolate.mlu, its launch entries
 // for float and half (one macro defines both there). Included after ../common/kernel.h
-// (MLUOPS_EXPORT, cnrtQueue_t, the int types, half). The Rust declarations (src/mlu/mod.rs,
-// kernels!) are checked against this file by tests/kernel_abi.rs.
+// (MLUOPS_EXPORT, cnrtQueue_t, the int types, half). build.rs generates the Rust side (the
+// family's `abi` module) from this file (build_support/abi.rs).
 #pragma once
 
 MLUOPS_EXPORT int mluops_three_interpolate_backward_f32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,

@@ -5,7 +5,7 @@
 //! No MLU hardware is reachable from this project's machines: this path compiles and is
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
-use super::{Device, DeviceInfo, Direction, Kernels, NRAM_BUDGET, QueuePtr, Runtime};
+use super::{Device, DeviceInfo, Direction, KERNEL_ENTRIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime, entry};
 use crate::error::{Error, Result};
 use libloading::Library;
 use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
@@ -250,10 +250,13 @@ pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
     let kernels_path = kernel_library_path()
         .ok_or("this build has no cncc-compiled kernels (build with NEUWARE_HOME set, or set MLU_EP_KERNEL_LIBRARY)")?;
     let klib = open_kernels(&kernels_path).map_err(|e| format!("{kernels_path}: {e}"))?;
-    let kernels = Kernels::load(&klib).map_err(|e| e.to_string())?;
+    // Every launch entry resolves now, not at a node's first launch.
+    for name in KERNEL_ENTRIES {
+        entry::<*const c_void>(&klib, name).map_err(|e| format!("{kernels_path}: {e}"))?;
+    }
     // The kernel entries must outlive every device, and the runtime they call with them:
     // both libraries stay loaded.
-    std::mem::forget(klib);
+    let kernels = KernelCode::Library(Box::leak(Box::new(klib)));
     std::mem::forget(lib);
     let mut out = Vec::new();
     let mut failed = Vec::new();

@@ -1,7 +1,7 @@
 //! The emulated card: kernels/emulator's runtime surface (kernels/emulator/emu_runtime.h),
 //! linked into this library by build.rs together with the host builds of the kernels.
 
-use super::{Device, DeviceInfo, Direction, Kernels, QueuePtr, Runtime};
+use super::{Device, DeviceInfo, Direction, KernelCode, QueuePtr, Runtime};
 use crate::error::{Error, Result};
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Arc;
@@ -126,5 +126,5 @@ pub fn info() -> Result<DeviceInfo> {
 }
 
 pub fn device() -> Result<Arc<Device>> {
-    Ok(Device::new(Box::new(Emulator), info()?, Kernels::emulated()))
+    Ok(Device::new(Box::new(Emulator), info()?, KernelCode::Linked))
 }

@@ -26,7 +26,8 @@ use super::rules::{Broken, Check, Rules, RowValues, SIZE_INPUT_BYTES, ValueRule}
 use super::{Kernel, OwnedOutputs};
 use crate::error::{Error, Result};
 use crate::mluops::Library;
-use crate::mlu::{Buffer, Device, DeviceInfo, Direction, IntBounds, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::mlu::abi::{CheckKernels, IntBounds};
+use crate::mlu::{Buffer, Device, DeviceInfo, Direction, NRAM_BUDGET, Queue, TASK_UNION1};
 use crate::parallel::Serial;
 use crate::schema::Attrs;
 use crate::tensor::{CardTensor, DType, Data, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
@@ -493,7 +494,7 @@ fn launch_check(
     // NRAM: the tasks' slots and one tile of rows, each rounded up to 64 bytes.
     let tile_rows = ((NRAM_BUDGET - 2 * 64 - tasks as usize * 4) / (cols * 4)).min(i32::MAX as usize);
     let (rows, cols, tile_rows) = (bounded("rows", numel / cols)?, bounded("cols", cols)?, bounded("tile_rows", tile_rows)?);
-    let k = &device.kernels;
+    let k = device.kernels::<CheckKernels>()?;
     match rule.check {
         Check::Int { bounds, .. } => {
             let b = IntBounds { lo: bounds.map(|b| b.0), hi: bounds.map(|b| b.1) };

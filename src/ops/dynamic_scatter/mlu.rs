@@ -104,7 +104,7 @@ impl MluOperator for DynamicScatterBackward {
         }
         let reduce_from: *mut i32 = outputs.workspace(d.v * d.c * 4)?.cast();
         let (gate, gates) = card.gate();
-        let k = &card.device.kernels;
+        let k = card.device.kernels::<super::abi::DynamicScatterKernels>()?;
         // SAFETY: device buffers of the validated shapes and the workspace above; the
         // launches only enqueue (the node's driver synchronises before the workspace is
         // freed); the map is read only behind the value-check gate.

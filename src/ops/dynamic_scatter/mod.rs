@@ -6,6 +6,8 @@ pub mod forward;
 pub mod mlu;
 pub mod mluops;
 
+crate::mlu::kernel_abi!("dynamic_scatter");
+
 pub use backward::DynamicScatterBackward;
 pub use forward::DynamicScatter;
 

@@ -122,7 +122,7 @@ impl MluOperator for PsRoiPoolBackward {
         // SAFETY: `spans_card` holds as many int32 of card memory as `spans` on the host.
         unsafe { card.device.copy_raw(spans_card, spans.as_ptr().cast(), spans.len() * 4, Direction::HostToDevice)? };
         let (gate, gates) = card.gate();
-        let k = &card.device.kernels;
+        let k = card.device.kernels::<super::abi::PsroipoolKernels>()?;
         // SAFETY: device buffers of the validated shapes; the batch ids and channels are
         // used only behind the value-check gate; the launch only enqueues.
         card.queue.launch("mluops_psroipool_backward", |q| unsafe {

@@ -6,5 +6,7 @@ pub mod forward;
 pub mod mlu;
 pub mod mluops;
 
+crate::mlu::kernel_abi!("psroipool");
+
 pub use backward::PsRoiPoolBackward;
 pub use forward::PsRoiPool;

@@ -4,5 +4,7 @@
 pub mod get_indice_pairs;
 pub mod indice_conv;
 
+crate::mlu::kernel_abi!("sparse_conv");
+
 pub use get_indice_pairs::GetIndicePairs;
 pub use indice_conv::IndiceConv;

@@ -93,7 +93,7 @@ impl MluOperator for ThreeInterpolateBackward {
         }
         let [b, c, n, m, mo, no, co] = l.sizes;
         let (go, idx, w) = (card.input::<c_void>(0), card.input::<i32>(1), card.input::<c_void>(2));
-        let k = &card.device.kernels;
+        let k = card.device.kernels::<super::abi::ThreeInterpolateKernels>()?;
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
         card.queue.launch("mluops_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {

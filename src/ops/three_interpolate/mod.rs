@@ -5,6 +5,8 @@ pub mod backward;
 pub mod forward;
 pub mod mlu;
 pub mod mluops;
+
+crate::mlu::kernel_abi!("three_interpolate");
 mod real;
 
 use real::Real;

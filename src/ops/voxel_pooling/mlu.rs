@@ -94,7 +94,7 @@ impl MluOperator for VoxelPoolingForward {
         }
         let [batches, points, channels, nx, ny, nz, tile_points, tile_channels] = l.sizes;
         let (geom, feats) = (card.input::<i32>(0), card.input::<f32>(1));
-        let k = &card.device.kernels;
+        let k = card.device.kernels::<super::abi::VoxelPoolingKernels>()?;
         // SAFETY: the pointers are device buffers of the validated sizes (inputs checked by
         // the shape rules, outputs allocated above); the launch only enqueues.
         card.queue.launch("mluops_voxel_pooling_forward", |q| unsafe {

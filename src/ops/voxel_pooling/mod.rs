@@ -5,4 +5,6 @@ pub mod forward;
 pub mod mlu;
 pub mod mluops;
 
+crate::mlu::kernel_abi!("voxel_pooling");
+
 pub use forward::VoxelPoolingForward;

@@ -21,6 +21,7 @@
 use super::{BIAS, ConvDims, FEATURES, FILTERS, IndiceConv, PAIRS};
 use crate::error::{Error, Result};
 use crate::mlu::{Direction, NRAM_BUDGET, TASK_UNION1};
+use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::scratch;
@@ -51,7 +52,7 @@ impl IndiceConv {
         let totals = ints(outputs, active.len())?;
         let i = device::bounded;
         let (nwords, tile) = (i("words", words)?, i("tile", STREAM_TILE)?);
-        let kernels = &device.kernels;
+        let kernels = device.kernels::<SparseConvKernels>()?;
         let pairs = card.input::<i32>(PAIRS);
         for (a, &(k, n)) in active.iter().enumerate() {
             let count = i("indice_num[k]", n)?;
@@ -92,11 +93,12 @@ impl IndiceConv {
         let tile_rows = ((NRAM_BUDGET - 2 * 64 - d.cout * 4) / (d.cout * 4)).min(i32::MAX as usize);
         let (rows, cols, tile_rows) = (i("num_out", d.rows)?, i("Cout", d.cout)?, i("tile_rows", tile_rows)?);
         let device = card.device;
+        let kernels = device.kernels::<SparseConvKernels>()?;
         let bias = card.input::<f32>(BIAS);
         // SAFETY: `bias` is the [Cout] input and `out` the [num_out, Cout] output in card
         // memory; the launch only enqueues.
         card.queue.launch("mluops_indice_conv_bias", |q| unsafe {
-            (device.kernels.mluops_indice_conv_bias)(q, device.info.cores(), TASK_UNION1, rows, cols, tile_rows, bias, out.cast())
+            (kernels.mluops_indice_conv_bias)(q, device.info.cores(), TASK_UNION1, rows, cols, tile_rows, bias, out.cast())
         })
     }
 }
