@@ -72,9 +72,7 @@ pub unsafe extern "C" fn CreateEpFactories(
     match init {
         Ok(Ok(_)) => ffi::guard("CreateEpFactories", || {
             // SAFETY: api_base is ONNX Runtime's, and the API table was obtained from it above.
-            if let Err(m) = unsafe { ffi::init_ep(api_base) } {
-                return ffi::status(ort_sys::OrtErrorCode::ORT_FAIL, &m);
-            }
+            unsafe { ffi::init_ep(api_base) }?;
             let name = if registered_name.is_null() {
                 String::new()
             } else {
@@ -101,6 +99,6 @@ pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut OrtEpFactory) -> OrtStat
     ffi::guard("ReleaseEpFactory", || {
         // SAFETY: caller contract.
         unsafe { factory::Factory::release(factory) };
-        ffi::ok()
+        Ok(())
     })
 }

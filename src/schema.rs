@@ -147,13 +147,13 @@ impl Schema {
 
 /// Where a node's attributes come from: an ONNX Runtime kernel info, or a map in tests.
 pub trait AttributeSource {
-    /// The attribute's value if the node sets it; an error string if it is set with
+    /// The attribute's value if the node sets it; an error if it is set with
     /// another type.
-    fn get(&self, name: &str, kind: AttrKind) -> std::result::Result<Option<AttrValue>, String>;
+    fn get(&self, name: &str, kind: AttrKind) -> Result<Option<AttrValue>>;
 }
 
 impl AttributeSource for std::collections::HashMap<String, AttrValue> {
-    fn get(&self, name: &str, kind: AttrKind) -> std::result::Result<Option<AttrValue>, String> {
+    fn get(&self, name: &str, kind: AttrKind) -> Result<Option<AttrValue>> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => {
@@ -164,7 +164,7 @@ impl AttributeSource for std::collections::HashMap<String, AttrValue> {
                         | (AttrValue::Float(_), AttrKind::Float)
                         | (AttrValue::String(_), AttrKind::String)
                 );
-                if matches { Ok(Some(v.clone())) } else { Err(format!("expected type {kind:?}, got {v:?}")) }
+                if matches { Ok(Some(v.clone())) } else { Err(Error::Runtime(format!("expected type {kind:?}, got {v:?}"))) }
             }
         }
     }
@@ -187,7 +187,7 @@ impl<'a> Attrs<'a> {
             .attribute(name)
             .filter(|a| a.kind == kind)
             .unwrap_or_else(|| panic!("{}: attribute {name} ({kind:?}) is not in the schema", self.schema.op_type));
-        match self.source.get(name, kind).map_err(|e| Error::attribute(name, e))? {
+        match self.source.get(name, kind).map_err(|e| Error::attribute(name, e.to_string()))? {
             Some(v) => Ok(v),
             None if decl.required => Err(Error::attribute(name, "required attribute is missing")),
             None => decl

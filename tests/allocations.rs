@@ -45,7 +45,7 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ffi/attributes.rs", "let mut v = vec![0i64; n];", META),
     ("src/ffi/attributes.rs", "let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_int", META),
     ("src/ffi/attributes.rs", "let mut buf = vec![0u8; needed];", META),
-    ("src/ffi/attributes.rs", "Err(e) if scalar.is_some() && e.code == OrtErrorCode::ORT_INVALID_ARGUME", META),
+    ("src/ffi/attributes.rs", "Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.i", META),
     ("src/ffi/custom_op.rs", "input_types: schema.inputs.iter().map(|f| onnx_type(schema.dtype(f, &bin", META),
     ("src/ffi/custom_op.rs", "output_types: schema.outputs.iter().map(|f| onnx_type(schema.dtype(f, &b", META),
     ("src/ffi/custom_op.rs", ".collect()", META),

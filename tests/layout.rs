@@ -153,3 +153,22 @@ fn inline_test_modules_are_short() {
     }
     assert!(long.is_empty(), "inline test modules over {INLINE_TEST_LINES} lines:\n{}", long.join("\n"));
 }
+
+/// One error type through the crate: no function returns a bare `String` (or another error
+/// type) as its error, and ONNX Runtime statuses come from `ffi::guard` only.
+#[test]
+fn one_error_type_and_one_status_conversion() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        for (n, l) in code_lines(f) {
+            let bare = l.contains("Result<") && (l.contains(", String>") || l.contains(", &'static str>"));
+            let status = l.contains("CreateStatus") && !f.ends_with("ffi/mod.rs");
+            if bare || status {
+                found.push(format!("{}:{n}: {}", f.display(), l.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "a second error type or status conversion:\n{}", found.join("\n"));
+}

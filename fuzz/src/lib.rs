@@ -88,7 +88,7 @@ pub enum Class {
 /// scripts/fuzz.sh), opened once per process.
 struct Card {
     device: Arc<Device>,
-    mluops: Result<Arc<mluops::Library>, String>,
+    mluops: onnxruntime_ep_mlu::error::Result<Arc<mluops::Library>>,
 }
 
 fn card() -> &'static Card {

@@ -10,12 +10,12 @@ use crate::error::{Error, Result};
 use crate::ffi::device::{self as ort_device, Pairs};
 use crate::ffi::ep_abi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl};
 use crate::ffi::registry::KernelRegistry;
-use crate::ffi::{INFO, Logger, WARNING, cstring, custom_op, guard, ok, status, version};
+use crate::ffi::{INFO, Logger, WARNING, cstring, custom_op, guard, version};
 use crate::mlu::{Device, cnrt, emulator};
 use crate::mluops;
 use crate::ops::device::{Backend, CardBackends};
 use ort_sys::{
-    OrtAllocator, OrtCustomOpDomain, OrtEpDevice, OrtErrorCode, OrtHardwareDevice, OrtKeyValuePairs, OrtLogger,
+    OrtAllocator, OrtCustomOpDomain, OrtEpDevice, OrtHardwareDevice, OrtKeyValuePairs, OrtLogger,
     OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
 };
 use std::ffi::{CString, c_char};
@@ -240,17 +240,15 @@ unsafe extern "system" fn get_supported_devices(
             let metadata = Pairs::new(&[("card", card.id.to_string())]);
             // SAFETY: f is this factory, card.hardware a live hardware device, and the memory
             // info lives as long as the factory.
-            let device = match unsafe { ort_device::ep_device(f, card.hardware, &metadata, card.memory_info) } {
-                Ok(d) => d,
-                Err(e) => return status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME}: {e}")),
-            };
+            let device = unsafe { ort_device::ep_device(f, card.hardware, &metadata, card.memory_info) }
+                .map_err(|e| Error::Runtime(format!("{EP_NAME}: {e}")))?;
             // SAFETY: ep_devices has max_ep_devices slots and n < max_ep_devices.
             unsafe { *ep_devices.add(n) = device };
             n += 1;
         }
         // SAFETY: ORT's out pointer.
         unsafe { *num_ep_devices = n };
-        ok()
+        Ok(())
     })
 }
 
@@ -271,24 +269,15 @@ unsafe extern "system" fn create_ep(
             // SAFETY: ORT passes num_devices hardware devices.
             unsafe { std::slice::from_raw_parts(devices, num_devices) }
         };
-        match factory.refuse_if_released().and_then(|()| factory.pick(devices, options)) {
-            Ok(card) => {
-                // SAFETY: ORT's session logger, valid for the life of the EP created here.
-                let logger = unsafe { Logger::new(logger) };
-                let backends = match backends(options) {
-                    Ok(b) => b,
-                    Err(e) => return status(OrtErrorCode::ORT_INVALID_ARGUMENT, &e.to_string()),
-                };
-                let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger, backends);
-                // SAFETY: ORT's out pointer; released by release_ep.
-                unsafe { *out = ep.into_raw() };
-                ok()
-            }
-            Err(e) => status(
-                if e.is_invalid_argument() { OrtErrorCode::ORT_INVALID_ARGUMENT } else { OrtErrorCode::ORT_FAIL },
-                &e.to_string(),
-            ),
-        }
+        factory.refuse_if_released()?;
+        let card = factory.pick(devices, options)?;
+        // SAFETY: ORT's session logger, valid for the life of the EP created here.
+        let logger = unsafe { Logger::new(logger) };
+        let backends = backends(options).map_err(|e| Error::Argument(e.to_string()))?;
+        let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger, backends);
+        // SAFETY: ORT's out pointer; released by release_ep.
+        unsafe { *out = ep.into_raw() };
+        Ok(())
     })
 }
 
@@ -311,9 +300,9 @@ fn backends(options: *const OrtSessionOptions) -> Result<CardBackends> {
             None => ("auto".to_owned(), "default"),
         },
     };
-    let order = Backend::order(&value).map_err(|why| Error::attribute(format!("{EP_NAME} {from}"), why))?;
+    let order = Backend::order(&value).map_err(|why| Error::attribute(format!("{EP_NAME} {from}"), why.to_string()))?;
     if !order.contains(&Backend::MluOps) {
-        return Ok(CardBackends { order, mluops: Err(format!("{from} = {value}")) });
+        return Ok(CardBackends { order, mluops: Err(Error::declined(format!("{from} = {value}"))) });
     }
     let explicit = option("mluops_library")?.or_else(|| env("MLU_EP_MLUOPS_LIBRARY"));
     let mluops = mluops::open(explicit.as_deref());
@@ -343,17 +332,11 @@ unsafe extern "system" fn create_allocator(
             // SAFETY: info is a live memory info ORT passed in; ours live with the factory.
             c.memory_info.cast_const() == info || unsafe { ort_device::same_memory_device(c.memory_info, info) }
         });
-        match card {
-            Some(c) => {
-                if let Err(e) = factory.refuse_if_released() {
-                    return status(OrtErrorCode::ORT_FAIL, &e.to_string());
-                }
-                // SAFETY: ORT's out pointer; released by release_allocator.
-                unsafe { *out = Allocator::new(c.memory_info, Arc::clone(&c.device)).into_raw() };
-                ok()
-            }
-            None => status(OrtErrorCode::ORT_INVALID_ARGUMENT, &format!("{EP_NAME}: CreateAllocator for a memory info that is not an MLU card's")),
-        }
+        let c = card.ok_or_else(|| Error::Argument(format!("{EP_NAME}: CreateAllocator for a memory info that is not an MLU card's")))?;
+        factory.refuse_if_released().map_err(|e| Error::Runtime(e.to_string()))?;
+        // SAFETY: ORT's out pointer; released by release_allocator.
+        unsafe { *out = Allocator::new(c.memory_info, Arc::clone(&c.device)).into_raw() };
+        Ok(())
     })
 }
 
@@ -366,9 +349,11 @@ unsafe extern "system" fn release_allocator(_: *mut OrtEpFactory, allocator: *mu
 }
 
 unsafe extern "system" fn create_data_transfer(f: *mut OrtEpFactory, out: *mut *mut OrtDataTransferImpl) -> OrtStatusPtr {
-    // SAFETY: ORT's out pointer; the transfer lives as long as the factory.
-    unsafe { *out = this(f).transfer.as_raw() };
-    ok()
+    guard("MLUExecutionProvider CreateDataTransfer", || {
+        // SAFETY: ORT's out pointer; the transfer lives as long as the factory.
+        unsafe { *out = this(f).transfer.as_raw() };
+        Ok(())
+    })
 }
 
 unsafe extern "system" fn is_stream_aware(_: *const OrtEpFactory) -> bool {
@@ -381,30 +366,30 @@ unsafe extern "system" fn create_sync_stream(
     _: *const OrtKeyValuePairs,
     out: *mut *mut OrtSyncStreamImpl,
 ) -> OrtStatusPtr {
-    // SAFETY: ORT's out pointer. No streams: every kernel synchronises its own queue.
-    unsafe { *out = std::ptr::null_mut() };
-    ok()
+    guard("MLUExecutionProvider CreateSyncStreamForDevice", || {
+        // SAFETY: ORT's out pointer. No streams: every kernel synchronises its own queue.
+        unsafe { *out = std::ptr::null_mut() };
+        Ok(())
+    })
 }
 
 unsafe extern "system" fn get_num_domains(_: *mut OrtEpFactory, count: *mut usize) -> OrtStatusPtr {
-    // SAFETY: ORT's out pointer.
-    unsafe { *count = 1 };
-    ok()
+    guard("MLUExecutionProvider GetNumCustomOpDomains", || {
+        // SAFETY: ORT's out pointer.
+        unsafe { *count = 1 };
+        Ok(())
+    })
 }
 
 unsafe extern "system" fn get_domains(_: *mut OrtEpFactory, domains: *mut *mut OrtCustomOpDomain, count: usize) -> OrtStatusPtr {
     guard("MLUExecutionProvider GetCustomOpDomains", || {
         if count < 1 {
-            return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "GetCustomOpDomains: room for 0 domains, 1 needed");
+            return Err(Error::Argument("GetCustomOpDomains: room for 0 domains, 1 needed".into()));
         }
-        match custom_op::domain() {
-            Ok(d) => {
-                // SAFETY: ORT passes room for `count` >= 1 domains.
-                unsafe { *domains = d };
-                ok()
-            }
-            Err(s) => s,
-        }
+        let d = custom_op::domain()?;
+        // SAFETY: ORT passes room for `count` >= 1 domains.
+        unsafe { *domains = d };
+        Ok(())
     })
 }
 
@@ -418,37 +403,32 @@ pub unsafe fn create(
     factories: *mut *mut OrtEpFactory,
     max: usize,
     num: *mut usize,
-) -> OrtStatusPtr {
+) -> Result<()> {
     if factories.is_null() || num.is_null() {
-        return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: null output arguments");
+        return Err(Error::Argument("CreateEpFactories: null output arguments".into()));
     }
     if max < 1 {
-        return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "CreateEpFactories: room for 0 factories, 1 needed");
+        return Err(Error::Argument("CreateEpFactories: room for 0 factories, 1 needed".into()));
     }
     // A second registration would list every card twice, under two names.
     let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(first) = registered.as_ref() {
-        return status(
-            OrtErrorCode::ORT_FAIL,
-            &format!("{EP_NAME}: this library is already registered in this process, as '{first}'; register it once (or unregister it first)"),
-        );
+        return Err(Error::Runtime(format!(
+            "{EP_NAME}: this library is already registered in this process, as '{first}'; register it once (or unregister it first)"
+        )));
     }
     let raw_logger = logger;
     // SAFETY: ORT's default logger, valid while the environment (and so this factory) lives.
     let logger = unsafe { Logger::new(logger) };
-    match Factory::new(logger) {
-        Ok(f) => {
-            // SAFETY: as above; unrouted when the factory is released (a factory that was
-            // never made routes nothing).
-            unsafe { crate::ffi::route_log(raw_logger) };
-            *registered = Some(name.to_owned());
-            // SAFETY: checked non-null; room for at least one factory.
-            unsafe {
-                *factories = f.into_raw();
-                *num = 1;
-            }
-            ok()
-        }
-        Err(e) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME}: {e}")),
+    let f = Factory::new(logger).map_err(|e| Error::Runtime(format!("{EP_NAME}: {e}")))?;
+    // SAFETY: as above; unrouted when the factory is released (a factory that was never
+    // made routes nothing).
+    unsafe { crate::ffi::route_log(raw_logger) };
+    *registered = Some(name.to_owned());
+    // SAFETY: checked non-null; room for at least one factory.
+    unsafe {
+        *factories = f.into_raw();
+        *num = 1;
     }
+    Ok(())
 }

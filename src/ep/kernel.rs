@@ -8,17 +8,17 @@
 use super::EP_NAME;
 use super::provider::Ep;
 use super::traffic;
-use crate::error::{Error, NodeError, Result};
+use crate::error::{Error, Result};
 use crate::ffi::ep_abi::{OrtKernelCreateFunc, OrtKernelImpl};
 use crate::ffi::kernel::{KernelContext, KernelInfo};
 use crate::ffi::registry::{HostSide, KernelRegistry};
-use crate::ffi::{WARNING, guard, node_status, ok, status, version};
+use crate::ffi::{WARNING, guard, version};
 use crate::mlu::{Buffer, Device, Direction};
 use crate::ops::device::{CardNode, DeviceOutputs, Ran, reasons};
 use crate::ops::{ALL, OpEntry};
 use crate::schema::{self, Attrs, Schema};
 use crate::tensor::OutputSpec;
-use ort_sys::{OrtErrorCode, OrtKernelContext, OrtKernelInfo, OrtStatusPtr};
+use ort_sys::{OrtKernelContext, OrtKernelInfo, OrtStatusPtr};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -65,14 +65,12 @@ unsafe extern "system" fn create_memcpy(state: *mut c_void, info: *const OrtKern
     let dir = unsafe { *(state as *const Direction) };
     // SAFETY: info is live during kernel creation.
     let info = unsafe { KernelInfo::from_raw(info) };
-    guard("MLUExecutionProvider Memcpy", || match kernel_ep(info) {
-        Ok(ep) => {
-            let k = Box::new(MemcpyKernel { base: kernel_impl(memcpy_compute, memcpy_release), dir, ep });
-            // SAFETY: ORT's out pointer; freed by memcpy_release.
-            unsafe { *out = Box::into_raw(k).cast() };
-            ok()
-        }
-        Err(e) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME} Memcpy: {e}")),
+    guard("MLUExecutionProvider Memcpy", || {
+        let ep = kernel_ep(info).map_err(|e| Error::Runtime(format!("{EP_NAME} Memcpy: {e}")))?;
+        let k = Box::new(MemcpyKernel { base: kernel_impl(memcpy_compute, memcpy_release), dir, ep });
+        // SAFETY: ORT's out pointer; freed by memcpy_release.
+        unsafe { *out = Box::into_raw(k).cast() };
+        Ok(())
     })
 }
 
@@ -101,10 +99,7 @@ unsafe extern "system" fn memcpy_compute(this: *mut OrtKernelImpl, ctx: *mut Ort
     let k = unsafe { &*(this as *const MemcpyKernel) };
     // SAFETY: ctx is the live context of this call.
     let ctx = unsafe { KernelContext::from_raw(ctx) };
-    guard("MLUExecutionProvider Memcpy", || match k.run(ctx) {
-        Ok(()) => ok(),
-        Err(e) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME} {:?}: {e}", k.dir)),
-    })
+    guard("MLUExecutionProvider Memcpy", || k.run(ctx).map_err(|e| Error::Runtime(format!("{EP_NAME} {:?}: {e}", k.dir))))
 }
 
 fn kernel_impl(
@@ -141,34 +136,19 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
     let info = unsafe { KernelInfo::from_raw(info) };
     guard(entry.name, || {
         let node_name = info.node_name();
-        let fail = |error| node_status(&NodeError { op: entry.name, node: node_name.clone(), error });
-        let ep = match kernel_ep(info) {
-            Ok(ep) => ep,
-            Err(e) => return fail(e),
+        let node = || -> Result<(CardNode, *const Ep)> {
+            let ep = kernel_ep(info)?;
+            let create_card = entry.create_card.ok_or_else(|| Error::Runtime("no card backend runs this operator".into()))?;
+            let source = info.attributes();
+            // SAFETY: the EP outlives the kernels of its sessions.
+            Ok((create_card(&Attrs::new(crate::ops::schema(entry.name), &source), unsafe { &*ep }.backends())?, ep))
         };
+        let (node, ep) = node().map_err(|e| e.at(entry.name, &node_name))?;
         let schema = crate::ops::schema(entry.name);
-        let Some(create_card) = entry.create_card else {
-            return fail(Error::Runtime("no card backend runs this operator".into()));
-        };
-        let source = info.attributes();
-        let attrs = Attrs::new(schema, &source);
-        // SAFETY: the EP outlives the kernels of its sessions.
-        match create_card(&attrs, unsafe { &*ep }.backends()) {
-            Ok(node) => {
-                let k = Box::new(EpKernel {
-                    base: kernel_impl(compute, release),
-                    op: entry.name,
-                    node_name: node_name.clone(),
-                    schema,
-                    node,
-                    ep,
-                });
-                // SAFETY: ORT's out pointer; the box is freed by `release`.
-                unsafe { *out = Box::into_raw(k).cast() };
-                ok()
-            }
-            Err(error) => fail(error),
-        }
+        let k = Box::new(EpKernel { base: kernel_impl(compute, release), op: entry.name, node_name, schema, node, ep });
+        // SAFETY: ORT's out pointer; the box is freed by `release`.
+        unsafe { *out = Box::into_raw(k).cast() };
+        Ok(())
     })
 }
 
@@ -260,8 +240,5 @@ unsafe extern "system" fn compute(this: *mut OrtKernelImpl, ctx: *mut OrtKernelC
     let k = unsafe { &*(this as *const EpKernel) };
     // SAFETY: ctx is the live context of this call.
     let ctx = unsafe { KernelContext::from_raw(ctx) };
-    guard(k.op, || match k.run(ctx) {
-        Ok(()) => ok(),
-        Err(error) => node_status(&NodeError { op: k.op, node: k.node_name.clone(), error }),
-    })
+    guard(k.op, || k.run(ctx).map_err(|e| e.at(k.op, &k.node_name)))
 }

@@ -7,10 +7,10 @@ use crate::error::{Error, Result};
 use crate::ffi::device::{self as ort_device, MemoryDevice};
 use crate::ffi::ep_abi::{OrtDataTransferImpl, OrtMemoryDevice};
 use crate::ffi::kernel::Value;
-use crate::ffi::{guard, ok, status, version};
+use crate::ffi::{guard, version};
 use crate::mlu::{Buffer, Device, Direction};
 use ort_sys::{
-    OrtAllocator, OrtDeviceMemoryType, OrtErrorCode, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtStatusPtr, OrtSyncStream,
+    OrtAllocator, OrtDeviceMemoryType, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtStatusPtr, OrtSyncStream,
     OrtValue,
 };
 use std::collections::HashMap;
@@ -210,10 +210,8 @@ unsafe extern "system" fn copy_tensors(
             // SAFETY: ONNX Runtime passes `count` source and destination tensors, live for
             // this call.
             let (s, d) = unsafe { (Value::from_raw(*src.add(i)), Value::from_raw(*dst.add(i))) };
-            if let Err(e) = t.copy(s, d) {
-                return status(OrtErrorCode::ORT_FAIL, &format!("MLUExecutionProvider: {e}"));
-            }
+            t.copy(s, d).map_err(|e| Error::Runtime(format!("MLUExecutionProvider: {e}")))?;
         }
-        ok()
+        Ok(())
     })
 }

@@ -4,16 +4,16 @@
 
 use super::EP_NAME;
 use super::factory::Factory;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ffi::ep_abi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelRegistry};
 use crate::ffi::graph::{Graph, Node, SupportInfo};
-use crate::ffi::{INFO, Logger, WARNING, cstring, guard, ok, status, version};
+use crate::ffi::{INFO, Logger, WARNING, cstring, guard, version};
 use super::traffic;
 use crate::mlu::{Device, Queue, Traffic};
 use crate::ops;
 use crate::ops::device::{Backend, CardBackends, Ran};
 use crate::schema::{self, Attrs};
-use ort_sys::{OrtErrorCode, OrtGraph, OrtStatusPtr};
+use ort_sys::{OrtGraph, OrtStatusPtr};
 use serde_json::json;
 use std::ffi::{CString, c_char};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -207,12 +207,13 @@ impl Ep {
     }
 
     /// The backend that takes `node`, or why none does.
-    fn choice(&self, node: Node<'_>, op_type: &str) -> std::result::Result<(Backend, Vec<String>), String> {
-        let entry = ops::entry(op_type).ok_or("not an operator of this library")?;
-        let create_card = entry.create_card.ok_or("no card backend runs this operator (its CPU kernel runs it)")?;
+    fn choice(&self, node: Node<'_>, op_type: &str) -> Result<(Backend, Vec<String>)> {
+        let entry = ops::entry(op_type).ok_or_else(|| Error::declined("not an operator of this library"))?;
+        let create_card =
+            entry.create_card.ok_or_else(|| Error::declined("no card backend runs this operator (its CPU kernel runs it)"))?;
         let card = create_card(&Attrs::new(ops::schema(op_type), &node.attributes()), &self.backends)
-            .map_err(|e| format!("invalid attributes ({e}); the CPU kernel reports the error"))?;
-        let shapes = node.input_shapes().map_err(|m| format!("its input shapes cannot be read: {m}"))?;
+            .map_err(|e| Error::declined(format!("invalid attributes ({e}); the CPU kernel reports the error")))?;
+        let shapes = node.input_shapes().map_err(|m| Error::declined(format!("its input shapes cannot be read: {m}")))?;
         card.static_choice(&self.device.info, Some(&shapes))
     }
 }
@@ -221,7 +222,7 @@ unsafe extern "system" fn get_name(ep: *const OrtEp) -> *const c_char {
     this(ep).name.as_ptr()
 }
 
-fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::Result<(), String> {
+fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> Result<()> {
     for node in graph.nodes()? {
         if node.domain()? != schema::DOMAIN {
             continue;
@@ -229,7 +230,7 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::
         let op_type = node.op_type()?;
         let name = node.name()?;
         let choice =
-            if info.has_kernel(node)? { ep.choice(node, &op_type) } else { Err("no card kernel is registered for it".into()) };
+            if info.has_kernel(node)? { ep.choice(node, &op_type) } else { Err(Error::declined("no card kernel is registered for it")) };
         match choice {
             Ok((backend, passed_over)) => {
                 info.claim(node)?;
@@ -245,7 +246,7 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> std::result::
                 );
             }
             Err(why) => {
-                let decline = json!({"op": op_type, "node": name, "why": why});
+                let decline = json!({"op": op_type, "node": name, "why": why.to_string()});
                 ep.counts.declines.lock().unwrap_or_else(|e| e.into_inner()).push(decline);
                 ep.logger.log(WARNING, &format!("{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"));
             }
@@ -258,9 +259,8 @@ unsafe extern "system" fn get_capability(ep: *mut OrtEp, graph: *const OrtGraph,
     let ep = this(ep);
     // SAFETY: ORT's graph and support info, live for this call.
     let (graph, info) = unsafe { (Graph::from_raw(graph), SupportInfo::from_raw(info)) };
-    guard("MLUExecutionProvider GetCapability", || match capability(ep, graph, info) {
-        Ok(()) => ok(),
-        Err(m) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME} GetCapability: {m}")),
+    guard("MLUExecutionProvider GetCapability", || {
+        capability(ep, graph, info).map_err(|m| Error::Runtime(format!("{EP_NAME} GetCapability: {m}")))
     })
 }
 
@@ -268,19 +268,17 @@ unsafe extern "system" fn get_kernel_registry(ep: *mut OrtEp, out: *mut *const O
     let ep = this(ep);
     guard("MLUExecutionProvider GetKernelRegistry", || {
         // SAFETY: the factory outlives the EPs it creates.
-        match unsafe { &*ep.factory }.registry() {
-            Ok(r) => {
-                // SAFETY: ORT's out pointer.
-                unsafe { *out = r };
-                ok()
-            }
-            Err(e) => status(OrtErrorCode::ORT_FAIL, &format!("{EP_NAME}: kernel registry: {e}")),
-        }
+        let r = unsafe { &*ep.factory }.registry().map_err(|e| Error::Runtime(format!("{EP_NAME}: kernel registry: {e}")))?;
+        // SAFETY: ORT's out pointer.
+        unsafe { *out = r };
+        Ok(())
     })
 }
 
 unsafe extern "system" fn is_concurrent_run_supported(_: *mut OrtEp, out: *mut bool) -> OrtStatusPtr {
-    // SAFETY: ORT's out pointer. Every kernel call takes its own queue.
-    unsafe { *out = true };
-    ok()
+    guard("MLUExecutionProvider IsConcurrentRunSupported", || {
+        // SAFETY: ORT's out pointer. Every kernel call takes its own queue.
+        unsafe { *out = true };
+        Ok(())
+    })
 }

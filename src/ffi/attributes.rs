@@ -5,7 +5,8 @@
 
 use super::graph::Node;
 use super::kernel::KernelInfo;
-use super::{OrtError, api, attribute_text, check, check_code, cstring, read_bytes};
+use super::{api, attribute_text, check, cstring, read_bytes};
+use crate::error::{Error, Result};
 use crate::schema::{AttrKind, AttrValue, AttributeSource};
 use ort_sys::{OrtErrorCode, OrtOpAttr, OrtOpAttrType};
 use std::ffi::{CStr, c_void};
@@ -20,13 +21,13 @@ pub enum Attributes<'a> {
 }
 
 impl AttributeSource for Attributes<'_> {
-    fn get(&self, name: &str, kind: AttrKind) -> Result<Option<AttrValue>, String> {
+    fn get(&self, name: &str, kind: AttrKind) -> Result<Option<AttrValue>> {
         let cname = cstring(name);
         match *self {
             Attributes::Kernel(info) => from_kernel_info(info, &cname, kind),
             Attributes::Node(node) => from_node(node, &cname, kind),
         }
-        .map_err(|m| format!("expected type {kind:?}: {m}"))
+        .map_err(|m| Error::Runtime(format!("expected type {kind:?}: {m}")))
     }
 }
 
@@ -35,32 +36,32 @@ impl AttributeSource for Attributes<'_> {
 /// (1.31.1: "No attribute with name:'<name>'is defined." for scalars, "No attribute with
 /// this name is defined." for lists). The one place that reads ORT's text; tests pin it
 /// (tests/ort_session.rs, absent attributes take their defaults, a mistyped one is an error).
-fn kernel_info_lacks_it(e: &OrtError) -> bool {
-    e.code == OrtErrorCode::ORT_FAIL
-        && (e.message.contains("No attribute with name") || e.message.contains("No attribute with this name"))
+fn kernel_info_lacks_it(e: &Error) -> bool {
+    matches!(e, Error::Ort { code: OrtErrorCode::ORT_FAIL, message }
+        if message.contains("No attribute with name") || message.contains("No attribute with this name"))
 }
 
-/// The value read, absent (`None`), or ORT's message for any other failure.
-fn answer<T>(read: Result<T, OrtError>) -> Result<Option<T>, String> {
+/// The value read, absent (`None`), or ORT's error for any other failure.
+fn answer<T>(read: Result<T>) -> Result<Option<T>> {
     match read {
         Ok(v) => Ok(Some(v)),
         Err(e) if kernel_info_lacks_it(&e) => Ok(None),
-        Err(e) => Err(e.message),
+        Err(e) => Err(e),
     }
 }
 
-fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrValue>, String> {
+fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrValue>> {
     let (api, p, name) = (api(), info.ptr, name.as_ptr());
     match kind {
         AttrKind::Int => {
             let mut v = 0i64;
             // SAFETY: the info is live (Handle::from_raw's contract); valid out pointer.
-            answer(check_code(unsafe { (api.KernelInfoGetAttribute_int64)(p, name, &mut v) }).map(|()| AttrValue::Int(v)))
+            answer(check(unsafe { (api.KernelInfoGetAttribute_int64)(p, name, &mut v) }).map(|()| AttrValue::Int(v)))
         }
         AttrKind::Float => {
             let mut v = 0f32;
             // SAFETY: as above.
-            answer(check_code(unsafe { (api.KernelInfoGetAttribute_float)(p, name, &mut v) }).map(|()| AttrValue::Float(v)))
+            answer(check(unsafe { (api.KernelInfoGetAttribute_float)(p, name, &mut v) }).map(|()| AttrValue::Float(v)))
         }
         AttrKind::String => {
             let bytes = answer(read_bytes(|buf, size| {
@@ -72,11 +73,11 @@ fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result
         AttrKind::Ints => {
             let mut n = 0usize;
             // SAFETY: as above; a size query with a null buffer.
-            answer(check_code(unsafe { (api.KernelInfoGetAttributeArray_int64)(p, name, std::ptr::null_mut(), &mut n) }).and_then(
+            answer(check(unsafe { (api.KernelInfoGetAttributeArray_int64)(p, name, std::ptr::null_mut(), &mut n) }).and_then(
                 |()| {
                     let mut v = vec![0i64; n];
                     // SAFETY: `v` holds `n` values, the size ORT reported.
-                    check_code(unsafe { (api.KernelInfoGetAttributeArray_int64)(p, name, v.as_mut_ptr(), &mut n) })?;
+                    check(unsafe { (api.KernelInfoGetAttributeArray_int64)(p, name, v.as_mut_ptr(), &mut n) })?;
                     v.truncate(n);
                     Ok(AttrValue::Ints(v))
                 },
@@ -85,7 +86,7 @@ fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result
     }
 }
 
-fn from_node(node: Node<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrValue>, String> {
+fn from_node(node: Node<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrValue>> {
     let Some(attr) = node.attribute(name)? else { return Ok(None) };
     let mut ty = OrtOpAttrType::ORT_OP_ATTR_UNDEFINED;
     // SAFETY: attr is a live attribute of the node; valid out pointer.
@@ -97,15 +98,15 @@ fn from_node(node: Node<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrV
         AttrKind::String => OrtOpAttrType::ORT_OP_ATTR_STRING,
     };
     if ty != want {
-        return Err(format!("the node has {ty:?}"));
+        return Err(Error::Runtime(format!("the node has {ty:?}")));
     }
     let bytes = read_op_attr(attr, ty)?;
     let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect::<Vec<_>>();
     Ok(Some(match kind {
-        AttrKind::Int => AttrValue::Int(*ints().first().ok_or("empty int attribute")?),
+        AttrKind::Int => AttrValue::Int(*ints().first().ok_or_else(|| Error::Runtime("empty int attribute".into()))?),
         AttrKind::Ints => AttrValue::Ints(ints()),
         AttrKind::Float => {
-            AttrValue::Float(f32::from_ne_bytes(bytes.get(..4).ok_or("empty float attribute")?.try_into().expect("4 bytes")))
+            AttrValue::Float(f32::from_ne_bytes(bytes.get(..4).ok_or_else(|| Error::Runtime("empty float attribute".into()))?.try_into().expect("4 bytes")))
         }
         AttrKind::String => AttrValue::String(attribute_text(bytes)?),
     }))
@@ -116,7 +117,7 @@ fn from_node(node: Node<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrV
 /// is absent from the protobuf (writers may omit a 0) reads as 0, as through the kernel info
 /// API: with the type checked and the buffer large enough, ORT_INVALID_ARGUMENT from
 /// `ReadOpAttr` has no other cause ("Attribute has no int value.").
-fn read_op_attr(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<Vec<u8>, String> {
+fn read_op_attr(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<Vec<u8>> {
     let api = api();
     let scalar = match ty {
         OrtOpAttrType::ORT_OP_ATTR_INT => Some(8),
@@ -139,13 +140,13 @@ fn read_op_attr(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<Vec<u8>, Strin
     let mut buf = vec![0u8; needed];
     let mut got = 0usize;
     // SAFETY: buf holds `needed` bytes.
-    match check_code(unsafe { (api.ReadOpAttr)(a, ty, buf.as_mut_ptr().cast::<c_void>(), needed, &mut got) }) {
+    match check(unsafe { (api.ReadOpAttr)(a, ty, buf.as_mut_ptr().cast::<c_void>(), needed, &mut got) }) {
         Ok(()) => {
             buf.truncate(got);
             Ok(buf)
         }
-        Err(e) if scalar.is_some() && e.code == OrtErrorCode::ORT_INVALID_ARGUMENT => Ok(vec![0u8; needed]),
-        Err(e) => Err(e.message),
+        Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.is_some() => Ok(vec![0u8; needed]),
+        Err(e) => Err(e),
     }
 }
 
@@ -153,8 +154,8 @@ fn read_op_attr(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<Vec<u8>, Strin
 mod tests {
     use super::*;
 
-    fn fail(message: &str) -> OrtError {
-        OrtError { code: OrtErrorCode::ORT_FAIL, message: message.into() }
+    fn fail(message: &str) -> Error {
+        Error::Ort { code: OrtErrorCode::ORT_FAIL, message: message.into() }
     }
 
     #[test]
@@ -162,7 +163,7 @@ mod tests {
         assert!(kernel_info_lacks_it(&fail("No attribute with name:'stride'is defined.")));
         assert!(kernel_info_lacks_it(&fail("No attribute with this name is defined.")));
         assert!(!kernel_info_lacks_it(&fail("Attribute name and type don't match")));
-        let too_small = OrtError { code: OrtErrorCode::ORT_INVALID_ARGUMENT, message: "No attribute with name".into() };
+        let too_small = Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, message: "No attribute with name".into() };
         assert!(!kernel_info_lacks_it(&too_small), "only ORT_FAIL reports an absent attribute");
     }
 }

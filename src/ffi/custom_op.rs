@@ -4,13 +4,13 @@
 //! and, later, the MLU execution provider's factory.
 
 use super::kernel::{ContextOutputs, KernelContext, KernelInfo, onnx_type};
-use super::{api, cstring, guard, node_status, ok, status};
-use crate::error::NodeError;
+use super::{api, check, cstring, guard};
+use crate::error::{Error, Result};
 use crate::ops::{Kernel, OpEntry};
 use crate::schema::{self, Attrs, Schema};
 use ort_sys::{
     ONNXTensorElementDataType as Ty, OrtApi, OrtCustomOp, OrtCustomOpDomain,
-    OrtCustomOpInputOutputCharacteristic as Characteristic, OrtErrorCode, OrtKernelContext, OrtKernelInfo, OrtMemType,
+    OrtCustomOpInputOutputCharacteristic as Characteristic, OrtKernelContext, OrtKernelInfo, OrtMemType,
     OrtStatusPtr,
 };
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -99,16 +99,12 @@ unsafe extern "system" fn create_kernel(
     let info = unsafe { KernelInfo::from_raw(info) };
     guard(op.entry.name, || {
         let node = info.node_name();
-        match (op.entry.create)(&Attrs::new(op.schema, &info.attributes())) {
-            Ok(k) => {
-                let boxed = Box::new(CustomKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
-                // SAFETY: `kernel` is ORT's out pointer; ORT hands the value back to
-                // compute and to destroy, which frees it.
-                unsafe { *kernel = Box::into_raw(boxed).cast() };
-                ok()
-            }
-            Err(error) => node_status(&NodeError { op: op.entry.name, node, error }),
-        }
+        let k = (op.entry.create)(&Attrs::new(op.schema, &info.attributes())).map_err(|e| e.at(op.entry.name, &node))?;
+        let boxed = Box::new(CustomKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
+        // SAFETY: `kernel` is ORT's out pointer; ORT hands the value back to compute and to
+        // destroy, which frees it.
+        unsafe { *kernel = Box::into_raw(boxed).cast() };
+        Ok(())
     })
 }
 
@@ -119,14 +115,12 @@ unsafe extern "system" fn compute(kernel: *mut c_void, ctx: *mut OrtKernelContex
     // SAFETY: ctx is the live context of this call; nothing read through it outlives the call.
     let ctx = unsafe { KernelContext::from_raw(ctx) };
     guard(k.op, || {
-        let result = ctx.host_inputs(k.schema.input_names()).and_then(|inputs| {
-            let mut host = ContextOutputs { ctx, names: k.schema.output_names() };
-            k.kernel.compute(&inputs, &mut host, &ctx.pool())
-        });
-        match result {
-            Ok(()) => ok(),
-            Err(error) => node_status(&NodeError { op: k.op, node: k.node.clone(), error }),
-        }
+        ctx.host_inputs(k.schema.input_names())
+            .and_then(|inputs| {
+                let mut host = ContextOutputs { ctx, names: k.schema.output_names() };
+                k.kernel.compute(&inputs, &mut host, &ctx.pool())
+            })
+            .map_err(|e| e.at(k.op, &k.node))
     })
 }
 
@@ -200,7 +194,7 @@ unsafe impl Sync for Domain {}
 
 /// The `mluops` domain, created once and shared by every registration (ONNX Runtime does
 /// not take ownership; the domain lives as long as the process, like the ops it lists).
-pub fn domain() -> Result<*mut OrtCustomOpDomain, OrtStatusPtr> {
+pub fn domain() -> Result<*mut OrtCustomOpDomain> {
     static DOMAIN: OnceLock<Domain> = OnceLock::new();
     if let Some(d) = DOMAIN.get() {
         return Ok(d.0);
@@ -209,17 +203,13 @@ pub fn domain() -> Result<*mut OrtCustomOpDomain, OrtStatusPtr> {
     let name = cstring(schema::DOMAIN);
     let mut d: *mut OrtCustomOpDomain = std::ptr::null_mut();
     // SAFETY: name is a valid C string; `d` a valid out pointer.
-    let s = unsafe { (api.CreateCustomOpDomain)(name.as_ptr(), &mut d) };
-    if !s.0.is_null() {
-        return Err(s);
-    }
+    check(unsafe { (api.CreateCustomOpDomain)(name.as_ptr(), &mut d) })?;
     for op in custom_ops() {
         // SAFETY: `d` was just created; `op.base` lives for the process.
-        let s = unsafe { (api.CustomOpDomain_Add)(d, &op.base) };
-        if !s.0.is_null() {
+        if let Err(e) = check(unsafe { (api.CustomOpDomain_Add)(d, &op.base) }) {
             // SAFETY: `d` is ours and not registered anywhere yet.
             unsafe { (api.ReleaseCustomOpDomain)(d) };
-            return Err(s);
+            return Err(e);
         }
     }
     let stored = DOMAIN.get_or_init(|| Domain(d));
@@ -235,13 +225,11 @@ pub fn domain() -> Result<*mut OrtCustomOpDomain, OrtStatusPtr> {
 ///
 /// # Safety
 /// `options` must be null or the host's live session options.
-pub unsafe fn register(options: *mut ort_sys::OrtSessionOptions) -> OrtStatusPtr {
+pub unsafe fn register(options: *mut ort_sys::OrtSessionOptions) -> Result<()> {
     if options.is_null() {
-        return status(OrtErrorCode::ORT_INVALID_ARGUMENT, "RegisterCustomOps: session options are null");
+        return Err(Error::Argument("RegisterCustomOps: session options are null".into()));
     }
-    match domain() {
-        // SAFETY: options is the host's live session options; the domain outlives it.
-        Ok(d) => unsafe { (api().AddCustomOpDomain)(options, d) },
-        Err(s) => s,
-    }
+    let d = domain()?;
+    // SAFETY: options is the host's live session options; the domain outlives it.
+    check(unsafe { (api().AddCustomOpDomain)(options, d) })
 }

@@ -4,7 +4,7 @@
 
 use super::ep_abi::{OrtEpFactory, OrtMemoryDevice};
 use super::{api, check, checked, cstring, ep_api, read_string};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use ort_sys::{
     OrtAllocatorType, OrtDeviceMemoryType, OrtEpDevice, OrtHardwareDevice, OrtHardwareDeviceType, OrtKeyValuePairs,
     OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtSessionOptions,
@@ -152,7 +152,7 @@ pub unsafe fn session_entry(options: *const OrtSessionOptions, key: &str) -> Res
     let k = cstring(key);
     let mut has = 0;
     // SAFETY: options is live (caller contract); valid out pointer.
-    check(unsafe { (api().HasSessionConfigEntry)(options, k.as_ptr(), &mut has) }).map_err(Error::Runtime)?;
+    check(unsafe { (api().HasSessionConfigEntry)(options, k.as_ptr(), &mut has) })?;
     if has == 0 {
         return Ok(None);
     }
@@ -161,5 +161,4 @@ pub unsafe fn session_entry(options: *const OrtSessionOptions, key: &str) -> Res
         unsafe { (api().GetSessionConfigEntry)(options, k.as_ptr(), buf, size) }
     })
     .map(Some)
-    .map_err(Error::Runtime)
 }

@@ -3,7 +3,8 @@
 
 use super::attributes::Attributes;
 use super::ep_abi::{OrtEpGraphSupportInfo, OrtKernelDef};
-use super::{Handle, api, check, check_code, ep_api, out_str};
+use super::{Handle, api, check, ep_api, out_str};
+use crate::error::{Error, Result};
 use ort_sys::{OrtErrorCode, OrtGraph, OrtNode, OrtOpAttr, OrtValueInfo};
 use std::ffi::CStr;
 
@@ -15,7 +16,7 @@ pub type Node<'a> = Handle<'a, OrtNode>;
 pub type SupportInfo<'a> = Handle<'a, OrtEpGraphSupportInfo>;
 
 impl<'a> Graph<'a> {
-    pub fn nodes(self) -> Result<Vec<Node<'a>>, String> {
+    pub fn nodes(self) -> Result<Vec<Node<'a>>> {
         let api = api();
         let mut n = 0usize;
         // SAFETY: the graph is live (from_raw's contract); valid out pointer.
@@ -29,17 +30,17 @@ impl<'a> Graph<'a> {
 }
 
 impl<'a> Node<'a> {
-    pub fn domain(self) -> Result<String, String> {
+    pub fn domain(self) -> Result<String> {
         // SAFETY: the node belongs to a live graph; `p` is a valid out pointer.
         out_str(|p| unsafe { (api().Node_GetDomain)(self.ptr, p) })
     }
 
-    pub fn op_type(self) -> Result<String, String> {
+    pub fn op_type(self) -> Result<String> {
         // SAFETY: as above.
         out_str(|p| unsafe { (api().Node_GetOperatorType)(self.ptr, p) })
     }
 
-    pub fn name(self) -> Result<String, String> {
+    pub fn name(self) -> Result<String> {
         // SAFETY: as above.
         out_str(|p| unsafe { (api().Node_GetName)(self.ptr, p) })
     }
@@ -50,19 +51,19 @@ impl<'a> Node<'a> {
 
     /// The attribute `name`, or `None` when the node does not have it: ONNX Runtime answers
     /// an unknown name with ORT_NOT_FOUND, an unset optional one with a null attribute.
-    pub(super) fn attribute(self, name: &CStr) -> Result<Option<*const OrtOpAttr>, String> {
+    pub(super) fn attribute(self, name: &CStr) -> Result<Option<*const OrtOpAttr>> {
         let mut attr: *const OrtOpAttr = std::ptr::null();
         // SAFETY: the node is live; `name` is NUL-terminated; valid out pointer.
-        match check_code(unsafe { (api().Node_GetAttributeByName)(self.ptr, name.as_ptr(), &mut attr) }) {
+        match check(unsafe { (api().Node_GetAttributeByName)(self.ptr, name.as_ptr(), &mut attr) }) {
             Ok(()) => Ok((!attr.is_null()).then_some(attr)),
-            Err(e) if e.code == OrtErrorCode::ORT_NOT_FOUND => Ok(None),
-            Err(e) => Err(e.message),
+            Err(Error::Ort { code: OrtErrorCode::ORT_NOT_FOUND, .. }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
     /// The input shapes the graph declares: `None` for an absent input or one that is not a
     /// tensor, `None` for a dimension that is symbolic or unknown.
-    pub fn input_shapes(self) -> Result<Vec<Option<Vec<Option<usize>>>>, String> {
+    pub fn input_shapes(self) -> Result<Vec<Option<Vec<Option<usize>>>>> {
         let api = api();
         let mut n = 0usize;
         // SAFETY: the node is live; valid out pointers throughout.
@@ -102,7 +103,7 @@ impl<'a> Node<'a> {
 
 impl SupportInfo<'_> {
     /// Whether the EP's kernel registry has a kernel for `node`.
-    pub fn has_kernel(self, node: Node<'_>) -> Result<bool, String> {
+    pub fn has_kernel(self, node: Node<'_>) -> Result<bool> {
         let mut def: *const OrtKernelDef = std::ptr::null();
         // SAFETY: the support info and the node are live; valid out pointer.
         check(unsafe { (ep_api().EpGraphSupportInfo_LookUpKernel)(self.ptr, node.ptr, &mut def) })?;
@@ -110,7 +111,7 @@ impl SupportInfo<'_> {
     }
 
     /// Assigns `node` to the EP.
-    pub fn claim(self, node: Node<'_>) -> Result<(), String> {
+    pub fn claim(self, node: Node<'_>) -> Result<()> {
         // SAFETY: the support info and the node are live.
         check(unsafe { (ep_api().EpGraphSupportInfo_AddSingleNode)(self.ptr, node.ptr) })
     }

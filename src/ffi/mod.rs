@@ -19,7 +19,7 @@ pub mod graph;
 pub mod kernel;
 pub mod registry;
 
-use crate::error::NodeError;
+use crate::error::{Error, Result};
 use ep_abi::OrtEpApi;
 use ort_sys::{OrtApi, OrtApiBase, OrtErrorCode, OrtLogger, OrtLoggingLevel, OrtStatus, OrtStatusPtr};
 use std::ffi::{CStr, CString, c_char};
@@ -105,31 +105,15 @@ pub fn cstring(s: &str) -> CString {
 }
 
 /// A new ONNX Runtime status with the given code and message.
-pub fn status(code: OrtErrorCode, msg: &str) -> OrtStatusPtr {
+fn status(code: OrtErrorCode, msg: &str) -> OrtStatusPtr {
     let c = cstring(msg);
     // SAFETY: CreateStatus copies the message; `c` outlives the call.
     unsafe { (api().CreateStatus)(code, c.as_ptr()) }
 }
 
-/// The status for an operator error: INVALID_ARGUMENT for contract violations.
-pub fn node_status(e: &NodeError) -> OrtStatusPtr {
-    let code = if e.error.is_invalid_argument() {
-        OrtErrorCode::ORT_INVALID_ARGUMENT
-    } else {
-        OrtErrorCode::ORT_FAIL
-    };
-    status(code, &e.to_string())
-}
-
-/// A failed OrtApi call: the status's code and message (the status itself is released).
-#[derive(Debug)]
-pub struct OrtError {
-    pub code: OrtErrorCode,
-    pub message: String,
-}
-
-/// Turns a status returned by an OrtApi call into `Err(OrtError)`, releasing it.
-pub fn check_code(s: OrtStatusPtr) -> Result<(), OrtError> {
+/// A failed OrtApi call's status as [`Error::Ort`] (its code and message; the status is
+/// released).
+pub fn check(s: OrtStatusPtr) -> Result<()> {
     if s.0.is_null() {
         return Ok(());
     }
@@ -141,28 +125,21 @@ pub fn check_code(s: OrtStatusPtr) -> Result<(), OrtError> {
     };
     // SAFETY: as above.
     unsafe { (api.ReleaseStatus)(s.0) };
-    Err(OrtError { code, message })
-}
-
-/// Turns a status returned by an OrtApi call into `Err(message)`, releasing it.
-pub fn check(s: OrtStatusPtr) -> Result<(), String> {
-    check_code(s).map_err(|e| e.message)
+    Err(Error::Ort { code, message })
 }
 
 /// As [`check`], for the operator layer: a runtime error naming the call.
-pub fn checked(call: &str, s: OrtStatusPtr) -> crate::error::Result<()> {
-    check(s).map_err(|m| crate::error::Error::Runtime(format!("{call}: {m}")))
+pub fn checked(call: &str, s: OrtStatusPtr) -> Result<()> {
+    check(s).map_err(|m| Error::Runtime(format!("{call}: {m}")))
 }
 
-/// The null status: success.
-pub fn ok() -> OrtStatusPtr {
-    OrtStatusPtr(std::ptr::null_mut())
-}
-
-/// Runs `f`, turning a panic into an ONNX Runtime status: no unwinding crosses the boundary.
-pub fn guard(what: &str, f: impl FnOnce() -> OrtStatusPtr) -> OrtStatusPtr {
+/// The one trampoline of every ONNX Runtime callback: runs `f`, its error as a status with
+/// the error's code (the one place an [`Error`] becomes an `OrtStatus`), a panic as
+/// ORT_FAIL naming `what`: no unwinding crosses the boundary.
+pub fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> OrtStatusPtr {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(s) => s,
+        Ok(Ok(())) => OrtStatusPtr(std::ptr::null_mut()),
+        Ok(Err(e)) => status(e.code(), &e.to_string()),
         Err(p) => status(OrtErrorCode::ORT_FAIL, &format!("{what}: internal error (panic): {}", panic_message(&p))),
     }
 }
@@ -175,34 +152,34 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Reads a string through the two-call (size query, then fill) pattern of the C API.
-pub fn read_string(call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<String, String> {
-    attribute_text(read_bytes(call).map_err(|e| e.message)?)
+pub fn read_string(call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<String> {
+    attribute_text(read_bytes(call)?)
 }
 
 /// The bytes of a string read through the two-call pattern (terminating NUL included).
-pub fn read_bytes(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<Vec<u8>, OrtError> {
+pub fn read_bytes(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<Vec<u8>> {
     let mut size = 0usize;
-    check_code(call(std::ptr::null_mut(), &mut size))?;
+    check(call(std::ptr::null_mut(), &mut size))?;
     let mut buf = vec![0u8; size.max(1)];
-    check_code(call(buf.as_mut_ptr().cast(), &mut size))?;
+    check(call(buf.as_mut_ptr().cast(), &mut size))?;
     buf.truncate(size);
     Ok(buf)
 }
 
 /// An attribute string's bytes (one terminating NUL allowed) as text. A NUL before the end
 /// is an error: cutting the string there would accept a value the attribute does not hold.
-pub fn attribute_text(mut bytes: Vec<u8>) -> Result<String, String> {
+pub fn attribute_text(mut bytes: Vec<u8>) -> Result<String> {
     if bytes.last() == Some(&0) {
         bytes.pop();
     }
     if let Some(at) = bytes.iter().position(|&b| b == 0) {
-        return Err(format!("the string holds a NUL byte at offset {at} of {}", bytes.len()));
+        return Err(Error::Runtime(format!("the string holds a NUL byte at offset {at} of {}", bytes.len())));
     }
-    String::from_utf8(bytes).map_err(|e| format!("the string is not UTF-8: {e}"))
+    String::from_utf8(bytes).map_err(|e| Error::Runtime(format!("the string is not UTF-8: {e}")))
 }
 
 /// Reads a C string ONNX Runtime returned through an out pointer (empty for null).
-pub(crate) fn out_str(call: impl FnOnce(*mut *const c_char) -> OrtStatusPtr) -> Result<String, String> {
+pub(crate) fn out_str(call: impl FnOnce(*mut *const c_char) -> OrtStatusPtr) -> Result<String> {
     let mut p: *const c_char = std::ptr::null();
     check(call(&mut p))?;
     if p.is_null() {
@@ -232,7 +209,7 @@ pub fn version() -> u32 {
 /// # Safety
 /// `base` is the `OrtApiBase` ONNX Runtime passed to `CreateEpFactories`, and [`init`]
 /// succeeded with it.
-pub unsafe fn init_ep(base: *const OrtApiBase) -> Result<(), String> {
+pub unsafe fn init_ep(base: *const OrtApiBase) -> Result<()> {
     // SAFETY: a host that served API >= 24 (caller contract) has a valid version string.
     let host = unsafe { CStr::from_ptr(((*base).GetVersionString)()) };
     let minor = host
@@ -245,7 +222,7 @@ pub unsafe fn init_ep(base: *const OrtApiBase) -> Result<(), String> {
     // SAFETY: GetEpApi is a member of every API table >= 1.22 and returns a static table.
     let table = unsafe { (api().GetEpApi)() };
     if table.is_null() {
-        return Err("ONNX Runtime returned no OrtEpApi".into());
+        return Err(Error::Runtime("ONNX Runtime returned no OrtEpApi".into()));
     }
     // SAFETY: non-null, static for the life of the ONNX Runtime library; the host is
     // >= 1.24 (checked by init), so every member declared in OrtEpApi exists.
@@ -365,9 +342,9 @@ mod tests {
         assert_eq!(attribute_text(b"mean\0".to_vec()), Ok("mean".to_string()));
         assert_eq!(attribute_text(b"mean".to_vec()), Ok("mean".to_string()));
         assert_eq!(attribute_text(Vec::new()), Ok(String::new()));
-        assert!(attribute_text(b"mean\0junk\0".to_vec()).unwrap_err().contains("NUL byte at offset 4"));
+        assert!(attribute_text(b"mean\0junk\0".to_vec()).unwrap_err().to_string().contains("NUL byte at offset 4"));
         assert!(attribute_text(b"mean\0\0".to_vec()).is_err());
-        assert!(attribute_text(vec![0xff, 0]).unwrap_err().contains("UTF-8"));
+        assert!(attribute_text(vec![0xff, 0]).unwrap_err().to_string().contains("UTF-8"));
     }
 
     /// A host older than the floor: serves only version 1 of the API, whose one member

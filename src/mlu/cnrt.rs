@@ -58,18 +58,18 @@ struct Cnrt {
 ///
 /// Now: a symbol the runtime itself lacks fails this open, with a reason, instead of aborting
 /// the host process at the first call (a failed lazy binding is fatal, not an error).
-fn open_global(path: impl AsRef<OsStr>) -> std::result::Result<Library, String> {
+fn open_global(path: impl AsRef<OsStr>) -> Result<Library> {
     // SAFETY: loading the vendor runtime runs its initialisers; that is its documented use.
-    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map(Library::from).map_err(|e| e.to_string())
+    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map(Library::from).map_err(|e| Error::Runtime(e.to_string()))
 }
 
 /// Opens the kernel library, after the runtime: RTLD_NOW, so that a CNRT symbol it cannot
 /// resolve fails the open (no device, with the reason) rather than the process at the first
 /// launch; RTLD_LOCAL, as nothing else needs its symbols.
-fn open_kernels(path: impl AsRef<OsStr>) -> std::result::Result<Library, String> {
+fn open_kernels(path: impl AsRef<OsStr>) -> Result<Library> {
     // SAFETY: the kernel library is our own cncc build of kernels/; it has no initialisers
     // beyond the toolkit's kernel registration.
-    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Library::from).map_err(|e| e.to_string())
+    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Library::from).map_err(|e| Error::Runtime(e.to_string()))
 }
 
 fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T> {
@@ -231,28 +231,28 @@ fn runtime_path_in(neuware_home: Option<&OsStr>) -> OsString {
 
 /// The real cards, or the reason there are none (absent runtime, no card, no kernels, or no
 /// card whose topology could be read; such a card is left out with a warning).
-pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
+pub fn devices() -> Result<Vec<Arc<Device>>> {
     let runtime = runtime_path();
     let lib = open_global(&runtime).map_err(|e| {
-        format!(
+        Error::Runtime(format!(
             "Cambricon runtime {} not loadable ({e}): no real MLU. To use a card, set NEUWARE_HOME to the Neuware \
              toolkit (its lib64/libcnrt.so is opened) or add the directory holding libcnrt.so to LD_LIBRARY_PATH",
             runtime.to_string_lossy()
-        )
+        ))
     })?;
-    let count_fn: unsafe extern "C" fn(*mut c_uint) -> Ret =
-        sym(&lib, "cnrtGetDeviceCount\0").map_err(|e| e.to_string())?;
+    let count_fn: unsafe extern "C" fn(*mut c_uint) -> Ret = sym(&lib, "cnrtGetDeviceCount\0")?;
     let mut count: c_uint = 0;
     // SAFETY: `count` is a valid out-pointer.
     if unsafe { count_fn(&mut count) } != 0 || count == 0 {
-        return Err("the Cambricon runtime reports no MLU card".to_owned());
+        return Err(Error::Runtime("the Cambricon runtime reports no MLU card".to_owned()));
     }
-    let kernels_path = kernel_library_path()
-        .ok_or("this build has no cncc-compiled kernels (build with NEUWARE_HOME set, or set MLU_EP_KERNEL_LIBRARY)")?;
-    let klib = open_kernels(&kernels_path).map_err(|e| format!("{kernels_path}: {e}"))?;
+    let kernels_path = kernel_library_path().ok_or_else(|| {
+        Error::Runtime("this build has no cncc-compiled kernels (build with NEUWARE_HOME set, or set MLU_EP_KERNEL_LIBRARY)".into())
+    })?;
+    let klib = open_kernels(&kernels_path).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
     // Every launch entry resolves now, not at a node's first launch.
     for name in KERNEL_ENTRIES {
-        entry::<*const c_void>(&klib, name).map_err(|e| format!("{kernels_path}: {e}"))?;
+        entry::<*const c_void>(&klib, name).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
     }
     // The kernel entries must outlive every device, and the runtime they call with them:
     // both libraries stay loaded.
@@ -261,16 +261,14 @@ pub fn devices() -> std::result::Result<Vec<Arc<Device>>, String> {
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for d in 0..count as c_int {
-        let card = open_global(&runtime)
-            .and_then(|lib| Cnrt::new(lib, d).map_err(|e| e.to_string()))
-            .and_then(|rt| rt.info().map(|info| (rt, info)).map_err(|e| e.to_string()));
+        let card = open_global(&runtime).and_then(|lib| Cnrt::new(lib, d)).and_then(|rt| rt.info().map(|info| (rt, info)));
         match card {
             Ok((rt, info)) => out.push(Device::new(Box::new(rt), info, kernels)),
             Err(why) => failed.push(format!("MLU card {d}: {why}")),
         }
     }
     if out.is_empty() {
-        return Err(failed.join("; "));
+        return Err(Error::Runtime(failed.join("; ")));
     }
     for why in failed {
         log::warn!("{why}; that card is not used");
@@ -314,7 +312,7 @@ mod tests {
         {
             // SAFETY: a library of this test with no initialisers.
             let _local = unsafe { UnixLibrary::open(Some(&runtime), RTLD_NOW | RTLD_LOCAL) }.unwrap();
-            let err = open_kernels(&kernels).expect_err("an RTLD_LOCAL runtime does not serve the kernel library");
+            let err = open_kernels(&kernels).expect_err("an RTLD_LOCAL runtime does not serve the kernel library").to_string();
             assert!(err.contains("mluep_fake_cnrt_call"), "{err}");
         }
 

@@ -192,13 +192,13 @@ macro_rules! functions {
         }
 
         impl Functions {
-            fn load(lib: &libloading::Library) -> std::result::Result<Self, String> {
+            fn load(lib: &libloading::Library) -> Result<Self> {
                 Ok(Functions {
                     $($name: {
                         // SAFETY: the symbol's C type is the one declared here, from the
                         // header of the versions accepted (checked after loading).
                         let sym = unsafe { lib.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(concat!(stringify!($name), "\0").as_bytes()) };
-                        *sym.map_err(|e| format!("it lacks {}: {e}", stringify!($name)))?
+                        *sym.map_err(|e| Error::Runtime(format!("it lacks {}: {e}", stringify!($name))))?
                     },)*
                 })
             }
@@ -287,7 +287,7 @@ pub fn candidates(explicit: Option<&str>) -> Vec<String> {
 
 /// Opens the first loadable candidate (once per path and process), or says why none is
 /// usable: not found, a missing function, or a version outside [`OLDEST`]..[`NEWEST`].
-pub fn open(explicit: Option<&str>) -> std::result::Result<Arc<Library>, String> {
+pub fn open(explicit: Option<&str>) -> Result<Arc<Library>> {
     static OPEN: OnceLock<Mutex<HashMap<String, Arc<Library>>>> = OnceLock::new();
     let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     let mut tried = Vec::new();
@@ -304,23 +304,23 @@ pub fn open(explicit: Option<&str>) -> std::result::Result<Arc<Library>, String>
                 continue;
             }
         };
-        let f = Functions::load(&lib).map_err(|e| format!("{path}: {e}"))?;
+        let f = Functions::load(&lib).map_err(|e| Error::Runtime(format!("{path}: {e}")))?;
         let (mut major, mut minor, mut patch) = (0, 0, 0);
         // SAFETY: three valid out-pointers.
         unsafe { (f.mluOpGetLibVersion)(&mut major, &mut minor, &mut patch) };
         let version = (major, minor, patch);
         if version < OLDEST || (major, minor) > NEWEST {
-            return Err(format!(
+            return Err(Error::Runtime(format!(
                 "{path} is MLU-OPS {major}.{minor}.{patch}; this provider is bound to the API of {}.{}.{} to {}.{}.x \
                  (set mluops_library or MLU_EP_MLUOPS_LIBRARY to such a build)",
                 OLDEST.0, OLDEST.1, OLDEST.2, NEWEST.0, NEWEST.1
-            ));
+            )));
         }
         let lib = Arc::new(Library { f, path: path.clone(), version, idle: Mutex::new(Vec::new()), _lib: lib });
         open.insert(path, Arc::clone(&lib));
         return Ok(lib);
     }
-    Err(format!("no MLU-OPS library found (tried {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)", tried.join("; ")))
+    Err(Error::Runtime(format!("no MLU-OPS library found (tried {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)", tried.join("; "))))
 }
 
 impl Library {
@@ -340,7 +340,7 @@ impl Library {
         let message = format!("MLU-OPS {call} returned {} ({s}){text}", status_name(s));
         // A scale limitation the binding does not model: the library refuses before it
         // enqueues anything (its parameter checks come first), so the next path runs the node.
-        if s == NOT_SUPPORTED { Err(Error::MluLimit(message)) } else { Err(Error::Runtime(message)) }
+        if s == NOT_SUPPORTED { Err(Error::Declined(message)) } else { Err(Error::Runtime(message)) }
     }
 
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be

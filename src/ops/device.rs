@@ -98,12 +98,12 @@ impl Backend {
     }
 
     /// The backends `mlu_backend` = `value` allows, in the order they are tried.
-    pub fn order(value: &str) -> std::result::Result<&'static [Backend], String> {
+    pub fn order(value: &str) -> Result<&'static [Backend]> {
         match value.trim() {
             "auto" => Ok(&[Backend::MluOps, Backend::Bang]),
             "mluops" => Ok(&[Backend::MluOps]),
             "bang" => Ok(&[Backend::Bang]),
-            other => Err(format!("'{other}' is not one of auto, mluops, bang")),
+            other => Err(Error::Argument(format!("'{other}' is not one of auto, mluops, bang"))),
         }
     }
 }
@@ -113,7 +113,7 @@ impl Backend {
 #[derive(Debug, Clone)]
 pub struct CardBackends {
     pub order: &'static [Backend],
-    pub mluops: std::result::Result<Arc<Library>, String>,
+    pub mluops: Result<Arc<Library>>,
 }
 
 /// One backend's way of running one operator's nodes (candle's per-backend methods, as a
@@ -125,14 +125,14 @@ pub trait CardPath<O: Rules>: Send + Sync + 'static {
     /// anything of the backend is enqueued.
     const HOST_GATE: bool;
     /// `Ok` when this configuration (attributes) is supported, else the reason.
-    fn supported(&self, op: &O) -> std::result::Result<(), String>;
+    fn supported(&self, op: &O) -> Result<()>;
     /// `Ok` unless the static input shapes already exceed a limit (the int32 check of every
     /// input is the driver's and cannot be dropped).
-    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String>;
+    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()>;
     /// What the run-time sizes need of the backend (its launch arguments, narrowed), or why
     /// they exceed it: decided before anything is launched.
     type Fit;
-    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> std::result::Result<Self::Fit, String>;
+    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<Self::Fit>;
     /// Allocates the outputs and enqueues the backend's work for sizes that fit.
     fn enqueue(&self, op: &O, dims: &O::Dims, fit: &Self::Fit, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
 }
@@ -145,19 +145,19 @@ pub trait MluOperator: Rules {
     type Launch;
 
     /// `Ok` when the BANG kernels support this configuration, else the reason.
-    fn mlu_supported(&self) -> std::result::Result<(), String> {
+    fn mlu_supported(&self) -> Result<()> {
         Ok(())
     }
 
     /// `Ok` unless the static input shapes exceed a size limit of the kernels beyond the
     /// driver's int32 element check (int32 products, NRAM rows); else the reason.
-    fn mlu_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> std::result::Result<(), String> {
+    fn mlu_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> Result<()> {
         Ok(())
     }
 
     /// The launch arguments for the run-time sizes, or why the kernels cannot take them
     /// (the node goes to the next path, nothing launched).
-    fn mlu_launch(&self, info: &DeviceInfo, dims: &Self::Dims) -> std::result::Result<Self::Launch, String>;
+    fn mlu_launch(&self, info: &DeviceInfo, dims: &Self::Dims) -> Result<Self::Launch>;
 
     /// Allocates the outputs and enqueues the kernels with `launch`. Kernels that address
     /// memory with input values take `card.gate()`.
@@ -168,13 +168,13 @@ pub trait MluOperator: Rules {
 pub trait MluOpsOperator: Rules {
     /// `Ok` when MLU-OPS supports this configuration and its documented semantics give the
     /// contract's answer (docs/MLUOPS_BINDING.md), else the reason.
-    fn mluops_supported(&self) -> std::result::Result<(), String>;
+    fn mluops_supported(&self) -> Result<()>;
     /// `Ok` unless the static shapes exceed a documented scale limitation.
-    fn mluops_supported_shapes(&self, _shapes: &StaticShapes) -> std::result::Result<(), String> {
+    fn mluops_supported_shapes(&self, _shapes: &StaticShapes) -> Result<()> {
         Ok(())
     }
     /// `Ok` unless the run-time sizes exceed a documented scale limitation.
-    fn mluops_fits(&self, dims: &Self::Dims) -> std::result::Result<(), String>;
+    fn mluops_fits(&self, dims: &Self::Dims) -> Result<()>;
     /// Allocates the outputs and calls the library on the card's queue, after the value
     /// checks passed.
     fn mluops_compute(&self, dims: &Self::Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
@@ -186,14 +186,14 @@ pub struct Bang;
 impl<O: MluOperator> CardPath<O> for Bang {
     const BACKEND: Backend = Backend::Bang;
     const HOST_GATE: bool = false;
-    fn supported(&self, op: &O) -> std::result::Result<(), String> {
+    fn supported(&self, op: &O) -> Result<()> {
         op.mlu_supported()
     }
-    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
         op.mlu_supported_shapes(info, shapes)
     }
     type Fit = O::Launch;
-    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> std::result::Result<O::Launch, String> {
+    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<O::Launch> {
         op.mlu_launch(info, dims)
     }
     fn enqueue(&self, op: &O, dims: &O::Dims, launch: &O::Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
@@ -202,20 +202,20 @@ impl<O: MluOperator> CardPath<O> for Bang {
 }
 
 /// Cambricon's MLU-OPS library, or why the provider has none.
-pub struct MluOps(pub std::result::Result<Arc<Library>, String>);
+pub struct MluOps(pub Result<Arc<Library>>);
 
 impl<O: MluOpsOperator> CardPath<O> for MluOps {
     const BACKEND: Backend = Backend::MluOps;
     const HOST_GATE: bool = true;
-    fn supported(&self, op: &O) -> std::result::Result<(), String> {
+    fn supported(&self, op: &O) -> Result<()> {
         self.0.as_ref().map_err(Clone::clone)?;
         op.mluops_supported()
     }
-    fn supported_shapes(&self, op: &O, _: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+    fn supported_shapes(&self, op: &O, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
         op.mluops_supported_shapes(shapes)
     }
     type Fit = ();
-    fn fits(&self, op: &O, _: &DeviceInfo, dims: &O::Dims) -> std::result::Result<(), String> {
+    fn fits(&self, op: &O, _: &DeviceInfo, dims: &O::Dims) -> Result<()> {
         op.mluops_fits(dims)
     }
     fn enqueue(&self, op: &O, dims: &O::Dims, _: &(), card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
@@ -229,12 +229,12 @@ impl<O: MluOpsOperator> CardPath<O> for MluOps {
 pub trait CardKernel: Send + Sync {
     fn backend(&self) -> Backend;
     /// As [`CardPath::supported`].
-    fn supported(&self) -> std::result::Result<(), String>;
+    fn supported(&self) -> Result<()>;
     /// The driver's int32 check of every static input, then [`CardPath::supported_shapes`].
-    fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String>;
+    fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()>;
     /// Runs the node on the card: `inputs` are the host's view (shapes, dtypes, the size
     /// inputs' values), `device_inputs` the tensors in card memory. Synchronises `queue`.
-    /// An [`Error::MluLimit`] comes before anything is launched, except where a library's
+    /// An [`Error::Declined`] comes before anything is launched, except where a library's
     /// known defect is found after its call (the next path then rewrites the outputs).
     fn run(
         &self,
@@ -256,10 +256,10 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
     fn backend(&self) -> Backend {
         P::BACKEND
     }
-    fn supported(&self) -> std::result::Result<(), String> {
+    fn supported(&self) -> Result<()> {
         self.path.supported(&self.op)
     }
-    fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> std::result::Result<(), String> {
+    fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
         int32_inputs(shapes)?;
         self.path.supported_shapes(&self.op, info, shapes)
     }
@@ -273,13 +273,12 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
     ) -> Result<()> {
         let op = &*self.op;
         let dims = op.shape_rules(inputs)?;
-        let limit = |why: String| Error::MluLimit(why);
         for i in 0..device_inputs.len() {
             if let Some(n) = inputs.numel(i).filter(|&n| n > i32::MAX as usize) {
-                return Err(limit(format!("input '{}' has {n} elements, beyond int32 offsets", inputs.name(i))));
+                return Err(Error::declined(format!("input '{}' has {n} elements, beyond int32 offsets", inputs.name(i))));
             }
         }
-        let fit = self.path.fits(op, &device.info, &dims).map_err(limit)?;
+        let fit = self.path.fits(op, &device.info, &dims)?;
         let rules = op.value_rules(&dims);
         let records: *mut i32 = outputs.workspace(rules.len() * 4)?.cast();
         let verify = || {
@@ -373,7 +372,7 @@ impl CardNode {
         &self,
         info: &DeviceInfo,
         shapes: Option<&StaticShapes>,
-    ) -> std::result::Result<(Backend, Vec<String>), String> {
+    ) -> Result<(Backend, Vec<String>)> {
         let mut why = Vec::new();
         for p in &self.paths {
             let verdict = p.supported().and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
@@ -385,7 +384,7 @@ impl CardNode {
         if self.paths.is_empty() {
             why.push("no card backend of this provider has kernels for it".into());
         }
-        Err(why.join("; "))
+        Err(Error::declined(why.join("; ")))
     }
 
     /// The one node runner, for the provider and the tests alike: the size inputs read
@@ -422,7 +421,7 @@ impl CardNode {
         let mut declined = Vec::new();
         for p in self.paths.iter().filter(|p| p.supported().is_ok()) {
             match p.run(device, queue, &inputs, &ptrs, outputs) {
-                Err(Error::MluLimit(why)) => declined.push((p.backend(), why)),
+                Err(Error::Declined(why)) => declined.push((p.backend(), why)),
                 result => return (Some(Ran::Card(p.backend(), declined)), result),
             }
         }
@@ -632,22 +631,22 @@ pub fn int32_output(
     axes: [usize; 2],
     times: usize,
     what: &str,
-) -> std::result::Result<(), String> {
+) -> Result<()> {
     let dims = shapes.get(input).and_then(|s| s.as_ref());
     if let Some([Some(a), Some(b)]) = dims.map(|d| axes.map(|i| d.get(i).copied().flatten())) {
         let n = a.saturating_mul(b).saturating_mul(times);
         if n > i32::MAX as usize {
-            return Err(format!("the output's {what} = {n} elements exceed the MLU kernel's int32 offsets"));
+            return Err(Error::declined(format!("the output's {what} = {n} elements exceed the MLU kernel's int32 offsets")));
         }
     }
     Ok(())
 }
 
 /// Every statically known input fits the kernels' int32 element offsets.
-pub fn int32_inputs(shapes: &StaticShapes) -> std::result::Result<(), String> {
+pub fn int32_inputs(shapes: &StaticShapes) -> Result<()> {
     for (i, s) in shapes.iter().enumerate() {
         if let Some(n) = s.as_deref().and_then(static_numel).filter(|&n| n > i32::MAX as usize) {
-            return Err(format!("input {i} has {n} elements, beyond the MLU kernels' int32 offsets"));
+            return Err(Error::declined(format!("input {i} has {n} elements, beyond the MLU kernels' int32 offsets")));
         }
     }
     Ok(())
@@ -722,7 +721,7 @@ pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Optio
 /// Runs `op` on our BANG kernels on `device` (the tests' driver): an error unless the node
 /// ran on the card.
 pub fn run_on_device<O: MluOperator + Clone>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-    let backends = CardBackends { order: &[Backend::Bang], mluops: Err("not used".into()) };
+    let backends = CardBackends { order: &[Backend::Bang], mluops: Err(Error::declined("not used")) };
     let op = Arc::new(op.clone());
     let (_, path) = bang(&op, &backends);
     let cpu: Arc<dyn Kernel> = op;
@@ -736,8 +735,8 @@ pub fn run_on_device<O: MluOperator + Clone>(device: &Arc<Device>, op: &O, input
 
 /// A run-time size narrowed to the kernels' int32, or the reason it cannot be (for a
 /// path's fit: the node then goes to the next path before anything is launched).
-pub fn narrow(what: &str, v: usize) -> std::result::Result<i32, String> {
-    i32::try_from(v).map_err(|_| format!("MLU kernel argument {what} = {v} exceeds int32"))
+pub fn narrow(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::declined(format!("MLU kernel argument {what} = {v} exceeds int32")))
 }
 
 /// A size the checks before it have bounded, as the kernels' int32: beyond int32 is a bug

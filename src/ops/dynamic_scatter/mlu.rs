@@ -9,7 +9,7 @@
 
 use super::Reduce;
 use super::backward::{Dims, DynamicScatterBackward};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 use crate::tensor::{DType, OutputSpec};
@@ -60,27 +60,27 @@ impl Policy {
 impl MluOperator for DynamicScatterBackward {
     type Launch = Launch;
 
-    fn mlu_supported(&self) -> std::result::Result<(), String> {
+    fn mlu_supported(&self) -> Result<()> {
         match self.reduce {
             Reduce::Max => Ok(()),
-            _ => Err("reduce_type mean/sum: the MLU kernels implement max only (as the seed design)".into()),
+            _ => Err(Error::declined("reduce_type mean/sum: the MLU kernels implement max only (as the seed design)")),
         }
     }
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> Result<()> {
         // feats [N, C]: one point's rows must fit a kernel1 tile.
         match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
             Some(c) if c > 0 && Policy::tiles(c).is_none() => {
-                Err(format!("C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile"))
+                Err(Error::declined(format!("C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile")))
             }
             _ => Ok(()),
         }
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> std::result::Result<Launch, String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
         let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
         let policy = Policy::new(info, d.c).filter(|_| !too_big).ok_or_else(|| {
-            format!("N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows", d.n, d.v, d.c)
+            Error::declined(format!("N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows", d.n, d.v, d.c))
         })?;
         let n = device::narrow;
         Ok(Launch {

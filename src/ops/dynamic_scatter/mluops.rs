@@ -14,16 +14,16 @@ use std::ffi::c_void;
 const NRAM_KEPT: usize = 128 * 1024;
 
 impl MluOpsOperator for DynamicScatterBackward {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         match self.reduce {
             Reduce::Max => Ok(()),
-            _ => Err("reduce_type mean/sum: mluOpDynamicPointToVoxelBackward implements max only".into()),
+            _ => Err(Error::declined("reduce_type mean/sum: mluOpDynamicPointToVoxelBackward implements max only")),
         }
     }
 
-    fn mluops_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, d: &Dims) -> Result<()> {
         if d.n < d.m {
-            return Err(format!("N = {} points < M = {} voxels: MLU-OPS requires N >= M", d.n, d.m));
+            return Err(Error::declined(format!("N = {} points < M = {} voxels: MLU-OPS requires N >= M", d.n, d.m)));
         }
         Ok(())
     }
@@ -32,7 +32,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         // The library's NRAM bound, 5N + 20C + 4 bytes (BAD_PARAM beyond it), on this card.
         let nram = usize::try_from(card.device.info.nram_bytes).unwrap_or(usize::MAX).saturating_sub(NRAM_KEPT);
         if d.n.saturating_mul(5).saturating_add(d.c.saturating_mul(20)).saturating_add(4) > nram {
-            return Err(Error::MluLimit(format!("N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}", d.n, d.c)));
+            return Err(Error::Declined(format!("N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}", d.n, d.c)));
         }
         let out = outputs.allocate(0, &OutputSpec::new(tensor::DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N*C floats.
@@ -43,7 +43,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         // voxel_num: the optional input, or V = M written to the card.
         let voxel_num: *const c_void = if card.input::<c_void>(5).is_null() {
             let v: *mut i32 = outputs.workspace(4)?.cast();
-            let value = [i32::try_from(d.v).map_err(|_| Error::MluLimit(format!("V = {} beyond int32", d.v)))?];
+            let value = [i32::try_from(d.v).map_err(|_| Error::Declined(format!("V = {} beyond int32", d.v)))?];
             // SAFETY: `v` was just allocated for one int32.
             unsafe { card.device.copy_raw(v.cast(), value.as_ptr().cast(), 4, crate::mlu::Direction::HostToDevice)? };
             v.cast_const().cast()

@@ -7,7 +7,7 @@
 //! batch and pixel spans (`bin_spans`): the kernel does no float geometry.
 
 use super::backward::{PsRoiPlan, PsRoiPoolBackward, Span};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 use crate::scratch;
@@ -81,14 +81,14 @@ pub struct Launch {
 impl MluOperator for PsRoiPoolBackward {
     type Launch = Launch;
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &PsRoiPlan) -> std::result::Result<Launch, String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &PsRoiPlan) -> Result<Launch> {
         let out_len = self.output_spec(plan).numel();
         let top = plan.rois * self.pooled * self.pooled * self.output_dim;
         let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
         if out_len > i32::MAX as usize || top > i32::MAX as usize || spans > i32::MAX as usize {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "{out_len} output, {top} top_grad or {spans} bin-span elements exceed the MLU kernel's int32 offsets"
-            ));
+            )));
         }
         let policy = Policy::new(info, self.output_dim, plan.rois * self.pooled * self.pooled);
         let n = device::narrow;

@@ -96,13 +96,13 @@ impl PsRoiPoolBackward {
             let adapted = match self.library_roi(row) {
                 LibraryRoi::Rounded(r) => r,
                 LibraryRoi::Nothing => nothing.ok_or_else(|| {
-                    Error::MluLimit(format!(
+                    Error::Declined(format!(
                         "roi {row:?} contributes nothing, and at spatial_scale {} no roi with empty bins stays in MLU-OPS's int range",
                         self.spatial_scale
                     ))
                 })?,
                 LibraryRoi::BeyondInt => {
-                    return Err(Error::MluLimit(format!(
+                    return Err(Error::Declined(format!(
                         "roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"
                     )));
                 }
@@ -116,9 +116,9 @@ impl PsRoiPoolBackward {
     }
 
     /// The library's int arguments.
-    fn int_arguments(&self) -> std::result::Result<(), String> {
+    fn int_arguments(&self) -> Result<()> {
         if self.pooled > i32::MAX as usize || self.output_dim > i32::MAX as usize {
-            return Err("pooled sizes or output_dim beyond the library's int arguments".into());
+            return Err(Error::declined("pooled sizes or output_dim beyond the library's int arguments"));
         }
         Ok(())
     }
@@ -126,21 +126,21 @@ impl PsRoiPoolBackward {
 
 /// The library's tensors stay below 2^31 bytes: the map [batches, height, width, channels]
 /// and the pooled side [R, channels].
-fn byte_limits(batches: usize, height: usize, width: usize, channels: usize, rois: usize) -> std::result::Result<(), String> {
+fn byte_limits(batches: usize, height: usize, width: usize, channels: usize, rois: usize) -> Result<()> {
     let map = [batches, height, width, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
     let pooled = [rois, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
     if map > MAX_BYTES || pooled > MAX_BYTES {
-        return Err("a tensor of 2^31 bytes or more: MLU-OPS's PsRoiPool takes less".into());
+        return Err(Error::declined("a tensor of 2^31 bytes or more: MLU-OPS's PsRoiPool takes less"));
     }
     Ok(())
 }
 
 impl MluOpsOperator for PsRoiPoolBackward {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         self.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &PsRoiPlan) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, plan: &PsRoiPlan) -> Result<()> {
         byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
     }
 
@@ -175,15 +175,15 @@ impl MluOpsOperator for PsRoiPoolBackward {
 }
 
 impl MluOpsOperator for PsRoiPool {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         self.0.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Plan) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, plan: &Plan) -> Result<()> {
         if plan.rois > 0 && plan.batches * plan.height * plan.width == 0 {
             // psroipool.cpp:132-135 at v1.4.0: success with nothing written, where the
             // contract fills mapping_channel.
-            return Err("an empty input map: the library writes no output".into());
+            return Err(Error::declined("an empty input map: the library writes no output"));
         }
         byte_limits(plan.batches, plan.height, plan.width, self.0.channels, plan.rois)
     }
@@ -195,7 +195,7 @@ impl MluOpsOperator for PsRoiPool {
         let nram = usize::try_from(card.device.info.nram_bytes).unwrap_or(usize::MAX).saturating_sub(NRAM_KEPT);
         let bins = (self.0.pooled * self.0.pooled).div_ceil(64) * 64;
         if nram / ((2 + 2 * bins) * 4) < 64 {
-            return Err(Error::MluLimit(format!(
+            return Err(Error::Declined(format!(
                 "pooled {}: mluOpPsRoiPoolForward's kernel fits no output channel block in NRAM at this size",
                 self.0.pooled
             )));

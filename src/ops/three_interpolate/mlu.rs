@@ -6,7 +6,7 @@
 
 use super::Dims;
 use super::backward::ThreeInterpolateBackward;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 use crate::tensor::{DType, OutputSpec};
@@ -55,18 +55,18 @@ pub struct Launch {
 impl MluOperator for ThreeInterpolateBackward {
     type Launch = Launch;
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> Result<()> {
         // grad_output [B, C, N] -> output B * C * m.
         device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> std::result::Result<Launch, String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
         // The kernel's offsets are int32 products of these sizes.
         if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "[B, C, N] = [{}, {}, {}], M = {}: too large for the MLU kernel's int32 offsets",
                 d.b, d.c, d.n, d.m
-            ));
+            )));
         }
         // BANG's __memcpy takes int byte strides (mlu-ops v1.4.0 three_interpolate_union1.mlu:
         // 344-356 checks them and copies otherwise beyond): the grad_output and grad_features
@@ -74,10 +74,10 @@ impl MluOperator for ThreeInterpolateBackward {
         // Larger shapes run on CPU.
         let elem = d.dtype.size();
         if let Some((name, v)) = [("N", d.n), ("M", d.m)].into_iter().find(|&(_, v)| v * elem > i32::MAX as usize) {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "{name} = {v}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides",
                 v * elem
-            ));
+            )));
         }
         let p = Policy::new(info, d);
         let n = device::narrow;
@@ -123,7 +123,7 @@ mod tests {
         let fits = |n: usize, m: usize, dtype| op.mlu_launch(&info, &Dims { b: 1, c: 1, n, m, dtype }).map(|_| ());
         for (n, m, dtype) in [(1usize << 29, 16, DType::F32), (16, 1 << 29, DType::F32), (16, 1 << 30, DType::F16)] {
             assert_eq!(fits(n - usize::from(n > 16), m - usize::from(m > 16), dtype), Ok(()), "{n} {m} {dtype:?}");
-            let err = fits(n, m, dtype).expect_err("a row stride of 2^31 bytes");
+            let err = fits(n, m, dtype).expect_err("a row stride of 2^31 bytes").to_string();
             assert!(err.contains("2147483648 bytes"), "{n} {m} {dtype:?}: {err}");
         }
     }

@@ -4,7 +4,7 @@
 
 use super::backward::ThreeInterpolateBackward;
 use super::{Dims, ThreeInterpolate};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mluops::{self, Functions, Layout, Library, Status, TensorDescPtr};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
 use crate::tensor::{DType, OutputSpec};
@@ -12,14 +12,14 @@ use std::ffi::c_void;
 
 /// The library's rules shared by both directions: float32, and every tensor below 2^31
 /// elements (three_interpolate.cpp:330-337 at v1.4.0).
-fn fits(d: &Dims, name: &str) -> std::result::Result<(), String> {
+fn fits(d: &Dims, name: &str) -> Result<()> {
     let (b, c, m, n) = (d.b, d.c, d.m, d.n);
     if d.dtype == DType::F16 {
-        return Err(format!("float16: mluOpThreeInterpolate{name} computes in float16, the contract in float32"));
+        return Err(Error::declined(format!("float16: mluOpThreeInterpolate{name} computes in float16, the contract in float32")));
     }
     let sizes = [b.saturating_mul(c).saturating_mul(n), b.saturating_mul(c).saturating_mul(m), b.saturating_mul(n).saturating_mul(3)];
     if sizes.iter().any(|&v| v > i32::MAX as usize) {
-        return Err(format!("[B, C, N] = [{b}, {c}, {n}], M = {m}: MLU-OPS takes tensors below 2^31 elements"));
+        return Err(Error::declined(format!("[B, C, N] = [{b}, {c}, {n}], M = {m}: MLU-OPS takes tensors below 2^31 elements")));
     }
     Ok(())
 }
@@ -56,11 +56,11 @@ fn call(lib: &Library, card: &Card<'_>, name: &str, call: fn(&Functions) -> Call
 }
 
 impl MluOpsOperator for ThreeInterpolateBackward {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         Ok(())
     }
 
-    fn mluops_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, d: &Dims) -> Result<()> {
         fits(d, "Backward")
     }
 
@@ -81,11 +81,11 @@ impl MluOpsOperator for ThreeInterpolateBackward {
 }
 
 impl MluOpsOperator for ThreeInterpolate {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         Ok(())
     }
 
-    fn mluops_fits(&self, d: &Dims) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, d: &Dims) -> Result<()> {
         fits(d, "Forward")
     }
 

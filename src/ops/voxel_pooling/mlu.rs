@@ -5,7 +5,7 @@
 //! cell offset) plus one feature chunk of `tile_channels` floats.
 
 use super::forward::{VoxelPlan, VoxelPoolingForward};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
 
@@ -44,29 +44,29 @@ pub struct Launch {
 impl MluOperator for VoxelPoolingForward {
     type Launch = Launch;
 
-    fn mlu_supported(&self) -> std::result::Result<(), String> {
+    fn mlu_supported(&self) -> Result<()> {
         // The kernel takes the grid as int32 values.
         match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
-            Some((axis, n)) => Err(format!("num_voxel_{axis} = {n} exceeds the MLU kernel's int32 grid sizes")),
+            Some((axis, n)) => Err(Error::declined(format!("num_voxel_{axis} = {n} exceeds the MLU kernel's int32 grid sizes"))),
             None => Ok(()),
         }
     }
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> std::result::Result<(), String> {
+    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> Result<()> {
         // features [B, N, C] -> output B * ny * nx * C.
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &VoxelPlan) -> std::result::Result<Launch, String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &VoxelPlan) -> Result<Launch> {
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
         if cells > i32::MAX as usize || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
             || coords > i32::MAX as usize
         {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements"
-            ));
+            )));
         }
         let p = Policy::new(info, plan);
         let n = device::narrow;

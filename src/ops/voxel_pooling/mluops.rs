@@ -1,29 +1,29 @@
 //! VoxelPoolingForward on Cambricon's MLU-OPS library (`mluOpVoxelPoolingForward`).
 
 use super::forward::{VoxelPlan, VoxelPoolingForward};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
 
 impl MluOpsOperator for VoxelPoolingForward {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
-            Some((axis, n)) => Err(format!("num_voxel_{axis} = {n} exceeds the library's int arguments")),
+            Some((axis, n)) => Err(Error::declined(format!("num_voxel_{axis} = {n} exceeds the library's int arguments"))),
             None => Ok(()),
         }
     }
 
-    fn mluops_fits(&self, plan: &VoxelPlan) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, plan: &VoxelPlan) -> Result<()> {
         // Every integer argument must be > 0: the library has no zero-element path.
         if plan.batches == 0 || plan.points == 0 || plan.channels == 0 {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "MLU-OPS takes no empty B, N or C (B = {}, N = {}, C = {})",
                 plan.batches, plan.points, plan.channels
-            ));
+            )));
         }
         let out = plan.batches.saturating_mul(self.cells).saturating_mul(plan.channels);
         if out > i32::MAX as usize {
-            return Err(format!("output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements"));
+            return Err(Error::declined(format!("output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements")));
         }
         Ok(())
     }

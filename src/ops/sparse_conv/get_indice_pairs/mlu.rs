@@ -83,12 +83,12 @@ pub struct Launch {
 impl MluOperator for GetIndicePairs {
     type Launch = Launch;
 
-    fn mlu_supported(&self) -> std::result::Result<(), String> {
+    fn mlu_supported(&self) -> Result<()> {
         if self.transpose {
-            return Err("transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)".into());
+            return Err(Error::declined("transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)"));
         }
         if self.geometry().is_none() {
-            return Err("a padding, stride, dilation or size beyond int32".into());
+            return Err(Error::declined("a padding, stride, dilation or size beyond int32"));
         }
         // The expand kernel's int32 tap arithmetic, (z + pad) - k * dilation per axis, with
         // z below the input size.
@@ -98,39 +98,39 @@ impl MluOperator for GetIndicePairs {
             near.max(far) > i64::from(i32::MAX)
         };
         if let Some(a) = (0..DIM_NB).find(|&a| reach(a)) {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "axis {a}: input size {} + padding {} or (kernel {} - 1) * dilation {} beyond the MLU kernels' int32 tap arithmetic",
                 self.input_space[a], self.pad[a], self.filter_space[a], self.dilation[a]
-            ));
+            )));
         }
         match self.sites() {
             Some(v) if v <= i32::MAX as usize - 31 => Ok(()),
-            _ => Err(format!(
+            _ => Err(Error::declined(format!(
                 "batch_size {} * output volume {:?} exceeds the MLU kernels' int32 linear site index",
                 self.batch, self.output_space
-            )),
+            ))),
         }
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &GipDims) -> std::result::Result<Launch, String> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &GipDims) -> Result<Launch> {
         self.mlu_supported()?;
         // BANG's __memcpy takes int byte strides: expand stores its K rows of a tile with a
         // GDRAM row stride of L int32 (sparse_conv.mlu).
         if d.l * 4 > i32::MAX as usize {
-            return Err(format!("L = {}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides", d.l, d.l * 4));
+            return Err(Error::declined(format!("L = {}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides", d.l, d.l * 4)));
         }
         let (Some(geometry), Some(sites)) = (self.geometry(), self.sites()) else {
-            return Err("a geometry or site count beyond int32".into());
+            return Err(Error::declined("a geometry or site count beyond int32"));
         };
         // int32 offsets into indice_pairs [K, 2, L] and, in the default mode, into
         // out_indices, whose rows are at most min(sites, K * L).
         let expanded = d.k.saturating_mul(d.l);
         let out_rows = if self.sub_m { d.l } else { sites.min(expanded) };
         if expanded.saturating_mul(2) > i32::MAX as usize || out_rows.saturating_mul(4) > i32::MAX as usize {
-            return Err(format!(
+            return Err(Error::declined(format!(
                 "K = {}, L = {}: indice_pairs [K, 2, L] or out_indices (up to {out_rows} rows of 4) exceed the MLU kernels' int32 offsets",
                 d.k, d.l
-            ));
+            )));
         }
         let policy = Policy::new(info, d.k);
         let n = device::narrow;
@@ -280,7 +280,7 @@ mod tests {
         let op = crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid");
         let info = crate::mlu::emulator::info().expect("the emulated card's description");
         assert!(op.mlu_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
-        let err = op.mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 }).err().expect("a stride of 2^31 bytes");
+        let err = op.mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 }).err().expect("a stride of 2^31 bytes").to_string();
         assert!(err.contains("2147483648 bytes"), "{err}");
     }
 
@@ -301,7 +301,7 @@ mod tests {
         };
         assert_eq!(op((1 << 30) - 1).output_space, [4, 4, 4]);
         assert!(op((1 << 30) - 1).mlu_supported().is_ok());
-        let err = op(1 << 30).mlu_supported().expect_err("(3 - 1) * 2^30 = 2^31");
+        let err = op(1 << 30).mlu_supported().expect_err("(3 - 1) * 2^30 = 2^31").to_string();
         assert!(err.contains("axis 0") && err.contains("int32 tap arithmetic"), "{err}");
     }
 }

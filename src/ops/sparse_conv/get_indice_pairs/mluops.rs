@@ -39,51 +39,51 @@ impl GetIndicePairs {
 }
 
 impl MluOpsOperator for GetIndicePairs {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         if self.transpose {
-            return Err("transpose = 1: mluOpGetIndicePairs has no transposed convolution".into());
+            return Err(Error::declined("transpose = 1: mluOpGetIndicePairs has no transposed convolution"));
         }
         if self.sub_m {
             // A duplicate input site is an error of the contract in subm mode; the library
             // neither checks it nor reports a site count there.
-            return Err("subm = 1: the contract's duplicate-site error cannot be checked around mluOpGetIndicePairs".into());
+            return Err(Error::declined("subm = 1: the contract's duplicate-site error cannot be checked around mluOpGetIndicePairs"));
         }
         if self.kernel_volume() > MAX_K {
-            return Err(format!("K = {} beyond MLU-OPS's {MAX_K}", self.kernel_volume()));
+            return Err(Error::declined(format!("K = {} beyond MLU-OPS's {MAX_K}", self.kernel_volume())));
         }
         let fields = [self.pad, self.stride, self.dilation, self.input_space, self.filter_space, self.output_space];
         if self.batch > i64::from(i32::MAX) || fields.iter().flatten().any(|&v| v > i64::from(i32::MAX)) {
-            return Err("a descriptor value beyond int32: mluOpSetSparseConvolutionDescriptor takes ints".into());
+            return Err(Error::declined("a descriptor value beyond int32: mluOpSetSparseConvolutionDescriptor takes ints"));
         }
         // The library divides by a stride as a product with fl(1/s) and accepts a result
         // within 1e-6 of an integer: exact for powers of two, 3 and 5 at these sizes, not in
         // general (docs/MLUOPS_BINDING.md).
         if let Some(s) = self.stride.iter().find(|&&s| !(s as u64).is_power_of_two() && s != 3 && s != 5) {
-            return Err(format!("stride {s}: mluOpGetIndicePairs' float division is exact only for strides 2^k, 3 and 5"));
+            return Err(Error::declined(format!("stride {s}: mluOpGetIndicePairs' float division is exact only for strides 2^k, 3 and 5")));
         }
         // The library holds batch * output volume + 1 (its grid) and batch * input volume in
         // int (normal_get_indice_pairs.cpp:205-208 and 841 at v1.4.0).
         let volume = |space: [i64; 3]| space.iter().fold(self.batch as u128, |a, &v| a * v as u128);
         if volume(self.output_space) + 1 > i32::MAX as u128 || volume(self.input_space) > i32::MAX as u128 {
-            return Err("batch * output or input volume beyond int32: MLU-OPS computes its grid in int".into());
+            return Err(Error::declined("batch * output or input volume beyond int32: MLU-OPS computes its grid in int"));
         }
         if self.input_space.iter().zip(&self.pad).any(|(&i, &p)| i + p >= 1 << 23) {
-            return Err("coordinates + padding of 2^23 or more: beyond the library's exact float arithmetic".into());
+            return Err(Error::declined("coordinates + padding of 2^23 or more: beyond the library's exact float arithmetic"));
         }
         Ok(())
     }
 
-    fn mluops_fits(&self, d: &GipDims) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, d: &GipDims) -> Result<()> {
         if d.l > MAX_L {
-            return Err(format!("L = {} sites beyond MLU-OPS's {MAX_L}", d.l));
+            return Err(Error::declined(format!("L = {} sites beyond MLU-OPS's {MAX_L}", d.l)));
         }
         let grid = self.input_space.iter().fold(self.batch as usize, |a, &v| a.saturating_mul(v as usize));
         if d.l > grid {
-            return Err(format!("L = {} rows beyond batch * input volume = {grid} (MLU-OPS takes no more)", d.l));
+            return Err(Error::declined(format!("L = {} rows beyond batch * input volume = {grid} (MLU-OPS takes no more)", d.l)));
         }
         let bound = self.site_bound(d.l, d.k);
         if bound.saturating_mul(4) > i32::MAX as usize {
-            return Err(format!("out_indices' bound of {bound} rows: MLU-OPS takes tensors below 2^31 elements"));
+            return Err(Error::declined(format!("out_indices' bound of {bound} rows: MLU-OPS takes tensors below 2^31 elements")));
         }
         Ok(())
     }
@@ -104,7 +104,7 @@ impl MluOpsOperator for GetIndicePairs {
         unsafe { device.fill_raw(pairs, 0xFF, k * 2 * l * 4)? };
         let bound = self.site_bound(l, k);
         let out_bound = outputs.workspace(bound * 16).map_err(|e| {
-            Error::MluLimit(format!("out_indices' upper bound of {bound} rows could not be allocated on the card: {e}"))
+            Error::Declined(format!("out_indices' upper bound of {bound} rows could not be allocated on the card: {e}"))
         })?;
         let conv = lib.sparse_conv(&self.params())?;
         let indices = lib.tensor(Layout::Array, DType::Int32, &[l, 4])?;
@@ -144,7 +144,7 @@ impl MluOpsOperator for GetIndicePairs {
             unsafe { device.copy_raw(counts.as_mut_ptr().cast(), num.cast_const(), k * 4, Direction::DeviceToHost)? };
             let valid: usize = counts.iter().map(|&c| c.max(0) as usize).sum();
             if valid == k * l {
-                return Err(Error::MluLimit(format!(
+                return Err(Error::Declined(format!(
                     "every one of the K*L = {} pairs is valid and sites repeat: MLU-OPS's site count drops one there",
                     k * l
                 )));

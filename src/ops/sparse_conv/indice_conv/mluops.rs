@@ -41,7 +41,7 @@ impl IndiceConv {
         let words = d.rows.div_ceil(32);
         let ints = |outputs: &mut dyn DeviceOutputs, n: usize| -> Result<*mut i32> { Ok(outputs.workspace(n * 4)?.cast()) };
         let bitmaps = ints(outputs, active.len() * words).map_err(|e| {
-            Error::MluLimit(format!("the destination bitmaps ({} offsets x {words} words) do not fit on the card: {e}", active.len()))
+            Error::Declined(format!("the destination bitmaps ({} offsets x {words} words) do not fit on the card: {e}", active.len()))
         })?;
         // SAFETY: `bitmaps` was just allocated for that many int32.
         unsafe { device.zero_raw(bitmaps.cast(), active.len() * words * 4)? };
@@ -76,7 +76,7 @@ impl IndiceConv {
         unsafe { device.copy_raw(found.as_mut_ptr().cast(), totals.cast_const().cast(), found.len() * 4, Direction::DeviceToHost)? };
         match active.iter().zip(&found).find(|((_, n), f)| usize::try_from(**f).ok() != Some(*n)) {
             None => Ok(()),
-            Some(((k, n), f)) => Err(Error::MluLimit(format!(
+            Some(((k, n), f)) => Err(Error::Declined(format!(
                 "offset {k}: {f} distinct destinations among its {n} pairs; MLU-OPS's ScatterNd (UPDATE) would keep one \
                  contribution of each repeated one"
             ))),
@@ -104,41 +104,41 @@ impl IndiceConv {
 }
 
 impl MluOpsOperator for IndiceConv {
-    fn mluops_supported(&self) -> std::result::Result<(), String> {
+    fn mluops_supported(&self) -> Result<()> {
         if self.inverse {
-            return Err("inverse = 1: mluOpIndiceConvolutionForward does not support it".into());
+            return Err(Error::declined("inverse = 1: mluOpIndiceConvolutionForward does not support it"));
         }
         Ok(())
     }
 
-    fn mluops_supported_shapes(&self, shapes: &StaticShapes) -> std::result::Result<(), String> {
+    fn mluops_supported_shapes(&self, shapes: &StaticShapes) -> Result<()> {
         let dim = |input: usize, axis: usize| shapes.get(input).and_then(|s| s.as_ref()).and_then(|s| s.get(axis).copied().flatten());
         match (dim(FEATURES, 0), dim(PAIRS, 2)) {
-            (Some(l), Some(p)) if l != p => Err(format!("indice_pairs' P = {p} != features' L = {l}: MLU-OPS requires them equal")),
-            (_, Some(p)) if p > MAX_P => Err(format!("indice_pairs' P = {p} beyond MLU-OPS's {MAX_P}")),
+            (Some(l), Some(p)) if l != p => Err(Error::declined(format!("indice_pairs' P = {p} != features' L = {l}: MLU-OPS requires them equal"))),
+            (_, Some(p)) if p > MAX_P => Err(Error::declined(format!("indice_pairs' P = {p} beyond MLU-OPS's {MAX_P}"))),
             _ => Ok(()),
         }
     }
 
-    fn mluops_fits(&self, d: &ConvDims) -> std::result::Result<(), String> {
+    fn mluops_fits(&self, d: &ConvDims) -> Result<()> {
         if d.p != d.l {
-            return Err(format!("indice_pairs' P = {} != features' L = {}: MLU-OPS requires them equal", d.p, d.l));
+            return Err(Error::declined(format!("indice_pairs' P = {} != features' L = {}: MLU-OPS requires them equal", d.p, d.l)));
         }
         if d.p > MAX_P {
-            return Err(format!("indice_pairs' P = {} beyond MLU-OPS's {MAX_P}", d.p));
+            return Err(Error::declined(format!("indice_pairs' P = {} beyond MLU-OPS's {MAX_P}", d.p)));
         }
         let sizes = [d.l.saturating_mul(d.cin), d.k.saturating_mul(d.cin).saturating_mul(d.cout), d.k.saturating_mul(2 * d.p), d.rows.saturating_mul(d.cout)];
         if sizes.iter().any(|&n| n > i32::MAX as usize) {
-            return Err("a tensor of 2^31 elements or more: MLU-OPS takes less".into());
+            return Err(Error::declined("a tensor of 2^31 elements or more: MLU-OPS takes less"));
         }
         // The library's gathered and product blocks, [max indice_num, Cin] and [.., Cout],
         // are sized in int (indice_convolution_forward.cpp:194-206 at v1.4.0).
         let most = d.counts.iter().copied().max().unwrap_or(0);
         if most.saturating_mul(d.cin.max(d.cout)).saturating_mul(4) > i32::MAX as usize {
-            return Err(format!("max indice_num = {most} x Cin/Cout: beyond the library's int workspace arithmetic"));
+            return Err(Error::declined(format!("max indice_num = {most} x Cin/Cout: beyond the library's int workspace arithmetic")));
         }
         if d.bias && 2 * 64 + 2 * d.cout * 4 > NRAM_BUDGET {
-            return Err(format!("Cout = {}: the bias step holds the bias and a row in NRAM", d.cout));
+            return Err(Error::declined(format!("Cout = {}: the bias step holds the bias and a row in NRAM", d.cout)));
         }
         Ok(())
     }
