@@ -48,14 +48,17 @@ __all__ = [
     "Rulebook",
     "SparseConv3d",
     "SparseInverseConv3d",
+    "SparseSequential",
     "SparseTensor",
     "SubMConv3d",
     "ThreeInterpolateBackwardFunction",
     "ThreeInterpolateFunction",
+    "ToDense",
     "VoxelPoolingFunction",
     "dynamic_scatter",
     "dynamic_scatter_backward",
     "export",
+    "from_spconv",
     "get_indice_pairs",
     "indice_conv",
     "psroi_pool",
@@ -625,8 +628,25 @@ class SparseTensor:
     rulebooks: dict[str, Rulebook] = field(default_factory=dict)
     unkeyed: list[Rulebook] = field(default_factory=list)
 
+    def __post_init__(self):
+        # spconv's SparseConvTensor takes the grid as a list or an array, and int64 sites.
+        self.spatial_shape = tuple(int(v) for v in self.spatial_shape)
+        self.batch_size = int(self.batch_size)
+        self.indices = _as_i32(self.indices)
+
     def replace_feature(self, features: Tensor) -> SparseTensor:
         return self._with(features, self.indices, self.spatial_shape)
+
+    def dense(self, channels_first: bool = True) -> Tensor:
+        """The features on the full grid, zero where no site is active: [B, C, D, H, W]
+        (``channels_first``, as spconv's ``dense()``) or [B, D, H, W, C]."""
+        d, h, w = self.spatial_shape
+        c = _weight_shape(self.features)[1]
+        idx = self.indices.long()
+        cell = ((idx[:, 0] * d + idx[:, 1]) * h + idx[:, 2]) * w + idx[:, 3]
+        grid = self.features.new_zeros(self.batch_size * d * h * w, c).index_put((cell,), self.features)
+        grid = grid.view(self.batch_size, d, h, w, c)
+        return grid.permute(0, 4, 1, 2, 3).contiguous() if channels_first else grid
 
     def _with(self, features: Tensor, indices: Tensor, spatial_shape) -> SparseTensor:
         return SparseTensor(features, indices, tuple(spatial_shape), self.batch_size, self.rulebooks, self.unkeyed)
@@ -808,6 +828,43 @@ class SparseInverseConv3d(nn.Module):
             inverse=True,
         )
         return x._with(out, book.in_indices, book.in_spatial_shape)
+
+
+class SparseSequential(nn.Sequential):
+    """spconv's ``SparseSequential`` over :class:`SparseTensor`: a sparse module (a
+    convolution, or any module given the whole tensor, see ``_takes_sparse``) is called with
+    the tensor, any other (BatchNorm1d, ReLU, ...) with its features."""
+
+    def forward(self, x):
+        for module in self:
+            if _takes_sparse(module) or not isinstance(x, SparseTensor):
+                x = module(x)
+            elif _weight_shape(x.indices)[0] != 0:
+                x = x.replace_feature(module(x.features))
+        return x
+
+
+class ToDense(nn.Module):
+    """spconv's ``ToDense``: :meth:`SparseTensor.dense`, channels first."""
+
+    def forward(self, x: SparseTensor) -> Tensor:
+        return x.dense()
+
+
+def _takes_sparse(module: nn.Module) -> bool:
+    """Whether ``module`` takes a whole :class:`SparseTensor` (this package's sparse modules,
+    or a module marked ``takes_sparse``, as :func:`from_spconv` marks spconv's)."""
+    return isinstance(module, (SparseConv3d, SparseInverseConv3d, SparseSequential, ToDense)) or getattr(
+        module, "takes_sparse", False
+    )
+
+
+def from_spconv(model: nn.Module) -> nn.Module:
+    """``model`` with spconv.pytorch's modules and tensor type replaced by this package's
+    (see ``onnxruntime_ep_mlu._spconv``), ready for :func:`export`."""
+    from ._spconv import convert
+
+    return convert(model)
 
 
 # ----------------------------------------------------------------------------- DynamicScatter

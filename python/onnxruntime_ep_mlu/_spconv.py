@@ -1,0 +1,168 @@
+"""``from_spconv``: a model written against spconv.pytorch (2.x) on this package's modules.
+
+Replaced, recursively, keeping each module's name in its parent:
+
+- ``SubMConv3d`` / ``SparseConv3d`` / ``SparseInverseConv3d`` by this package's, with the
+  weight converted from spconv's [Cout, kd, kh, kw, Cin] to [kd, kh, kw, Cin, Cout] (a 1x1x1
+  one as spconv computes it, its memory read as [Cin, Cout]), the bias,
+  stride, padding, dilation and ``indice_key`` carried (a submanifold convolution's padding
+  is not: spconv centres its kernel whatever the padding, as the contract does);
+- ``SparseSequential`` by this package's, its BatchNorm1d / ReLU / ... children kept (they
+  run on the features, as in spconv);
+- ``ToDense`` by this package's; ``SparseIdentity`` by ``nn.Identity``.
+
+Any other spconv module (pooling, transposed or grouped convolutions, fused activations,
+quantisation, 1D/2D/4D) is an error naming the module's path and why: nothing is skipped.
+A user's own ``spconv.SparseModule`` subclass (CenterPoint's ``SparseBasicBlock``) is kept,
+its children converted, and marked as taking the whole sparse tensor.
+
+The tensor type: the returned model runs the original ``forward`` with spconv's
+``SparseConvTensor`` replaced by :class:`~onnxruntime_ep_mlu.torch.SparseTensor` (same first
+four arguments, and ``features``, ``indices``, ``spatial_shape``, ``batch_size``,
+``replace_feature``, ``dense``), both as ``spconv.pytorch.SparseConvTensor`` and wherever a
+module of the model imported the class by name; the replacement lasts for the call only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import threading
+
+import torch
+from torch import nn
+
+from . import torch as mt
+
+_LOCK = threading.RLock()
+
+
+def _spconv():
+    try:
+        import spconv.pytorch as spt
+    except ImportError as e:  # pragma: no cover - the converter needs the library it converts from
+        raise ImportError(f"from_spconv needs spconv.pytorch (spconv 2.x): {e}") from e
+    return spt
+
+
+def _filter_hwio() -> bool:
+    import spconv.pytorch.conv as conv
+
+    return bool(getattr(conv, "FILTER_HWIO", False))
+
+
+def _refuse(path: str, module: nn.Module, why: str):
+    raise ValueError(f"from_spconv: {path or '<model>'} ({type(module).__module__}.{type(module).__name__}): {why}")
+
+
+def _conv(path: str, m) -> nn.Module:
+    """One spconv convolution as this package's."""
+    if m.ndim != 3:
+        _refuse(path, m, f"a {m.ndim}D convolution; the mluops operators are 3D")
+    if m.groups != 1:
+        _refuse(path, m, f"groups = {m.groups}; IndiceConv has no groups")
+    if m.transposed:
+        _refuse(path, m, "a transposed convolution; GetIndicePairs with transpose = 1 has no IndiceConv partner here")
+    if int(m.act_type.value) != 0:
+        _refuse(path, m, f"a fused activation ({m.act_type}); put it after the convolution")
+    if getattr(m, "scale", 1.0) != 1.0 or getattr(m, "zero_point", 0) != 0:
+        _refuse(path, m, "a quantised convolution")
+    if tuple(m.weight.shape) != (m.out_channels, *m.kernel_size, m.in_channels):
+        _refuse(path, m, f"weight of shape {tuple(m.weight.shape)}, not spconv's [Cout, kd, kh, kw, Cin]")
+    bias = m.bias is not None
+    if m.inverse:
+        ours = mt.SparseInverseConv3d(m.in_channels, m.out_channels, m.kernel_size, m.indice_key, bias=bias)
+    elif m.subm:
+        if any(s != 1 for s in m.stride):
+            _refuse(path, m, f"a submanifold convolution with stride {m.stride}")
+        if any(d * (k - 1) % 2 for k, d in zip(m.kernel_size, m.dilation)):
+            _refuse(path, m, f"kernel {m.kernel_size} with dilation {m.dilation}: the contract's submanifold "
+                             "convolution needs dilation * (kernel - 1) even on every axis")
+        ours = mt.SubMConv3d(m.in_channels, m.out_channels, m.kernel_size, m.dilation, bias, m.indice_key)
+    else:
+        ours = mt.SparseConv3d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation,
+                               bias, indice_key=m.indice_key)
+    weight = m.weight.detach().permute(1, 2, 3, 4, 0)
+    if m.conv1x1 and not _filter_hwio():
+        # spconv 2.x runs a 1x1x1 convolution as features @ weight.view(Cin, Cout): the
+        # weight's memory read as [Cin, Cout], whatever its [Cout, 1, 1, 1, Cin] shape says
+        # (spconv/pytorch/conv.py, the conv1x1 branch, FILTER_HWIO False). Checkpoints hold
+        # weights trained that way, so the converted layer reads them the same way.
+        weight = m.weight.detach().reshape(1, 1, 1, m.in_channels, m.out_channels)
+    with torch.no_grad():
+        ours.weight.copy_(weight)
+        if bias:
+            ours.bias.copy_(m.bias.detach())
+    return ours.train(m.training)
+
+
+def _convert(path: str, m: nn.Module, spt) -> nn.Module:
+    if isinstance(m, spt.conv.SparseConvolution):
+        return _conv(path, m)
+    if type(m) is spt.SparseSequential:
+        out = mt.SparseSequential()
+        for name, child in m.named_children():
+            out.add_module(name, _convert(f"{path}.{name}" if path else name, child, spt))
+        return out.train(m.training)
+    if type(m) is spt.ToDense:
+        return mt.ToDense()
+    if type(m) is spt.SparseIdentity:
+        return nn.Identity()
+    if type(m).__module__.startswith("spconv."):
+        _refuse(path, m, "no mluops counterpart (GetIndicePairs + IndiceConv cover the 3D convolutions; "
+                         "SparseSequential, ToDense and SparseIdentity are carried)")
+    for name, child in list(m.named_children()):
+        setattr(m, name, _convert(f"{path}.{name}" if path else name, child, spt))
+    if isinstance(m, spt.SparseModule):
+        # A user's own sparse module: the sequential containers hand it the whole tensor.
+        m.takes_sparse = True
+    return m
+
+
+@contextlib.contextmanager
+def _sparse_tensor_for(model: nn.Module, spt):
+    """spconv's SparseConvTensor read as this package's SparseTensor while the block runs:
+    on spconv.pytorch and in every module namespace of the model's classes that bound it."""
+    cls = spt.SparseConvTensor
+    spaces = {id(spt): vars(spt)}
+    for m in model.modules():
+        for klass in type(m).__mro__:
+            mod = sys.modules.get(klass.__module__)
+            if mod is not None and not klass.__module__.startswith(("torch.", "spconv.")):
+                spaces[id(mod)] = vars(mod)
+    bound = [(ns, name) for ns in spaces.values() for name, v in list(ns.items()) if v is cls]
+    with _LOCK:
+        for ns, name in bound:
+            ns[name] = mt.SparseTensor
+        try:
+            yield
+        finally:
+            for ns, name in bound:
+                ns[name] = cls
+
+
+class FromSpconv(nn.Module):
+    """A converted spconv model: its ``forward`` with spconv's tensor type replaced."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        with _sparse_tensor_for(self.model, _spconv()):
+            return self.model(*args, **kwargs)
+
+
+def convert(model: nn.Module) -> nn.Module:
+    """See the module's documentation: a converted copy of ``model`` (which is left as it
+    is), wrapped in :class:`FromSpconv`."""
+    spt = _spconv()
+    root = _convert("", copy.deepcopy(model), spt)
+    if _has_spconv(root):
+        raise AssertionError("from_spconv left an spconv module in place")
+    return FromSpconv(root).train(model.training)
+
+
+def _has_spconv(model: nn.Module) -> bool:
+    return any(type(m).__module__.startswith("spconv.") for m in model.modules())

@@ -1,0 +1,371 @@
+"""``onnxruntime_ep_mlu.torch.from_spconv`` on models written against spconv.pytorch the way
+their authors write them: CenterPoint's SpMiddleResNetFHD (det3d/models/backbones/scn.py),
+mmdet3d's SparseEncoder with spconv modules (make_sparse_convmodule's SparseSequential of
+conv, BatchNorm1d, ReLU), SECOND's SpMiddleFHD (second/pytorch/models/middle.py), and an
+encoder-decoder with SparseInverseConv3d. Each is converted, exported, and run by ONNX
+Runtime's CPU path at 1 and 2 intra-op threads; outputs equal spconv 2.3.8's eager outputs
+(at 1 torch thread: its CPU path is wrong on 2): dense grids within the contract's float
+tolerance, coordinates as sets exactly. Our own weights (seeded) and scans (random sites)."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import assert_accumulating
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+mlu = importlib.import_module("onnxruntime_ep_mlu")
+mt = importlib.import_module("onnxruntime_ep_mlu.torch")
+spconv = pytest.importorskip("spconv.pytorch", reason="spconv 2.x is installed by scripts/test.sh")
+from spconv.pytorch import SparseConvTensor  # noqa: E402  (imported by name, as many models do)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export"),
+    pytest.mark.filterwarnings("ignore:The feature will be removed"),
+]
+
+
+def bn(c):
+    return nn.BatchNorm1d(c, eps=1e-3, momentum=0.01)
+
+
+# ----------------------------------------------------------- CenterPoint: SpMiddleResNetFHD
+def conv3x3(cin, cout, stride=1, indice_key=None, bias=True):
+    return spconv.SubMConv3d(cin, cout, 3, stride, padding=1, bias=bias, indice_key=indice_key)
+
+
+class SparseBasicBlock(spconv.SparseModule):
+    def __init__(self, inplanes, planes, stride=1, indice_key=None):
+        super().__init__()
+        self.conv1 = conv3x3(inplanes, planes, stride, indice_key=indice_key, bias=True)
+        self.bn1 = bn(planes)
+        self.relu = nn.ReLU()
+        self.conv2 = conv3x3(planes, planes, indice_key=indice_key, bias=True)
+        self.bn2 = bn(planes)
+
+    def forward(self, x):
+        identity = x
+        out = self.conv1(x)
+        out = out.replace_feature(self.relu(self.bn1(out.features)))
+        out = self.conv2(out)
+        out = out.replace_feature(self.bn2(out.features))
+        out = out.replace_feature(self.relu(out.features + identity.features))
+        return out
+
+
+class SpMiddleResNetFHD(nn.Module):
+    def __init__(self, num_input_features=5):
+        super().__init__()
+        self.conv_input = spconv.SparseSequential(
+            spconv.SubMConv3d(num_input_features, 16, 3, bias=False, indice_key="res0"), bn(16), nn.ReLU(inplace=True)
+        )
+        self.conv1 = spconv.SparseSequential(SparseBasicBlock(16, 16, indice_key="res0"),
+                                             SparseBasicBlock(16, 16, indice_key="res0"))
+        self.conv2 = spconv.SparseSequential(
+            spconv.SparseConv3d(16, 32, 3, 2, padding=1, bias=False), bn(32), nn.ReLU(inplace=True),
+            SparseBasicBlock(32, 32, indice_key="res1"), SparseBasicBlock(32, 32, indice_key="res1"),
+        )
+        self.conv3 = spconv.SparseSequential(
+            spconv.SparseConv3d(32, 64, 3, 2, padding=1, bias=False), bn(64), nn.ReLU(inplace=True),
+            SparseBasicBlock(64, 64, indice_key="res2"), SparseBasicBlock(64, 64, indice_key="res2"),
+        )
+        self.conv4 = spconv.SparseSequential(
+            spconv.SparseConv3d(64, 128, 3, 2, padding=[0, 1, 1], bias=False), bn(128), nn.ReLU(inplace=True),
+            SparseBasicBlock(128, 128, indice_key="res3"), SparseBasicBlock(128, 128, indice_key="res3"),
+        )
+        self.extra_conv = spconv.SparseSequential(
+            spconv.SparseConv3d(128, 128, (3, 1, 1), (2, 1, 1), bias=False), bn(128), nn.ReLU()
+        )
+
+    def forward(self, voxel_features, coors, batch_size, input_shape):
+        sparse_shape = np.array(input_shape[::-1]) + [1, 0, 0]
+        coors = coors.int()
+        ret = spconv.SparseConvTensor(voxel_features, coors, sparse_shape, batch_size)
+        x = self.conv_input(ret)
+        x_conv1 = self.conv1(x)
+        x_conv2 = self.conv2(x_conv1)
+        x_conv3 = self.conv3(x_conv2)
+        x_conv4 = self.conv4(x_conv3)
+        ret = self.extra_conv(x_conv4)
+        ret = ret.dense()
+        n, c, d, h, w = ret.shape
+        return ret.view(n, c * d, h, w)
+
+
+# ----------------------------------------------------------- mmdet3d: SparseEncoder
+def make_sparse_convmodule(cin, cout, k, indice_key, stride=1, padding=0, conv_type="SubMConv3d"):
+    if conv_type == "SubMConv3d":
+        conv = spconv.SubMConv3d(cin, cout, k, stride=stride, padding=padding, bias=False, indice_key=indice_key)
+    else:
+        conv = spconv.SparseConv3d(cin, cout, k, stride=stride, padding=padding, bias=False, indice_key=indice_key)
+    return spconv.SparseSequential(conv, bn(cout), nn.ReLU(inplace=True))
+
+
+class SparseEncoder(nn.Module):
+    def __init__(self, in_channels, sparse_shape, base_channels=16, output_channels=128,
+                 encoder_channels=((16,), (32, 32, 32), (64, 64, 64), (64, 64, 64)),
+                 encoder_paddings=((1,), (1, 1, 1), (1, 1, 1), ((0, 1, 1), 1, 1))):
+        super().__init__()
+        self.sparse_shape = sparse_shape
+        self.conv_input = make_sparse_convmodule(in_channels, base_channels, 3, "subm1", padding=1)
+        self.encoder_layers = spconv.SparseSequential()
+        cin = base_channels
+        for i, blocks in enumerate(encoder_channels):
+            stage = []
+            for j, cout in enumerate(blocks):
+                padding = tuple(encoder_paddings[i])[j]
+                if i != 0 and j == 0:
+                    stage.append(make_sparse_convmodule(cin, cout, 3, f"spconv{i + 1}", stride=2, padding=padding,
+                                                        conv_type="SparseConv3d"))
+                else:
+                    stage.append(make_sparse_convmodule(cin, cout, 3, f"subm{i + 1}", padding=padding))
+                cin = cout
+            self.encoder_layers.add_module(f"encoder_layer{i + 1}", spconv.SparseSequential(*stage))
+        self.conv_out = make_sparse_convmodule(cin, output_channels, (3, 1, 1), "spconv_down2", stride=(2, 1, 1),
+                                               conv_type="SparseConv3d")
+
+    def forward(self, voxel_features, coors, batch_size):
+        input_sp_tensor = SparseConvTensor(voxel_features, coors, self.sparse_shape, batch_size)
+        x = self.conv_input(input_sp_tensor)
+        encode_features = []
+        for encoder_layer in self.encoder_layers:
+            x = encoder_layer(x)
+            encode_features.append(x)
+        out = self.conv_out(encode_features[-1])
+        spatial_features = out.dense()
+        n, c, d, h, w = spatial_features.shape
+        return spatial_features.view(n, c * d, h, w)
+
+
+# ----------------------------------------------------------- SECOND: SpMiddleFHD
+class SpMiddleFHD(nn.Module):
+    def __init__(self, output_shape, num_input_features=4):
+        super().__init__()
+        self.sparse_shape = np.array(output_shape[1:4]) + [1, 0, 0]
+        layers = []
+        cin = num_input_features
+        for stage, (cout, key, n_subm) in enumerate([(16, "subm0", 2), (32, "subm1", 2), (64, "subm2", 3), (64, "subm3", 3)]):
+            if stage:
+                padding = [0, 1, 1] if stage == 3 else 1
+                layers += [spconv.SparseConv3d(cin, cout, 3, 2, padding=padding, bias=False), bn(cout), nn.ReLU()]
+                cin = cout
+            for _ in range(n_subm):
+                layers += [spconv.SubMConv3d(cin, cout, 3, bias=False, indice_key=key), bn(cout), nn.ReLU()]
+                cin = cout
+        layers += [spconv.SparseConv3d(64, 64, (3, 1, 1), (2, 1, 1), bias=False), bn(64), nn.ReLU()]
+        self.middle_conv = spconv.SparseSequential(*layers)
+
+    def forward(self, voxel_features, coors, batch_size):
+        ret = spconv.SparseConvTensor(voxel_features, coors.int(), self.sparse_shape, batch_size)
+        ret = self.middle_conv(ret)
+        ret = ret.dense()
+        n, c, d, h, w = ret.shape
+        return ret.view(n, c * d, h, w)
+
+
+# ----------------------------------------------------------- encoder-decoder (inverse conv)
+class EncoderDecoder(nn.Module):
+    """A UNet-style pair: down with SparseConv3d, back up with SparseInverseConv3d on its
+    rulebook, a skip connection and a bias; returns features and sites."""
+
+    def __init__(self, shape, cin=4):
+        super().__init__()
+        self.shape = shape
+        self.stem = spconv.SparseSequential(spconv.SubMConv3d(cin, 16, 3, indice_key="s0"), bn(16), nn.ReLU())
+        self.down = spconv.SparseSequential(spconv.SparseConv3d(16, 32, 3, 2, padding=1, indice_key="down"), nn.ReLU())
+        self.up = spconv.SparseInverseConv3d(32, 16, 3, indice_key="down")
+        self.head = spconv.SubMConv3d(16, 8, 1, indice_key="s1")
+
+    def forward(self, feats, coors, batch_size):
+        x = spconv.SparseConvTensor(feats, coors, self.shape, batch_size)
+        x = self.stem(x)
+        y = self.up(self.down(x))
+        y = y.replace_feature(y.features + x.features)
+        out = self.head(y)
+        return out.features, out.indices
+
+
+# ----------------------------------------------------------- harness
+def sites(rng, batch, shape, n):
+    """`n` distinct active sites per batch element, int32 [b, z, y, x]."""
+    rows = []
+    for b in range(batch):
+        cells = rng.choice(int(np.prod(shape)), size=n, replace=False)
+        z, rem = np.divmod(cells, shape[1] * shape[2])
+        y, x = np.divmod(rem, shape[2])
+        rows.append(np.stack([np.full(n, b), z, y, x], 1))
+    return np.concatenate(rows).astype(np.int32)
+
+
+def seeded(model, seed):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm1d):
+                c = m.num_features
+                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
+                m.running_mean.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
+                m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
+            elif hasattr(m, "bias") and isinstance(getattr(m, "bias"), nn.Parameter) and type(m).__module__.startswith("spconv"):
+                m.bias.copy_(torch.rand(m.bias.shape, generator=g) * 0.2 - 0.1)
+    return model.eval()
+
+
+class Bound(nn.Module):
+    """The model with its non-tensor arguments fixed, as the exported graph has them."""
+
+    def __init__(self, model, *extra):
+        super().__init__()
+        self.model, self.extra = model, extra
+
+    def forward(self, feats, coors):
+        return self.model(feats, coors, *self.extra)
+
+
+def eager_spconv(model, feats, coors):
+    """spconv's eager outputs at 1 torch thread. Its CPU convolution refuses a bias ("cpu
+    don't support act and bias", spconv 2.3.8 ops.py): a biased convolution runs without it
+    and a forward hook adds it to the output features, as its CUDA path fuses it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    biased = [m for m in model.modules() if isinstance(m, spconv.conv.SparseConvolution) and m.bias is not None]
+    hooks, saved = [], []
+    for m in biased:
+        saved.append(m.bias)
+        hooks.append(m.register_forward_hook(lambda _m, _in, out, b=m.bias: out.replace_feature(out.features + b)))
+        m.bias = None
+    try:
+        with torch.no_grad():
+            out = model(torch.from_numpy(feats), torch.from_numpy(coors))
+    finally:
+        torch.set_num_threads(threads)
+        for m, b, h in zip(biased, saved, hooks):
+            m.bias = b
+            h.remove()
+    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def run_onnx(model, feats, coors, outputs):
+    """The model exported once, then run by ONNX Runtime's CPU path at 1 and 2 intra-op
+    threads: {threads: outputs}, and the model."""
+    buf = io.BytesIO()
+    mt.export(model, (torch.from_numpy(feats), torch.from_numpy(coors)), buf, input_names=["feats", "coors"],
+              output_names=outputs, dynamic_axes={"feats": {0: "L"}, "coors": {0: "L"}})
+    runs = {}
+    for threads in (1, 2):
+        so = mlu.session_options(library=mlu.get_library_path())
+        so.log_severity_level = 3
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(buf.getvalue(), so, providers=["CPUExecutionProvider"])
+        runs[threads] = sess.run(None, {"feats": feats, "coors": coors})
+    return runs, buf.getvalue()
+
+
+def mluops_ops(model_bytes):
+    import onnx
+
+    proto = onnx.load_from_string(model_bytes)
+    return sorted({n.op_type for n in proto.graph.node if n.domain == "mluops"})
+
+
+DETECTORS = {
+    # (builder, non-tensor arguments, input channels, grid, sites per batch element)
+    "centerpoint_SpMiddleResNetFHD": (lambda: SpMiddleResNetFHD(5), (1, [64, 64, 40]), 5, (41, 64, 64), 900),
+    "mmdet3d_SparseEncoder": (lambda: SparseEncoder(5, [41, 64, 64]), (1,), 5, (41, 64, 64), 900),
+    "second_SpMiddleFHD": (lambda: SpMiddleFHD([1, 40, 48, 48, 64], 4), (2,), 4, (41, 48, 48), 500),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_converted_backbone_matches_spconv(name):
+    build, extra, cin, grid, n = DETECTORS[name]
+    rng = np.random.default_rng(len(name))
+    batch = extra[0]
+    coors = sites(rng, batch, grid, n)
+    feats = rng.standard_normal((coors.shape[0], cin)).astype(np.float32)
+    reference = seeded(build(), 7)
+    (want,) = eager_spconv(Bound(reference, *extra), feats, coors)
+    assert np.count_nonzero(want) > want.size // 100, "the scan reaches the output grid"
+    converted = mt.from_spconv(reference)
+    assert not any(type(m).__module__.startswith("spconv.") for m in converted.modules())
+    runs, model = run_onnx(Bound(converted, *extra), feats, coors, ["spatial_features"])
+    for threads, (got,) in runs.items():
+        assert got.shape == want.shape
+        assert_accumulating(got, want.astype(np.float64), f"{name} at {threads} threads")
+    assert mluops_ops(model) == ["GetIndicePairs", "IndiceConv"]
+
+
+def test_inverse_convolution_and_sites_as_sets():
+    rng = np.random.default_rng(3)
+    grid = (9, 20, 20)
+    coors = sites(rng, 2, grid, 300)
+    feats = rng.standard_normal((coors.shape[0], 4)).astype(np.float32)
+    reference = seeded(EncoderDecoder(list(grid)), 11)
+    want_f, want_i = eager_spconv(Bound(reference, 2), feats, coors)
+    converted = mt.from_spconv(reference)
+    runs, _ = run_onnx(Bound(converted, 2), feats, coors, ["features", "indices"])
+    for threads, (got_f, got_i) in runs.items():
+        order_w, order_g = np.lexsort(want_i.T[::-1]), np.lexsort(got_i.T[::-1])
+        np.testing.assert_array_equal(got_i[order_g], want_i[order_w])
+        assert_accumulating(got_f[order_g], want_f[order_w].astype(np.float64), f"features at {threads} threads")
+
+
+def test_the_conversion_carries_layout_keys_and_containers():
+    reference = seeded(SpMiddleResNetFHD(5), 1)
+    converted = mt.from_spconv(reference).model
+    first = converted.conv_input[0]
+    assert isinstance(converted.conv_input, mt.SparseSequential) and isinstance(first, mt.SubMConv3d)
+    assert first.indice_key == "res0" and first.bias is None
+    spc = spconv.SubMConv3d(5, 16, 3, bias=False)
+    with torch.no_grad():
+        spc.weight.copy_(torch.arange(spc.weight.numel(), dtype=torch.float32).view(spc.weight.shape))
+    ours = mt.from_spconv(spconv.SparseSequential(spc)).model[0]
+    # spconv [Cout, kd, kh, kw, Cin] -> ours [kd, kh, kw, Cin, Cout]
+    assert ours.weight[1, 2, 0, 4, 7] == spc.weight[7, 1, 2, 0, 4]
+    # A 1x1x1 convolution as spconv computes it: features @ weight.view(Cin, Cout).
+    one = spconv.SubMConv3d(16, 8, 1, bias=False)
+    ours = mt.from_spconv(spconv.SparseSequential(one)).model[0]
+    assert torch.equal(ours.weight.reshape(16, 8), one.weight.detach().view(16, 8))
+    down = converted.conv4[0]
+    assert (down.stride, down.padding, down.subm) == ((2, 2, 2), (0, 1, 1), False)
+    assert converted.conv1[0].takes_sparse, "the user's SparseModule takes the whole tensor"
+
+
+@pytest.mark.parametrize(
+    "module, why",
+    [
+        (lambda: spconv.SparseMaxPool3d(3, 2), "SparseMaxPool3d): no mluops counterpart"),
+        (lambda: spconv.SparseConvTranspose3d(4, 8, 3, 2), "a transposed convolution"),
+        (lambda: spconv.SubMConv3d(4, 8, 2), "dilation * (kernel - 1) even"),
+        (lambda: spconv.SparseConv2d(4, 8, 3), "a 2D convolution"),
+    ],
+)
+def test_what_cannot_be_converted_is_an_error_naming_the_module(module, why):
+    model = nn.Module()
+    model.body = spconv.SparseSequential(spconv.SubMConv3d(4, 4, 3), module())
+    with pytest.raises(ValueError, match="from_spconv: body.1 ") as e:
+        mt.from_spconv(model)
+    assert why in str(e.value)
+
+
+def test_the_tensor_type_is_restored_after_each_call():
+    reference = seeded(SpMiddleFHD([1, 40, 48, 48, 64], 4), 2)
+    converted = mt.from_spconv(reference)
+    rng = np.random.default_rng(5)
+    coors = sites(rng, 1, (41, 48, 48), 200)
+    feats = torch.from_numpy(rng.standard_normal((coors.shape[0], 4)).astype(np.float32))
+    with torch.no_grad():
+        converted(feats, torch.from_numpy(coors), 1)
+    assert spconv.SparseConvTensor is SparseConvTensor and SparseConvTensor.__module__.startswith("spconv.")
+    assert globals()["SparseConvTensor"] is SparseConvTensor
