@@ -196,6 +196,64 @@ impl StreamFloor {
     }
 }
 
+/// The limit of a random row access pattern, as two primitives over a case's [`Access`]:
+/// - gather: each sequential row is the sum of its `fan` table rows (a gather when `fan` is
+///   1; ThreeInterpolate's forward pattern);
+/// - scatter-add: each sequential row is added to its `fan` table rows (DynamicScatter's,
+///   VoxelPooling's, ThreeInterpolateBackward's pattern).
+///
+/// Two tasks split the sequential rows (gather) or the table rows (scatter-add: each task
+/// scans every index and adds to the rows it owns, as the kernels' owners do), so neither
+/// needs atomics. Bytes: every table row touched read (and, scatter-add, written), every
+/// sequential row written (gather) or read (scatter-add), the indices read.
+struct RandomRows {
+    access: Access,
+    table: Vec<f32>,
+    rows: Vec<f32>,
+}
+
+impl RandomRows {
+    fn new(access: Access) -> Self {
+        let rows = vec![1.0; access.idx.len() / access.fan * access.row];
+        RandomRows { table: vec![0.5; access.table * access.row], rows, access }
+    }
+
+    fn gather(&mut self, par: &dyn Parallel) {
+        let (a, table) = (&self.access, &self.table);
+        let half = (self.rows.len() / a.row).div_ceil(2) * a.row;
+        for_each_chunk_mut(par, &mut self.rows, half.max(a.row), |t, out| {
+            let first = t * half / a.row;
+            for (i, dst) in out.chunks_exact_mut(a.row).enumerate() {
+                dst.fill(0.0);
+                for &j in &a.idx[(first + i) * a.fan..][..a.fan] {
+                    dst.iter_mut().zip(&table[j as usize * a.row..][..a.row]).for_each(|(d, s)| *d += s);
+                }
+            }
+        });
+    }
+
+    fn scatter_add(&mut self, par: &dyn Parallel) {
+        let (a, rows) = (&self.access, &self.rows);
+        let split = a.table / 2 * a.row;
+        for_each_part_mut(par, &mut self.table, &[0, split, a.table * a.row], |t, part| {
+            let first = if t == 0 { 0 } else { a.table / 2 };
+            let owned = first..first + part.len() / a.row;
+            for (k, &j) in a.idx.iter().enumerate().filter(|(_, j)| owned.contains(&(**j as usize))) {
+                let src = &rows[k / a.fan * a.row..][..a.row];
+                part[(j as usize - first) * a.row..][..a.row].iter_mut().zip(src).for_each(|(d, s)| *d += s);
+            }
+        });
+    }
+
+    fn gather_bandwidth(&self, t: Duration) -> f64 {
+        (4 * (self.access.idx.len() * (self.access.row + 1) + self.rows.len())) as f64 / t.as_secs_f64()
+    }
+
+    fn scatter_bandwidth(&self, t: Duration) -> f64 {
+        (4 * (self.access.idx.len() * (2 * self.access.row + 1) + self.rows.len())) as f64 / t.as_secs_f64()
+    }
+}
+
 /// splitmix64.
 struct Rng(u64);
 impl Rng {
@@ -240,6 +298,17 @@ struct Case {
     naive: Naive,
     /// The contract's accuracy class: exact (bit-identical) or accumulating.
     exact: bool,
+    /// The random row access the operator cannot avoid, where it is one ([`RandomRows`]).
+    access: Option<Access>,
+}
+
+/// A case's random row access: `fan` rows of a table of `table` rows of `row` floats for
+/// each of its sequential rows, at the case's own indices (`idx`, `fan` per sequential row).
+struct Access {
+    idx: Vec<u32>,
+    fan: usize,
+    row: usize,
+    table: usize,
 }
 
 fn bytes_of(t: &Tensor) -> usize {
@@ -322,7 +391,10 @@ fn dynamic_scatter_backward(rng: &mut Rng, [n, m, c]: [usize; 3]) -> Case {
     ];
     let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + n * c * 4;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    // Each kept point's row meets its voxel's row.
+    let idx = i32s(&ins[3]).iter().filter(|&&v| v >= 0).map(|&v| v as u32).collect();
     Case {
+        access: Some(Access { idx, fan: 1, row: c, table: m }),
         op: "DynamicScatterBackward",
         shapes: format!("max N {n} M {m} C {c}"),
         attrs: attrs(&[("reduce_type", AttrValue::String("max".into()))]),
@@ -349,7 +421,11 @@ fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: boo
         vec![("grad_output", float([b, c, n], go)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
     let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * m * if half { 2 } else { 4 };
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    // Each point's C values go to its three source points' (a channel-major layout strides
+    // the same rows).
+    let idx = i32s(&ins[1]).iter().enumerate().map(|(k, &j)| (k / (3 * n) * m) as u32 + j as u32).collect();
     Case {
+        access: Some(Access { idx, fan: 3, row: c, table: b * m }),
         op: "ThreeInterpolateBackward",
         shapes: format!("{} B {b} C {c} N {n} M {m}", if half { "f16" } else { "f32" }),
         attrs: attrs(&[("m", AttrValue::Int(m as i64))]),
@@ -394,6 +470,7 @@ fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     let k = 27;
     Case {
+        access: None,
         op: "GetIndicePairs",
         shapes: format!("{} L {l} {}x{}x{} s{}", if subm { "subm" } else { "conv" }, spatial[0], spatial[1], spatial[2], stride[0]),
         attrs: attrs(&[
@@ -470,7 +547,16 @@ fn voxel_pooling_forward(rng: &mut Rng, b: usize, geometry: Geometry) -> Case {
     let inputs = vec![("geom_xyz", Tensor::i32([b, n, 3], geom)), ("input_features", Tensor::f32([b, n, c], rng.floats(b * n * c)))];
     let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - unread + b * (nx * ny) as usize * c * 4 + b * n * 12;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    // Each in-grid point's row is added to its cell's.
+    let cells = (nx * ny) as usize;
+    let idx = i32s(&ins[0])
+        .chunks_exact(3)
+        .enumerate()
+        .filter(|(_, p)| (0..nx).contains(&p[0]) && (0..ny).contains(&p[1]) && (0..nz).contains(&p[2]))
+        .map(|(i, p)| (i / n * cells + (p[1] * nx + p[0]) as usize) as u32)
+        .collect();
     Case {
+        access: Some(Access { idx, fan: 1, row: c, table: b * cells }),
         op: "VoxelPoolingForward",
         shapes: format!(
             "B {b} N {n} C {c} grid {nx}x{ny}x{nz}{}",
@@ -508,6 +594,7 @@ fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom:
     let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + nb * h * w * ch * 4;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     Case {
+        access: None,
         op: "PsRoiPoolBackward",
         shapes: format!("R {r} {pooled}x{pooled}x{od} bottom {nb}x{h}x{w}x{ch}"),
         attrs: attrs(&[
@@ -702,6 +789,9 @@ fn main() {
     );
     println!("ORT columns: {lib} registered in onnxruntime sessions (ORT_DYLIB_PATH) with 1 and 2 intra-op threads");
     println!("kernel columns: the kernel called directly, on the calling thread (1T) or a persistent pool of 2 threads (2T)");
+    println!(
+        "gather / scatter-add: the random row access the operator cannot avoid (its own indices, row size and count; RandomRows), timed in turn with that row at 1 and 2 threads; kernel % = the kernel's GB/s (MB moved / time) / the primitive's"
+    );
     let flush = Flush::new();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     match env.as_ref().map_err(Clone::clone).and_then(|env| session_run_cost(env, &lib, &flush).map_err(|e| e.to_string())) {
@@ -734,9 +824,9 @@ fn main() {
         Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];
     println!(
-        "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees | rounds |"
+        "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | gather GB/s 1T / 2T | kernel % of gather 1T / 2T | scatter-add GB/s 1T / 2T | kernel % of scatter-add 1T / 2T | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees | rounds |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
     // case's variants, so both see the same state of the machine.
     for build in builders {
@@ -763,16 +853,44 @@ fn main() {
                 *failure.borrow_mut() = Some(e);
             }
         };
+        let mut random = case.access.as_ref().map(|a| {
+            RandomRows::new(Access { idx: a.idx.clone(), fan: a.fan, row: a.row, table: a.table })
+        });
         let times = {
             let (mut k1, mut k2) = (|| k.run(&case, &pool1), || k.run(&case, &pool2));
             let (mut o1, mut o2) = (|| in_ort(&mut ort1), || in_ort(&mut ort2));
             let mut c2 = || copy.run(&pool2);
             let mut f2 = || floor.run(&pool2);
-            best_interleaved(&mut [&mut k1, &mut k2, &mut o1, &mut o2, &mut c2, &mut f2], &mut || flush.run())
+            let mut variants: Vec<&mut dyn FnMut()> = vec![&mut k1, &mut k2, &mut o1, &mut o2, &mut c2, &mut f2];
+            // The random row primitives, each timed with the others in turn.
+            let random = random.as_mut().map(std::cell::RefCell::new);
+            let mut prims: Vec<Box<dyn FnMut()>> = Vec::new();
+            if let Some(r) = &random {
+                prims.push(Box::new(|| r.borrow_mut().gather(&pool1)));
+                prims.push(Box::new(|| r.borrow_mut().gather(&pool2)));
+                prims.push(Box::new(|| r.borrow_mut().scatter_add(&pool1)));
+                prims.push(Box::new(|| r.borrow_mut().scatter_add(&pool2)));
+            }
+            variants.extend(prims.iter_mut().map(|p| &mut **p as &mut dyn FnMut()));
+            best_interleaved(&mut variants, &mut || flush.run())
         };
         drop(floor);
         let (times, rounds) = times;
-        let [t1, t2, o1, o2, tc, tf] = times[..] else { unreachable!("six variants") };
+        let [t1, t2, o1, o2, tc, tf] = times[..6] else { unreachable!("six variants") };
+        let limits = match (&random, &times[6..]) {
+            (Some(r), &[g1, g2, s1, s2]) => {
+                let (kb1, kb2) = (case.bytes as f64 / t1.as_secs_f64(), case.bytes as f64 / t2.as_secs_f64());
+                let (g1, g2) = (r.gather_bandwidth(g1), r.gather_bandwidth(g2));
+                let (s1, s2) = (r.scatter_bandwidth(s1), r.scatter_bandwidth(s2));
+                format!(
+                    "{:.1} / {:.1} | {:.0}% / {:.0}% | {:.1} / {:.1} | {:.0}% / {:.0}%",
+                    g1 / 1e9, g2 / 1e9, kb1 / g1 * 100.0, kb2 / g2 * 100.0,
+                    s1 / 1e9, s2 / 1e9, kb1 / s1 * 100.0, kb2 / s2 * 100.0
+                )
+            }
+            _ => "- | - | - | -".to_string(),
+        };
+        drop(random);
         let bw = StreamCopy::bandwidth(tc);
         // Extra memory: the peak during one run beyond inputs and outputs (both already live).
         let before = LIVE.load(Relaxed);
@@ -797,7 +915,7 @@ fn main() {
             (format!("error: {}", failure.unwrap_or_default()), "-".into(), "-".into())
         };
         println!(
-            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2}x | {} | {} | {} | {:.1} | {:.1}x | {:.1} | {} | {} |",
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2}x | {} | {} | {} | {} | {:.1} | {:.1}x | {:.1} | {} | {} |",
             case.op,
             case.shapes,
             case.bytes as f64 / 1e6,
@@ -809,6 +927,7 @@ fn main() {
             tf.as_secs_f64() / t2.as_secs_f64() * 100.0,
             ms(t1),
             t1.as_secs_f64() / t2.as_secs_f64(),
+            limits,
             ort_ms,
             speedup,
             overhead,
