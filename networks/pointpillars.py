@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from onnxruntime_ep_mlu import torch as mlu_torch
+from onnxruntime_ep_mlu.regression import DETECTIONS
 
 from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
 from .lidar import scan_points
@@ -130,6 +131,51 @@ class PointPillars(nn.Module):
         return canvas, self.conv_cls(x), self.conv_reg(x), self.conv_dir(x)
 
 
+#: mmdet3d's KITTI car head (configs/pointpillars/hv_pointpillars_secfpn_6x8_160e_kitti-3d-car.py
+#: and its base hv_pointpillars_secfpn_kitti.py): Anchor3DRangeGenerator at z -1.78 over the
+#: range, size (3.9, 1.6, 1.56), rotations 0 and 1.57; DeltaXYZWLHRBBoxCoder; direction
+#: classifier with dir_offset -pi/2 (Anchor3DHead's default); test_cfg nms_pre 100,
+#: score_thr 0.1. Rotated NMS (nms_thr 0.01) stays outside the graph.
+ANCHOR_Z, ANCHOR_SIZE, ROTATIONS = -1.78, (3.9, 1.6, 1.56), (0.0, 1.57)
+NMS_PRE, SCORE_THR, DIR_OFFSET = 100, 0.1, -np.pi / 2
+
+
+class PointPillarsDetector(nn.Module):
+    """The whole detector, points to boxes: the network, then the anchor head's decoding
+    (sigmoid scores, the top NMS_PRE anchors, box deltas on the anchors, the direction
+    classifier's half-turn, the score threshold): [M, 9] rows (x, y, z, dx, dy, dz, yaw,
+    score, label), before rotated NMS."""
+
+    def __init__(self, net: PointPillars, pc_range):
+        super().__init__()
+        self.net = net
+        nx, ny, _ = net.grid
+        h, w = ny // 2, nx // 2  # the head's map: the first block's stride 2
+        ys = torch.linspace(pc_range[1], pc_range[4], h)
+        xs = torch.linspace(pc_range[0], pc_range[3], w)
+        y, x, r = torch.meshgrid(ys, xs, torch.tensor(ROTATIONS), indexing="ij")
+        size = torch.tensor(ANCHOR_SIZE).expand(*x.shape, 3)
+        anchors = torch.stack([x, y, torch.full_like(x, ANCHOR_Z)], -1)
+        self.register_buffer("anchors", torch.cat([anchors, size, r.unsqueeze(-1)], -1).reshape(-1, 7))
+
+    def forward(self, points):
+        _, cls, reg, dirs = self.net(points)
+        scores = torch.sigmoid(cls.permute(0, 2, 3, 1).reshape(-1))
+        deltas = reg.permute(0, 2, 3, 1).reshape(-1, 7)
+        dir_label = dirs.permute(0, 2, 3, 1).reshape(-1, 2).argmax(1)
+        top, idx = scores.topk(min(NMS_PRE, scores.shape[0]))
+        a, d = self.anchors[idx], deltas[idx]
+        za = a[:, 2] + a[:, 5] / 2
+        diagonal = torch.sqrt(a[:, 3] ** 2 + a[:, 4] ** 2)
+        size = torch.exp(d[:, 3:6]) * a[:, 3:6]
+        center = torch.stack([d[:, 0] * diagonal + a[:, 0], d[:, 1] * diagonal + a[:, 1],
+                              d[:, 2] * a[:, 5] + za - size[:, 2] / 2], 1)
+        rot = d[:, 6] + a[:, 6] - DIR_OFFSET
+        rot = rot - torch.floor(rot / np.pi) * np.pi + DIR_OFFSET + np.pi * dir_label[idx].to(rot.dtype)
+        det = torch.cat([center, size, rot.unsqueeze(1), top.unsqueeze(1), torch.zeros_like(top).unsqueeze(1)], 1)
+        return det[top > SCORE_THR]
+
+
 class PillarGradient(nn.Module):
     """The PFN Linear weight's gradient of sum(canvas * grad_canvas), written out with
     DynamicScatterBackward (the graph a training step exports)."""
@@ -190,12 +236,22 @@ def case(scale: str, seed: int) -> Case:
             (grad,) = torch.autograd.grad((m.canvas(vf, vc) * tensor(grad_canvas)).sum(), m.linear.weight)
         return {"grad_pfn_weight": numpy_out(grad)}
 
+    detector = PointPillarsDetector(net, pc_range)
+    peer_detector = PointPillarsDetector(peer_net, pc_range)
+    det_model = export(detector, (tensor(points),), ["points"], ["detections"], {"points": {0: "N"}})
+
+    def peer_detections(threads: int):
+        with torch.no_grad():
+            return {"detections": numpy_out(peer_detector(tensor(points)))}
+
     inside = int((net.voxelize(tensor(points))[:, 0] >= 0).sum())
     return Case(
         "pointpillars",
         f"{nx} x {ny} grid, {points.shape[0]} points ({inside} in range)",
         [
             Graph("forward", fwd, {"points": points}, peer_forward, "torch (dynamic_scatter as torch.unique + scatter_reduce)"),
+            Graph("detections", det_model, {"points": points}, peer_detections, "torch (the same decoding)",
+                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR}}),
             Graph("gradient", grad_model, {"points": points, "grad_canvas": grad_canvas}, peer_gradient,
                   "torch autograd", tolerances={"grad_pfn_weight": GRAD_PFN_WEIGHT_TOL}),
         ],

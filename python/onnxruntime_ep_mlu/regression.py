@@ -18,7 +18,8 @@ Frames come from one of two sources:
   when present (``--write-frames`` writes it), else the zoo's model of that name (``--zoo``,
   default the zoo packaged with this module, :func:`onnxruntime_ep_mlu.zoo`); tolerances
   are ``<dir>/<model>/tolerances.json`` (``{"<output>": {"class": "exact"} |
-  {"class": "accumulating", "diff1": .., "diff2": .., "max_rel": ..}}``, max_rel the
+  {"class": "accumulating", "diff1": .., "diff2": .., "max_rel": ..} |
+  {"class": "detections", ...}}``, :data:`DETECTIONS` for a detector's boxes; max_rel the
   per-element bound max |a-b| <= max_rel * max|reference|, :data:`DEFAULT_FLOAT`'s when
   absent; ``--write-frames`` writes it too) when present, else the zoo's, else exact for
   integer outputs and :data:`DEFAULT_FLOAT` for float outputs. Any other key in a frame is
@@ -89,7 +90,9 @@ from . import (
 __all__ = [
     "GENERATORS",
     "FrameChecker",
+    "DETECTIONS",
     "compare",
+    "compare_detections",
     "elementwise_errors",
     "dataset_frames",
     "generated_frames",
@@ -161,6 +164,8 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
     outputs, the accumulating class for floats. Exact: 0, or inf with the mismatch count."""
     if tol is None:
         tol = DEFAULT_FLOAT if np.issubdtype(np.asarray(golden).dtype, np.floating) else EXACT
+    if tol["class"] == "detections":
+        return compare_detections(value, golden, tol)
     if value.shape != golden.shape:
         return math.inf, f"shape {list(value.shape)} != reference {list(golden.shape)}"
     if value.dtype != golden.dtype:
@@ -183,6 +188,65 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
     return ratio, (
         f"diff1 {d1:.1e} diff2 {d2:.1e} (<= {tol['diff1']:.0e}), max abs {max_abs:.1e} = {max_rel:.1e} x scale "
         f"(<= {tol.get('max_rel', DEFAULT_FLOAT['max_rel']):.0e})"
+    )
+
+
+#: Detections: [M, 9] rows (x, y, z, dx, dy, dz, yaw, score, label), the rows a detector
+#: graph keeps (score threshold and top-K inside the graph; rotated NMS, which standard ONNX
+#: ops cannot express, outside it). Boxes match by label and centre distance (<= ``match``
+#: metres, nearest first, the reference's highest scores first); a box without a partner
+#: fails the frame unless its score is within ``score`` of the lowest score the other side
+#: kept or of the graph's ``threshold`` when the tolerance names it (a box at the top-K or
+#: threshold boundary, which a rounding may move across it).
+#: Matched boxes: max |score|, centre distance, |size| and wrapped |yaw| differences, each
+#: against its bound.
+DETECTIONS = {"class": "detections", "match": 0.5, "score": 1e-4, "center": 1e-3, "size": 1e-3, "yaw": 1e-3}
+
+
+def compare_detections(value: np.ndarray, golden: np.ndarray, tol: dict) -> tuple[float, str]:
+    """(error / tolerance, description) of two sets of detections (see :data:`DETECTIONS`)."""
+    value, golden = np.asarray(value, np.float64), np.asarray(golden, np.float64)
+    for name, d in (("detections", value), ("reference", golden)):
+        if d.ndim != 2 or d.shape[1] != 9:
+            return math.inf, f"{name} of shape {list(d.shape)}, not [M, 9] (x, y, z, dx, dy, dz, yaw, score, label)"
+        if not np.isfinite(d).all():
+            return math.inf, f"{name} hold a non-finite value"
+    free = np.ones(len(value), bool)
+    pairs = []
+    for g in np.argsort(-golden[:, 7], kind="stable"):
+        same = free & (value[:, 8] == golden[g, 8])
+        dist = np.where(same, np.linalg.norm(value[:, :3] - golden[g, :3], axis=1), np.inf)
+        v = int(np.argmin(dist)) if len(value) else -1
+        if v >= 0 and dist[v] <= tol["match"]:
+            free[v] = False
+            pairs.append((v, g))
+    matched_g = {g for _, g in pairs}
+    lonely = [(value[v, 7], golden[:, 7]) for v in np.flatnonzero(free)]
+    lonely += [(golden[g, 7], value[:, 7]) for g in range(len(golden)) if g not in matched_g]
+    # A box the other side dropped only because it sits at that side's boundary: as low as
+    # the lowest score the other side kept (top-K), or at the score threshold.
+    def at_boundary(score, other):
+        edges = ([other.min()] if len(other) else []) + ([tol["threshold"]] if "threshold" in tol else [])
+        return any(abs(score - e) <= tol["score"] for e in edges)
+
+    boundary = [at_boundary(score, other) for score, other in lonely]
+    unmatched = sum(not b for b in boundary)
+    if not pairs:
+        ratio = math.inf if unmatched else 0.0
+        return ratio, f"no matched boxes; {unmatched} unmatched, {len(lonely) - unmatched} at a boundary"
+    v, g = (np.array(i) for i in zip(*pairs))
+    yaw = np.abs((value[v, 6] - golden[g, 6] + np.pi) % (2 * np.pi) - np.pi)
+    worst = {
+        "score": float(np.abs(value[v, 7] - golden[g, 7]).max()),
+        "center": float(np.linalg.norm(value[v, :3] - golden[g, :3], axis=1).max()),
+        "size": float(np.abs(value[v, 3:6] - golden[g, 3:6]).max()),
+        "yaw": float(yaw.max()),
+    }
+    ratio = max([math.inf if unmatched else 0.0] + [worst[k] / tol[k] for k in worst])
+    return ratio, (
+        f"{len(pairs)} matched of {len(golden)} (reference) and {len(value)}, {unmatched} unmatched, "
+        f"{len(lonely) - unmatched} at a boundary; max score {worst['score']:.1e} (<= {tol['score']:.0e}), "
+        f"centre {worst['center']:.1e} m, size {worst['size']:.1e} m, yaw {worst['yaw']:.1e} rad"
     )
 
 
