@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from onnxruntime_ep_mlu import torch as mlu_torch
+from onnxruntime_ep_mlu.regression import DETECTIONS
 
 from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
 from .lidar import centerpoint_sites, scan_points
@@ -128,6 +129,129 @@ class SpconvEncoder(nn.Module):
         return dense.view(n, c * d, h, w), x.indices
 
 
+# ----------------------------------------------------------------------------- whole detector
+#: mmdet3d's CenterPoint nuScenes configuration (configs/centerpoint/
+#: centerpoint_0075voxel_second_secfpn_4x8_cyclic_20e_nus.py and its base
+#: centerpoint_0075voxel_second_secfpn_nus.py): voxels 0.075 x 0.075 x 0.2 m over
+#: [-54, 54] x [-54, 54] x [-5, 3], DynamicSimpleVFE (the mean of a voxel's points), the
+#: SparseEncoder above, SECOND (layer_nums [5, 5], strides [1, 2], channels [128, 256]),
+#: SECONDFPN (upsample strides [1, 2] to 2 x 256), CenterHead (shared conv 64, six tasks,
+#: heads reg 2, height 1, dim 3, rot 2, vel 2, heatmap; head_conv 64, final kernel 3,
+#: heatmap bias -2.19), decoded per task by the heatmap's 3 x 3 peaks, the top 500, box
+#: decoding at out_size_factor 8, score_threshold 0.1. Velocity is decoded but not output
+#: (the comparison's box rows have no velocity); NMS stays outside the graph.
+TASKS = (1, 2, 2, 1, 2, 2)  # car; truck, construction vehicle; bus, trailer; barrier; motorcycle, bicycle; pedestrian, cone
+CP_VOXEL = (0.075, 0.075, 0.2)
+CP_RANGE = (-54.0, -54.0, -5.0, 54.0, 54.0, 3.0)
+CP_CI_RANGE = (-13.2, -13.2, -5.0, 13.2, 13.2, 3.0)  # the central 352 x 352 cells (an even head map)
+TOP_K, CP_SCORE_THR, OUT_SIZE_FACTOR = 500, 0.1, 8
+
+
+def conv_bn(cin, cout, k=3, stride=1):
+    return [nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout, eps=BN_EPS, momentum=0.01), nn.ReLU()]
+
+
+class CenterPointDetector(nn.Module):
+    """Points [N, 5] (x, y, z, intensity, time lag) to boxes [M, 9] (x, y, z, dx, dy, dz,
+    yaw, score, label): voxelisation, the VFE by DynamicScatter mean (``scatter``), the
+    sparse ``encoder`` (spconv's modules, or those from_spconv made of them), the 2D
+    backbone, neck and head, and the decoding."""
+
+    def __init__(self, encoder, scatter, pc_range):
+        super().__init__()
+        self.encoder, self.scatter = encoder, scatter
+        lo, size = torch.tensor(pc_range[:3]), torch.tensor(CP_VOXEL)
+        self.grid = [int(round(float(v))) for v in (torch.tensor(pc_range[3:]) - lo) / size]  # nx, ny, nz
+        self.register_buffer("lo", lo)
+        self.register_buffer("size", size)
+        self.register_buffer("cells", torch.tensor(self.grid, dtype=torch.int32))
+        self.pc_range = pc_range
+        self.second = nn.ModuleList([
+            nn.Sequential(*conv_bn(256, 128), *sum((conv_bn(128, 128) for _ in range(5)), [])),
+            nn.Sequential(*conv_bn(128, 256, stride=2), *sum((conv_bn(256, 256) for _ in range(5)), [])),
+        ])
+        self.fpn = nn.ModuleList([
+            nn.Sequential(nn.ConvTranspose2d(c, 256, s, s, bias=False), nn.BatchNorm2d(256, eps=BN_EPS, momentum=0.01), nn.ReLU())
+            for c, s in ((128, 1), (256, 2))
+        ])
+        self.shared = nn.Sequential(*conv_bn(512, 64))
+        self.heads = nn.ModuleList()
+        for n in TASKS:
+            task = nn.ModuleDict()
+            for name, out in (("reg", 2), ("height", 1), ("dim", 3), ("rot", 2), ("vel", 2), ("heatmap", n)):
+                task[name] = nn.Sequential(*conv_bn(64, 64), nn.Conv2d(64, out, 3, 1, 1))
+            nn.init.constant_(task["heatmap"][-1].bias, -2.19)
+            self.heads.append(task)
+
+    def voxelize(self, points):
+        c = torch.floor((points[:, :3] - self.lo) / self.size).to(torch.int32)
+        inside = ((c >= 0) & (c < self.cells)).all(dim=1, keepdim=True)
+        zyx = torch.cat([torch.zeros_like(c[:, :1]), c[:, 2:3], c[:, 1:2], c[:, 0:1]], dim=1)
+        return torch.where(inside, zyx, torch.full_like(zyx, -1))
+
+    def decode(self, task, first_label):
+        heat = torch.sigmoid(task["heatmap"])
+        _, n, h, w = heat.shape
+        peaks = heat * (nn.functional.max_pool2d(heat, 3, 1, 1) == heat).to(heat.dtype)
+        score, idx = peaks.reshape(-1).topk(min(TOP_K, n * h * w))
+        label, pix = idx // (h * w), idx % (h * w)
+        ys, xs = (pix // w).to(heat.dtype), (pix % w).to(heat.dtype)
+        at = lambda name: task[name].reshape(task[name].shape[1], -1)[:, pix].t()  # noqa: E731
+        reg, rot = at("reg"), at("rot")
+        step = OUT_SIZE_FACTOR * torch.tensor(CP_VOXEL[:2], dtype=heat.dtype)
+        x = (xs + reg[:, 0]) * step[0] + self.pc_range[0]
+        y = (ys + reg[:, 1]) * step[1] + self.pc_range[1]
+        yaw = torch.atan2(rot[:, 0], rot[:, 1])
+        return torch.cat([torch.stack([x, y], 1), at("height"), torch.exp(at("dim")), yaw.unsqueeze(1),
+                          score.unsqueeze(1), (label + first_label).to(heat.dtype).unsqueeze(1)], 1)
+
+    def forward(self, points):
+        coors = self.voxelize(points)
+        voxel_feats, voxel_coors, _ = self.scatter(points, coors, "mean")
+        x, _ = self.encoder(voxel_feats, voxel_coors.to(torch.int32))
+        ups = []
+        for block, up in zip(self.second, self.fpn):
+            x = block(x)
+            ups.append(up(x))
+        x = self.shared(torch.cat(ups, 1))
+        boxes, first = [], 0
+        for n, head in zip(TASKS, self.heads):
+            boxes.append(self.decode({k: m(x) for k, m in head.items()}, first))
+            first += n
+        det = torch.cat(boxes, 0)
+        return det[det[:, 7] > CP_SCORE_THR]
+
+
+def detector_graph(scale: str, seed: int) -> Graph:
+    """The whole detector on points: ours through from_spconv, the peer the same spconv
+    model eagerly (torch.unique voxelisation, spconv at 1 thread)."""
+    from .pointpillars import ours_dynamic_scatter, peer_dynamic_scatter
+
+    rng = np.random.default_rng(seed + 1)
+    xyz = scan_points(rng, sweeps=10)
+    points = np.concatenate([xyz, rng.random((xyz.shape[0], 2), dtype=np.float32)], 1).astype(np.float32)
+    pc_range = CP_RANGE if scale == "full" else CP_CI_RANGE
+    cells = [int(round((hi - lo) / v)) for lo, hi, v in zip(pc_range[:3], pc_range[3:], CP_VOXEL)]
+    torch.manual_seed(seed)
+    spconv_encoder = SpconvEncoder(SparseEncoder([cells[2] + 1, cells[1], cells[0]]))
+    torch.manual_seed(seed)
+    peer = seed_batchnorms(CenterPointDetector(spconv_encoder, peer_dynamic_scatter, pc_range), seed)
+    # The same weights: the encoder converted once peer's is seeded (the conversion draws
+    # initial weights of its own), then the same seeds.
+    encoder = mlu_torch.from_spconv(spconv_encoder)
+    torch.manual_seed(seed)
+    ours = seed_batchnorms(CenterPointDetector(encoder, ours_dynamic_scatter, pc_range), seed)
+    model = export(ours, (tensor(points),), ["points"], ["detections"], {"points": {0: "N"}})
+
+    def run_peer(threads: int):
+        with torch.no_grad():
+            return {"detections": numpy_out(peer(tensor(points)))}
+
+    return Graph("detections", model, {"points": points}, run_peer, "spconv 2.3.8 + torch (the same decoding)",
+                 peer_threads=(1,), tolerances={"detections": {**DETECTIONS, "threshold": CP_SCORE_THR}},
+                 note="boxes matched by label and centre")
+
+
 def sorted_rows(a: np.ndarray) -> np.ndarray:
     """Sparse coordinates as a set: the rows sorted (spconv and the contract order output
     sites differently)."""
@@ -158,4 +282,5 @@ def case(scale: str, seed: int, sweeps: int = 10) -> Case:
     graph = Graph("forward", model, {"voxel_features": feats, "coors": sites}, peer, "spconv 2.3.8", 
                   {"out_indices": sorted_rows}, peer_threads=(1,),
                   note="out_indices compared as sets (sorted rows)")
-    return Case("centerpoint", f"SparseEncoder {'x'.join(map(str, shape))}, {sites.shape[0]} voxels", [graph])
+    return Case("centerpoint", f"SparseEncoder {'x'.join(map(str, shape))}, {sites.shape[0]} voxels",
+                [graph, detector_graph(scale, seed)])

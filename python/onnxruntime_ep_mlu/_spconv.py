@@ -29,6 +29,7 @@ import contextlib
 import copy
 import sys
 import threading
+import types
 
 import torch
 from torch import nn
@@ -158,7 +159,10 @@ def convert(model: nn.Module) -> nn.Module:
     """See the module's documentation: a converted copy of ``model`` (which is left as it
     is), wrapped in :class:`FromSpconv`."""
     spt = _spconv()
-    root = _convert("", copy.deepcopy(model), spt)
+    # Python modules a model keeps as attributes (``self.spt = spconv.pytorch``) are shared,
+    # not copied (they cannot be).
+    keep = {id(v): v for m in model.modules() for v in vars(m).values() if isinstance(v, types.ModuleType)}
+    root = _convert("", copy.deepcopy(model, keep), spt)
     if _has_spconv(root):
         raise AssertionError("from_spconv left an spconv module in place")
     return FromSpconv(root).train(model.training)
