@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 from onnxruntime_ep_mlu import torch as mlu_torch
+from onnxruntime_ep_mlu.regression import DETECTIONS
 
+from .centerhead import BN_EPS, SCORE_THR, CenterHead, conv_bn
 from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
 
 BEV = (128, 128, 1)  # nx, ny, nz
@@ -75,6 +77,98 @@ class LSSViewTransform(nn.Module):
         return bev, self.heatmap(self.head(bev))
 
 
+# ----------------------------------------------------------------------------- whole detector
+MID = 512  # BEVDepth's depth_net_conf mid_channels
+
+
+def camera_params(cams: int) -> np.ndarray:
+    """BEVDepth's mlp_input per camera [cams, 27] for the rig of ``geometry``: fx, fy, cx, cy;
+    the image augmentation's (identity) 2 x 3 entries; the BEV augmentation's (identity)
+    five; sensor2ego's 3 x 4."""
+    f, cx, cy = 1266.0 * 0.44, 352.0, 128.0
+    rows = []
+    for yaw in np.deg2rad([0, -55, 55, 180, -110, 110][:cams]):
+        cam2local = np.array([[0, 0, 1], [-1, 0, 0], [0, -1, 0]], float)  # x right, y down, z forward
+        rot = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]]) @ cam2local
+        trans = np.array([1.0 * np.cos(yaw), 1.0 * np.sin(yaw), 1.5])
+        rows.append(np.concatenate([[f, f, cx, cy], [1, 0, 0, 0, 1, 0], [1, 0, 0, 1, 1],
+                                    np.concatenate([rot, trans[:, None]], 1).ravel()]))
+    return np.array(rows, np.float32)
+
+
+class SE(nn.Module):
+    """BEVDepth's SELayer: x gated by the camera features."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, c, 1), nn.Conv2d(c, c, 1)
+
+    def forward(self, x, cam):
+        return x * torch.sigmoid(self.expand(torch.relu(self.reduce(cam))))
+
+
+def mlp(cin, mid, cout):
+    return nn.Sequential(nn.Linear(cin, mid), nn.ReLU(), nn.Linear(mid, cout))
+
+
+class DepthNet(nn.Module):
+    """BEVDepth's camera-aware DepthNet: the camera parameters (BatchNorm1d, then an MLP per
+    branch) gate the reduced image features (SE) of the context and depth branches. Simplified
+    where no custom op is involved: the depth branch's three BasicBlocks, ASPP and deformable
+    convolution are two 3 x 3 convolutions here."""
+
+    def __init__(self, depth_bins):
+        super().__init__()
+        self.reduce = nn.Sequential(nn.Conv2d(512, MID, 3, 1, 1, bias=False), nn.BatchNorm2d(MID), nn.ReLU())
+        self.bn = nn.BatchNorm1d(27)
+        self.depth_mlp, self.context_mlp = mlp(27, MID, MID), mlp(27, MID, MID)
+        self.depth_se, self.context_se = SE(MID), SE(MID)
+        self.context_conv = nn.Conv2d(MID, CHANNELS, 1)
+        self.depth_conv = nn.Sequential(
+            nn.Conv2d(MID, MID, 3, 1, 1, bias=False), nn.BatchNorm2d(MID), nn.ReLU(),
+            nn.Conv2d(MID, MID, 3, 1, 1, bias=False), nn.BatchNorm2d(MID), nn.ReLU(),
+            nn.Conv2d(MID, depth_bins, 1),
+        )
+
+    def forward(self, img_feats, cam_params):
+        cam = self.bn(cam_params)
+        x = self.reduce(img_feats)
+        context = self.context_conv(self.context_se(x, self.context_mlp(cam)[..., None, None]))
+        depth = self.depth_conv(self.depth_se(x, self.depth_mlp(cam)[..., None, None]))
+        return depth, context
+
+
+class BEVDepthDetector(nn.Module):
+    """Image features [cams, 512, h, w], camera parameters [cams, 27] and the frustum's
+    geom_xyz to boxes [M, 9]: DepthNet, the LSS outer product, voxel pooling (``pool``), the
+    BEV encoder (BEVDepth's ResNet-18 stages at strides 1, 2, 2 and channels 160, 320, 640,
+    one 3 x 3 convolution each here, and SECONDFPN to 4 x 64) and CenterHead at 0.8 m cells
+    (networks/centerhead.py)."""
+
+    def __init__(self, depth_bins, pool):
+        super().__init__()
+        self.depth_bins, self.pool = depth_bins, pool
+        self.depth_net = DepthNet(depth_bins)
+        self.stages = nn.ModuleList(
+            nn.Sequential(*conv_bn(cin, cout, stride=s)) for cin, cout, s in ((CHANNELS, 160, 1), (160, 320, 2), (320, 640, 2))
+        )
+        self.fpn = nn.ModuleList(
+            nn.Sequential(nn.ConvTranspose2d(c, 64, s, s, bias=False), nn.BatchNorm2d(64, eps=BN_EPS, momentum=0.01), nn.ReLU())
+            for c, s in ((CHANNELS, 1), (160, 1), (320, 2), (640, 4))
+        )
+        self.head = CenterHead(256, (0.8, 0.8), (-51.2, -51.2))
+
+    def forward(self, img_feats, cam_params, geom_xyz):
+        depth, context = self.depth_net(img_feats, cam_params)
+        feats = depth.softmax(dim=1).unsqueeze(1) * context.unsqueeze(2)  # [cams, C, D, h, w]
+        x = self.pool(geom_xyz, feats.permute(0, 2, 3, 4, 1).reshape(1, -1, CHANNELS)).permute(0, 3, 1, 2)
+        ups = [self.fpn[0](x)]
+        for stage, up in zip(self.stages, self.fpn[1:]):
+            x = stage(x)
+            ups.append(up(x))
+        return self.head(torch.cat(ups, 1))
+
+
 def ours_pool(geom_xyz, feats):
     return mlu_torch.voxel_pooling(geom_xyz, feats, BEV)[0]
 
@@ -107,9 +201,29 @@ def case(scale: str, seed: int) -> Case:
             bev, heat = peer_net(tensor(img), tensor(geom))
         return {"bev": numpy_out(bev), "heatmap": numpy_out(heat)}
 
+    cams = camera_params(6)
+    torch.manual_seed(seed)
+    detector = seed_batchnorms(BEVDepthDetector(len(depths), ours_pool), seed)
+    with torch.no_grad():  # the camera BatchNorm's statistics on the scale of its inputs
+        detector.depth_net.bn.running_mean.copy_(torch.from_numpy(cams.mean(0)))
+        detector.depth_net.bn.running_var.copy_(torch.from_numpy(cams.var(0) + 1.0))
+    peer_detector = copy.deepcopy(detector)
+    peer_detector.pool = peer_pool
+    det_model = export(detector, (tensor(img), tensor(cams), tensor(geom)), ["img_feats", "cam_params", "geom_xyz"],
+                       ["detections"])
+
+    def peer_detections(threads: int):
+        with torch.no_grad():
+            return {"detections": numpy_out(peer_detector(tensor(img), tensor(cams), tensor(geom)))}
+
     inside = int(((geom[0] >= 0).all(1) & (geom[0] < BEV).all(1)).sum())
     return Case(
         "bevdepth",
         f"6 cams {h}x{w}, {len(depths)} depth bins, {geom.shape[1]} points ({inside} in the 128x128 BEV)",
-        [Graph("forward", model, {"img_feats": img, "geom_xyz": geom}, peer, "torch (index_add voxel pooling)")],
+        [
+            Graph("forward", model, {"img_feats": img, "geom_xyz": geom}, peer, "torch (index_add voxel pooling)"),
+            Graph("detections", det_model, {"img_feats": img, "cam_params": cams, "geom_xyz": geom}, peer_detections,
+                  "torch (the same modules, index_add voxel pooling)",
+                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR, "tie_radius": 2.4}}),
+        ],
     )

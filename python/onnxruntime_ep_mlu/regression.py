@@ -196,8 +196,10 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
 #: ops cannot express, outside it). Boxes match by label and centre distance (<= ``match``
 #: metres, nearest first, the reference's highest scores first); a box without a partner
 #: fails the frame unless its score is within ``score`` of the lowest score the other side
-#: kept or of the graph's ``threshold`` when the tolerance names it (a box at the top-K or
-#: threshold boundary, which a rounding may move across it).
+#: kept (over all labels, or over its label) or of the graph's ``threshold`` when the tolerance names it (a box at the top-K or
+#: threshold boundary, which a rounding may move across it), or, with ``tie_radius``
+#: (metres), it has a twin of its label and score within that radius (two heatmap peaks of
+#: equal height, of which a rounding keeps either).
 #: Matched boxes: max |score|, centre distance, |size| and wrapped |yaw| differences, each
 #: against its bound.
 DETECTIONS = {"class": "detections", "match": 0.5, "score": 1e-4, "center": 1e-3, "size": 1e-3, "yaw": 1e-3}
@@ -221,15 +223,28 @@ def compare_detections(value: np.ndarray, golden: np.ndarray, tol: dict) -> tupl
             free[v] = False
             pairs.append((v, g))
     matched_g = {g for _, g in pairs}
-    lonely = [(value[v, 7], golden[:, 7]) for v in np.flatnonzero(free)]
-    lonely += [(golden[g, 7], value[:, 7]) for g in range(len(golden)) if g not in matched_g]
-    # A box the other side dropped only because it sits at that side's boundary: as low as
-    # the lowest score the other side kept (top-K), or at the score threshold.
-    def at_boundary(score, other):
-        edges = ([other.min()] if len(other) else []) + ([tol["threshold"]] if "threshold" in tol else [])
-        return any(abs(score - e) <= tol["score"] for e in edges)
+    lonely = [(value, v, golden) for v in np.flatnonzero(free)]
+    lonely += [(golden, g, value) for g in range(len(golden)) if g not in matched_g]
 
-    boundary = [at_boundary(score, other) for score, other in lonely]
+    def at_boundary(side, i, other):
+        """A box the other side dropped only because it sits at that side's boundary: as low
+        as the lowest score the other side kept (top-K, over all labels or over its own), at
+        the score threshold, or (with
+        ``tie_radius``) one of two peaks of equal height, a box of its own side with its
+        label within that radius scoring within ``score`` of it."""
+        score, same = side[i, 7], other[other[:, 8] == side[i, 8], 7]
+        # The lowest kept over all labels and over this one (a top-K per task or per label).
+        edges = [o.min() for o in (other[:, 7], same) if len(o)] + ([tol["threshold"]] if "threshold" in tol else [])
+        if any(abs(score - e) <= tol["score"] for e in edges):
+            return True
+        if "tie_radius" not in tol:
+            return False
+        near = np.linalg.norm(side[:, :3] - side[i, :3], axis=1) <= tol["tie_radius"]
+        twin = near & (side[:, 8] == side[i, 8]) & (np.abs(side[:, 7] - score) <= tol["score"])
+        twin[i] = False
+        return bool(twin.any())
+
+    boundary = [at_boundary(*box) for box in lonely]
     unmatched = sum(not b for b in boundary)
     if not pairs:
         ratio = math.inf if unmatched else 0.0

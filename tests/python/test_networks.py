@@ -74,6 +74,12 @@ def test_detections_match_box_by_box_and_fail_on_a_moved_or_missing_box():
     assert ratio < 1.0 and "1 at a boundary" in text, text
     assert compare_detections(ref[:-1], ref, {**DETECTIONS, "threshold": 0.2})[0] < 1.0
     assert compare_detections(ref[:, :8], ref, DETECTIONS)[0] == float("inf")
+    # Two peaks of equal height 0.6 m apart: a rounding keeps one on one side. A tie only
+    # within tie_radius and the score bound.
+    twins = np.concatenate([ref, ref[10:11] + np.array([0.6, 0, 0, 0, 0, 0, 0, 2e-5, 0], np.float32)])
+    assert compare_detections(ref, twins, DETECTIONS)[0] == float("inf")
+    assert compare_detections(ref, twins, {**DETECTIONS, "tie_radius": 1.0})[0] < 1.0
+    assert compare_detections(ref, twins, {**DETECTIONS, "tie_radius": 0.5})[0] == float("inf")
 
 
 def test_sparse_coordinates_compare_as_sets_and_nothing_looser():
