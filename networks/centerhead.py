@@ -11,6 +11,8 @@ NMS stays outside the graph."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -44,7 +46,11 @@ class CenterHead(nn.Module):
         heat = torch.sigmoid(out["heatmap"])
         _, n, h, w = heat.shape
         peaks = heat * (nn.functional.max_pool2d(heat, 3, 1, 1) == heat).to(heat.dtype)
-        score, idx = peaks.reshape(-1).topk(min(TOP_K, n * h * w))
+        with warnings.catch_warnings():
+            # The head map's size is a constant of the model (its BEV grid is fixed).
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            k = min(TOP_K, int(n * h * w))
+        score, idx = peaks.reshape(-1).topk(k)
         label, pix = idx // (h * w), idx % (h * w)
         ys, xs = (pix // w).to(heat.dtype), (pix % w).to(heat.dtype)
 

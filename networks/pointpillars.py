@@ -157,13 +157,14 @@ class PointPillarsDetector(nn.Module):
         size = torch.tensor(ANCHOR_SIZE).expand(*x.shape, 3)
         anchors = torch.stack([x, y, torch.full_like(x, ANCHOR_Z)], -1)
         self.register_buffer("anchors", torch.cat([anchors, size, r.unsqueeze(-1)], -1).reshape(-1, 7))
+        self.keep = min(NMS_PRE, self.anchors.shape[0])  # a constant of the model
 
     def forward(self, points):
         _, cls, reg, dirs = self.net(points)
         scores = torch.sigmoid(cls.permute(0, 2, 3, 1).reshape(-1))
         deltas = reg.permute(0, 2, 3, 1).reshape(-1, 7)
         dir_label = dirs.permute(0, 2, 3, 1).reshape(-1, 2).argmax(1)
-        top, idx = scores.topk(min(NMS_PRE, scores.shape[0]))
+        top, idx = scores.topk(self.keep)
         a, d = self.anchors[idx], deltas[idx]
         za = a[:, 2] + a[:, 5] / 2
         diagonal = torch.sqrt(a[:, 3] ** 2 + a[:, 4] ** 2)

@@ -21,7 +21,7 @@ def bev_case():
 
 
 def test_the_bevdepth_graph_agrees_with_its_peer_on_both_paths(bev_case, mlu_lib):
-    (graph,) = bev_case.graphs
+    graph = bev_case.graphs[0]  # the view transform
     rows, ok = run.run_graph(bev_case, graph, str(mlu_lib), 1, str(emulated_mluops(mlu_lib)))
     assert ok, rows
     assert "1/1" in rows[1], "VoxelPoolingForward on the MLU"
@@ -29,7 +29,7 @@ def test_the_bevdepth_graph_agrees_with_its_peer_on_both_paths(bev_case, mlu_lib
 
 
 def test_a_peer_that_disagrees_fails_the_graph(bev_case, mlu_lib):
-    (graph,) = bev_case.graphs
+    graph = bev_case.graphs[0]  # the view transform
 
     def off_by_one_cell(threads):
         out = graph.peer(threads)
@@ -95,7 +95,7 @@ def test_sparse_coordinates_compare_as_sets_and_nothing_looser():
 
 def test_outputs_that_depend_on_the_thread_count_fail_the_graph(bev_case, mlu_lib, monkeypatch):
     """One ulp at 2 threads, far inside the peer tolerance, still fails the CPU row."""
-    (graph,) = bev_case.graphs
+    graph = bev_case.graphs[0]  # the view transform
     real = common.cpu_session
 
     class OneUlpOff:
@@ -119,3 +119,52 @@ def test_outputs_that_depend_on_the_thread_count_fail_the_graph(bev_case, mlu_li
     assert not ok
     assert "BAD" in rows[0] and "1- and 2-thread outputs differ: bev" in rows[0], rows
     assert "OK" in rows[1], rows
+
+
+def test_the_regression_runner_checks_a_detector_box_by_box(mlu_lib, tmp_path):
+    """A frame folder of the whole PointPillars detector (three simulated scans, goldens from
+    the eager torch model, tolerances of the detections class): the runner passes every
+    frame on the CPU path and the emulated card, and fails the frame whose golden has one
+    box moved by 0.3 m."""
+    import copy
+    import json
+    import subprocess
+
+    import torch
+    from conftest import user_env
+    from networks import pointpillars as pp
+
+    pc_range = (0.0, -19.84, -3.0, 34.56, 19.84, 1.0)
+    torch.manual_seed(3)
+    peer_net = common.seed_batchnorms(pp.PointPillars(pc_range, pp.peer_dynamic_scatter), 3)
+    ours_net = copy.deepcopy(peer_net)
+    ours_net.scatter = pp.ours_dynamic_scatter
+    peer = pp.PointPillarsDetector(peer_net, pc_range).eval()
+    folder = tmp_path / "frames" / "pointpillars_detector"
+    folder.mkdir(parents=True)
+    points = []
+    for seed in range(3):
+        rng = np.random.default_rng(100 + seed)
+        xyz = pp.scan_points(rng, sweeps=1)
+        points.append(np.concatenate([xyz, rng.random((len(xyz), 1), dtype=np.float32)], 1).astype(np.float32))
+    (folder / "model.onnx").write_bytes(common.export(pp.PointPillarsDetector(ours_net, pc_range), (common.tensor(points[0]),),
+                                                      ["points"], ["detections"], {"points": {0: "N"}}))
+    tol = {"detections": {**pp.DETECTIONS, "threshold": pp.SCORE_THR}}
+    (folder / "tolerances.json").write_text(json.dumps(tol))
+    goldens = []
+    for i, p in enumerate(points):
+        with torch.no_grad():
+            goldens.append(common.numpy_out(peer(common.tensor(p))))
+        np.savez(folder / f"scan{i}.npz", **{"in.points": p, "out.detections": goldens[-1]})
+    env = user_env() | {"PYTHONPATH": str(REPO / "python"), "MLU_EP_LIB": str(mlu_lib)}
+    run = [sys.executable, "-m", "onnxruntime_ep_mlu.regression", "--frames", str(tmp_path / "frames")]
+    good = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "every frame matches its reference on every path" in good.stdout, good.stdout
+    assert good.stdout.count("100 matched of 100 (reference) and 100, 0 unmatched") == 2, good.stdout
+    moved = goldens[1].copy()
+    moved[5, 0] += 0.3
+    np.savez(folder / "scan1.npz", **{"in.points": points[1], "out.detections": moved})
+    bad = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL scan1" in bad.stdout and "FAIL scan0" not in bad.stdout and "FAIL scan2" not in bad.stdout, bad.stdout
