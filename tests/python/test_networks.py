@@ -124,8 +124,8 @@ def test_outputs_that_depend_on_the_thread_count_fail_the_graph(bev_case, mlu_li
 def test_the_regression_runner_checks_a_detector_box_by_box(mlu_lib, tmp_path):
     """A frame folder of the whole PointPillars detector (three simulated scans, goldens from
     the eager torch model, tolerances of the detections class): the runner passes every
-    frame on the CPU path and the emulated card, and fails the frame whose golden has one
-    box moved by 0.3 m."""
+    frame on the CPU path and the emulated card, in this process and on Ray, and fails the
+    frame whose golden has one box moved by 0.3 m."""
     import copy
     import json
     import subprocess
@@ -162,6 +162,11 @@ def test_the_regression_runner_checks_a_detector_box_by_box(mlu_lib, tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     assert "every frame matches its reference on every path" in good.stdout, good.stdout
     assert good.stdout.count("100 matched of 100 (reference) and 100, 0 unmatched") == 2, good.stdout
+    # The same folder on a local Ray cluster (one actor): the same verdict, box by box.
+    on_ray = subprocess.run([*run, "--ray", "--num-cpus", "1", "--workers", "1"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert on_ray.returncode == 0, on_ray.stdout + on_ray.stderr
+    assert on_ray.stdout.count("100 matched of 100 (reference) and 100, 0 unmatched") == 2, on_ray.stdout
     moved = goldens[1].copy()
     moved[5, 0] += 0.3
     np.savez(folder / "scan1.npz", **{"in.points": points[1], "out.detections": moved})
