@@ -203,8 +203,9 @@ impl StreamFloor {
 ///   VoxelPooling's, ThreeInterpolateBackward's pattern).
 ///
 /// Two tasks split the sequential rows (gather) or the table rows (scatter-add: each task
-/// scans every index and adds to the rows it owns, as the kernels' owners do), so neither
-/// needs atomics. Bytes: every table row touched read (and, scatter-add, written), every
+/// owns a contiguous half of the table, scans every index and adds to its rows, so no
+/// atomics; the kernels split their owners differently, by voxel or cell), and one task on
+/// one thread. Bytes: every table row touched read (and, scatter-add, written), every
 /// sequential row written (gather) or read (scatter-add), the indices read.
 struct RandomRows {
     access: Access,
@@ -232,11 +233,12 @@ impl RandomRows {
         });
     }
 
-    fn scatter_add(&mut self, par: &dyn Parallel) {
+    /// `owners` tasks (the pool's threads: one task on one thread scans the indices once).
+    fn scatter_add(&mut self, par: &dyn Parallel, owners: usize) {
         let (a, rows) = (&self.access, &self.rows);
-        let split = a.table / 2 * a.row;
-        for_each_part_mut(par, &mut self.table, &[0, split, a.table * a.row], |t, part| {
-            let first = if t == 0 { 0 } else { a.table / 2 };
+        let bounds: Vec<usize> = (0..=owners).map(|t| a.table * t / owners * a.row).collect();
+        for_each_part_mut(par, &mut self.table, &bounds, |t, part| {
+            let first = a.table * t / owners;
             let owned = first..first + part.len() / a.row;
             for (k, &j) in a.idx.iter().enumerate().filter(|(_, j)| owned.contains(&(**j as usize))) {
                 let src = &rows[k / a.fan * a.row..][..a.row];
@@ -868,8 +870,8 @@ fn main() {
             if let Some(r) = &random {
                 prims.push(Box::new(|| r.borrow_mut().gather(&pool1)));
                 prims.push(Box::new(|| r.borrow_mut().gather(&pool2)));
-                prims.push(Box::new(|| r.borrow_mut().scatter_add(&pool1)));
-                prims.push(Box::new(|| r.borrow_mut().scatter_add(&pool2)));
+                prims.push(Box::new(|| r.borrow_mut().scatter_add(&pool1, 1)));
+                prims.push(Box::new(|| r.borrow_mut().scatter_add(&pool2, 2)));
             }
             variants.extend(prims.iter_mut().map(|p| &mut **p as &mut dyn FnMut()));
             best_interleaved(&mut variants, &mut || flush.run())

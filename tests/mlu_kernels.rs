@@ -115,7 +115,8 @@ mod voxel_pooling_forward {
     }
 
     /// Out-of-grid coordinates anywhere in int32 (the kernel zeroes them before its int32
-    /// cell products).
+    /// cell products; the old `x + 1` at INT32_MAX is what scripts/sanitize.sh's UBSan run of
+    /// this test reports).
     #[test]
     fn coordinates_at_the_int32_extremes() {
         let op: VoxelPoolingForward =
@@ -579,9 +580,13 @@ mod bad_input {
         same_error(&ti, &[Some(&go), Some(&bad), Some(&w)], "outside [0, m)");
         let neg = Tensor::i32([1, 2, 3], vec![0, -1, 2, 3, 1, 0]);
         same_error(&ti, &[Some(&go), Some(&neg), Some(&w)], "outside [0, m)");
-        // The kernel runs beside the check: int32's extremes must not overflow its tile test.
-        let far = Tensor::i32([1, 2, 3], vec![1, i32::MIN, 2, i32::MAX, 0, 3]);
-        same_error(&ti, &[Some(&go), Some(&far), Some(&w)], "indices[0, 0, 1] = -2147483648 is outside [0, m)");
+        // The kernel runs beside the check: int32's extremes must not overflow its tile test
+        // in any M tile (m0 > 0 from the second; under scripts/sanitize.sh UBSan reports the
+        // old `index - m0`).
+        let wide: ThreeInterpolateBackward =
+            descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(1000))])).unwrap();
+        let far = Tensor::i32([1, 2, 3], vec![700, i32::MIN, 2, i32::MAX, 999, 3]);
+        same_error(&wide, &[Some(&go), Some(&far), Some(&w)], "indices[0, 0, 1] = -2147483648 is outside [0, m)");
         // Seed boundary case 13: M = 0 with points is an error.
         let ti0: ThreeInterpolateBackward =
             descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(0))])).unwrap();

@@ -19,8 +19,9 @@ its children converted, and marked as taking the whole sparse tensor.
 The tensor type: the returned model runs the original ``forward`` with spconv's
 ``SparseConvTensor`` replaced by :class:`~onnxruntime_ep_mlu.torch.SparseTensor` (same first
 four arguments, and ``features``, ``indices``, ``spatial_shape``, ``batch_size``,
-``replace_feature``, ``dense``), both as ``spconv.pytorch.SparseConvTensor`` and wherever a
-module of the model imported the class by name; the replacement lasts for the call only.
+``replace_feature``, ``dense``), both as ``spconv.pytorch.SparseConvTensor`` and where a module
+defining one of the model's classes imported the class by name (other helper modules are not
+patched); the replacement lasts for the call only, one call at a time in the process.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from torch import nn
 from . import torch as mt
 
 _LOCK = threading.RLock()
+#: Nesting of converted models' calls in the thread holding _LOCK.
+_DEPTH = 0
 
 
 def _spconv():
@@ -72,6 +75,9 @@ def _conv(path: str, m) -> nn.Module:
     if tuple(m.weight.shape) != (m.out_channels, *m.kernel_size, m.in_channels):
         _refuse(path, m, f"weight of shape {tuple(m.weight.shape)}, not spconv's [Cout, kd, kh, kw, Cin]")
     bias = m.bias is not None
+    if m.inverse and m.conv1x1:
+        _refuse(path, m, "a 1x1x1 inverse convolution, which spconv runs as a plain 1x1 product on its input "
+                         "sites, not as an inverse (spconv/pytorch/conv.py, the conv1x1 branch)")
     if m.inverse:
         ours = mt.SparseInverseConv3d(m.in_channels, m.out_channels, m.kernel_size, m.indice_key, bias=bias)
     elif m.subm:
@@ -124,21 +130,37 @@ def _convert(path: str, m: nn.Module, spt) -> nn.Module:
 @contextlib.contextmanager
 def _sparse_tensor_for(model: nn.Module, spt):
     """spconv's SparseConvTensor read as this package's SparseTensor while the block runs:
-    on spconv.pytorch and in every module namespace of the model's classes that bound it."""
-    cls = spt.SparseConvTensor
-    spaces = {id(spt): vars(spt)}
-    for m in model.modules():
-        for klass in type(m).__mro__:
-            mod = sys.modules.get(klass.__module__)
-            if mod is not None and not klass.__module__.startswith(("torch.", "spconv.")):
-                spaces[id(mod)] = vars(mod)
-    bound = [(ns, name) for ns in spaces.values() for name, v in list(ns.items()) if v is cls]
+    on spconv.pytorch and in every module namespace of the model's classes that bound it.
+    One call at a time (a process-wide lock, re-entrant for nested converted models): the
+    class being replaced is spconv.pytorch.core's, which is never patched, so every call
+    restores it, whatever ran before or raised. Other threads' use of spconv.pytorch during
+    a call sees this package's class."""
+    import spconv.pytorch.core as core
+
+    global _DEPTH
+    cls = core.SparseConvTensor
     with _LOCK:
+        if _DEPTH:  # a converted model inside another's call: already replaced
+            _DEPTH += 1
+            try:
+                yield
+            finally:
+                _DEPTH -= 1
+            return
+        spaces = {id(spt): vars(spt)}
+        for m in model.modules():
+            for klass in type(m).__mro__:
+                mod = sys.modules.get(klass.__module__)
+                if mod is not None and not klass.__module__.startswith(("torch.", "spconv.")):
+                    spaces[id(mod)] = vars(mod)
+        bound = [(ns, name) for ns in spaces.values() for name, v in list(ns.items()) if v is cls]
         for ns, name in bound:
             ns[name] = mt.SparseTensor
+        _DEPTH = 1
         try:
             yield
         finally:
+            _DEPTH = 0
             for ns, name in bound:
                 ns[name] = cls
 

@@ -223,25 +223,29 @@ def compare_detections(value: np.ndarray, golden: np.ndarray, tol: dict) -> tupl
             free[v] = False
             pairs.append((v, g))
     matched_g = {g for _, g in pairs}
-    lonely = [(value, v, golden) for v in np.flatnonzero(free)]
-    lonely += [(golden, g, value) for g in range(len(golden)) if g not in matched_g]
+    matched_v = ~free
+    kept_g = np.zeros(len(golden), bool)
+    kept_g[list(matched_g)] = True
+    lonely = [(value, matched_v, v, golden, kept_g) for v in np.flatnonzero(free)]
+    lonely += [(golden, kept_g, g, value, matched_v) for g in range(len(golden)) if g not in matched_g]
 
-    def at_boundary(side, i, other):
-        """A box the other side dropped only because it sits at that side's boundary: as low
-        as the lowest score the other side kept (top-K, over all labels or over its own), at
-        the score threshold, or (with
-        ``tie_radius``) one of two peaks of equal height, a box of its own side with its
-        label within that radius scoring within ``score`` of it."""
-        score, same = side[i, 7], other[other[:, 8] == side[i, 8], 7]
-        # The lowest kept over all labels and over this one (a top-K per task or per label).
-        edges = [o.min() for o in (other[:, 7], same) if len(o)] + ([tol["threshold"]] if "threshold" in tol else [])
+    def at_boundary(side, side_matched, i, other, other_matched):
+        """A box the other side dropped only because it sits at that side's boundary: its score
+        within ``score`` of the lowest score among the other side's matched boxes (over all
+        labels, or over its own: a top-K per task or per label) or of the named score
+        threshold; or (with ``tie_radius``) one of two peaks of equal height, whose matched
+        twin of its side and label lies within that radius. Only matched boxes set the edge,
+        so a moved box's own displaced partner never excuses it."""
+        score = side[i, 7]
+        kept = other[other_matched]
+        same = kept[kept[:, 8] == side[i, 8], 7]
+        edges = [o.min() for o in (kept[:, 7], same) if len(o)] + ([tol["threshold"]] if "threshold" in tol else [])
         if any(abs(score - e) <= tol["score"] for e in edges):
             return True
         if "tie_radius" not in tol:
             return False
         near = np.linalg.norm(side[:, :3] - side[i, :3], axis=1) <= tol["tie_radius"]
-        twin = near & (side[:, 8] == side[i, 8]) & (np.abs(side[:, 7] - score) <= tol["score"])
-        twin[i] = False
+        twin = near & side_matched & (side[:, 8] == side[i, 8]) & (np.abs(side[:, 7] - score) <= tol["score"])
         return bool(twin.any())
 
     boundary = [at_boundary(*box) for box in lonely]

@@ -5,7 +5,7 @@
 //! No MLU hardware is reachable from this project's machines: this path compiles and is
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
-use super::{Device, DeviceInfo, Direction, KERNEL_ENTRIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime, entry};
+use super::{Device, DeviceInfo, Direction, KERNEL_ENTRIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime, has_entry};
 use crate::error::{Error, Result};
 use libloading::Library;
 use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
@@ -252,7 +252,7 @@ pub fn devices() -> Result<Vec<Arc<Device>>> {
     let klib = open_kernels(&kernels_path).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
     // Every launch entry resolves now, not at a node's first launch.
     for name in KERNEL_ENTRIES {
-        entry::<*const c_void>(&klib, name).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
+        has_entry(&klib, name).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
     }
     // The kernel entries must outlive every device, and the runtime they call with them:
     // both libraries stay loaded.

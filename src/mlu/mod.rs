@@ -96,12 +96,20 @@ pub trait KernelTable: Sized {
 }
 
 /// `name`'s address in the kernel library, as the entry type `F` ([`KernelTable::load`]).
-pub fn entry<F: Copy>(lib: &libloading::Library, name: &str) -> Result<F> {
-    // SAFETY: `F` is either the entry's signature generated from the same header the
-    // cncc-built .mlu includes (build_support/abi.rs), so the compiler held the definition
-    // to it, or a raw pointer that is never called (the load-time check of cnrt::devices).
+///
+/// # Safety
+/// `F` is the C signature, as a Rust function pointer type, of the symbol `name` (the
+/// generated tables pass the signature build.rs read from the header the .mlu includes).
+pub(crate) unsafe fn entry<F: Copy>(lib: &libloading::Library, name: &str) -> Result<F> {
+    // SAFETY: the caller's contract: `F` is the symbol's type.
     let sym = unsafe { lib.get::<F>(name.as_bytes()) };
     sym.map(|s| *s).map_err(|e| Error::Runtime(format!("MLU kernel library lacks {}: {e}", name.trim_end_matches('\0'))))
+}
+
+/// Whether the kernel library exports `name` (its launch entries are checked at load).
+pub(crate) fn has_entry(lib: &libloading::Library, name: &str) -> Result<()> {
+    // SAFETY: the symbol is only looked up, its address read as a data pointer and dropped.
+    unsafe { entry::<*const c_void>(lib, name) }.map(drop)
 }
 
 /// A family's generated ABI (structs and `KernelTable`) as the module `abi`, in the family's

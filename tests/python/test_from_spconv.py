@@ -349,6 +349,7 @@ def test_the_conversion_carries_layout_keys_and_containers():
         (lambda: spconv.SparseConvTranspose3d(4, 8, 3, 2), "a transposed convolution"),
         (lambda: spconv.SubMConv3d(4, 8, 2), "dilation * (kernel - 1) even"),
         (lambda: spconv.SparseConv2d(4, 8, 3), "a 2D convolution"),
+        (lambda: spconv.SparseInverseConv3d(4, 8, 1, indice_key="k"), "a 1x1x1 inverse convolution"),
     ],
 )
 def test_what_cannot_be_converted_is_an_error_naming_the_module(module, why):
@@ -359,13 +360,31 @@ def test_what_cannot_be_converted_is_an_error_naming_the_module(module, why):
     assert why in str(e.value)
 
 
-def test_the_tensor_type_is_restored_after_each_call():
+def test_the_tensor_type_is_restored_after_each_call_even_one_that_raises_or_runs_beside_another():
+    import spconv.pytorch.core as core
+    import threading
+
+    original = core.SparseConvTensor
     reference = seeded(SpMiddleFHD([1, 40, 48, 48, 64], 4), 2)
     converted = mt.from_spconv(reference)
     rng = np.random.default_rng(5)
-    coors = sites(rng, 1, (41, 48, 48), 200)
+    coors = torch.from_numpy(sites(rng, 1, (41, 48, 48), 200))
     feats = torch.from_numpy(rng.standard_normal((coors.shape[0], 4)).astype(np.float32))
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append((spconv.SparseConvTensor, globals()["SparseConvTensor"]))
+            return x
+
+    converted.model.middle_conv.add_module("probe", Probe())
     with torch.no_grad():
-        converted(feats, torch.from_numpy(coors), 1)
-    assert spconv.SparseConvTensor is SparseConvTensor and SparseConvTensor.__module__.startswith("spconv.")
-    assert globals()["SparseConvTensor"] is SparseConvTensor
+        converted(feats, coors, 1)
+        with pytest.raises(ValueError, match="do not match filters"):
+            converted(feats[:, :2], coors, 1)  # a wrong channel count raises inside the call
+        threads = [threading.Thread(target=converted, args=(feats, coors, 1)) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    assert seen and all(a is mt.SparseTensor and b is mt.SparseTensor for a, b in seen), seen
+    assert spconv.SparseConvTensor is original and globals()["SparseConvTensor"] is original
+    assert original.__module__ == "spconv.pytorch.core"

@@ -73,6 +73,15 @@ def test_detections_match_box_by_box_and_fail_on_a_moved_or_missing_box():
     ratio, text = compare_detections(tie[:-1], tie, DETECTIONS)
     assert ratio < 1.0 and "1 at a boundary" in text, text
     assert compare_detections(ref[:-1], ref, {**DETECTIONS, "threshold": 0.2})[0] < 1.0
+    # A moved box is never excused by its own displaced partner: the lowest-scored box, or
+    # the only box of its label, moved 3 m fails.
+    lowest = ref.copy()
+    lowest[-1, 1] += 3.0
+    assert compare_detections(lowest, ref, DETECTIONS)[0] == float("inf")
+    alone = np.concatenate([ref, [[5, 5, 0, 1, 1, 1, 0, 0.5, 7]]]).astype(np.float32)
+    alone_moved = alone.copy()
+    alone_moved[-1, 0] += 3.0
+    assert compare_detections(alone_moved, alone, DETECTIONS)[0] == float("inf")
     assert compare_detections(ref[:, :8], ref, DETECTIONS)[0] == float("inf")
     # Two peaks of equal height 0.6 m apart: a rounding keeps one on one side. A tie only
     # within tie_radius and the score bound.
