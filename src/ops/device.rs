@@ -130,7 +130,8 @@ pub trait CardPath<O: Rules>: Send + Sync + 'static {
     /// input is the driver's and cannot be dropped).
     fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()>;
     /// What the run-time sizes need of the backend (its launch arguments, narrowed), or why
-    /// they exceed it: decided before anything is launched.
+    /// they exceed it: decided before anything is launched. Only [`Error::Declined`] passes
+    /// the node to the next path or the CPU; any other error fails the node.
     type Fit;
     fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<Self::Fit>;
     /// Allocates the outputs and enqueues the backend's work for sizes that fit.
