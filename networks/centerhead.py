@@ -4,8 +4,10 @@ BEVDepth's bev_depth_lss_r50_256x704_128x128.py uses the same tasks and heads): 
 3 x 3 convolution to 64 channels, six tasks (car; truck, construction vehicle; bus,
 trailer; barrier; motorcycle, bicycle; pedestrian, traffic cone), each with the heads reg 2,
 height 1, dim 3, rot 2, vel 2 and a heatmap of its classes (head_conv 64, final kernel 3,
-heatmap bias -2.19). Decoding per task: sigmoid heatmap, its 3 x 3 peaks (max-pool), the top
-500, the box from the peak's cell and the regressions, score_threshold 0.1. Velocity is
+heatmap bias -2.19). Decoding per task: sigmoid heatmap, its 3 x 3 peaks (max-pool, CenterNet's
+way; mmdet3d's CenterPointBBoxCoder takes the top of the raw heatmap and leaves neighbours to
+NMS), the top 500 (its max_num), the box from the peak's cell and the regressions,
+score_threshold 0.1. Velocity is
 computed by its head but not decoded: the compared box rows have none. Rotated or circle
 NMS stays outside the graph."""
 
