@@ -263,7 +263,7 @@ pub fn generate(family: &str, src: &str) -> Result<String, String> {
     for (name, params) in &sigs {
         writeln!(
             out,
-            "            // SAFETY: the signature read from the header the cncc-built .mlu includes.\n            {name}: unsafe {{ crate::mlu::entry::<unsafe extern \"C\" fn({params}) -> i32>(lib, \"{name}\\0\") }}?,"
+            "            // SAFETY: the signature read from the header the cncc-built .mlu includes.\n            {name}: unsafe {{ crate::mlu::symbol::<unsafe extern \"C\" fn({params}) -> i32>(lib, crate::mlu::KERNEL_LIBRARY, \"{name}\\0\") }}?,"
         )
         .unwrap();
     }

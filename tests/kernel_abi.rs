@@ -55,7 +55,7 @@ fn c_types_map_to_their_rust_types() {
                f: *const f32, out: *mut i32";
     assert!(rust.contains(&format!("pub struct DemoFamilyKernels {{\n    pub mluops_demo: unsafe extern \"C\" fn({sig}) -> i32,")), "{rust}");
     assert!(rust.contains(&format!("pub fn mluops_demo({sig}) -> i32;")), "{rust}");
-    assert!(rust.contains("(lib, \"mluops_demo\\0\") }?"), "{rust}");
+    assert!(rust.contains("(lib, crate::mlu::KERNEL_LIBRARY, \"mluops_demo\\0\") }?"), "{rust}");
 }
 
 #[test]

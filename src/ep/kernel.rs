@@ -136,15 +136,15 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
     let info = unsafe { KernelInfo::from_raw(info) };
     guard(entry.name, || {
         let node_name = info.node_name();
+        let schema = crate::ops::schema(entry.name);
         let node = || -> Result<(CardNode, *const Ep)> {
             let ep = kernel_ep(info)?;
             let create_card = entry.create_card.ok_or_else(|| Error::Runtime("no card backend runs this operator".into()))?;
             let source = info.attributes();
             // SAFETY: the EP outlives the kernels of its sessions.
-            Ok((create_card(&Attrs::new(crate::ops::schema(entry.name), &source), unsafe { &*ep }.backends())?, ep))
+            Ok((create_card(&Attrs::new(schema, &source), unsafe { &*ep }.backends())?, ep))
         };
         let (node, ep) = node().map_err(|e| e.at(entry.name, &node_name))?;
-        let schema = crate::ops::schema(entry.name);
         let k = Box::new(EpKernel { base: kernel_impl(compute, release), op: entry.name, node_name, schema, node, ep });
         // SAFETY: ORT's out pointer; the box is freed by `release`.
         unsafe { *out = Box::into_raw(k).cast() };

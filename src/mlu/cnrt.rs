@@ -74,8 +74,7 @@ fn open_kernels(path: impl AsRef<OsStr>) -> Result<Library> {
 
 fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T> {
     // SAFETY: each name is a cnrt entry point whose C signature is the field type it fills.
-    let s = unsafe { lib.get::<T>(name.as_bytes()) };
-    s.map(|s| *s).map_err(|e| Error::Runtime(format!("libcnrt.so lacks {name}: {e}")))
+    unsafe { super::symbol(lib, "libcnrt.so", name) }
 }
 
 impl Cnrt {

@@ -95,21 +95,25 @@ pub trait KernelTable: Sized {
     fn load(lib: &libloading::Library) -> Result<Self>;
 }
 
-/// `name`'s address in the kernel library, as the entry type `F` ([`KernelTable::load`]).
+/// The symbol `name` of a loaded library (`library` names it in the error), as `F`: the
+/// one lookup of the runtime, the kernel library and MLU-OPS.
 ///
 /// # Safety
-/// `F` is the C signature, as a Rust function pointer type, of the symbol `name` (the
-/// generated tables pass the signature build.rs read from the header the .mlu includes).
-pub(crate) unsafe fn entry<F: Copy>(lib: &libloading::Library, name: &str) -> Result<F> {
+/// `F` is the symbol's C type (a function pointer type of its C signature), or a data pointer
+/// that is only compared.
+pub(crate) unsafe fn symbol<F: Copy>(lib: &libloading::Library, library: &str, name: &str) -> Result<F> {
     // SAFETY: the caller's contract: `F` is the symbol's type.
     let sym = unsafe { lib.get::<F>(name.as_bytes()) };
-    sym.map(|s| *s).map_err(|e| Error::Runtime(format!("MLU kernel library lacks {}: {e}", name.trim_end_matches('\0'))))
+    sym.map(|s| *s).map_err(|e| Error::Runtime(format!("{library} lacks {}: {e}", name.trim_end_matches('\0'))))
 }
+
+/// The name the kernel library's errors give it.
+pub(crate) const KERNEL_LIBRARY: &str = "MLU kernel library";
 
 /// Whether the kernel library exports `name` (its launch entries are checked at load).
 pub(crate) fn has_entry(lib: &libloading::Library, name: &str) -> Result<()> {
     // SAFETY: the symbol is only looked up, its address read as a data pointer and dropped.
-    unsafe { entry::<*const c_void>(lib, name) }.map(drop)
+    unsafe { symbol::<*const c_void>(lib, KERNEL_LIBRARY, name) }.map(drop)
 }
 
 /// A family's generated ABI (structs and `KernelTable`) as the module `abi`, in the family's

@@ -197,8 +197,9 @@ macro_rules! functions {
                     $($name: {
                         // SAFETY: the symbol's C type is the one declared here, from the
                         // header of the versions accepted (checked after loading).
-                        let sym = unsafe { lib.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(concat!(stringify!($name), "\0").as_bytes()) };
-                        *sym.map_err(|e| Error::Runtime(format!("it lacks {}: {e}", stringify!($name))))?
+                        unsafe {
+                            crate::mlu::symbol::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(lib, "it", concat!(stringify!($name), "\0"))
+                        }?
                     },)*
                 })
             }
