@@ -35,21 +35,28 @@ BEV = (128, 128, 1)  # nx, ny, nz
 CHANNELS = 80
 
 
+#: The rig's intrinsics: 1600 x 900 images resized by 0.44, cropped to 704 x 256.
+FOCAL, CX, CY = 1266.0 * 0.44, 352.0, 128.0
+
+
+def rig(cams: int):
+    """Each camera's yaw rotation (ego frame: x forward, y left, z up) and its position,
+    1 m from the centre and 1.5 m high, at yaw 0, -55, 55, 180, -110, 110 degrees."""
+    for yaw in np.deg2rad([0, -55, 55, 180, -110, 110][:cams]):
+        rot = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]])
+        yield rot, np.array([1.0 * np.cos(yaw), 1.0 * np.sin(yaw), 1.5])
+
+
 def geometry(cams: int, h: int, w: int, depths: np.ndarray) -> np.ndarray:
     """int32 [1, cams*D*h*w, 3] voxel coordinates (x, y, z) of the frustum points, in the
     order of the features (camera, depth, row, column)."""
-    f, cx, cy = 1266.0 * 0.44, 352.0, 128.0  # 1600 x 900 resized by 0.44, cropped to 704 x 256
+    f, cx, cy = FOCAL, CX, CY
     u = np.linspace(0, 703, w)
     v = np.linspace(0, 255, h)
     d, vv, uu = np.meshgrid(depths, v, u, indexing="ij")
     cam = np.stack([(uu - cx) * d / f, (vv - cy) * d / f, d], -1)  # x right, y down, z forward
     ego_local = np.stack([cam[..., 2], -cam[..., 0], -cam[..., 1]], -1)  # x forward, y left, z up
-    out = []
-    for yaw in np.deg2rad([0, -55, 55, 180, -110, 110][:cams]):
-        rot = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]])
-        p = ego_local @ rot.T + np.array([1.0 * np.cos(yaw), 1.0 * np.sin(yaw), 1.5])
-        out.append(p)
-    p = np.stack(out).reshape(-1, 3)
+    p = np.stack([ego_local @ rot.T + trans for rot, trans in rig(cams)]).reshape(-1, 3)
     lower = np.array([-51.2, -51.2, -5.0])
     size = np.array([0.8, 0.8, 8.0])
     return np.trunc((p - lower) / size).astype(np.int32)[None]
@@ -85,14 +92,12 @@ def camera_params(cams: int) -> np.ndarray:
     """BEVDepth's mlp_input per camera [cams, 27] for the rig of ``geometry``: fx, fy, cx, cy;
     the image augmentation's (identity) 2 x 3 entries; the BEV augmentation's (identity)
     five; sensor2ego's 3 x 4."""
-    f, cx, cy = 1266.0 * 0.44, 352.0, 128.0
-    rows = []
-    for yaw in np.deg2rad([0, -55, 55, 180, -110, 110][:cams]):
-        cam2local = np.array([[0, 0, 1], [-1, 0, 0], [0, -1, 0]], float)  # x right, y down, z forward
-        rot = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]]) @ cam2local
-        trans = np.array([1.0 * np.cos(yaw), 1.0 * np.sin(yaw), 1.5])
-        rows.append(np.concatenate([[f, f, cx, cy], [1, 0, 0, 0, 1, 0], [1, 0, 0, 1, 1],
-                                    np.concatenate([rot, trans[:, None]], 1).ravel()]))
+    cam2local = np.array([[0, 0, 1], [-1, 0, 0], [0, -1, 0]], float)  # camera: x right, y down, z forward
+    rows = [
+        np.concatenate([[FOCAL, FOCAL, CX, CY], [1, 0, 0, 0, 1, 0], [1, 0, 0, 1, 1],
+                        np.concatenate([rot @ cam2local, trans[:, None]], 1).ravel()])
+        for rot, trans in rig(cams)
+    ]
     return np.array(rows, np.float32)
 
 

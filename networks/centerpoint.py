@@ -26,7 +26,7 @@ from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import DETECTIONS
 
 from .centerhead import BN_EPS, SCORE_THR, CenterHead, conv_bn
-from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
+from .common import Case, Graph, Voxelizer, export, numpy_out, seed_batchnorms, tensor
 from .lidar import centerpoint_sites, scan_points
 
 ENCODER_CHANNELS = ((16, 16, 32), (32, 32, 64), (64, 64, 128), (128, 128))
@@ -153,11 +153,7 @@ class CenterPointDetector(nn.Module):
     def __init__(self, encoder, scatter, pc_range):
         super().__init__()
         self.encoder, self.scatter = encoder, scatter
-        lo, size = torch.tensor(pc_range[:3]), torch.tensor(CP_VOXEL)
-        self.grid = [int(round(float(v))) for v in (torch.tensor(pc_range[3:]) - lo) / size]  # nx, ny, nz
-        self.register_buffer("lo", lo)
-        self.register_buffer("size", size)
-        self.register_buffer("cells", torch.tensor(self.grid, dtype=torch.int32))
+        self.voxelize = Voxelizer(pc_range, CP_VOXEL)
         self.second = nn.ModuleList([
             nn.Sequential(*conv_bn(256, 128), *sum((conv_bn(128, 128) for _ in range(5)), [])),
             nn.Sequential(*conv_bn(128, 256, stride=2), *sum((conv_bn(256, 256) for _ in range(5)), [])),
@@ -168,12 +164,6 @@ class CenterPointDetector(nn.Module):
         ])
         cell = (OUT_SIZE_FACTOR * CP_VOXEL[0], OUT_SIZE_FACTOR * CP_VOXEL[1])
         self.head = CenterHead(512, cell, pc_range[:2])
-
-    def voxelize(self, points):
-        c = torch.floor((points[:, :3] - self.lo) / self.size).to(torch.int32)
-        inside = ((c >= 0) & (c < self.cells)).all(dim=1, keepdim=True)
-        zyx = torch.cat([torch.zeros_like(c[:, :1]), c[:, 2:3], c[:, 1:2], c[:, 0:1]], dim=1)
-        return torch.where(inside, zyx, torch.full_like(zyx, -1))
 
     def forward(self, points):
         coors = self.voxelize(points)
@@ -195,9 +185,9 @@ def detector_graph(scale: str, seed: int) -> Graph:
     xyz = scan_points(rng, sweeps=10)
     points = np.concatenate([xyz, rng.random((xyz.shape[0], 2), dtype=np.float32)], 1).astype(np.float32)
     pc_range = CP_RANGE if scale == "full" else CP_CI_RANGE
-    cells = [int(round((hi - lo) / v)) for lo, hi, v in zip(pc_range[:3], pc_range[3:], CP_VOXEL)]
+    nx, ny, nz = Voxelizer(pc_range, CP_VOXEL).grid
     torch.manual_seed(seed)
-    spconv_encoder = SpconvEncoder(SparseEncoder([cells[2] + 1, cells[1], cells[0]]))
+    spconv_encoder = SpconvEncoder(SparseEncoder([nz + 1, ny, nx]))
     torch.manual_seed(seed)
     peer = seed_batchnorms(CenterPointDetector(spconv_encoder, peer_dynamic_scatter, pc_range), seed)
     # The same weights: the encoder converted once peer's is seeded (the conversion draws

@@ -146,6 +146,26 @@ def numpy_out(x: torch.Tensor) -> np.ndarray:
     return x.detach().contiguous().numpy()
 
 
+class Voxelizer(torch.nn.Module):
+    """Points [N, >= 3] to their voxel sites (batch 0, z, y, x) int32, floor((p - lower) /
+    voxel) as mmdet3d's dynamic voxelisation, a -1 row for a point outside ``pc_range``
+    (x0, y0, z0, x1, y1, z1); ``grid`` is (nx, ny, nz)."""
+
+    def __init__(self, pc_range, voxel):
+        super().__init__()
+        lo, hi, size = torch.tensor(pc_range[:3]), torch.tensor(pc_range[3:]), torch.tensor(voxel)
+        self.grid = [int(round(float(v))) for v in (hi - lo) / size]
+        self.register_buffer("lo", lo)
+        self.register_buffer("size", size)
+        self.register_buffer("cells", torch.tensor(self.grid, dtype=torch.int32))
+
+    def forward(self, points):
+        c = torch.floor((points[:, :3] - self.lo) / self.size).to(torch.int32)
+        inside = ((c >= 0) & (c < self.cells)).all(dim=1, keepdim=True)
+        zyx = torch.cat([torch.zeros_like(c[:, :1]), c[:, 2:3], c[:, 1:2], c[:, 0:1]], dim=1)
+        return torch.where(inside, zyx, torch.full_like(zyx, -1))
+
+
 def seed_batchnorms(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Gives every BatchNorm of ``module`` seeded running statistics and affine weights (a
     freshly built one is the identity in eval mode) and puts it in eval mode."""

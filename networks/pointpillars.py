@@ -33,7 +33,7 @@ from torch import nn
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import DETECTIONS
 
-from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
+from .common import Case, Graph, Voxelizer, export, numpy_out, seed_batchnorms, tensor
 from .lidar import scan_points
 
 BN_EPS = 1e-3
@@ -66,12 +66,7 @@ class PointPillars(nn.Module):
     def __init__(self, pc_range, scatter):
         super().__init__()
         self.scatter = scatter
-        lo, hi = torch.tensor(pc_range[:3]), torch.tensor(pc_range[3:])
-        size = torch.tensor(VOXEL)
-        self.grid = [int(round(float(v))) for v in (hi - lo) / size]  # nx, ny, nz
-        self.register_buffer("lo", lo)
-        self.register_buffer("size", size)
-        self.register_buffer("cells", torch.tensor(self.grid, dtype=torch.int32))
+        self.voxelize = Voxelizer(pc_range, VOXEL)
         self.x_offset = VOXEL[0] / 2 + pc_range[0]
         self.y_offset = VOXEL[1] / 2 + pc_range[1]
         self.linear = nn.Linear(9, 64, bias=False)
@@ -92,12 +87,10 @@ class PointPillars(nn.Module):
         self.conv_reg = nn.Conv2d(384, 14, 1)
         self.conv_dir = nn.Conv2d(384, 4, 1)
 
-    def voxelize(self, points):
-        """(batch 0, z, y, x) int32 per point, a -1 row outside the range."""
-        c = torch.floor((points[:, :3] - self.lo) / self.size).to(torch.int32)
-        inside = ((c >= 0) & (c < self.cells)).all(dim=1, keepdim=True)
-        zyx = torch.cat([torch.zeros_like(c[:, :1]), c[:, 2:3], c[:, 1:2], c[:, 0:1]], dim=1)
-        return torch.where(inside, zyx, torch.full_like(zyx, -1))
+    @property
+    def grid(self):
+        """(nx, ny, nz) pillars."""
+        return self.voxelize.grid
 
     def point_features(self, points, coors):
         """[N, 9]: x, y, z, r, the offsets from the pillar's point mean and from its centre."""

@@ -23,10 +23,12 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO))
 mlu = importlib.import_module("onnxruntime_ep_mlu")
 mt = importlib.import_module("onnxruntime_ep_mlu.torch")
 spconv = pytest.importorskip("spconv.pytorch", reason="spconv 2.x is installed by scripts/test.sh")
 from spconv.pytorch import SparseConvTensor  # noqa: E402  (imported by name, as many models do)
+from networks.common import seed_batchnorms  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export"),
@@ -206,20 +208,17 @@ def sites(rng, batch, shape, n):
     return np.concatenate(rows).astype(np.int32)
 
 
-def seeded(model, seed):
+def seeded(build, seed):
+    """``build()`` with seeded weights (torch's initialisation under ``seed``), BatchNorms
+    (networks/common.py) and spconv biases, in eval mode."""
     torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
+    model = seed_batchnorms(build(), seed)
+    g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm1d):
-                c = m.num_features
-                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
-                m.running_mean.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
-                m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
-            elif hasattr(m, "bias") and isinstance(getattr(m, "bias"), nn.Parameter) and type(m).__module__.startswith("spconv"):
+            if isinstance(m, spconv.conv.SparseConvolution) and m.bias is not None:
                 m.bias.copy_(torch.rand(m.bias.shape, generator=g) * 0.2 - 0.1)
-    return model.eval()
+    return model
 
 
 class Bound(nn.Module):
@@ -294,7 +293,7 @@ def test_converted_backbone_matches_spconv(name):
     batch = extra[0]
     coors = sites(rng, batch, grid, n)
     feats = rng.standard_normal((coors.shape[0], cin)).astype(np.float32)
-    reference = seeded(build(), 7)
+    reference = seeded(build, 7)
     (want,) = eager_spconv(Bound(reference, *extra), feats, coors)
     assert np.count_nonzero(want) > want.size // 100, "the scan reaches the output grid"
     converted = mt.from_spconv(reference)
@@ -311,7 +310,7 @@ def test_inverse_convolution_and_sites_as_sets():
     grid = (9, 20, 20)
     coors = sites(rng, 2, grid, 300)
     feats = rng.standard_normal((coors.shape[0], 4)).astype(np.float32)
-    reference = seeded(EncoderDecoder(list(grid)), 11)
+    reference = seeded(lambda: EncoderDecoder(list(grid)), 11)
     want_f, want_i = eager_spconv(Bound(reference, 2), feats, coors)
     converted = mt.from_spconv(reference)
     runs, _ = run_onnx(Bound(converted, 2), feats, coors, ["features", "indices"])
@@ -322,7 +321,7 @@ def test_inverse_convolution_and_sites_as_sets():
 
 
 def test_the_conversion_carries_layout_keys_and_containers():
-    reference = seeded(SpMiddleResNetFHD(5), 1)
+    reference = seeded(lambda: SpMiddleResNetFHD(5), 1)
     converted = mt.from_spconv(reference).model
     first = converted.conv_input[0]
     assert isinstance(converted.conv_input, mt.SparseSequential) and isinstance(first, mt.SubMConv3d)
@@ -365,7 +364,7 @@ def test_the_tensor_type_is_restored_after_each_call_even_one_that_raises_or_run
     import threading
 
     original = core.SparseConvTensor
-    reference = seeded(SpMiddleFHD([1, 40, 48, 48, 64], 4), 2)
+    reference = seeded(lambda: SpMiddleFHD([1, 40, 48, 48, 64], 4), 2)
     converted = mt.from_spconv(reference)
     rng = np.random.default_rng(5)
     coors = torch.from_numpy(sites(rng, 1, (41, 48, 48), 200))
