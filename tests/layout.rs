@@ -70,14 +70,8 @@ fn only_the_ffi_module_calls_onnx_runtime() {
     let ffi = src().join("ffi");
     let mut files = Vec::new();
     sources(&src(), &mut files);
-    let mut found = Vec::new();
-    for file in files.iter().filter(|f| !f.starts_with(&ffi)) {
-        for (n, line) in code_lines(file) {
-            if line.contains("api()") || line.contains("ep_api()") || table_call(&line) {
-                found.push(format!("{}:{n}: {}", file.display(), line.trim()));
-            }
-        }
-    }
+    files.retain(|f| !f.starts_with(&ffi));
+    let found = lines_where(&files, |_, line| line.contains("api()") || line.contains("ep_api()") || table_call(line));
     assert!(found.is_empty(), "ONNX Runtime called outside src/ffi/:\n{}", found.join("\n"));
 }
 
@@ -94,24 +88,23 @@ fn the_device_runtime_knows_no_operator() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert!(families.len() >= 5, "{families:?}");
-    for f in &files {
-        for (n, l) in code_lines(f) {
-            if let Some(family) = families.iter().find(|family| l.contains(family.as_str())) {
-                found.push(format!("{}:{n}: names {family}: {}", f.display(), l.trim()));
-            }
-        }
-    }
+    found.extend(lines_where(&files, |_, l| families.iter().any(|family| l.contains(family.as_str()))));
     assert!(found.is_empty(), "src/mlu/ uses the operators:\n{}", found.join("\n"));
 }
 
-/// `crate::ops` named in the code lines of `files`, as `file:line: text`.
-fn uses_of_ops(files: &[PathBuf]) -> Vec<String> {
+/// The code lines of `files` for which `pred(file, line)` holds, as `file:line: text`.
+fn lines_where(files: &[PathBuf], pred: impl Fn(&Path, &str) -> bool) -> Vec<String> {
     files
         .iter()
         .flat_map(|f| code_lines(f).into_iter().map(move |(n, l)| (f, n, l)))
-        .filter(|(_, _, l)| l.contains("crate::ops"))
+        .filter(|(f, _, l)| pred(f, l))
         .map(|(f, n, l)| format!("{}:{n}: {}", f.display(), l.trim()))
         .collect()
+}
+
+/// `crate::ops` named in the code lines of `files`.
+fn uses_of_ops(files: &[PathBuf]) -> Vec<String> {
+    lines_where(files, |_, l| l.contains("crate::ops"))
 }
 
 #[test]
@@ -160,15 +153,9 @@ fn inline_test_modules_are_short() {
 fn one_error_type_and_one_status_conversion() {
     let mut files = Vec::new();
     sources(&src(), &mut files);
-    let mut found = Vec::new();
-    for f in &files {
-        for (n, l) in code_lines(f) {
-            let bare = l.contains("Result<") && (l.contains(", String>") || l.contains(", &'static str>"));
-            let status = l.contains("CreateStatus") && !f.ends_with("ffi/mod.rs");
-            if bare || status {
-                found.push(format!("{}:{n}: {}", f.display(), l.trim()));
-            }
-        }
-    }
+    let found = lines_where(&files, |f, l| {
+        let bare = l.contains("Result<") && (l.contains(", String>") || l.contains(", &'static str>"));
+        bare || (l.contains("CreateStatus") && !f.ends_with("ffi/mod.rs"))
+    });
     assert!(found.is_empty(), "a second error type or status conversion:\n{}", found.join("\n"));
 }
