@@ -33,6 +33,8 @@ const FEW_LANES: usize = 4;
 /// Accumulator bytes (M rows of L lanes) that stay in a 32 KiB L1 data cache next to the
 /// tiles; more rows than this take 8 lanes.
 const L1_ACC_BYTES: usize = 24 * 1024;
+/// Points per transposed tile (seed case 7; float16 measured the same at 64 and 128).
+const TILE: usize = 64;
 /// Tiles ahead that the rows of grad_output are prefetched.
 const PREFETCH_AHEAD: usize = 2;
 /// Multiply-adds (or output elements) per parallel task.
@@ -186,14 +188,14 @@ fn split<T: Real, const L: usize>(
     errors.into_result()
 }
 
-/// Asks the CPU to bring the cache lines of one tile row (T::TILE elements from `data`'s
+/// Asks the CPU to bring the cache lines of one tile row (TILE elements from `data`'s
 /// start) closer; a hint only.
 #[inline(always)]
 fn prefetch<T: Real>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let bytes = T::TILE.min(data.len()) * size_of::<T>();
+        let bytes = TILE.min(data.len()) * size_of::<T>();
         for offset in (0..bytes).step_by(64) {
             // SAFETY: a prefetch never faults or changes memory; the address lies inside
             // `data` (offset < its length in bytes).
@@ -204,9 +206,10 @@ fn prefetch<T: Real>(data: &[T]) {
     let _ = data;
 }
 
-/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`.
+/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`,
+/// widening float16 to float32 on the way (in registers).
 trait Transpose: Copy {
-    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]);
+    fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]);
 }
 
 /// The portable transpose: one element at a time.
@@ -214,25 +217,26 @@ trait Transpose: Copy {
 struct ScalarTranspose;
 
 impl Transpose for ScalarTranspose {
-    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
+    fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]) {
         scalar_transpose(rows, 0..nt, tile, 0);
     }
 }
 
 /// `tile[n][lane0 + r] = rows[r][n]` for n in `points`.
 #[inline(always)]
-fn scalar_transpose<const L: usize>(rows: &[&[f32]], points: std::ops::Range<usize>, tile: &mut [[f32; L]], lane0: usize) {
+fn scalar_transpose<T: Real, const L: usize>(rows: &[&[T]], points: std::ops::Range<usize>, tile: &mut [[f32; L]], lane0: usize) {
     for (r, src) in rows.iter().enumerate() {
         let (Some(src), Some(tile)) = (src.get(points.clone()), tile.get_mut(points.clone())) else { continue };
         for (t, &g) in tile.iter_mut().zip(src) {
             if let Some(x) = t.get_mut(lane0 + r) {
-                *x = g;
+                *x = g.to_f32();
             }
         }
     }
 }
 
-/// Proof that this CPU has AVX2: only [`Avx2::detect`] makes one.
+/// Proof that this CPU has AVX2 and F16C (every AVX2 CPU has both): only [`Avx2::detect`]
+/// makes one.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Avx2(());
@@ -241,16 +245,16 @@ struct Avx2(());
 impl Avx2 {
     fn detect() -> Option<Self> {
         // std caches the CPU's features after the first query.
-        std::arch::is_x86_feature_detected!("avx2").then_some(Avx2(()))
+        (std::arch::is_x86_feature_detected!("avx2") && super::real::has_f16c()).then_some(Avx2(()))
     }
 }
 
-/// [`batch_channels`] compiled with AVX2: the lane loops use 8-wide vectors and the tiles
-/// are transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
+/// [`batch_channels`] compiled with AVX2 and F16C: the lane loops use 8-wide vectors and the
+/// tiles are widened and transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
 /// in the same order (no FMA: that feature is not enabled), so the result is bit-identical
 /// to the baseline build. Callers hold an [`Avx2`], which proves the feature.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[allow(clippy::too_many_arguments)]
 fn batch_channels_avx2<T: Real, const L: usize>(
     d: &Dims,
@@ -268,16 +272,16 @@ fn batch_channels_avx2<T: Real, const L: usize>(
 #[cfg(target_arch = "x86_64")]
 impl Transpose for Avx2 {
     #[inline(always)]
-    fn transpose<const L: usize>(self, rows: &[&[f32]], nt: usize, tile: &mut [[f32; L]]) {
+    fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]) {
         let full = nt - nt % 8;
         let mut lane0 = 0;
         for group in rows.chunks(8) {
-            match <&[&[f32]; 8]>::try_from(group) {
+            match <&[&[T]; 8]>::try_from(group) {
                 // Whole 8 x 8 blocks through registers: only when every row holds `full`
                 // points, the tile `full` rows and its rows 8 lanes from lane0 on.
                 Ok(group) if lane0 + 8 <= L && tile.len() >= full && group.iter().all(|r| r.len() >= full) => {
-                    // SAFETY: `self` exists only when the CPU supports AVX2; the bounds the
-                    // function requires were checked just above.
+                    // SAFETY: `self` exists only when the CPU supports AVX2 and F16C; the
+                    // bounds the function requires were checked just above.
                     unsafe { transpose_blocks(group, full, tile, lane0) };
                     scalar_transpose(group, full..nt, tile, lane0);
                 }
@@ -289,24 +293,24 @@ impl Transpose for Avx2 {
 }
 
 /// `tile[p][lane0 + r] = rows[r][p]` for p in 0..full (a multiple of 8) and r in 0..8,
-/// 8 x 8 blocks at a time through registers.
+/// 8 x 8 blocks at a time through registers (float16 widened as it is loaded).
 ///
 /// # Safety
-/// The CPU must support AVX2; every row must hold at least `full` floats, `tile` at least
+/// The CPU must support AVX2 and F16C; every row must hold at least `full` floats, `tile` at least
 /// `full` rows, and `lane0 + 8 <= L`. Not a `target_feature` function so that it inlines
 /// into [`batch_channels_avx2`], whose AVX2 context the intrinsics then inline into.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn transpose_blocks<const L: usize>(rows: &[&[f32]; 8], full: usize, tile: &mut [[f32; L]], lane0: usize) {
+unsafe fn transpose_blocks<T: Real, const L: usize>(rows: &[&[T]; 8], full: usize, tile: &mut [[f32; L]], lane0: usize) {
     use std::arch::x86_64::*;
-    let src = rows.map(<[f32]>::as_ptr);
+    let src = rows.map(<[T]>::as_ptr);
     let dst = tile.as_mut_ptr().cast::<f32>();
     for p0 in (0..full).step_by(8) {
-        // SAFETY (this block): AVX2 and the bounds are the caller's guarantee: the loads
-        // read rows[r][p0..p0 + 8] with p0 + 8 <= full, the stores write
+        // SAFETY (this block): AVX2, F16C and the bounds are the caller's guarantee: the
+        // loads read rows[r][p0..p0 + 8] with p0 + 8 <= full, the stores write
         // tile[p0 + q][lane0..lane0 + 8] with p0 + q < full and lane0 + 8 <= L.
         unsafe {
-            let [r0, r1, r2, r3, r4, r5, r6, r7] = src.map(|row| _mm256_loadu_ps(row.add(p0)));
+            let [r0, r1, r2, r3, r4, r5, r6, r7] = src.map(|row| T::load8(row.add(p0)));
             // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
             let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
             let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
@@ -364,39 +368,27 @@ fn batch_channels<T: Real, const L: usize>(
     let mut acc_buf = Vec::new();
     let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
     let mut tile_buf = Vec::new();
-    let tile = line_aligned_rows::<L>(&mut tile_buf, T::TILE.min(n))?;
+    let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
     let mut row = scratch::filled(m, 0f32, "an output row of m floats")?;
-    // float16 tiles are widened here first: L rows of T::TILE points.
-    let mut stage = if T::as_f32(go).is_some() { Vec::new() } else { vec![0f32; L * T::TILE.min(n)] };
     let mut c0 = channels.start;
     while c0 < channels.end {
         let lanes = L.min(channels.end - c0);
         acc.fill([0.0; L]);
         let mut n0 = 0;
         while n0 < n {
-            let nt = T::TILE.min(n - n0);
+            let nt = TILE.min(n - n0);
             // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
             // stale values; their accumulators are never stored.
-            let mut rows: [&[f32]; L] = [&[]; L];
-            let mut staged = stage.chunks_exact_mut(T::TILE.min(n));
+            let mut rows: [&[T]; L] = [&[]; L];
             for (lane, dst) in rows.iter_mut().take(lanes).enumerate() {
                 let start = ((b * d.c + c0 + lane) * n) + n0;
                 // The L rows are L separate streams, more than the hardware prefetcher
                 // follows: ask for this row's next tiles now.
-                if let Some(ahead) = go.get(start + PREFETCH_AHEAD * T::TILE..) {
+                if let Some(ahead) = go.get(start + PREFETCH_AHEAD * TILE..) {
                     prefetch(ahead);
                 }
                 let Some(src) = go.get(start..start + nt) else { continue };
-                *dst = match T::as_f32(src) {
-                    Some(s) => s,
-                    None => match staged.next() {
-                        Some(row) => {
-                            T::widen(src, &mut row[..nt]);
-                            &row[..nt]
-                        }
-                        None => continue,
-                    },
-                };
+                *dst = src;
             }
             tr.transpose(&rows[..lanes], nt, &mut tile[..nt]);
             let terms = n0 * 3..(n0 + nt) * 3;

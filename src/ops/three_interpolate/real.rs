@@ -5,25 +5,26 @@ use crate::tensor::OutElement;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-/// Target points per transposed tile (seed case 7): short tiles suit float32; float16 widens
-/// each tile row with one call, whose fixed cost favours longer rows.
-const TILE_F32: usize = 64;
-const TILE_F16: usize = 64;
-
 /// float32 or float16, computed in float32.
 pub(super) trait Real: OutElement {
-    /// Target points per transposed tile.
-    const TILE: usize;
     /// The data as float32 without a copy, when it already is float32.
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` into `dst` (same length).
     fn narrow(src: &[f32], dst: &mut [Self]);
+    /// One value as float32 (exact).
+    fn to_f32(self) -> f32;
+    /// The 8 values at `p` as float32 (exact), in one vector.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C (with AVX state); `p` must point at 8 readable
+    /// values. Inlined into the caller, whose target features it then shares.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
 }
 
 impl Real for f32 {
-    const TILE: usize = TILE_F32;
     fn as_f32(s: &[f32]) -> Option<&[f32]> {
         Some(s)
     }
@@ -33,10 +34,18 @@ impl Real for f32 {
     fn narrow(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: AVX and 8 readable floats at `p` are the caller's guarantee.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
 }
 
 impl Real for f16 {
-    const TILE: usize = TILE_F16;
     fn as_f32(_: &[f16]) -> Option<&[f32]> {
         None
     }
@@ -56,11 +65,22 @@ impl Real for f16 {
         }
         dst.convert_from_f32_slice(src);
     }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps};
+        // SAFETY: F16C with AVX state and 16 readable bytes at `p` (8 values, unaligned
+        // load) are the caller's guarantee.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())) }
+    }
 }
 
 /// Whether this CPU converts float16 in hardware (F16C) and the OS lets it (AVX state).
 #[cfg(target_arch = "x86_64")]
-fn has_f16c() -> bool {
+pub(super) fn has_f16c() -> bool {
     // std caches the CPU's features after the first query. The F16C instructions are
     // VEX-encoded and use ymm registers: they also need the OS to have enabled AVX state,
     // which std reports with "avx" but not with "f16c".
