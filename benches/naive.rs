@@ -1,4 +1,4 @@
-//! Straightforward single-threaded implementations of the five operators: the loops one
+//! Straightforward single-threaded implementations of the operators: the loops one
 //! writes first from docs/CONTRACT.md, with no attention to memory order, allocation or threads.
 //! The bench measures the kernels against them (and checks that both agree).
 
@@ -21,6 +21,60 @@ pub fn dynamic_scatter_backward_max(gvf: &[f32], feats: &[f32], vf: &[f32], map:
     }
     for ((v, ch), i) in winner {
         out[i * c + ch] = gvf[v * c + ch];
+    }
+    out
+}
+
+/// DynamicScatter's outputs: voxels in ascending coordinate order, each reduced over its
+/// points in point order (mean: the sum divided by the count).
+pub fn dynamic_scatter(feats: &[f32], coors: &[i32], c: usize, reduce: &str) -> (Vec<f32>, Vec<i32>, Vec<i32>, Vec<i32>) {
+    let n = coors.len() / 3;
+    let mut voxels: BTreeMap<&[i32], Vec<usize>> = BTreeMap::new();
+    for i in 0..n {
+        let row = &coors[i * 3..i * 3 + 3];
+        if row.iter().all(|&x| x >= 0) {
+            voxels.entry(row).or_default().push(i);
+        }
+    }
+    let (mut vf, mut vc, mut map, mut count) = (Vec::new(), Vec::new(), vec![-1; n], Vec::new());
+    for (v, (row, points)) in voxels.iter().enumerate() {
+        vc.extend_from_slice(row);
+        count.push(points.len() as i32);
+        for ch in 0..c {
+            let mut acc = if reduce == "max" { f32::NEG_INFINITY } else { 0.0 };
+            for &i in points {
+                let x = feats[i * c + ch];
+                if reduce == "max" {
+                    if x > acc {
+                        acc = x;
+                    }
+                } else {
+                    acc += x;
+                }
+            }
+            vf.push(if reduce == "mean" { acc / points.len() as f32 } else { acc });
+        }
+        for &i in points {
+            map[i] = v as i32;
+        }
+    }
+    (vf, vc, map, count)
+}
+
+pub fn three_interpolate(f: &[f32], idx: &[i32], w: &[f32], [b, c, m, n]: [usize; 4]) -> Vec<f32> {
+    let mut out = vec![0f32; b * c * n];
+    for bi in 0..b {
+        for ci in 0..c {
+            for ni in 0..n {
+                let mut sum = 0.0;
+                for k in 0..3 {
+                    let t = (bi * n + ni) * 3 + k;
+                    let v = f[(bi * c + ci) * m + idx[t] as usize] * w[t];
+                    sum = if k == 0 { v } else { sum + v };
+                }
+                out[(bi * c + ci) * n + ni] = sum;
+            }
+        }
     }
     out
 }
@@ -104,6 +158,53 @@ pub fn voxel_pooling_forward(geom: &[i32], feats: &[f32], [b, n, c]: [usize; 3],
     out
 }
 
+/// A roi's bin (i, j) as input rows and columns, as the R-FCN CUDA kernel computes it.
+fn psroipool_bin(roi: &[f32], i: usize, j: usize, [h, w]: [usize; 2], pooled: usize, scale: f32) -> (usize, usize, usize, usize) {
+    let sw = roi[1].round() * scale;
+    let sh = roi[2].round() * scale;
+    let ew = (roi[3].round() + 1.0) * scale;
+    let eh = (roi[4].round() + 1.0) * scale;
+    let bw = (ew - sw).max(0.1) / pooled as f32;
+    let bh = (eh - sh).max(0.1) / pooled as f32;
+    let hs = (i as f32 * bh + sh).floor().clamp(0.0, h as f32) as usize;
+    let he = ((i + 1) as f32 * bh + sh).ceil().clamp(0.0, h as f32) as usize;
+    let ws = (j as f32 * bw + sw).floor().clamp(0.0, w as f32) as usize;
+    let we = ((j + 1) as f32 * bw + sw).ceil().clamp(0.0, w as f32) as usize;
+    (hs, he, ws, we)
+}
+
+/// One thread per (roi, bin, o) element in the R-FCN CUDA kernel, run in a loop: the bin's
+/// mean of input channel (o * pooled + i) * pooled + j, and that channel.
+pub fn psroipool(input: &[f32], rois: &[f32], [nb, h, w, ch]: [usize; 4], pooled: usize, od: usize, scale: f32) -> (Vec<f32>, Vec<i32>) {
+    let r_count = rois.len() / 5;
+    let (mut out, mut mapping) = (vec![0f32; r_count * pooled * pooled * od], vec![0i32; r_count * pooled * pooled * od]);
+    for r in 0..r_count {
+        let roi = &rois[r * 5..r * 5 + 5];
+        let b = roi[0] as usize;
+        for i in 0..pooled {
+            for j in 0..pooled {
+                let (hs, he, ws, we) = psroipool_bin(roi, i, j, [h, w], pooled, scale);
+                for o in 0..od {
+                    let e = ((r * pooled + i) * pooled + j) * od + o;
+                    let c = (o * pooled + i) * pooled + j;
+                    mapping[e] = c as i32;
+                    if he <= hs || we <= ws || b >= nb {
+                        continue;
+                    }
+                    let mut sum = 0f32;
+                    for y in hs..he {
+                        for x in ws..we {
+                            sum += input[((b * h + y) * w + x) * ch + c];
+                        }
+                    }
+                    out[e] = sum / ((he - hs) * (we - ws)) as f32;
+                }
+            }
+        }
+    }
+    (out, mapping)
+}
+
 /// One thread per (roi, bin, o) element in the R-FCN CUDA kernel, run in a loop.
 #[allow(clippy::too_many_arguments)]
 pub fn psroipool_backward(
@@ -120,19 +221,10 @@ pub fn psroipool_backward(
     for r in 0..r_count {
         let roi = &rois[r * 5..r * 5 + 5];
         let b = roi[0] as usize;
-        let sw = roi[1].round() * scale;
-        let sh = roi[2].round() * scale;
-        let ew = (roi[3].round() + 1.0) * scale;
-        let eh = (roi[4].round() + 1.0) * scale;
-        let bw = (ew - sw).max(0.1) / pooled as f32;
-        let bh = (eh - sh).max(0.1) / pooled as f32;
         for i in 0..pooled {
             for j in 0..pooled {
+                let (hs, he, ws, we) = psroipool_bin(roi, i, j, [h, w], pooled, scale);
                 for o in 0..od {
-                    let hs = (i as f32 * bh + sh).floor().clamp(0.0, h as f32) as usize;
-                    let he = ((i + 1) as f32 * bh + sh).ceil().clamp(0.0, h as f32) as usize;
-                    let ws = (j as f32 * bw + sw).floor().clamp(0.0, w as f32) as usize;
-                    let we = ((j + 1) as f32 * bw + sw).ceil().clamp(0.0, w as f32) as usize;
                     if he <= hs || we <= ws {
                         continue;
                     }

@@ -410,6 +410,75 @@ fn dynamic_scatter_backward(rng: &mut Rng, [n, m, c]: [usize; 3]) -> Case {
     }
 }
 
+/// Points over `m` distinct voxels (x, y, z coordinates of a 1440 x 1440 x 41 grid), every
+/// voxel holding at least one point, 1% of points dropped (a negative coordinate).
+fn dynamic_scatter(rng: &mut Rng, [n, m, c]: [usize; 3], reduce: &'static str) -> Case {
+    let mut seen = HashSet::new();
+    let mut cells = Vec::with_capacity(m);
+    while cells.len() < m {
+        let cell = [rng.below(1440) as i32, rng.below(1440) as i32, rng.below(41) as i32];
+        if seen.insert(cell) {
+            cells.push(cell);
+        }
+    }
+    let mut map: Vec<usize> = (0..n).map(|i| if i < m { i } else { rng.below(m as u64) as usize }).collect();
+    for i in (1..n).rev() {
+        map.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let coors: Vec<i32> = map.iter().flat_map(|&v| if rng.below(100) == 0 { [-1, -1, -1] } else { cells[v] }).collect();
+    let inputs = vec![("feats", Tensor::f32([n, c], rng.floats(n * c))), ("coors", Tensor::i32([n, 3], coors))];
+    // voxel_feats, voxel_coors, point2voxel_map and voxel_points_count written.
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + (m * c + m * 3 + n + m) * 4;
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    // Each kept point's row meets its voxel's row.
+    let kept = i32s(&ins[1]).chunks_exact(3).zip(&map).filter(|(row, _)| row[0] >= 0).map(|(_, &v)| v as u32).collect();
+    Case {
+        access: Some(Access { idx: kept, fan: 1, row: c, table: m }),
+        op: "DynamicScatter",
+        shapes: format!("{reduce} N {n} M {m} C {c}"),
+        attrs: attrs(&[("reduce_type", AttrValue::String(reduce.into()))]),
+        inputs,
+        bytes,
+        unread: 0,
+        naive: Box::new(move || {
+            let (vf, vc, map, count) = naive::dynamic_scatter(f32s(&ins[0]), i32s(&ins[1]), c, reduce);
+            let voxels = count.len() as i32;
+            vec![OwnedData::F32(vf), OwnedData::I32(vc), OwnedData::I32(map), OwnedData::I32(count), OwnedData::I32(vec![voxels])]
+        }),
+        exact: true,
+    }
+}
+
+/// `half`: float16 features, weights and output (computed in float32, rounded once).
+fn three_interpolate(rng: &mut Rng, [b, c, m, n]: [usize; 4], half: bool) -> Case {
+    let features = rng.floats(b * c * m);
+    let idx: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m as u64) as i32).collect();
+    let w: Vec<f32> = (0..b * n * 3).map(|_| rng.unit().abs()).collect();
+    let float = |shape: [usize; 3], v: Vec<f32>| {
+        if half { Tensor::f16(shape, v.into_iter().map(f16::from_f32).collect()) } else { Tensor::f32(shape, v) }
+    };
+    let inputs =
+        vec![("features", float([b, c, m], features)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * n * if half { 2 } else { 4 };
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    // Each point's C values are read from its three source points' (strided, channel-major).
+    let idx = i32s(&ins[1]).iter().enumerate().map(|(k, &j)| (k / (3 * n) * m) as u32 + j as u32).collect();
+    Case {
+        access: Some(Access { idx, fan: 3, row: c, table: b * m }),
+        op: "ThreeInterpolate",
+        shapes: format!("{} B {b} C {c} M {m} N {n}", if half { "f16" } else { "f32" }),
+        attrs: HashMap::new(),
+        inputs,
+        bytes,
+        unread: 0,
+        naive: Box::new(move || {
+            let out = naive::three_interpolate(&widened(&ins[0].data), i32s(&ins[1]), &widened(&ins[2].data), [b, c, m, n]);
+            vec![if half { OwnedData::F16(out.into_iter().map(f16::from_f32).collect()) } else { OwnedData::F32(out) }]
+        }),
+        exact: !half,
+    }
+}
+
 /// `half`: float16 grad_output, weights and output (accumulated in float32, as the contract
 /// says; the naive loop does the same on the widened values).
 fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: bool) -> Case {
@@ -576,16 +645,54 @@ fn voxel_pooling_forward(rng: &mut Rng, b: usize, geometry: Geometry) -> Case {
     }
 }
 
-fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 4], scale: f32) -> Case {
-    let [nb, h, w, ch] = bottom;
-    let e = r * pooled * pooled * od;
-    let rois: Vec<f32> = (0..r)
+/// `r` rois of a random batch, each from a random corner up to half the input's size on.
+fn rois(rng: &mut Rng, r: usize, nb: usize, [h, w]: [usize; 2], scale: f32) -> Vec<f32> {
+    (0..r)
         .flat_map(|_| {
             let (x1, y1) = (rng.unit().abs() * w as f32 / scale, rng.unit().abs() * h as f32 / scale);
             let (x2, y2) = (x1 + rng.unit().abs() * w as f32 / scale / 2.0, y1 + rng.unit().abs() * h as f32 / scale / 2.0);
             [rng.below(nb as u64) as f32, x1, y1, x2, y2]
         })
-        .collect();
+        .collect()
+}
+
+fn psroipool_attrs(pooled: usize, od: usize, scale: f32) -> HashMap<String, AttrValue> {
+    attrs(&[
+        ("pooled_height", AttrValue::Int(pooled as i64)),
+        ("pooled_width", AttrValue::Int(pooled as i64)),
+        ("spatial_scale", AttrValue::Float(scale)),
+        ("output_dim", AttrValue::Int(od as i64)),
+    ])
+}
+
+fn psroipool(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 4], scale: f32) -> Case {
+    let [nb, h, w, ch] = bottom;
+    let e = r * pooled * pooled * od;
+    let inputs =
+        vec![("input", Tensor::f32(bottom, rng.floats(nb * h * w * ch))), ("rois", Tensor::f32([r, 5], rois(rng, r, nb, [h, w], scale)))];
+    // output and mapping_channel written.
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + e * 8;
+    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    Case {
+        access: None,
+        op: "PsRoiPool",
+        shapes: format!("R {r} {pooled}x{pooled}x{od} bottom {nb}x{h}x{w}x{ch}"),
+        attrs: psroipool_attrs(pooled, od, scale),
+        inputs,
+        bytes,
+        unread: 0,
+        naive: Box::new(move || {
+            let (out, mapping) = naive::psroipool(f32s(&ins[0]), f32s(&ins[1]), bottom, pooled, od, scale);
+            vec![OwnedData::F32(out), OwnedData::I32(mapping)]
+        }),
+        exact: false,
+    }
+}
+
+fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 4], scale: f32) -> Case {
+    let [nb, h, w, ch] = bottom;
+    let e = r * pooled * pooled * od;
+    let rois = rois(rng, r, nb, [h, w], scale);
     let mapping: Vec<i32> = (0..e).map(|_| rng.below(ch as u64) as i32).collect();
     let inputs = vec![
         ("top_grad", Tensor::f32([r, pooled, pooled, od], rng.floats(e))),
@@ -599,12 +706,7 @@ fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom:
         access: None,
         op: "PsRoiPoolBackward",
         shapes: format!("R {r} {pooled}x{pooled}x{od} bottom {nb}x{h}x{w}x{ch}"),
-        attrs: attrs(&[
-            ("pooled_height", AttrValue::Int(pooled as i64)),
-            ("pooled_width", AttrValue::Int(pooled as i64)),
-            ("spatial_scale", AttrValue::Float(scale)),
-            ("output_dim", AttrValue::Int(od as i64)),
-        ]),
+        attrs: psroipool_attrs(pooled, od, scale),
         inputs,
         bytes,
         unread: 0,
@@ -824,6 +926,14 @@ fn main() {
         Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Frustum)),
         Box::new(|r| psroipool_backward(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
         Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
+        // The forward partners, at the same scales.
+        Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "max")),
+        Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "mean")),
+        Box::new(|r| three_interpolate(r, [16, 128, 1024, 4096], false)),
+        Box::new(|r| three_interpolate(r, [16, 512, 128, 2048], false)),
+        Box::new(|r| three_interpolate(r, [16, 512, 128, 2048], true)),
+        Box::new(|r| psroipool(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
+        Box::new(|r| psroipool(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];
     println!(
         "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | gather GB/s 1T / 2T | kernel % of gather 1T / 2T | scatter-add GB/s 1T / 2T | kernel % of scatter-add 1T / 2T | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees | rounds |"

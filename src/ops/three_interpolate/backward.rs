@@ -11,6 +11,10 @@
 //! loop, in float32; float16 inputs are widened on load and rounded once on store.
 
 
+use super::real::as_f32s;
+use super::transpose::{ScalarTranspose, Transpose, line_aligned_rows};
+#[cfg(target_arch = "x86_64")]
+use super::transpose::Avx2;
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
@@ -206,49 +210,6 @@ fn prefetch<T: Real>(data: &[T]) {
     let _ = data;
 }
 
-/// Transposes up to L rows of grad_output (each `nt` points long) into `tile[n][lane]`,
-/// widening float16 to float32 on the way (in registers).
-trait Transpose: Copy {
-    fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]);
-}
-
-/// The portable transpose: one element at a time.
-#[derive(Clone, Copy)]
-struct ScalarTranspose;
-
-impl Transpose for ScalarTranspose {
-    fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]) {
-        scalar_transpose(rows, 0..nt, tile, 0);
-    }
-}
-
-/// `tile[n][lane0 + r] = rows[r][n]` for n in `points`.
-#[inline(always)]
-fn scalar_transpose<T: Real, const L: usize>(rows: &[&[T]], points: std::ops::Range<usize>, tile: &mut [[f32; L]], lane0: usize) {
-    for (r, src) in rows.iter().enumerate() {
-        let (Some(src), Some(tile)) = (src.get(points.clone()), tile.get_mut(points.clone())) else { continue };
-        for (t, &g) in tile.iter_mut().zip(src) {
-            if let Some(x) = t.get_mut(lane0 + r) {
-                *x = g.to_f32();
-            }
-        }
-    }
-}
-
-/// Proof that this CPU has AVX2 and F16C (every AVX2 CPU has both): only [`Avx2::detect`]
-/// makes one.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Avx2(());
-
-#[cfg(target_arch = "x86_64")]
-impl Avx2 {
-    fn detect() -> Option<Self> {
-        // std caches the CPU's features after the first query.
-        (std::arch::is_x86_feature_detected!("avx2") && super::real::has_f16c()).then_some(Avx2(()))
-    }
-}
-
 /// [`batch_channels`] compiled with AVX2 and F16C: the lane loops use 8-wide vectors and the
 /// tiles are widened and transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
 /// in the same order (no FMA: that feature is not enabled), so the result is bit-identical
@@ -269,75 +230,6 @@ fn batch_channels_avx2<T: Real, const L: usize>(
     batch_channels::<T, L>(d, go, b, channels, idx, w, part, avx2)
 }
 
-#[cfg(target_arch = "x86_64")]
-impl Transpose for Avx2 {
-    #[inline(always)]
-    fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]) {
-        let full = nt - nt % 8;
-        let mut lane0 = 0;
-        for group in rows.chunks(8) {
-            match <&[&[T]; 8]>::try_from(group) {
-                // Whole 8 x 8 blocks through registers: only when every row holds `full`
-                // points, the tile `full` rows and its rows 8 lanes from lane0 on.
-                Ok(group) if lane0 + 8 <= L && tile.len() >= full && group.iter().all(|r| r.len() >= full) => {
-                    // SAFETY: `self` exists only when the CPU supports AVX2 and F16C; the
-                    // bounds the function requires were checked just above.
-                    unsafe { transpose_blocks(group, full, tile, lane0) };
-                    scalar_transpose(group, full..nt, tile, lane0);
-                }
-                _ => scalar_transpose(group, 0..nt, tile, lane0),
-            }
-            lane0 += 8;
-        }
-    }
-}
-
-/// `tile[p][lane0 + r] = rows[r][p]` for p in 0..full (a multiple of 8) and r in 0..8,
-/// 8 x 8 blocks at a time through registers (float16 widened as it is loaded).
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; every row must hold at least `full` floats, `tile` at least
-/// `full` rows, and `lane0 + 8 <= L`. Not a `target_feature` function so that it inlines
-/// into [`batch_channels_avx2`], whose AVX2 context the intrinsics then inline into.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn transpose_blocks<T: Real, const L: usize>(rows: &[&[T]; 8], full: usize, tile: &mut [[f32; L]], lane0: usize) {
-    use std::arch::x86_64::*;
-    let src = rows.map(<[T]>::as_ptr);
-    let dst = tile.as_mut_ptr().cast::<f32>();
-    for p0 in (0..full).step_by(8) {
-        // SAFETY (this block): AVX2, F16C and the bounds are the caller's guarantee: the
-        // loads read rows[r][p0..p0 + 8] with p0 + 8 <= full, the stores write
-        // tile[p0 + q][lane0..lane0 + 8] with p0 + q < full and lane0 + 8 <= L.
-        unsafe {
-            let [r0, r1, r2, r3, r4, r5, r6, r7] = src.map(|row| T::load8(row.add(p0)));
-            // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] for row pairs (a, b).
-            let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
-            let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
-            let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
-            let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
-            // Point q of rows 0-3 in the low half and point q + 4 in the high half.
-            let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
-            let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
-            let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
-            let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
-            let columns = [
-                _mm256_permute2f128_ps::<0x20>(u0, u4),
-                _mm256_permute2f128_ps::<0x20>(u1, u5),
-                _mm256_permute2f128_ps::<0x20>(u2, u6),
-                _mm256_permute2f128_ps::<0x20>(u3, u7),
-                _mm256_permute2f128_ps::<0x31>(u0, u4),
-                _mm256_permute2f128_ps::<0x31>(u1, u5),
-                _mm256_permute2f128_ps::<0x31>(u2, u6),
-                _mm256_permute2f128_ps::<0x31>(u3, u7),
-            ];
-            for (q, column) in columns.into_iter().enumerate() {
-                _mm256_storeu_ps(dst.add((p0 + q) * L + lane0), column);
-            }
-        }
-    }
-}
-
 /// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
 /// weights.
 #[inline(always)]
@@ -353,16 +245,8 @@ fn batch_channels<T: Real, const L: usize>(
     tr: impl Transpose,
 ) -> Result<()> {
     let (n, m) = (d.n, d.m);
-    let widened;
-    let w: &[f32] = match T::as_f32(w) {
-        Some(w) => w,
-        None => {
-            let mut v = scratch::filled(w.len(), 0.0, "the widened float16 weights of a batch")?;
-            T::widen(w, &mut v);
-            widened = v;
-            &widened
-        }
-    };
+    let mut widened = Vec::new();
+    let w = as_f32s(w, &mut widened)?;
     // The accumulators (m rows of L lanes) and one output row take memory in proportion
     // to m, which only the input's attribute bounds.
     let mut acc_buf = Vec::new();
@@ -408,16 +292,6 @@ fn batch_channels<T: Real, const L: usize>(
         c0 += lanes;
     }
     Ok(())
-}
-
-/// `rows` zeroed rows of L floats carved out of `buf`, starting on a 64-byte boundary: a
-/// row's vector loads and stores then never straddle two cache lines (a heap block is only
-/// 16-byte aligned, which would split every other 32-byte access of a 64-byte row).
-fn line_aligned_rows<const L: usize>(buf: &mut Vec<f32>, rows: usize) -> Result<&mut [[f32; L]]> {
-    const LINE_FLOATS: usize = 64 / size_of::<f32>();
-    *buf = scratch::filled(rows * L + LINE_FLOATS, 0.0, "the accumulator rows of a task")?;
-    let skip = buf.as_ptr().align_offset(64).min(LINE_FLOATS);
-    Ok(buf[skip..skip + rows * L].as_chunks_mut::<L>().0)
 }
 
 /// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so

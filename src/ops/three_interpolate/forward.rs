@@ -2,17 +2,25 @@
 //! `output[b, c, n] = f[i0] * w0 + f[i1] * w1 + f[i2] * w2` over the source row
 //! `f = features[b, c, :]`, with `(i0, i1, i2) = indices[b, n, :]` and `(w0, w1, w2) = weights[b, n, :]`.
 //!
-//! Tasks own whole output rows (b, c): each reads its source row (M values, cache-resident)
-//! at random and writes its N outputs in order, so the op streams B*C*(M + N) values plus
-//! the batch's indices and weights once per row block. On the card: MLU-OPS only (mluops.rs).
+//! Tasks own whole output rows (one batch, a block of channels). Inside a task, L channels
+//! (16; 8, 4 or 1 when C is small) are computed together: their source rows are transposed
+//! to a [m][lane] table (cache-resident), each point's three table rows are weighted and
+//! summed as short vectors into a [n][lane] tile, and the tile is transposed back into the
+//! output rows. The op streams B*C*(M + N) values plus the batch's indices and weights once
+//! per channel block. Every output is `(f[i0] * w0 + f[i1] * w1) + f[i2] * w2` in float32;
+//! float16 is widened on load and rounded once on store. On the card: MLU-OPS only (mluops.rs).
 
 use crate::ops::Operator;
+use super::real::as_f32s;
+#[cfg(target_arch = "x86_64")]
+use super::transpose::Avx2;
+use super::transpose::{ScalarTranspose, Transpose, line_aligned_rows};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
-use crate::scratch;
+use crate::scratch::{self, FirstError};
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
 
@@ -21,6 +29,12 @@ const INDICES: usize = 1;
 const WEIGHTS: usize = 2;
 /// Output elements (each three multiply-adds) per task.
 const GRAIN: usize = 32 * 1024;
+/// Channels computed together (one 64-byte table row per source point).
+const LANES: usize = 16;
+/// Lanes for 4 <= C < 8, and 1 below that.
+const FEW_LANES: usize = 4;
+/// Points per output tile.
+const TILE: usize = 64;
 
 /// No attributes: M is the last dimension of `features`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,34 +119,200 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
     if out.is_empty() {
         return Ok(());
     }
-    // Whole rows per task, never across a batch (a task widens its batch's weights once).
-    let rows = GRAIN.div_ceil(d.n).clamp(1, d.c);
-    let per_batch = d.c.div_ceil(rows);
+    match d.c {
+        c if c >= LANES => split::<T, LANES>(d, features, indices, weights, out, par),
+        c if c >= 8 => split::<T, 8>(d, features, indices, weights, out, par),
+        c if c >= FEW_LANES => split::<T, FEW_LANES>(d, features, indices, weights, out, par),
+        _ => split::<T, 1>(d, features, indices, weights, out, par),
+    }
+}
+
+/// Splits the output into tasks of whole (batch, channel block) rows and runs them.
+fn split<T: Real, const L: usize>(
+    d: &Dims,
+    features: &[T],
+    indices: &[i32],
+    weights: &[T],
+    out: &mut [T],
+    par: &dyn Parallel,
+) -> Result<()> {
+    // Channels per task: whole lane blocks, enough of them to reach GRAIN outputs.
+    let channels = (GRAIN.div_ceil(L.saturating_mul(d.n)) * L).min(d.c);
+    let per_batch = d.c.div_ceil(channels);
     let mut bounds =
-        scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * rows) * d.n)), "the task bounds")?;
+        scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * channels) * d.n)), "the task bounds")?;
     scratch::push(&mut bounds, out.len(), "the task bounds")?;
+    let errors = FirstError::default();
     for_each_part_mut(par, out, &bounds, |task, part| {
-        let (b, first) = (task / per_batch, (task % per_batch) * rows);
-        let idx = &indices[b * 3 * d.n..(b + 1) * 3 * d.n];
-        let mut w = vec![0f32; 3 * d.n];
-        T::widen(&weights[b * 3 * d.n..(b + 1) * 3 * d.n], &mut w);
-        let mut src = vec![0f32; d.m];
-        let mut dst = vec![0f32; d.n];
-        for (r, out_row) in part.chunks_exact_mut(d.n).enumerate() {
-            let row = (b * d.c + first + r) * d.m;
-            let f: &[f32] = match T::as_f32(&features[row..row + d.m]) {
-                Some(f) => f,
-                None => {
-                    T::widen(&features[row..row + d.m], &mut src);
-                    &src
-                }
-            };
-            for ((o, i), w) in dst.iter_mut().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
-                // plan checked every index is in [0, M).
-                *o = f[i[0] as usize] * w[0] + f[i[1] as usize] * w[1] + f[i[2] as usize] * w[2];
-            }
-            T::narrow(&dst, out_row);
+        let (b, first) = (task / per_batch, (task % per_batch) * channels);
+        let span = 3 * d.n;
+        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
+            return;
+        };
+        let rows = first..first + part.len() / d.n;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = Avx2::detect() {
+            // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
+            return errors.record(unsafe { batch_rows_avx2::<T, L>(d, features, b, rows, idx, w, part, avx2) });
         }
+        errors.record(batch_rows::<T, L>(d, features, b, rows, idx, w, part, ScalarTranspose));
     });
+    errors.into_result()
+}
+
+/// [`batch_rows`] compiled with AVX2 and F16C: 8-wide lane vectors, tiles widened, rounded
+/// and transposed 8 x 8 in registers. Products and sums are still separate IEEE operations in
+/// the same order (no FMA), so the result is bit-identical to the baseline build.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn batch_rows_avx2<T: Real, const L: usize>(
+    d: &Dims,
+    features: &[T],
+    b: usize,
+    channels: std::ops::Range<usize>,
+    idx: &[i32],
+    w: &[T],
+    part: &mut [T],
+    avx2: Avx2,
+) -> Result<()> {
+    batch_rows::<T, L>(d, features, b, channels, idx, w, part, avx2)
+}
+
+/// Fills `part`, the output rows of batch `b` and `channels`: L channels at a time, their
+/// source rows as a [m][lane] table, each point's three table rows weighted and summed into
+/// a [n][lane] tile, which is written back to the rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn batch_rows<T: Real, const L: usize>(
+    d: &Dims,
+    features: &[T],
+    b: usize,
+    channels: std::ops::Range<usize>,
+    idx: &[i32],
+    w: &[T],
+    part: &mut [T],
+    tr: impl Transpose,
+) -> Result<()> {
+    let (n, m) = (d.n, d.m);
+    let mut widened = Vec::new();
+    let w = as_f32s(w, &mut widened)?;
+    // The table (m rows of L lanes) takes memory in proportion to m, an input dimension.
+    let mut table_buf = Vec::new();
+    let table = line_aligned_rows::<L>(&mut table_buf, m)?;
+    let mut tile_buf = Vec::new();
+    let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
+    let mut c0 = channels.start;
+    while c0 < channels.end {
+        let lanes = L.min(channels.end - c0);
+        // Unused lanes keep stale values; their outputs are never stored.
+        let mut rows: [&[T]; L] = [&[]; L];
+        for (lane, row) in rows.iter_mut().take(lanes).enumerate() {
+            let start = (b * d.c + c0 + lane) * m;
+            if let Some(src) = features.get(start..start + m) {
+                *row = src;
+            }
+        }
+        tr.transpose(&rows[..lanes], m, table);
+        let mut n0 = 0;
+        while n0 < n {
+            let nt = TILE.min(n - n0);
+            let terms = n0 * 3..(n0 + nt) * 3;
+            if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
+                interpolate(table, js, ws, &mut tile[..nt]);
+            }
+            let mut dst: [&mut [T]; L] = std::array::from_fn(|_| <&mut [T]>::default());
+            for (d, row) in dst.iter_mut().zip(part.chunks_exact_mut(n).skip(c0 - channels.start).take(lanes)) {
+                if let Some(row) = row.get_mut(n0..n0 + nt) {
+                    *d = row;
+                }
+            }
+            tr.untranspose(&tile[..nt], nt, &mut dst[..lanes]);
+            n0 += nt;
+        }
+        c0 += lanes;
+    }
     Ok(())
+}
+
+/// `tile[n] = table[i0] * w0 + table[i1] * w1 + table[i2] * w2`, left to right, for each
+/// point's indices and weights. Inlined so the AVX2 build vectorises it with 8-wide registers.
+#[inline(always)]
+fn interpolate<const L: usize>(table: &[[f32; L]], idx: &[i32], w: &[f32], tile: &mut [[f32; L]]) {
+    for ((t, js), ws) in tile.iter_mut().zip(idx.chunks_exact(3)).zip(w.chunks_exact(3)) {
+        // Indices were validated by `plan`; an out-of-range one reads zeros, not a panic.
+        let row = |k: usize| table.get(js[k] as u32 as usize).copied().unwrap_or([0.0; L]);
+        let (a, b, c) = (row(0), row(1), row(2));
+        let mut o = [0f32; L];
+        for (l, x) in o.iter_mut().enumerate() {
+            // Separate multiplies and adds (no FMA): the contract's rounding.
+            *x = a[l] * ws[0] + b[l] * ws[1] + c[l] * ws[2];
+        }
+        *t = o;
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain formula, in the contract's order, on widened values.
+    fn plain(d: &Dims, f: &[f32], idx: &[i32], w: &[f32]) -> Vec<f32> {
+        let mut out = vec![0f32; d.c * d.n];
+        for c in 0..d.c {
+            for n in 0..d.n {
+                let v = |k: usize| f[c * d.m + idx[n * 3 + k] as usize] * w[n * 3 + k];
+                out[c * d.n + n] = v(0) + v(1) + v(2);
+            }
+        }
+        out
+    }
+
+    /// Every lane count and both builds (scalar, AVX2 + F16C) give the plain formula's bits,
+    /// for float32 and float16, with M and N not multiples of the 8 x 8 blocks.
+    #[test]
+    fn every_build_and_lane_count_gives_the_plain_formulas_bits() {
+        let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
+        for (c, n, m) in [(37, 301, 53), (16, 64, 8), (5, 9, 3), (2, 130, 200)] {
+            let d = Dims { b: 1, c, n, m, dtype: DType::F32 };
+            let f: Vec<f32> = (0..c * m).map(|_| (next() % 20001) as f32 * 1.3e-4 - 1.3).collect();
+            let idx: Vec<i32> = (0..n * 3).map(|_| (next() % m as u64) as i32).collect();
+            let w: Vec<f32> = (0..n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();
+            let want: Vec<u32> = plain(&d, &f, &idx, &w).iter().map(|x| x.to_bits()).collect();
+            let f16s: Vec<f16> = f.iter().map(|&x| f16::from_f32(x)).collect();
+            let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
+            let want16: Vec<u16> = plain(&d, &f16s.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), &idx, &w16.iter().map(|x| x.to_f32()).collect::<Vec<_>>())
+                .iter()
+                .map(|&x| f16::from_f32(x).to_bits())
+                .collect();
+            let check = |run: &dyn Fn(&mut [f32], &mut [f16])| {
+                let (mut o32, mut o16) = (vec![f32::NAN; c * n], vec![f16::NAN; c * n]);
+                run(&mut o32, &mut o16);
+                assert_eq!(o32.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want, "C {c} N {n} M {m}");
+                assert_eq!(o16.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want16, "float16, C {c} N {n} M {m}");
+            };
+            let d16 = Dims { dtype: DType::F16, ..d };
+            macro_rules! lanes {
+                ($l:literal) => {
+                    check(&|o32, o16| {
+                        batch_rows::<f32, $l>(&d, &f, 0, 0..c, &idx, &w, o32, ScalarTranspose).unwrap();
+                        batch_rows::<f16, $l>(&d16, &f16s, 0, 0..c, &idx, &w16, o16, ScalarTranspose).unwrap();
+                    });
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(avx2) = Avx2::detect() {
+                        check(&|o32, o16| {
+                            // SAFETY (both calls): an `Avx2` exists only when the CPU supports AVX2 and F16C.
+                            unsafe { batch_rows_avx2::<f32, $l>(&d, &f, 0, 0..c, &idx, &w, o32, avx2).unwrap() };
+                            unsafe { batch_rows_avx2::<f16, $l>(&d16, &f16s, 0, 0..c, &idx, &w16, o16, avx2).unwrap() };
+                        });
+                    }
+                };
+            }
+            lanes!(16);
+            lanes!(8);
+            lanes!(4);
+            lanes!(1);
+        }
+    }
 }

@@ -8,6 +8,7 @@ pub mod mluops;
 
 crate::mlu::kernel_abi!("three_interpolate");
 mod real;
+mod transpose;
 
 use real::Real;
 

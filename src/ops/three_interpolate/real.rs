@@ -1,9 +1,21 @@
 //! The element types T of the family (float32, float16), computed in float32: widening and
 //! rounding, with F16C instructions where the CPU has them.
 
+use crate::error::Result;
+use crate::scratch;
 use crate::tensor::OutElement;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+
+/// `s` as float32: itself, or widened into `buf` (a batch's float16 weights).
+pub(super) fn as_f32s<'a, T: Real>(s: &'a [T], buf: &'a mut Vec<f32>) -> Result<&'a [f32]> {
+    if let Some(s) = T::as_f32(s) {
+        return Ok(s);
+    }
+    *buf = scratch::filled(s.len(), 0.0, "the widened float16 weights of a batch")?;
+    T::widen(s, buf);
+    Ok(buf)
+}
 
 /// float32 or float16, computed in float32.
 pub(super) trait Real: OutElement {
@@ -22,6 +34,14 @@ pub(super) trait Real: OutElement {
     /// values. Inlined into the caller, whose target features it then shares.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// One float32 rounded to T (to nearest even).
+    fn from_f32(x: f32) -> Self;
+    /// Stores the 8 values of `v` at `p`, rounded to T (to nearest even).
+    ///
+    /// # Safety
+    /// As [`Real::load8`], with `p` pointing at 8 writable values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256);
 }
 
 impl Real for f32 {
@@ -42,6 +62,15 @@ impl Real for f32 {
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: AVX and 8 readable floats at `p` are the caller's guarantee.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8(p: *mut f32, v: std::arch::x86_64::__m256) {
+        // SAFETY: AVX and 8 writable floats at `p` are the caller's guarantee.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
     }
 }
 
@@ -75,6 +104,17 @@ impl Real for f16 {
         // SAFETY: F16C with AVX state and 16 readable bytes at `p` (8 values, unaligned
         // load) are the caller's guarantee.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())) }
+    }
+    fn from_f32(x: f32) -> f16 {
+        f16::from_f32(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8(p: *mut f16, v: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph};
+        // SAFETY: F16C with AVX state and 16 writable bytes at `p` (8 values, unaligned
+        // store) are the caller's guarantee.
+        unsafe { _mm_storeu_si128(p.cast::<__m128i>(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
     }
 }
 
