@@ -141,12 +141,18 @@ impl Operator for PsRoiPool {
         if channels > i32::MAX as usize {
             return Err(Error::input("input", format!("channels = {channels} does not fit int32 mapping_channel")));
         }
-        for_each_chunk_mut(par, mapping, per_roi.max(1) * 64, |_, chunk| {
-            for (k, m) in chunk.iter_mut().enumerate() {
-                let e = k % per_roi;
+        // Every roi's block is the same: computed once (the divisions cost more than the
+        // pooling at small bins), then copied.
+        let pattern = scratch::collect(
+            (0..per_roi).map(|e| {
                 let (ij, o) = (e / od, e % od);
-                let (i, j) = (ij / p, ij % p);
-                *m = ((o * p + i) * p + j) as i32;
+                ((o * p + ij / p) * p + ij % p) as i32
+            }),
+            "one roi's mapping_channel",
+        )?;
+        for_each_chunk_mut(par, mapping, per_roi.max(1) * 64, |_, chunk| {
+            for block in chunk.chunks_exact_mut(per_roi.max(1)) {
+                block.copy_from_slice(&pattern);
             }
         });
         if out.is_empty() {
