@@ -449,65 +449,45 @@ fn dynamic_scatter(rng: &mut Rng, [n, m, c]: [usize; 3], reduce: &'static str) -
     }
 }
 
-/// `half`: float16 features, weights and output (computed in float32, rounded once).
-fn three_interpolate(rng: &mut Rng, [b, c, m, n]: [usize; 4], half: bool) -> Case {
-    let features = rng.floats(b * c * m);
+/// ThreeInterpolate (features [B, C, M] in, [B, C, N] out) or, `backward`, its gradient
+/// (grad_output [B, C, N] in, [B, C, M] out). `half`: float16 data, weights and output
+/// (computed in float32 and rounded once, as the contract says; the naive loops do the same
+/// on the widened values).
+fn three_interpolate(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: bool, backward: bool) -> Case {
+    let (len_in, len_out) = if backward { (n, m) } else { (m, n) };
+    let data = rng.floats(b * c * len_in);
     let idx: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m as u64) as i32).collect();
     let w: Vec<f32> = (0..b * n * 3).map(|_| rng.unit().abs()).collect();
     let float = |shape: [usize; 3], v: Vec<f32>| {
         if half { Tensor::f16(shape, v.into_iter().map(f16::from_f32).collect()) } else { Tensor::f32(shape, v) }
     };
+    let data_name = if backward { "grad_output" } else { "features" };
     let inputs =
-        vec![("features", float([b, c, m], features)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * n * if half { 2 } else { 4 };
+        vec![(data_name, float([b, c, len_in], data)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * len_out * if half { 2 } else { 4 };
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    // Each point's C values are read from its three source points' (strided, channel-major).
+    // Each point's C values meet its three source points' (read forward, added to backward;
+    // a channel-major layout strides the same rows).
     let idx = i32s(&ins[1]).iter().enumerate().map(|(k, &j)| (k / (3 * n) * m) as u32 + j as u32).collect();
     Case {
         access: Some(Access { idx, fan: 3, row: c, table: b * m }),
-        op: "ThreeInterpolate",
-        shapes: format!("{} B {b} C {c} M {m} N {n}", if half { "f16" } else { "f32" }),
-        attrs: HashMap::new(),
+        op: if backward { "ThreeInterpolateBackward" } else { "ThreeInterpolate" },
+        shapes: format!("{} B {b} C {c} N {n} M {m}", if half { "f16" } else { "f32" }),
+        attrs: if backward { attrs(&[("m", AttrValue::Int(m as i64))]) } else { HashMap::new() },
         inputs,
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            let out = naive::three_interpolate(&widened(&ins[0].data), i32s(&ins[1]), &widened(&ins[2].data), [b, c, m, n]);
+            let (data, idx, w) = (widened(&ins[0].data), i32s(&ins[1]), widened(&ins[2].data));
+            let out = if backward {
+                naive::three_interpolate_backward(&data, idx, &w, [b, c, n, m])
+            } else {
+                naive::three_interpolate(&data, idx, &w, [b, c, m, n])
+            };
             vec![if half { OwnedData::F16(out.into_iter().map(f16::from_f32).collect()) } else { OwnedData::F32(out) }]
         }),
-        exact: !half,
-    }
-}
-
-/// `half`: float16 grad_output, weights and output (accumulated in float32, as the contract
-/// says; the naive loop does the same on the widened values).
-fn three_interpolate_backward(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: bool) -> Case {
-    let go = rng.floats(b * c * n);
-    let idx: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m as u64) as i32).collect();
-    let w: Vec<f32> = (0..b * n * 3).map(|_| rng.unit().abs()).collect();
-    let float = |shape: [usize; 3], v: Vec<f32>| {
-        if half { Tensor::f16(shape, v.into_iter().map(f16::from_f32).collect()) } else { Tensor::f32(shape, v) }
-    };
-    let inputs =
-        vec![("grad_output", float([b, c, n], go)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * m * if half { 2 } else { 4 };
-    let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    // Each point's C values go to its three source points' (a channel-major layout strides
-    // the same rows).
-    let idx = i32s(&ins[1]).iter().enumerate().map(|(k, &j)| (k / (3 * n) * m) as u32 + j as u32).collect();
-    Case {
-        access: Some(Access { idx, fan: 3, row: c, table: b * m }),
-        op: "ThreeInterpolateBackward",
-        shapes: format!("{} B {b} C {c} N {n} M {m}", if half { "f16" } else { "f32" }),
-        attrs: attrs(&[("m", AttrValue::Int(m as i64))]),
-        inputs,
-        bytes,
-        unread: 0,
-        naive: Box::new(move || {
-            let sum = naive::three_interpolate_backward(&widened(&ins[0].data), i32s(&ins[1]), &widened(&ins[2].data), [b, c, n, m]);
-            vec![if half { OwnedData::F16(sum.into_iter().map(f16::from_f32).collect()) } else { OwnedData::F32(sum) }]
-        }),
-        exact: false,
+        // The backward op accumulates; the forward one is three products and two sums.
+        exact: !half && !backward,
     }
 }
 
@@ -915,10 +895,10 @@ fn main() {
     let mut rng = Rng(2026);
     let builders: Vec<CaseBuilder> = vec![
         Box::new(|r| dynamic_scatter_backward(r, [17176, 13743, 128])),
-        Box::new(|r| three_interpolate_backward(r, [16, 128, 4096, 1024], false)),
-        Box::new(|r| three_interpolate_backward(r, [16, 1024, 4096, 128], false)),
-        Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128], false)),
-        Box::new(|r| three_interpolate_backward(r, [16, 512, 2048, 128], true)),
+        Box::new(|r| three_interpolate(r, [16, 128, 4096, 1024], false, true)),
+        Box::new(|r| three_interpolate(r, [16, 1024, 4096, 128], false, true)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], false, true)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], true, true)),
         Box::new(|r| get_indice_pairs(r, true)),
         Box::new(|r| get_indice_pairs(r, false)),
         Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Uniform)),
@@ -929,9 +909,9 @@ fn main() {
         // The forward partners, at the same scales.
         Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "max")),
         Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "mean")),
-        Box::new(|r| three_interpolate(r, [16, 128, 1024, 4096], false)),
-        Box::new(|r| three_interpolate(r, [16, 512, 128, 2048], false)),
-        Box::new(|r| three_interpolate(r, [16, 512, 128, 2048], true)),
+        Box::new(|r| three_interpolate(r, [16, 128, 4096, 1024], false, false)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], false, false)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], true, false)),
         Box::new(|r| psroipool(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
         Box::new(|r| psroipool(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
     ];

@@ -19,8 +19,6 @@ const CONST: &str = "bounded by a constant";
 const TASKS: &str = "one per task";
 /// Per-task scratch of one row of an output that is already allocated and non-empty.
 const OUTPUT_ROW: &str = "one row of an allocated, non-empty output";
-/// At most the element count of an input tensor already in memory.
-const INPUT: &str = "at most an input's size";
 /// Inside a capacity reserved fallibly just before, or the fallible helpers themselves.
 const FALLIBLE: &str = "within a fallible reservation";
 

@@ -12,15 +12,13 @@
 
 
 use super::real::as_f32s;
-use super::transpose::{ScalarTranspose, Transpose, line_aligned_rows};
-#[cfg(target_arch = "x86_64")]
-use super::transpose::Avx2;
+use super::lanes::{LaneKernel, Transpose, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
-use crate::parallel::{Parallel, for_each_part_mut};
-use crate::scratch::{self, FirstError};
+use crate::parallel::Parallel;
+use crate::scratch;
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
@@ -41,8 +39,6 @@ const L1_ACC_BYTES: usize = 24 * 1024;
 const TILE: usize = 64;
 /// Tiles ahead that the rows of grad_output are prefetched.
 const PREFETCH_AHEAD: usize = 2;
-/// Multiply-adds (or output elements) per parallel task.
-const GRAIN: usize = 32 * 1024;
 
 /// The configured node: `m` is the number of source points M.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,8 +104,8 @@ impl Operator for ThreeInterpolateBackward {
             return Err(Error::Runtime(format!("{}: inputs changed between plan and execute", Self::NAME)));
         }
         match d.dtype {
-            DType::F16 => run::<f16>(&d, inputs, outputs, par),
-            _ => run::<f32>(&d, inputs, outputs, par),
+            DType::F16 => run::<f16>(self, &d, inputs, outputs, par),
+            _ => run::<f32>(self, &d, inputs, outputs, par),
         }
     }
 }
@@ -133,7 +129,7 @@ impl Rules for ThreeInterpolateBackward {
 
 
 
-fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+fn run<T: Real>(op: &ThreeInterpolateBackward, d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
     let go = inputs.get::<T>(GRAD_OUTPUT)?.data;
     let indices = inputs.get::<i32>(INDICES)?.data;
     let weights = inputs.get::<T>(WEIGHTS)?.data;
@@ -145,51 +141,83 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
         return Ok(());
     }
     match d.c {
-        c if c >= LANES && d.m * LANES * 4 <= L1_ACC_BYTES => split::<T, LANES>(d, go, indices, weights, out, par),
-        c if c >= 8 => split::<T, 8>(d, go, indices, weights, out, par),
-        c if c >= FEW_LANES => split::<T, FEW_LANES>(d, go, indices, weights, out, par),
-        _ => split::<T, 1>(d, go, indices, weights, out, par),
+        c if c >= LANES && d.m * LANES * 4 <= L1_ACC_BYTES => split::<_, T, LANES>(op, d, go, indices, weights, out, par),
+        c if c >= 8 => split::<_, T, 8>(op, d, go, indices, weights, out, par),
+        c if c >= FEW_LANES => split::<_, T, FEW_LANES>(op, d, go, indices, weights, out, par),
+        _ => split::<_, T, 1>(op, d, go, indices, weights, out, par),
     }
 }
 
-/// Splits the output into tasks of whole (batch, channel block) rows and runs them.
-fn split<T: Real, const L: usize>(
-    d: &Dims,
-    go: &[T],
-    indices: &[i32],
-    weights: &[T],
-    out: &mut [T],
-    par: &dyn Parallel,
-) -> Result<()> {
-    // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
-    let per_block = L.saturating_mul(d.n.saturating_mul(3).saturating_add(d.m));
-    let channels = (GRAIN.div_ceil(per_block) * L).min(d.c);
-    let per_batch = d.c.div_ceil(channels);
-    let mut bounds = scratch::with_capacity(d.b * per_batch + 1, "the task bounds")?;
-    for b in 0..d.b {
-        for t in 0..per_batch {
-            bounds.push((b * d.c + t * channels) * d.m);
-        }
+impl LaneKernel for ThreeInterpolateBackward {
+    fn row(&self, d: &Dims) -> usize {
+        d.m
     }
-    bounds.push(out.len());
-    let errors = FirstError::default();
-    for_each_part_mut(par, out, &bounds, |task, part| {
-        let (b, t) = (task / per_batch, task % per_batch);
-        let first = t * channels;
-        let span = 3 * d.n;
-        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span))
-        else {
-            return;
-        };
-        let rows = part.len() / d.m;
-        #[cfg(target_arch = "x86_64")]
-        if let Some(avx2) = Avx2::detect() {
-            // SAFETY: an `Avx2` exists only when the CPU supports AVX2.
-            return errors.record(unsafe { batch_channels_avx2::<T, L>(d, go, b, first..first + rows, idx, w, part, avx2) });
+    fn work(&self, d: &Dims) -> usize {
+        d.n.saturating_mul(3).saturating_add(d.m)
+    }
+    /// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
+    /// weights.
+    #[inline(always)]
+    fn fill<T: Real, const L: usize>(
+        &self,
+        d: &Dims,
+        go: &[T],
+        b: usize,
+        channels: std::ops::Range<usize>,
+        idx: &[i32],
+        w: &[T],
+        part: &mut [T],
+        tr: impl Transpose,
+    ) -> Result<()> {
+        let (n, m) = (d.n, d.m);
+        let mut widened = Vec::new();
+        let w = as_f32s(w, &mut widened)?;
+        // The accumulators (m rows of L lanes) and one output row take memory in proportion
+        // to m, which only the input's attribute bounds.
+        let mut acc_buf = Vec::new();
+        let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
+        let mut tile_buf = Vec::new();
+        let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
+        let mut row = scratch::filled(m, 0f32, "an output row of m floats")?;
+        let mut c0 = channels.start;
+        while c0 < channels.end {
+            let lanes = L.min(channels.end - c0);
+            acc.fill([0.0; L]);
+            let mut n0 = 0;
+            while n0 < n {
+                let nt = TILE.min(n - n0);
+                // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
+                // stale values; their accumulators are never stored.
+                let mut rows: [&[T]; L] = [&[]; L];
+                for (lane, dst) in rows.iter_mut().take(lanes).enumerate() {
+                    let start = ((b * d.c + c0 + lane) * n) + n0;
+                    // The L rows are L separate streams, more than the hardware prefetcher
+                    // follows: ask for this row's next tiles now.
+                    if let Some(ahead) = go.get(start + PREFETCH_AHEAD * TILE..) {
+                        prefetch(ahead);
+                    }
+                    let Some(src) = go.get(start..start + nt) else { continue };
+                    *dst = src;
+                }
+                tr.transpose(&rows[..lanes], nt, &mut tile[..nt]);
+                let terms = n0 * 3..(n0 + nt) * 3;
+                if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
+                    accumulate(acc, &tile[..nt], js, ws);
+                }
+                n0 += nt;
+            }
+            for lane in 0..lanes {
+                let start = (c0 - channels.start + lane) * m;
+                let Some(dst) = part.get_mut(start..start + m) else { continue };
+                for (r, a) in row[..m].iter_mut().zip(acc.iter()) {
+                    *r = a[lane];
+                }
+                T::narrow(&row[..m], dst);
+            }
+            c0 += lanes;
         }
-        errors.record(batch_channels::<T, L>(d, go, b, first..first + rows, idx, w, part, ScalarTranspose));
-    });
-    errors.into_result()
+        Ok(())
+    }
 }
 
 /// Asks the CPU to bring the cache lines of one tile row (TILE elements from `data`'s
@@ -210,89 +238,6 @@ fn prefetch<T: Real>(data: &[T]) {
     let _ = data;
 }
 
-/// [`batch_channels`] compiled with AVX2 and F16C: the lane loops use 8-wide vectors and the
-/// tiles are widened and transposed 8 x 8 in registers. Products and sums are still separate IEEE operations
-/// in the same order (no FMA: that feature is not enabled), so the result is bit-identical
-/// to the baseline build. Callers hold an [`Avx2`], which proves the feature.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn batch_channels_avx2<T: Real, const L: usize>(
-    d: &Dims,
-    go: &[T],
-    b: usize,
-    channels: std::ops::Range<usize>,
-    idx: &[i32],
-    w: &[T],
-    part: &mut [T],
-    avx2: Avx2,
-) -> Result<()> {
-    batch_channels::<T, L>(d, go, b, channels, idx, w, part, avx2)
-}
-
-/// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
-/// weights.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn batch_channels<T: Real, const L: usize>(
-    d: &Dims,
-    go: &[T],
-    b: usize,
-    channels: std::ops::Range<usize>,
-    idx: &[i32],
-    w: &[T],
-    part: &mut [T],
-    tr: impl Transpose,
-) -> Result<()> {
-    let (n, m) = (d.n, d.m);
-    let mut widened = Vec::new();
-    let w = as_f32s(w, &mut widened)?;
-    // The accumulators (m rows of L lanes) and one output row take memory in proportion
-    // to m, which only the input's attribute bounds.
-    let mut acc_buf = Vec::new();
-    let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
-    let mut tile_buf = Vec::new();
-    let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
-    let mut row = scratch::filled(m, 0f32, "an output row of m floats")?;
-    let mut c0 = channels.start;
-    while c0 < channels.end {
-        let lanes = L.min(channels.end - c0);
-        acc.fill([0.0; L]);
-        let mut n0 = 0;
-        while n0 < n {
-            let nt = TILE.min(n - n0);
-            // Transpose grad_output[b, c0.., n0..n0+nt] into tile[n][lane]. Unused lanes keep
-            // stale values; their accumulators are never stored.
-            let mut rows: [&[T]; L] = [&[]; L];
-            for (lane, dst) in rows.iter_mut().take(lanes).enumerate() {
-                let start = ((b * d.c + c0 + lane) * n) + n0;
-                // The L rows are L separate streams, more than the hardware prefetcher
-                // follows: ask for this row's next tiles now.
-                if let Some(ahead) = go.get(start + PREFETCH_AHEAD * TILE..) {
-                    prefetch(ahead);
-                }
-                let Some(src) = go.get(start..start + nt) else { continue };
-                *dst = src;
-            }
-            tr.transpose(&rows[..lanes], nt, &mut tile[..nt]);
-            let terms = n0 * 3..(n0 + nt) * 3;
-            if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
-                accumulate(acc, &tile[..nt], js, ws);
-            }
-            n0 += nt;
-        }
-        for lane in 0..lanes {
-            let start = (c0 - channels.start + lane) * m;
-            let Some(dst) = part.get_mut(start..start + m) else { continue };
-            for (r, a) in row[..m].iter_mut().zip(acc.iter()) {
-                *r = a[lane];
-            }
-            T::narrow(&row[..m], dst);
-        }
-        c0 += lanes;
-    }
-    Ok(())
-}
 
 /// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so
 /// the AVX2 build vectorises it with 8-wide registers.
@@ -317,6 +262,7 @@ fn accumulate<const L: usize>(acc: &mut [[f32; L]], tile: &[[f32; L]], idx: &[i3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::three_interpolate::lanes::{Avx2, ScalarTranspose, fill_avx2};
 
     /// The AVX2 build of the inner kernel (register transposes, 8-wide vectors) must give the
     /// same bits as the baseline build, for every lane count (the tests elsewhere run
@@ -326,23 +272,24 @@ mod tests {
     fn avx2_and_baseline_builds_agree_bit_for_bit() {
         let Some(avx2) = Avx2::detect() else { return };
         let d = Dims { b: 1, c: 37, n: 301, m: 53, dtype: DType::F32 };
+        let op = ThreeInterpolateBackward { m: d.m };
         let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
         let go: Vec<f32> = (0..d.c * d.n).map(|_| (next() % 20001) as f32 * 1.3e-4 - 1.3).collect();
         let idx: Vec<i32> = (0..d.n * 3).map(|_| (next() % d.m as u64) as i32).collect();
         let w: Vec<f32> = (0..d.n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();
         let mut base = vec![f32::NAN; d.c * d.m];
         let mut avx2_out = vec![f32::NAN; d.c * d.m];
-        batch_channels::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose).unwrap();
+        op.fill::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut base, ScalarTranspose).unwrap();
         // SAFETY (each call below): an `Avx2` exists only when the CPU supports AVX2.
-        unsafe { batch_channels_avx2::<f32, LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out, avx2).unwrap() };
+        unsafe { fill_avx2::<_, f32, LANES>(&op, &d, &go, 0, 0..d.c, &idx, &w, &mut avx2_out, avx2).unwrap() };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&base), bits(&avx2_out));
         // 8 lanes (large M) and 4: the same sums in the same order, so the same bits.
         let mut eight = vec![f32::NAN; d.c * d.m];
-        unsafe { batch_channels_avx2::<f32, 8>(&d, &go, 0, 0..d.c, &idx, &w, &mut eight, avx2).unwrap() };
+        unsafe { fill_avx2::<_, f32, 8>(&op, &d, &go, 0, 0..d.c, &idx, &w, &mut eight, avx2).unwrap() };
         assert_eq!(bits(&base), bits(&eight));
         let mut four = vec![f32::NAN; d.c * d.m];
-        batch_channels::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose).unwrap();
+        op.fill::<f32, FEW_LANES>(&d, &go, 0, 0..d.c, &idx, &w, &mut four, ScalarTranspose).unwrap();
         assert_eq!(bits(&base), bits(&four));
         // float16: widened tiles, same rule.
         let d16 = Dims { dtype: DType::F16, ..d };
@@ -350,8 +297,8 @@ mod tests {
         let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
         let mut base16 = vec![f16::NAN; d.c * d.m];
         let mut avx2_16 = vec![f16::NAN; d.c * d.m];
-        batch_channels::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose).unwrap();
-        unsafe { batch_channels_avx2::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16, avx2).unwrap() };
+        op.fill::<f16, LANES>(&d16, &go16, 0, 0..d.c, &idx, &w16, &mut base16, ScalarTranspose).unwrap();
+        unsafe { fill_avx2::<_, f16, LANES>(&op, &d16, &go16, 0, 0..d.c, &idx, &w16, &mut avx2_16, avx2).unwrap() };
         let bits16 = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits16(&base16), bits16(&avx2_16));
         assert!(base16.iter().all(|x| x.is_finite()));

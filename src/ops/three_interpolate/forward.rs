@@ -12,23 +12,18 @@
 
 use crate::ops::Operator;
 use super::real::as_f32s;
-#[cfg(target_arch = "x86_64")]
-use super::transpose::Avx2;
-use super::transpose::{ScalarTranspose, Transpose, line_aligned_rows};
+use super::lanes::{LaneKernel, Transpose, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
-use crate::parallel::{Parallel, for_each_part_mut};
+use crate::parallel::Parallel;
 use crate::schema::Attrs;
-use crate::scratch::{self, FirstError};
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
 
 const FEATURES: usize = 0;
 const INDICES: usize = 1;
 const WEIGHTS: usize = 2;
-/// Output elements (each three multiply-adds) per task.
-const GRAIN: usize = 32 * 1024;
 /// Channels computed together (one 64-byte table row per source point).
 const LANES: usize = 16;
 /// Lanes for 4 <= C < 8, and 1 below that.
@@ -120,120 +115,77 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
         return Ok(());
     }
     match d.c {
-        c if c >= LANES => split::<T, LANES>(d, features, indices, weights, out, par),
-        c if c >= 8 => split::<T, 8>(d, features, indices, weights, out, par),
-        c if c >= FEW_LANES => split::<T, FEW_LANES>(d, features, indices, weights, out, par),
-        _ => split::<T, 1>(d, features, indices, weights, out, par),
+        c if c >= LANES => split::<_, T, LANES>(&ThreeInterpolate, d, features, indices, weights, out, par),
+        c if c >= 8 => split::<_, T, 8>(&ThreeInterpolate, d, features, indices, weights, out, par),
+        c if c >= FEW_LANES => split::<_, T, FEW_LANES>(&ThreeInterpolate, d, features, indices, weights, out, par),
+        _ => split::<_, T, 1>(&ThreeInterpolate, d, features, indices, weights, out, par),
     }
 }
 
-/// Splits the output into tasks of whole (batch, channel block) rows and runs them.
-fn split<T: Real, const L: usize>(
-    d: &Dims,
-    features: &[T],
-    indices: &[i32],
-    weights: &[T],
-    out: &mut [T],
-    par: &dyn Parallel,
-) -> Result<()> {
-    // Channels per task: whole lane blocks, enough of them to reach GRAIN outputs.
-    let channels = (GRAIN.div_ceil(L.saturating_mul(d.n)) * L).min(d.c);
-    let per_batch = d.c.div_ceil(channels);
-    let mut bounds =
-        scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * channels) * d.n)), "the task bounds")?;
-    scratch::push(&mut bounds, out.len(), "the task bounds")?;
-    let errors = FirstError::default();
-    for_each_part_mut(par, out, &bounds, |task, part| {
-        let (b, first) = (task / per_batch, (task % per_batch) * channels);
-        let span = 3 * d.n;
-        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
-            return;
-        };
-        let rows = first..first + part.len() / d.n;
-        #[cfg(target_arch = "x86_64")]
-        if let Some(avx2) = Avx2::detect() {
-            // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
-            return errors.record(unsafe { batch_rows_avx2::<T, L>(d, features, b, rows, idx, w, part, avx2) });
-        }
-        errors.record(batch_rows::<T, L>(d, features, b, rows, idx, w, part, ScalarTranspose));
-    });
-    errors.into_result()
-}
-
-/// [`batch_rows`] compiled with AVX2 and F16C: 8-wide lane vectors, tiles widened, rounded
-/// and transposed 8 x 8 in registers. Products and sums are still separate IEEE operations in
-/// the same order (no FMA), so the result is bit-identical to the baseline build.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn batch_rows_avx2<T: Real, const L: usize>(
-    d: &Dims,
-    features: &[T],
-    b: usize,
-    channels: std::ops::Range<usize>,
-    idx: &[i32],
-    w: &[T],
-    part: &mut [T],
-    avx2: Avx2,
-) -> Result<()> {
-    batch_rows::<T, L>(d, features, b, channels, idx, w, part, avx2)
-}
-
-/// Fills `part`, the output rows of batch `b` and `channels`: L channels at a time, their
-/// source rows as a [m][lane] table, each point's three table rows weighted and summed into
-/// a [n][lane] tile, which is written back to the rows.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn batch_rows<T: Real, const L: usize>(
-    d: &Dims,
-    features: &[T],
-    b: usize,
-    channels: std::ops::Range<usize>,
-    idx: &[i32],
-    w: &[T],
-    part: &mut [T],
-    tr: impl Transpose,
-) -> Result<()> {
-    let (n, m) = (d.n, d.m);
-    let mut widened = Vec::new();
-    let w = as_f32s(w, &mut widened)?;
-    // The table (m rows of L lanes) takes memory in proportion to m, an input dimension.
-    let mut table_buf = Vec::new();
-    let table = line_aligned_rows::<L>(&mut table_buf, m)?;
-    let mut tile_buf = Vec::new();
-    let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
-    let mut c0 = channels.start;
-    while c0 < channels.end {
-        let lanes = L.min(channels.end - c0);
-        // Unused lanes keep stale values; their outputs are never stored.
-        let mut rows: [&[T]; L] = [&[]; L];
-        for (lane, row) in rows.iter_mut().take(lanes).enumerate() {
-            let start = (b * d.c + c0 + lane) * m;
-            if let Some(src) = features.get(start..start + m) {
-                *row = src;
-            }
-        }
-        tr.transpose(&rows[..lanes], m, table);
-        let mut n0 = 0;
-        while n0 < n {
-            let nt = TILE.min(n - n0);
-            let terms = n0 * 3..(n0 + nt) * 3;
-            if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
-                interpolate(table, js, ws, &mut tile[..nt]);
-            }
-            let mut dst: [&mut [T]; L] = std::array::from_fn(|_| <&mut [T]>::default());
-            for (d, row) in dst.iter_mut().zip(part.chunks_exact_mut(n).skip(c0 - channels.start).take(lanes)) {
-                if let Some(row) = row.get_mut(n0..n0 + nt) {
-                    *d = row;
+impl LaneKernel for ThreeInterpolate {
+    fn row(&self, d: &Dims) -> usize {
+        d.n
+    }
+    fn work(&self, d: &Dims) -> usize {
+        d.n
+    }
+    /// Fills `part`, the output rows of batch `b` and `channels`: L channels at a time, their
+    /// source rows as a [m][lane] table, each point's three table rows weighted and summed into
+    /// a [n][lane] tile, which is written back to the rows.
+    #[inline(always)]
+    fn fill<T: Real, const L: usize>(
+        &self,
+        d: &Dims,
+        features: &[T],
+        b: usize,
+        channels: std::ops::Range<usize>,
+        idx: &[i32],
+        w: &[T],
+        part: &mut [T],
+        tr: impl Transpose,
+    ) -> Result<()> {
+        let (n, m) = (d.n, d.m);
+        let mut widened = Vec::new();
+        let w = as_f32s(w, &mut widened)?;
+        // The table (m rows of L lanes) takes memory in proportion to m, an input dimension.
+        let mut table_buf = Vec::new();
+        let table = line_aligned_rows::<L>(&mut table_buf, m)?;
+        let mut tile_buf = Vec::new();
+        let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
+        let mut c0 = channels.start;
+        while c0 < channels.end {
+            let lanes = L.min(channels.end - c0);
+            // Unused lanes keep stale values; their outputs are never stored.
+            let mut rows: [&[T]; L] = [&[]; L];
+            for (lane, row) in rows.iter_mut().take(lanes).enumerate() {
+                let start = (b * d.c + c0 + lane) * m;
+                if let Some(src) = features.get(start..start + m) {
+                    *row = src;
                 }
             }
-            tr.untranspose(&tile[..nt], nt, &mut dst[..lanes]);
-            n0 += nt;
+            tr.transpose(&rows[..lanes], m, table);
+            let mut n0 = 0;
+            while n0 < n {
+                let nt = TILE.min(n - n0);
+                let terms = n0 * 3..(n0 + nt) * 3;
+                if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
+                    interpolate(table, js, ws, &mut tile[..nt]);
+                }
+                let mut dst: [&mut [T]; L] = std::array::from_fn(|_| <&mut [T]>::default());
+                for (d, row) in dst.iter_mut().zip(part.chunks_exact_mut(n).skip(c0 - channels.start).take(lanes)) {
+                    if let Some(row) = row.get_mut(n0..n0 + nt) {
+                        *d = row;
+                    }
+                }
+                tr.untranspose(&tile[..nt], nt, &mut dst[..lanes]);
+                n0 += nt;
+            }
+            c0 += lanes;
         }
-        c0 += lanes;
+        Ok(())
     }
-    Ok(())
 }
+
 
 /// `tile[n] = table[i0] * w0 + table[i1] * w1 + table[i2] * w2`, left to right, for each
 /// point's indices and weights. Inlined so the AVX2 build vectorises it with 8-wide registers.
@@ -256,6 +208,9 @@ fn interpolate<const L: usize>(table: &[[f32; L]], idx: &[i32], w: &[f32], tile:
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "x86_64")]
+    use crate::ops::three_interpolate::lanes::{Avx2, fill_avx2};
+    use crate::ops::three_interpolate::lanes::ScalarTranspose;
 
     /// The plain formula, in the contract's order, on widened values.
     fn plain(d: &Dims, f: &[f32], idx: &[i32], w: &[f32]) -> Vec<f32> {
@@ -296,15 +251,15 @@ mod tests {
             macro_rules! lanes {
                 ($l:literal) => {
                     check(&|o32, o16| {
-                        batch_rows::<f32, $l>(&d, &f, 0, 0..c, &idx, &w, o32, ScalarTranspose).unwrap();
-                        batch_rows::<f16, $l>(&d16, &f16s, 0, 0..c, &idx, &w16, o16, ScalarTranspose).unwrap();
+                        ThreeInterpolate.fill::<f32, $l>(&d, &f, 0, 0..c, &idx, &w, o32, ScalarTranspose).unwrap();
+                        ThreeInterpolate.fill::<f16, $l>(&d16, &f16s, 0, 0..c, &idx, &w16, o16, ScalarTranspose).unwrap();
                     });
                     #[cfg(target_arch = "x86_64")]
                     if let Some(avx2) = Avx2::detect() {
                         check(&|o32, o16| {
                             // SAFETY (both calls): an `Avx2` exists only when the CPU supports AVX2 and F16C.
-                            unsafe { batch_rows_avx2::<f32, $l>(&d, &f, 0, 0..c, &idx, &w, o32, avx2).unwrap() };
-                            unsafe { batch_rows_avx2::<f16, $l>(&d16, &f16s, 0, 0..c, &idx, &w16, o16, avx2).unwrap() };
+                            unsafe { fill_avx2::<_, f32, $l>(&ThreeInterpolate, &d, &f, 0, 0..c, &idx, &w, o32, avx2).unwrap() };
+                            unsafe { fill_avx2::<_, f16, $l>(&ThreeInterpolate, &d16, &f16s, 0, 0..c, &idx, &w16, o16, avx2).unwrap() };
                         });
                     }
                 };

@@ -8,7 +8,7 @@ pub mod mluops;
 
 crate::mlu::kernel_abi!("three_interpolate");
 mod real;
-mod transpose;
+mod lanes;
 
 use real::Real;
 

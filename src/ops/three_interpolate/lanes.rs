@@ -1,11 +1,101 @@
-//! The family's layout changes between channel-major rows ([C][N] or [C][M], as the tensors
-//! are) and lane tiles ([n][lane], L channels side by side, as the kernels compute), widening
-//! float16 on the way in and rounding it on the way out. Both kernels use them: the forward
-//! op tiles its source rows and writes its outputs back, the backward op tiles grad_output.
+//! What both kernels of the family share: they compute L channels side by side (lanes), so
+//! tasks own whole (batch, lane block) output rows, and the channel-major rows of the tensors
+//! ([C][N] or [C][M]) are moved into lane tiles ([n][lane]) and back, float16 widened on the
+//! way in and rounded on the way out. The forward op tiles its source rows and writes its
+//! outputs back; the backward op tiles grad_output.
 
-use super::Real;
+use super::{Dims, Real};
 use crate::error::Result;
-use crate::scratch;
+use crate::parallel::{Parallel, for_each_part_mut};
+use crate::scratch::{self, FirstError};
+use std::ops::Range;
+
+/// Units of work (output elements or multiply-adds) per parallel task.
+const GRAIN: usize = 32 * 1024;
+
+/// One kernel of the family, on the output rows of one batch and whole lane blocks of
+/// channels.
+pub(super) trait LaneKernel: Sync {
+    /// Output values per channel row.
+    fn row(&self, d: &Dims) -> usize;
+    /// Units of work per channel, which sizes the tasks.
+    fn work(&self, d: &Dims) -> usize;
+    /// Fills `part`, the output rows of batch `b` and `channels`, from `input` (channel-major
+    /// [B, C, ..]) and the batch's indices and weights ([N, 3] each).
+    #[allow(clippy::too_many_arguments)]
+    fn fill<T: Real, const L: usize>(
+        &self,
+        d: &Dims,
+        input: &[T],
+        b: usize,
+        channels: Range<usize>,
+        idx: &[i32],
+        w: &[T],
+        part: &mut [T],
+        tr: impl Transpose,
+    ) -> Result<()>;
+}
+
+/// Cuts the output into tasks of whole (batch, lane block) rows and runs `kernel` on each,
+/// in its AVX2 build where the CPU has one.
+pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
+    kernel: &K,
+    d: &Dims,
+    input: &[T],
+    indices: &[i32],
+    weights: &[T],
+    out: &mut [T],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let row = kernel.row(d);
+    if out.is_empty() || row == 0 {
+        return Ok(());
+    }
+    // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
+    let channels = (GRAIN.div_ceil(L.saturating_mul(kernel.work(d)).max(1)) * L).min(d.c).max(1);
+    let per_batch = d.c.div_ceil(channels);
+    let mut bounds =
+        scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * channels) * row)), "the task bounds")?;
+    scratch::push(&mut bounds, out.len(), "the task bounds")?;
+    let errors = FirstError::default();
+    for_each_part_mut(par, out, &bounds, |task, part| {
+        let (b, first) = (task / per_batch, (task % per_batch) * channels);
+        let span = 3 * d.n;
+        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
+            return;
+        };
+        let channels = first..first + part.len() / row;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = Avx2::detect() {
+            // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
+            return errors.record(unsafe { fill_avx2::<K, T, L>(kernel, d, input, b, channels, idx, w, part, avx2) });
+        }
+        errors.record(kernel.fill::<T, L>(d, input, b, channels, idx, w, part, ScalarTranspose));
+    });
+    errors.into_result()
+}
+
+/// [`LaneKernel::fill`] compiled with AVX2 and F16C: the lane loops use 8-wide vectors and the
+/// tiles are widened, rounded and transposed 8 x 8 in registers. Products and sums are still
+/// separate IEEE operations in the same order (no FMA: that feature is not enabled), so the
+/// result is bit-identical to the baseline build. Callers hold an [`Avx2`], which proves
+/// the features.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fill_avx2<K: LaneKernel, T: Real, const L: usize>(
+    kernel: &K,
+    d: &Dims,
+    input: &[T],
+    b: usize,
+    channels: Range<usize>,
+    idx: &[i32],
+    w: &[T],
+    part: &mut [T],
+    avx2: Avx2,
+) -> Result<()> {
+    kernel.fill::<T, L>(d, input, b, channels, idx, w, part, avx2)
+}
 
 /// Moves up to L channel rows into a lane tile and back.
 pub(super) trait Transpose: Copy {
