@@ -12,13 +12,12 @@
 
 
 use super::real::as_f32s;
-use super::lanes::{LaneKernel, Transpose, line_aligned_rows, split};
+use super::lanes::{LaneKernel, Transpose, lane_rows, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
 use crate::parallel::Parallel;
-use crate::scratch;
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
@@ -172,13 +171,12 @@ impl LaneKernel for ThreeInterpolateBackward {
         let (n, m) = (d.n, d.m);
         let mut widened = Vec::new();
         let w = as_f32s(w, &mut widened)?;
-        // The accumulators (m rows of L lanes) and one output row take memory in proportion
-        // to m, which only the input's attribute bounds.
+        // The accumulators (m rows of L lanes) take memory in proportion to m, which only
+        // the input's attribute bounds.
         let mut acc_buf = Vec::new();
         let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
         let mut tile_buf = Vec::new();
         let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
-        let mut row = scratch::filled(m, 0f32, "an output row of m floats")?;
         let mut c0 = channels.start;
         while c0 < channels.end {
             let lanes = L.min(channels.end - c0);
@@ -206,14 +204,8 @@ impl LaneKernel for ThreeInterpolateBackward {
                 }
                 n0 += nt;
             }
-            for lane in 0..lanes {
-                let start = (c0 - channels.start + lane) * m;
-                let Some(dst) = part.get_mut(start..start + m) else { continue };
-                for (r, a) in row[..m].iter_mut().zip(acc.iter()) {
-                    *r = a[lane];
-                }
-                T::narrow(&row[..m], dst);
-            }
+            let mut dst = lane_rows::<T, L>(part, m, c0 - channels.start, lanes, 0..m);
+            tr.untranspose(acc, m, &mut dst[..lanes]);
             c0 += lanes;
         }
         Ok(())

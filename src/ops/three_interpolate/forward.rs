@@ -12,7 +12,7 @@
 
 use crate::ops::Operator;
 use super::real::as_f32s;
-use super::lanes::{LaneKernel, Transpose, line_aligned_rows, split};
+use super::lanes::{LaneKernel, Transpose, lane_rows, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
@@ -171,12 +171,7 @@ impl LaneKernel for ThreeInterpolate {
                 if let (Some(js), Some(ws)) = (idx.get(terms.clone()), w.get(terms)) {
                     interpolate(table, js, ws, &mut tile[..nt]);
                 }
-                let mut dst: [&mut [T]; L] = std::array::from_fn(|_| <&mut [T]>::default());
-                for (d, row) in dst.iter_mut().zip(part.chunks_exact_mut(n).skip(c0 - channels.start).take(lanes)) {
-                    if let Some(row) = row.get_mut(n0..n0 + nt) {
-                        *d = row;
-                    }
-                }
+                let mut dst = lane_rows::<T, L>(part, n, c0 - channels.start, lanes, n0..n0 + nt);
                 tr.untranspose(&tile[..nt], nt, &mut dst[..lanes]);
                 n0 += nt;
             }

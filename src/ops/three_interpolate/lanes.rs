@@ -282,6 +282,21 @@ unsafe fn untranspose_blocks<T: Real, const L: usize>(tile: &[[f32; L]], full: u
     }
 }
 
+/// Rows `first..first + lanes` of `part` (rows of `row` values), each cut to `cols`: the
+/// output rows a tile is written back to. Lanes past `lanes` stay empty.
+pub(super) fn lane_rows<T, const L: usize>(part: &mut [T], row: usize, first: usize, lanes: usize, cols: Range<usize>) -> [&mut [T]; L] {
+    let mut dst: [&mut [T]; L] = std::array::from_fn(|_| <&mut [T]>::default());
+    if row == 0 {
+        return dst;
+    }
+    for (d, r) in dst.iter_mut().zip(part.chunks_exact_mut(row).skip(first).take(lanes)) {
+        if let Some(r) = r.get_mut(cols.clone()) {
+            *d = r;
+        }
+    }
+    dst
+}
+
 /// `rows` zeroed rows of L floats carved out of `buf`, starting on a 64-byte boundary: a
 /// row's vector loads and stores then never straddle two cache lines (a heap block is only
 /// 16-byte aligned, which would split every other 32-byte access of a 64-byte row).

@@ -23,8 +23,6 @@ pub(super) trait Real: OutElement {
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
-    /// Rounds `src` into `dst` (same length).
-    fn narrow(src: &[f32], dst: &mut [Self]);
     /// One value as float32 (exact).
     fn to_f32(self) -> f32;
     /// The 8 values at `p` as float32 (exact), in one vector.
@@ -49,9 +47,6 @@ impl Real for f32 {
         Some(s)
     }
     fn widen(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-    fn narrow(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
     fn to_f32(self) -> f32 {
@@ -85,14 +80,6 @@ impl Real for f16 {
             return unsafe { widen_f16c(src, dst) };
         }
         src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [f16]) {
-        #[cfg(target_arch = "x86_64")]
-        if has_f16c() {
-            // SAFETY: the CPU supports F16C and the OS the AVX state it uses (detected just above).
-            return unsafe { narrow_f16c(src, dst) };
-        }
-        dst.convert_from_f32_slice(src);
     }
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -144,24 +131,6 @@ unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
     });
 }
 
-/// `dst[i] = src[i]` rounded to float16 (to nearest even), as [`widen_f16c`] the other way.
-///
-/// # Safety
-/// The CPU must support F16C, and the OS its AVX state ([`has_f16c`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "f16c")]
-unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
-    use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
-    by_eights(src, dst, f16::from_f32, |s, d| {
-        // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 8
-        // floats of `s`, the store writes the 16 bytes of `d` (8 f16 values, unaligned store).
-        unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
-            _mm_storeu_si128(d.as_mut_ptr().cast::<__m128i>(), h);
-        }
-    });
-}
-
 /// `dst[i] = one(src[i])`, whole blocks of 8 through `eight` (inlined into the caller, whose
 /// target features its closure shares). The slices must be equally long, as for the half
 /// crate's conversions (a mismatch is a bug: it panics rather than leave `dst` partly
@@ -185,7 +154,8 @@ mod tests {
     use super::*;
 
     /// The F16C conversions give the half crate's bits: every float16 widened, and float32
-    /// values of every kind (ties, subnormals, overflow, NaN payloads) narrowed, at lengths
+    /// values of every kind (ties, subnormals, overflow, NaN payloads) rounded as the tiles
+    /// are written back (`store8` for whole blocks of 8, `from_f32` for the rest), at lengths
     /// that are and are not multiples of 8.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -207,7 +177,11 @@ mod tests {
         values.extend([65504.0, 65519.99, 65520.0, 1e-8, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001)]);
         for len in [values.len(), values.len() - 5, 3] {
             let mut got = vec![f16::ZERO; len];
-            <f16 as Real>::narrow(&values[..len], &mut got);
+            by_eights(&values[..len], &mut got, <f16 as Real>::from_f32, |s, d| {
+                // SAFETY: F16C with AVX state was detected above; the load reads the 8 floats
+                // of `s`, the store writes the 8 values of `d`.
+                unsafe { <f16 as Real>::store8(d.as_mut_ptr(), <f32 as Real>::load8(s.as_ptr())) }
+            });
             let want: Vec<u16> = values[..len].iter().map(|&x| f16::from_f32(x).to_bits()).collect();
             assert_eq!(got.iter().map(|h| h.to_bits()).collect::<Vec<_>>(), want);
         }
