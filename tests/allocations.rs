@@ -87,7 +87,6 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/psroipool/forward.rs", "Ok((self.output_specs(&plan).to_vec(), plan))", META),
     ("src/ops/rules.rs", ".map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_ve", ROW),
     ("src/ops/rules.rs", ".map(|row| (row, RowValues::F32(data[row * cols..(row + 1) * cols].to_ve", ROW),
-    ("src/ops/sparse_conv/get_indice_pairs/keys.rs", "let mut starts = vec![0usize; mask + 1];", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "rows: vec![Vec::new(); kernel_volume],", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "keys: vec![Vec::new(); kernel_volume],", CONST),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "starts: if dense.is_some() { Vec::new() } else { vec![0; prefix_mask + 2] },", CONST),

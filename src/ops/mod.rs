@@ -4,6 +4,7 @@
 //! `plan` (validate everything, compute output shapes; nothing is written) and `execute`.
 
 pub mod device;
+pub mod radix;
 pub mod rules;
 pub mod dynamic_scatter;
 pub mod psroipool;

@@ -9,11 +9,13 @@
 //! bits whatever the thread count. No MLU kernel: the EP declines it.
 
 use crate::ops::Operator;
+use crate::ops::radix::radix_sort;
 use super::Reduce;
 use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
-use crate::scratch;
+use crate::scratch::{self, FirstError};
+use crate::cache;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 const FEATS: usize = 0;
@@ -69,28 +71,37 @@ impl Operator for DynamicScatter {
         let coors = coors.data;
         let row = |i: u32| &coors[i as usize * d..(i as usize + 1) * d];
         let mut order = scratch::collect((0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)), "the valid points")?;
-        // (row, index) is a total order, so an unstable sort gives the same result as a
-        // stable sort by row.
-        // Non-negative int32 coordinates need at most 31 bits.
-        let field = (u64::BITS / d.min(64) as u32).min(32);
-        if field >= 8 && order.iter().all(|&i| row(i).iter().all(|&x| (x as u64) >> field == 0)) {
-            // Every coordinate fits a field of 64 / D bits: the rows packed into one key each
-            // keep their order, and sorting (key, index) pairs is several times faster than
-            // comparing rows through the index.
-            let pack = |i: u32| row(i).iter().fold(0u64, |key, &x| (key << field) | x as u64);
-            let mut keyed = scratch::collect(order.iter().map(|&i| (pack(i), i)), "the sort keys of the valid points")?;
-            keyed.sort_unstable();
-            order.iter_mut().zip(&keyed).for_each(|(o, &(_, i))| *o = i);
-        } else {
-            order.sort_unstable_by(|&a, &b| row(a).cmp(row(b)).then(a.cmp(&b)));
-        }
-        let mut starts = Vec::new();
-        for (k, &i) in order.iter().enumerate() {
-            if k == 0 || row(order[k - 1]) != row(i) {
-                starts.push(k);
+        // Each column packed in just the bits of its largest value, the first column highest:
+        // keys then compare as the rows do.
+        let mut widths = scratch::filled(d, 0u32, "the coordinate columns' widths")?;
+        for &i in &order {
+            for (w, &x) in widths.iter_mut().zip(row(i)) {
+                *w = (*w).max(u32::BITS - (x as u32).leading_zeros());
             }
         }
-        starts.push(order.len());
+        let mut starts = Vec::new();
+        if widths.iter().map(|&w| u64::from(w)).sum::<u64>() <= u64::from(u64::BITS) {
+            let pack = |i: u32| row(i).iter().zip(&widths).fold(0u64, |key, (&x, &w)| key.unbounded_shl(w) | x as u64);
+            let mut keyed = scratch::collect(order.iter().map(|&i| (pack(i), i)), "the sort keys of the valid points")?;
+            // Stable, on points in index order: (row, index) order.
+            radix_sort(&mut keyed, widths.iter().sum(), |&(key, _)| key)?;
+            for (k, (o, &(key, i))) in order.iter_mut().zip(&keyed).enumerate() {
+                *o = i;
+                if k == 0 || keyed[k - 1].0 != key {
+                    scratch::push(&mut starts, k, "the voxels' first points")?;
+                }
+            }
+        } else {
+            // (row, index) is a total order, so an unstable sort gives the same result as a
+            // stable sort by row.
+            order.sort_unstable_by(|&a, &b| row(a).cmp(row(b)).then(a.cmp(&b)));
+            for (k, &i) in order.iter().enumerate() {
+                if k == 0 || row(order[k - 1]) != row(i) {
+                    scratch::push(&mut starts, k, "the voxels' first points")?;
+                }
+            }
+        }
+        scratch::push(&mut starts, order.len(), "the voxels' first points")?;
         let m = starts.len() - 1;
         let specs = vec![
             OutputSpec::new(DType::F32, [m, c]),
@@ -137,39 +148,68 @@ impl Operator for DynamicScatter {
             return Ok(());
         }
         // Blocks of voxels with about GRAIN feature elements each.
-        let mut bounds = vec![0usize];
+        let mut bounds = Vec::new();
+        scratch::push(&mut bounds, 0usize, "the voxel blocks' bounds")?;
         let mut done = 0usize;
         for (vox, w) in v.starts.windows(2).enumerate() {
             done += (w[1] - w[0]) * c;
             if done >= GRAIN && vox + 1 < m {
-                bounds.push((vox + 1) * c);
+                scratch::push(&mut bounds, (vox + 1) * c, "the voxel blocks' bounds")?;
                 done = 0;
             }
         }
-        bounds.push(m * c);
-        let reduce = self.reduce;
+        scratch::push(&mut bounds, m * c, "the voxel blocks' bounds")?;
+        let (reduce, stream) = (self.reduce, cache::worth_streaming(voxel_feats.len()));
+        let errors = FirstError::default();
         for_each_part_mut(par, voxel_feats, &bounds, |t, part| {
-            let first = bounds[t] / c;
-            for (k, out) in part.chunks_exact_mut(c).enumerate() {
-                let points = &v.order[v.starts[first + k]..v.starts[first + k + 1]];
-                out.fill(if reduce == Reduce::Max { f32::NEG_INFINITY } else { 0.0 });
-                for &i in points {
-                    let f = &feats[i as usize * c..(i as usize + 1) * c];
-                    match reduce {
-                        // NaN never compares greater, so it never wins. A select, not a
-                        // branch, so it vectorises.
-                        Reduce::Max => out.iter_mut().zip(f).for_each(|(o, &x)| *o = if x > *o { x } else { *o }),
-                        Reduce::Sum | Reduce::Mean => out.iter_mut().zip(f).for_each(|(o, &x)| *o += x),
-                    }
-                }
-                if reduce == Reduce::Mean {
-                    let count = points.len() as f32;
-                    out.iter_mut().for_each(|o| *o /= count);
-                }
-            }
+            errors.record(reduce_block(&v, feats, reduce, bounds[t] / c, part, stream));
         });
-        Ok(())
+        errors.into_result()
     }
+}
+
+/// Points ahead (in voxel order) whose feature rows are prefetched, with the non-temporal
+/// hint: the rows are scattered over feats and each is read once.
+const AHEAD: usize = 4;
+
+/// Reduces the voxels `first..` whose output rows `part` holds, each voxel's points in
+/// ascending order. `stream`: write the rows with non-temporal stores.
+fn reduce_block(v: &Voxels, feats: &[f32], reduce: Reduce, first: usize, part: &mut [f32], stream: bool) -> Result<()> {
+    let c = v.c;
+    let feats_row = |i: u32| feats.get(i as usize * c..(i as usize + 1) * c);
+    let (Some(&base), Some(&end)) = (v.starts.get(first), v.starts.get(first + part.len() / c)) else { return Ok(()) };
+    let points = v.order.get(base..end).unwrap_or(&[]);
+    let prefetch = |k: usize| {
+        if let Some(row) = points.get(k).and_then(|&i| feats_row(i)) {
+            cache::prefetch_stream(row, c);
+        }
+    };
+    (0..AHEAD).for_each(prefetch);
+    // Each row is built in L1, then copied out (streamed when large: written once).
+    let mut acc = scratch::filled(c, 0f32, "a voxel's feature row")?;
+    let mut k = 0;
+    for (vox, out) in part.chunks_exact_mut(c).enumerate() {
+        let count = v.starts[first + vox + 1] - v.starts[first + vox];
+        acc.fill(if reduce == Reduce::Max { f32::NEG_INFINITY } else { 0.0 });
+        for &i in points.get(k..k + count).unwrap_or(&[]) {
+            prefetch(k + AHEAD);
+            k += 1;
+            let f = feats_row(i).unwrap_or(&[]);
+            match reduce {
+                // NaN never compares greater, so it never wins. A select, not a branch, so
+                // it vectorises.
+                Reduce::Max => acc.iter_mut().zip(f).for_each(|(o, &x)| *o = if x > *o { x } else { *o }),
+                Reduce::Sum | Reduce::Mean => acc.iter_mut().zip(f).for_each(|(o, &x)| *o += x),
+            }
+        }
+        if reduce == Reduce::Mean {
+            let count = count as f32;
+            acc.iter_mut().for_each(|o| *o /= count);
+        }
+        cache::copy_out(out, &acc, stream);
+    }
+    cache::stream_fence();
+    Ok(())
 }
 
 #[cfg(test)]
@@ -193,18 +233,20 @@ mod tests {
 
     /// The packed-key sort and the row comparison give the same voxels in the same order:
     /// rows compared as the contract says (ascending coordinates, points in index order),
-    /// whether every coordinate fits its field of min(64 / D, 32) bits or one does not
-    /// (2^21 at D = 3, 2^16 at D = 4, 2^8 at D = 8).
+    /// whether the columns' widths fit 64 bits together or not (one row of 2^30 in every
+    /// column at D = 3, 2^16 at D = 4, 2^8 at D = 8).
     #[test]
     fn packed_keys_and_row_comparison_order_voxels_alike() {
         let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
-        for (d, top, big) in [(1, 5, None), (2, 7, None), (3, 6, Some(1 << 21)), (4, 4, Some(1 << 16)), (8, 2, Some(1 << 8))] {
+        for (d, top, big) in [(1, 5, None), (2, 7, None), (3, 6, Some(1 << 30)), (4, 4, Some(1 << 16)), (8, 2, Some(1 << 8))] {
             for big in [None, big] {
-                let n = 400;
+                // Enough kept points at every D for the radix sort (more than 256).
+                let n = 2000;
                 let mut coors: Vec<i32> = (0..n * d).map(|_| (next() % top) as i32 - 1).collect();
                 if let Some(big) = big {
-                    coors[d * 7 + d - 1] = big;
-                    coors[d * 9 + d - 1] = big;
+                    coors[d * 7..d * 8].fill(big);
+                    coors[d * 9..d * 10].fill(big);
+                    coors[d * 11 + d - 1] = big;
                 }
                 let rows: Vec<&[i32]> = coors.chunks_exact(d).collect();
                 let mut want: Vec<u32> = (0..n as u32).filter(|&i| rows[i as usize].iter().all(|&x| x >= 0)).collect();

@@ -1,8 +1,9 @@
 //! Site keys: every site (batch, z, y, x) packed into one integer with just enough bits
-//! per field, the LSD radix sort of keys, and the sorted unique sites: a key array with a
+//! per field (sorted with crate::ops::radix), and the sorted unique sites: a key array with a
 //! prefix table, or a bitmap of a small output grid.
 
 use super::*;
+use crate::ops::radix::Digits;
 use crate::parallel::for_each_part_mut;
 use std::sync::atomic::AtomicU64;
 
@@ -40,13 +41,10 @@ impl Layout {
 
 /// An unsigned integer holding packed sites (or, for [`DenseSites`], a site's index in the
 /// output grid, from `u64`).
-pub(super) trait Key: Copy + Ord + Send + Sync + From<u64> + 'static {
+pub(super) trait Key: Copy + Ord + Send + Sync + From<u64> + Digits + 'static {
     /// Packs field values that fit the layout's masks.
     fn pack(l: &Layout, c: [u32; 4]) -> Self;
     fn unpack(self, l: &Layout) -> [u32; 4];
-    /// `(self >> shift) & mask`: a radix digit, or (mask = usize::MAX) a key prefix that
-    /// the caller knows fits in usize.
-    fn digit(self, shift: u32, mask: usize) -> usize;
     /// The key with x (the lowest field, 0 in `self`) set to `x`, which fits its mask.
     fn with_x(self, x: u32) -> Self;
     /// The key with x (the lowest field, whose mask is `x_mask`) set to 0: its x line's.
@@ -64,9 +62,6 @@ macro_rules! key_impl {
             fn unpack(self, l: &Layout) -> [u32; 4] {
                 std::array::from_fn(|f| (self.wrapping_shr(l.shifts[f]) as u32) & l.masks[f])
             }
-            fn digit(self, shift: u32, mask: usize) -> usize {
-                (self.wrapping_shr(shift) as usize) & mask
-            }
             fn with_x(self, x: u32) -> Self {
                 self | <$t>::from(x)
             }
@@ -78,46 +73,6 @@ macro_rules! key_impl {
 }
 key_impl!(u64);
 key_impl!(u128);
-
-/// Radix digit width: 2048 buckets keep the histogram in L1.
-const DIGIT_BITS: u32 = 11;
-
-/// Stable LSD radix sort of `v` by the low `bits` bits of `key`.
-pub(super) fn radix_sort<T: Copy, K: Key>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K) -> Result<()> {
-    if v.len() <= 256 {
-        // Small inputs: the histograms would cost more than the sort (also stable).
-        v.sort_by_key(|t| key(t));
-        return Ok(());
-    }
-    let mask = (1usize << DIGIT_BITS) - 1;
-    let mut buf: Vec<T> = Vec::new();
-    scratch::reserve(&mut buf, v.len(), "the radix sort's second buffer")?;
-    buf.extend_from_slice(v);
-    let mut shift = 0;
-    while shift < bits {
-        let mut starts = vec![0usize; mask + 1];
-        for t in v.iter() {
-            starts[key(t).digit(shift, mask)] += 1;
-        }
-        // A digit shared by every key would only copy the data.
-        if !starts.contains(&v.len()) {
-            let mut sum = 0;
-            for s in starts.iter_mut() {
-                let c = *s;
-                *s = sum;
-                sum += c;
-            }
-            for t in v.iter() {
-                let d = key(t).digit(shift, mask);
-                buf[starts[d]] = *t;
-                starts[d] += 1;
-            }
-            std::mem::swap(v, &mut buf);
-        }
-        shift += DIGIT_BITS;
-    }
-    Ok(())
-}
 
 /// Sorted unique keys with a table of where each key prefix starts, so a lookup is one table
 /// read and a binary search over the few keys sharing the prefix. The prefix has about

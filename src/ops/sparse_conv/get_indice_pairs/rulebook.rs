@@ -2,7 +2,8 @@
 //! built (conv / transpose in parallel blocks, subm by a sorted site list) and written out
 //! as `indice_pairs`.
 
-use super::keys::{DenseSites, Key, Layout, SortedSites, radix_sort};
+use super::keys::{DenseSites, Key, Layout, SortedSites};
+use crate::ops::radix::radix_sort;
 use super::*;
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 //! GetIndicePairs' unit tests (the plan, the keys and the rulebook pieces).
 
-use super::keys::{Key, SortedSites, radix_sort};
+use super::keys::{Key, SortedSites};
 use super::rulebook::*;
 use super::*;
 use crate::ops::descriptor;
@@ -190,21 +190,6 @@ fn keys_keep_lexicographic_order() {
     assert_eq!(wide.bits, 124);
     let c = [i32::MAX as u32, 5, i32::MAX as u32, 0];
     assert_eq!(u128::pack(&wide, c).unpack(&wide), c);
-}
-
-#[test]
-fn radix_sort_is_a_stable_sort() {
-    let mut state = 0x1234_5678_u64;
-    let mut v: Vec<(u64, u32)> = (0..5000)
-        .map(|i| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) & 0xFFFF, i)
-        })
-        .collect();
-    let mut want = v.clone();
-    want.sort_by_key(|x| x.0);
-    radix_sort(&mut v, 16, |x| x.0).unwrap();
-    assert_eq!(v, want);
 }
 
 /// Lookups in sorted sites find every present key at its position and no absent key,
