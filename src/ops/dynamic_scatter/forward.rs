@@ -73,7 +73,8 @@ impl Operator for DynamicScatter {
         let mut order = scratch::collect((0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)), "the valid points")?;
         // Each column packed in just the bits of its largest value, the first column highest:
         // keys then compare as the rows do.
-        let mut widths = scratch::filled(d, 0u32, "the coordinate columns' widths")?;
+        // D is bounded by the input's length only when some point is kept.
+        let mut widths = scratch::filled(if order.is_empty() { 0 } else { d }, 0u32, "the coordinate columns' widths")?;
         for &i in &order {
             for (w, &x) in widths.iter_mut().zip(row(i)) {
                 *w = (*w).max(u32::BITS - (x as u32).leading_zeros());
@@ -233,16 +234,31 @@ mod tests {
 
     /// The packed-key sort and the row comparison give the same voxels in the same order:
     /// rows compared as the contract says (ascending coordinates, points in index order),
-    /// whether the columns' widths fit 64 bits together or not (one row of 2^30 in every
-    /// column at D = 3, 2^16 at D = 4, 2^8 at D = 8).
+    /// whether the columns' widths fit 64 bits together or not (two rows of 2^30 in every
+    /// column at D = 3, 2^16 at D = 4, 2^8 at D = 8), with radix sorts of one digit, of six
+    /// (four 16-bit columns: exactly 64 bits) and with a zero-width column.
     #[test]
     fn packed_keys_and_row_comparison_order_voxels_alike() {
         let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
-        for (d, top, big) in [(1, 5, None), (2, 7, None), (3, 6, Some(1 << 30)), (4, 4, Some(1 << 16)), (8, 2, Some(1 << 8))] {
+        let cases: [(usize, &[i32], Option<i32>); 7] = [
+            (1, &[-1, 0, 1, 2, 3], None),
+            (2, &[-1, 0, 1, 2, 3, 4, 5], None),
+            (3, &[-1, 0, 1, 2, 3, 4], Some(1 << 30)),
+            (4, &[-1, 0, 1, 2], Some(1 << 16)),
+            (8, &[-1, 0], Some(1 << 8)),
+            // Widths 16 + 16 + 16 + 16: keys of exactly 64 bits.
+            (4, &[0, 1, 40_000, 65_535], None),
+            // The first column always 0 (width 0), the others 31 bits.
+            (3, &[0, 5, 1 << 30, i32::MAX], None),
+        ];
+        for (d, values, big) in cases {
             for big in [None, big] {
-                // Enough kept points at every D for the radix sort (more than 256).
+                // More than 256 kept points, so the radix sort runs (not its small-input path).
                 let n = 2000;
-                let mut coors: Vec<i32> = (0..n * d).map(|_| (next() % top) as i32 - 1).collect();
+                let mut coors: Vec<i32> = (0..n * d).map(|_| values[(next() % values.len() as u64) as usize]).collect();
+                if d == 3 && values[0] == 0 {
+                    coors.chunks_exact_mut(3).for_each(|r| r[0] = 0);
+                }
                 if let Some(big) = big {
                     coors[d * 7..d * 8].fill(big);
                     coors[d * 9..d * 10].fill(big);
