@@ -80,26 +80,21 @@ impl Operator for DynamicScatter {
                 *w = (*w).max(u32::BITS - (x as u32).leading_zeros());
             }
         }
-        let mut starts = Vec::new();
         if widths.iter().map(|&w| u64::from(w)).sum::<u64>() <= u64::from(u64::BITS) {
             let pack = |i: u32| row(i).iter().zip(&widths).fold(0u64, |key, (&x, &w)| key.unbounded_shl(w) | x as u64);
             let mut keyed = scratch::collect(order.iter().map(|&i| (pack(i), i)), "the sort keys of the valid points")?;
             // Stable, on points in index order: (row, index) order.
             radix_sort(&mut keyed, widths.iter().sum(), |&(key, _)| key)?;
-            for (k, (o, &(key, i))) in order.iter_mut().zip(&keyed).enumerate() {
-                *o = i;
-                if k == 0 || keyed[k - 1].0 != key {
-                    scratch::push(&mut starts, k, "the voxels' first points")?;
-                }
-            }
+            order.iter_mut().zip(&keyed).for_each(|(o, &(_, i))| *o = i);
         } else {
             // (row, index) is a total order, so an unstable sort gives the same result as a
             // stable sort by row.
             order.sort_unstable_by(|&a, &b| row(a).cmp(row(b)).then(a.cmp(&b)));
-            for (k, &i) in order.iter().enumerate() {
-                if k == 0 || row(order[k - 1]) != row(i) {
-                    scratch::push(&mut starts, k, "the voxels' first points")?;
-                }
+        }
+        let mut starts = Vec::new();
+        for (k, &i) in order.iter().enumerate() {
+            if k == 0 || row(order[k - 1]) != row(i) {
+                scratch::push(&mut starts, k, "the voxels' first points")?;
             }
         }
         scratch::push(&mut starts, order.len(), "the voxels' first points")?;
@@ -240,24 +235,26 @@ mod tests {
     #[test]
     fn packed_keys_and_row_comparison_order_voxels_alike() {
         let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
-        let cases: [(usize, &[i32], Option<i32>); 7] = [
-            (1, &[-1, 0, 1, 2, 3], None),
-            (2, &[-1, 0, 1, 2, 3, 4, 5], None),
-            (3, &[-1, 0, 1, 2, 3, 4], Some(1 << 30)),
-            (4, &[-1, 0, 1, 2], Some(1 << 16)),
-            (8, &[-1, 0], Some(1 << 8)),
+        // (D, the values each coordinate is drawn from, the first column all 0, a value too
+        // wide to pack).
+        let cases: [(usize, &[i32], bool, Option<i32>); 7] = [
+            (1, &[-1, 0, 1, 2, 3], false, None),
+            (2, &[-1, 0, 1, 2, 3, 4, 5], false, None),
+            (3, &[-1, 0, 1, 2, 3, 4], false, Some(1 << 30)),
+            (4, &[-1, 0, 1, 2], false, Some(1 << 16)),
+            (8, &[-1, 0], false, Some(1 << 8)),
             // Widths 16 + 16 + 16 + 16: keys of exactly 64 bits.
-            (4, &[0, 1, 40_000, 65_535], None),
-            // The first column always 0 (width 0), the others 31 bits.
-            (3, &[0, 5, 1 << 30, i32::MAX], None),
+            (4, &[0, 1, 40_000, 65_535], false, None),
+            // Widths 0 + 31 + 31.
+            (3, &[0, 5, 1 << 30, i32::MAX], true, None),
         ];
-        for (d, values, big) in cases {
-            for big in [None, big] {
+        for (d, values, zero_first, big) in cases {
+            for big in std::iter::once(None).chain(big.map(Some)) {
                 // More than 256 kept points, so the radix sort runs (not its small-input path).
                 let n = 2000;
                 let mut coors: Vec<i32> = (0..n * d).map(|_| values[(next() % values.len() as u64) as usize]).collect();
-                if d == 3 && values[0] == 0 {
-                    coors.chunks_exact_mut(3).for_each(|r| r[0] = 0);
+                if zero_first {
+                    coors.chunks_exact_mut(d).for_each(|r| r[0] = 0);
                 }
                 if let Some(big) = big {
                     coors[d * 7..d * 8].fill(big);
