@@ -51,9 +51,9 @@ fn prefetch_lines<const HINT: i32>(data: &[f32]) {
 /// through the cache, where the next node finds them.
 pub const STREAM_MIN_BYTES: usize = 4 << 20;
 
-/// Whether an output of `len` floats is large enough to stream (see [`STREAM_MIN_BYTES`]).
-pub fn worth_streaming(len: usize) -> bool {
-    len.saturating_mul(size_of::<f32>()) >= STREAM_MIN_BYTES
+/// Whether an output of `bytes` is large enough to stream (see [`STREAM_MIN_BYTES`]).
+pub fn worth_streaming(bytes: usize) -> bool {
+    bytes >= STREAM_MIN_BYTES
 }
 
 /// `dst.copy_from_slice(src)`, with [`copy_stream`] when `stream` is set.

@@ -147,6 +147,44 @@ def test_three_interpolate_backward_float16_accumulates_in_float32(harness):
     assert_accumulating(out, tib_reference(go, idx, w, 1), "float16 accumulation")
 
 
+#: Outputs of 4 MiB or more, rows on 64-byte lines (onnxruntime's buffers start on one):
+#: written back with non-temporal stores, whole lines, then plainly for a last partial tile
+#: (float32) and the channels past the last 8-lane group (C 20 and 40).
+STREAMED = [(np.float32, 20, 65536 + 48), (np.float16, 40, 65536 + 96)]
+
+
+@pytest.mark.parametrize("dtype,c,length", STREAMED, ids=["float32", "float16"])
+def test_three_interpolate_streamed_output_is_the_formula_exactly(harness, dtype, c, length):
+    """Each output is (f[i0] * w0 + f[i1] * w1) + f[i2] * w2 in float32, rounded once."""
+    rng = np.random.default_rng(c)
+    m = 100
+    f = rng.standard_normal((1, c, m)).astype(dtype)
+    idx = rng.integers(0, m, (1, length, 3)).astype(np.int32)
+    w = rng.random((1, length, 3)).astype(dtype)
+    (out,) = harness.run("ThreeInterpolate", {}, {"features": f, "indices": idx, "weights": w})
+    f32, w32 = f[0].astype(np.float32), w[0].astype(np.float32)
+    t = [f32[:, idx[0, :, k]] * w32[:, k] for k in range(3)]
+    assert out.dtype == dtype and out.nbytes >= 4 << 20
+    np.testing.assert_array_equal(out[0], ((t[0] + t[1]) + t[2]).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype,c,length", STREAMED, ids=["float32", "float16"])
+def test_three_interpolate_backward_streamed_output_sums_in_the_contracts_order(harness, dtype, c, length):
+    """Each accumulator adds its float32 terms in (n, k) order (np.add.at applies them in
+    index order), rounded once."""
+    rng = np.random.default_rng(c + 1)
+    n, m = 3000, length
+    go = rng.standard_normal((1, c, n)).astype(dtype)
+    idx = rng.integers(0, m, (1, n, 3)).astype(np.int32)
+    w = rng.random((1, n, 3)).astype(dtype)
+    (out,) = harness.run("ThreeInterpolateBackward", {"m": int_(m)}, {"grad_output": go, "indices": idx, "weights": w})
+    terms = go[0].astype(np.float32)[:, np.repeat(np.arange(n), 3)] * w[0].astype(np.float32).reshape(-1)
+    want = np.zeros((c, m), np.float32)
+    np.add.at(want, (slice(None), idx[0].reshape(-1)), terms)
+    assert out.dtype == dtype and out.nbytes >= 4 << 20
+    np.testing.assert_array_equal(out[0], want.astype(dtype))
+
+
 # =============================================================================
 # GetIndicePairs (exact)
 # =============================================================================

@@ -267,7 +267,7 @@ fn row_of(data: &[f32], row: usize, c: usize) -> Option<&[f32]> {
 /// `sum` and `mean`: each point copies (or divides) its voxel's gradient row.
 fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
     let c = x.dims.c;
-    let stream = cache::worth_streaming(out.len());
+    let stream = cache::worth_streaming(size_of_val(out));
     let rows = rows_per_task(c);
     for_each_chunk_mut(par, out, rows * c, |t, chunk| {
         let mut quotient = vec![0f32; if mean { c } else { 0 }];
@@ -298,7 +298,7 @@ fn sum_or_mean(x: &Views<'_>, mean: bool, out: &mut [f32], par: &dyn Parallel) {
 /// that matches there.
 fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) -> Result<()> {
     let Dims { c, v, .. } = x.dims;
-    let stream = cache::worth_streaming(out.len());
+    let stream = cache::worth_streaming(size_of_val(out));
     let total = csr.order.len();
 
     // Dropped points (map -1) get zero rows; every other row is written by the voxel pass.

@@ -155,7 +155,7 @@ impl Operator for DynamicScatter {
             }
         }
         scratch::push(&mut bounds, m * c, "the voxel blocks' bounds")?;
-        let (reduce, stream) = (self.reduce, cache::worth_streaming(voxel_feats.len()));
+        let (reduce, stream) = (self.reduce, cache::worth_streaming(size_of_val(voxel_feats)));
         let errors = FirstError::default();
         for_each_part_mut(par, voxel_feats, &bounds, |t, part| {
             errors.record(reduce_block(&v, feats, reduce, bounds[t] / c, part, stream));

@@ -8,7 +8,8 @@
 //! is one short vector multiply-add into accumulator row `indices[b, n, k]` (kept as
 //! [m][lane], cache-resident for the seed sizes).
 //! Every (c, j) accumulator sums its terms in (n, k) order, the order of the plain scatter
-//! loop, in float32; float16 inputs are widened on load and rounded once on store.
+//! loop, in float32; float16 inputs are widened on load and rounded once on store. An output
+//! of `cache::STREAM_MIN_BYTES` or more is written with non-temporal stores.
 
 
 use super::real::as_f32s;
@@ -16,6 +17,7 @@ use super::lanes::{LaneKernel, Transpose, lane_rows, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
+use crate::cache;
 use crate::error::{Error, Result};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
@@ -177,6 +179,7 @@ impl LaneKernel for ThreeInterpolateBackward {
         let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
         let mut tile_buf = Vec::new();
         let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
+        let stream = cache::worth_streaming(d.b * d.c * m * size_of::<T>());
         let mut c0 = channels.start;
         while c0 < channels.end {
             let lanes = L.min(channels.end - c0);
@@ -205,7 +208,7 @@ impl LaneKernel for ThreeInterpolateBackward {
                 n0 += nt;
             }
             let mut dst = lane_rows::<T, L>(part, m, c0 - channels.start, lanes, 0..m);
-            tr.untranspose(acc, m, &mut dst[..lanes]);
+            tr.untranspose(acc, m, &mut dst[..lanes], stream);
             c0 += lanes;
         }
         Ok(())

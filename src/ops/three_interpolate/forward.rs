@@ -6,7 +6,7 @@
 //! (16; 8, 4 or 1 when C is small) are computed together: their source rows are transposed
 //! to a [m][lane] table (cache-resident), each point's three table rows are weighted and
 //! summed as short vectors into a [n][lane] tile, and the tile is transposed back into the
-//! output rows. The op streams B*C*(M + N) values plus the batch's indices and weights once
+//! output rows (an output of `cache::STREAM_MIN_BYTES` or more with non-temporal stores). The op streams B*C*(M + N) values plus the batch's indices and weights once
 //! per channel block. Every output is `(f[i0] * w0 + f[i1] * w1) + f[i2] * w2` in float32;
 //! float16 is widened on load and rounded once on store. On the card: MLU-OPS only (mluops.rs).
 
@@ -15,6 +15,7 @@ use super::real::as_f32s;
 use super::lanes::{LaneKernel, Transpose, lane_rows, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
+use crate::cache;
 use crate::error::{Error, Result};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
@@ -153,6 +154,7 @@ impl LaneKernel for ThreeInterpolate {
         let table = line_aligned_rows::<L>(&mut table_buf, m)?;
         let mut tile_buf = Vec::new();
         let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
+        let stream = cache::worth_streaming(d.b * d.c * n * size_of::<T>());
         let mut c0 = channels.start;
         while c0 < channels.end {
             let lanes = L.min(channels.end - c0);
@@ -173,7 +175,7 @@ impl LaneKernel for ThreeInterpolate {
                     interpolate(table, js, ws, &mut tile[..nt]);
                 }
                 let mut dst = lane_rows::<T, L>(part, n, c0 - channels.start, lanes, n0..n0 + nt);
-                tr.untranspose(&tile[..nt], nt, &mut dst[..lanes]);
+                tr.untranspose(&tile[..nt], nt, &mut dst[..lanes], stream);
                 n0 += nt;
             }
             c0 += lanes;

@@ -40,6 +40,12 @@ pub(super) trait Real: OutElement {
     /// As [`Real::load8`], with `p` pointing at 8 writable values.
     #[cfg(target_arch = "x86_64")]
     unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256);
+    /// [`Real::store8`] with a non-temporal store (no read for ownership).
+    ///
+    /// # Safety
+    /// As [`Real::store8`], with `p` aligned to the 8 values' size (32 or 16 bytes).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn stream8(p: *mut Self, v: std::arch::x86_64::__m256);
 }
 
 impl Real for f32 {
@@ -66,6 +72,12 @@ impl Real for f32 {
     unsafe fn store8(p: *mut f32, v: std::arch::x86_64::__m256) {
         // SAFETY: AVX and 8 writable floats at `p` are the caller's guarantee.
         unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn stream8(p: *mut f32, v: std::arch::x86_64::__m256) {
+        // SAFETY: AVX and 8 writable floats at a 32-byte aligned `p` are the caller's guarantee.
+        unsafe { std::arch::x86_64::_mm256_stream_ps(p, v) }
     }
 }
 
@@ -102,6 +114,14 @@ impl Real for f16 {
         // SAFETY: F16C with AVX state and 16 writable bytes at `p` (8 values, unaligned
         // store) are the caller's guarantee.
         unsafe { _mm_storeu_si128(p.cast::<__m128i>(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn stream8(p: *mut f16, v: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_stream_si128, _mm256_cvtps_ph};
+        // SAFETY: F16C with AVX state and 16 writable bytes at a 16-byte aligned `p` are the
+        // caller's guarantee.
+        unsafe { _mm_stream_si128(p.cast::<__m128i>(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
     }
 }
 
