@@ -38,8 +38,8 @@ const FEW_LANES: usize = 4;
 const L1_ACC_BYTES: usize = 24 * 1024;
 /// Points per transposed tile (seed case 7; float16 measured the same at 64 and 128).
 const TILE: usize = 64;
-/// Tiles ahead that the rows of grad_output are prefetched (4 against 2, 8 and 16 in paired
-/// rounds: 2 took 0.98-1.13x the time, 8 and 16 were no faster).
+/// Tiles ahead that the rows of grad_output are prefetched, into L2 (into L1: 1.04-1.28x the
+/// time in paired rounds; 2 tiles ahead: 0.98-1.13x, 8 and 16 no faster).
 const PREFETCH_AHEAD: usize = 4;
 
 /// The configured node: `m` is the number of source points M.
@@ -196,7 +196,7 @@ impl LaneKernel for ThreeInterpolateBackward {
                     // The L rows are L separate streams, more than the hardware prefetcher
                     // follows: ask for this row's next tiles now.
                     if let Some(ahead) = go.get(start + PREFETCH_AHEAD * TILE..) {
-                        prefetch(ahead);
+                        cache::prefetch_l2(&ahead[..TILE.min(ahead.len())]);
                     }
                     let Some(src) = go.get(start..start + nt) else { continue };
                     *dst = src;
@@ -215,27 +215,6 @@ impl LaneKernel for ThreeInterpolateBackward {
         Ok(())
     }
 }
-
-/// Asks the CPU to bring the cache lines of one tile row (TILE elements from `data`'s
-/// start) into L2; a hint only. Not into L1: the L rows lie a multiple of 4 KiB apart at
-/// the seed shapes, so their lines at one offset share one L1 set (8 ways) and prefetches
-/// there evicted each other before use (into L1: 1.04-1.28x the time, paired rounds).
-#[inline(always)]
-fn prefetch<T: Real>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-        let bytes = TILE.min(data.len()) * size_of::<T>();
-        for offset in (0..bytes).step_by(64) {
-            // SAFETY: a prefetch never faults or changes memory; the address lies inside
-            // `data` (offset < its length in bytes).
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(data.as_ptr().cast::<i8>().add(offset)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
 
 /// `acc[indices[n, k]] += tile[n] * weights[n, k]` for every n and k in order. Inlined so
 /// the AVX2 build vectorises it with 8-wide registers.
