@@ -6,7 +6,7 @@
 #[inline]
 pub fn prefetch_stream(data: &[f32], len: usize) {
     #[cfg(target_arch = "x86_64")]
-    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_NTA }>(&data[..len.min(data.len())]);
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_NTA }, f32>(&data[..len.min(data.len())]);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (data, len);
 }
@@ -16,7 +16,7 @@ pub fn prefetch_stream(data: &[f32], len: usize) {
 #[inline]
 pub fn prefetch_read(data: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(data);
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, f32>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
 }
@@ -27,11 +27,7 @@ pub fn prefetch_read(data: &[f32]) {
 #[inline]
 pub fn prefetch_l2<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for offset in (0..size_of_val(data)).step_by(64) {
-        // SAFETY: prefetch never faults and has no architectural effect; the address lies
-        // inside `data` (offset < its size in bytes). SSE is part of the x86-64 baseline.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(data.as_ptr().cast::<i8>().add(offset)) };
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
 }
@@ -50,18 +46,19 @@ pub fn prefetch_item<T>(item: &T) {
     let _ = item;
 }
 
-/// One prefetch with hint `HINT` per 64-byte line of `data`.
+/// One prefetch with hint `HINT` per 64 bytes of `data`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_lines<const HINT: i32>(data: &[f32]) {
-    for line in data.chunks(16) {
-        // SAFETY: prefetch never faults and has no architectural effect; the pointer comes
-        // from a live slice. SSE is part of the x86-64 baseline.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast()) };
+fn prefetch_lines<const HINT: i32, T>(data: &[T]) {
+    for offset in (0..size_of_val(data)).step_by(64) {
+        // SAFETY: prefetch never faults and has no architectural effect; the address lies
+        // inside `data` (offset < its size in bytes). SSE is part of the x86-64 baseline.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(data.as_ptr().cast::<i8>().add(offset)) };
     }
 }
 
-/// Outputs at least this large are written with non-temporal stores ([`copy_out`]): they
+/// Outputs at least this large are written with non-temporal stores ([`copy_out`], and
+/// ThreeInterpolate's write-back of whole lines): they
 /// would not stay cached until their consumer reads them anyway. Smaller ones are written
 /// through the cache, where the next node finds them.
 pub const STREAM_MIN_BYTES: usize = 4 << 20;
@@ -101,8 +98,8 @@ pub fn copy_stream(dst: &mut [f32], src: &[f32]) {
     dst.copy_from_slice(src);
 }
 
-/// Orders the non-temporal stores of [`copy_stream`] before everything this thread does
-/// next (in particular before it reports its task done).
+/// Orders this thread's non-temporal stores ([`copy_stream`]'s and any kernel's own)
+/// before everything it does next (in particular before it reports its task done).
 #[inline]
 pub fn stream_fence() {
     #[cfg(target_arch = "x86_64")]

@@ -12,13 +12,13 @@ use onnxruntime_ep_mlu::error::Error;
 use onnxruntime_ep_mlu::ops::three_interpolate::ThreeInterpolate;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, Threads};
-use onnxruntime_ep_mlu::tensor::Tensor;
+use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
 use proptest::prelude::*;
 use std::collections::HashMap;
 mod common;
 #[path = "reference/three_interpolate.rs"]
 mod reference;
-use common::{Rng, assert_accumulating};
+use common::{Rng, assert_accumulating, run_line_aligned};
 use reference::{Case, Ty, reference_bits, reference64, representable, tensor};
 
 // ---------------------------------------------------------------- test data
@@ -272,6 +272,30 @@ fn result_does_not_depend_on_thread_count() {
         let base = run_tensors(&case.tensors(), &Serial).expect("runs");
         for t in [2, 3] {
             assert_eq!(run_tensors(&case.tensors(), &Threads(t)).expect("runs"), base, "threads {t}");
+        }
+    }
+}
+
+/// Outputs of 4 MiB or more on 64-byte lines, as onnxruntime hands them out: the write-back
+/// streams whole lines with non-temporal stores (then plain stores for a partial last tile,
+/// and for the 4 channels past the last whole 8-lane group), on 1 and 2 threads. The bits are
+/// the contract's.
+#[test]
+fn streamed_output_on_line_aligned_buffers_is_exact() {
+    let mut rng = Rng(31);
+    for (ty, c, n) in [(Ty::F32, 20, 65536 + 48), (Ty::F16, 36, 65536 + 96)] {
+        let case = random_case(&mut rng, (1, c, 100, n), ty);
+        assert!(c * n * if ty == Ty::F32 { 4 } else { 2 } >= 4 << 20, "an output large enough to stream");
+        let want = canon(ty, &reference_bits(&case));
+        let tensors = case.tensors();
+        for par in [&Serial as &dyn Parallel, &Threads(2)] {
+            let out = run_line_aligned(&op(), "ThreeInterpolate", &tensors, par);
+            let bits: Vec<u32> = match (&out.data, ty) {
+                (OwnedData::F32(v), Ty::F32) => v.iter().map(|x| x.to_bits()).collect(),
+                (OwnedData::F16(v), Ty::F16) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+                _ => panic!("output dtype differs from the inputs'"),
+            };
+            assert_eq!(canon(ty, &bits), want, "{ty:?} C {c} N {n}");
         }
     }
 }

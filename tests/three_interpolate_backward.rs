@@ -16,7 +16,7 @@ use std::collections::HashMap;
 mod common;
 #[path = "reference/three_interpolate_backward.rs"]
 mod reference;
-use common::Rng;
+use common::{Rng, run_line_aligned};
 use reference::{Case, Ty, reference, representable, tensor};
 
 // ---------------------------------------------------------------------------------------
@@ -341,6 +341,35 @@ fn result_does_not_depend_on_thread_count() {
         for t in [2, 3, 7] {
             let got = run_tensors(case.m, &case.tensors(), &Threads(t)).expect("runs");
             assert_eq!(got, base, "threads {t}");
+        }
+    }
+}
+
+/// Outputs of 4 MiB or more on 64-byte lines, as onnxruntime hands them out: the write-back
+/// of grad_features streams whole lines with non-temporal stores (plain stores for the 4
+/// channels past the last whole 8-lane group), on 1 and 2 threads. The bits are those of
+/// the contract's order: each accumulator adds its float32 terms in (n, k) order, then is
+/// rounded once.
+#[test]
+fn streamed_output_on_line_aligned_buffers_sums_in_the_contracts_order() {
+    let mut rng = Rng(41);
+    for (ty, c, m) in [(Ty::F32, 20, 65536 + 48), (Ty::F16, 36, 65536 + 96)] {
+        let case = random_case(&mut rng, (1, c, 3000, m), ty);
+        assert!(c * m * if ty == Ty::F32 { 4 } else { 2 } >= 4 << 20, "an output large enough to stream");
+        let n = case.n;
+        let mut acc = vec![0f32; c * m];
+        for (ci, row) in acc.chunks_exact_mut(m).enumerate() {
+            for ni in 0..n {
+                for k in 0..3 {
+                    row[case.indices[ni * 3 + k] as usize] += case.grad_output[ci * n + ni] as f32 * case.weights[ni * 3 + k] as f32;
+                }
+            }
+        }
+        let want = tensor(ty, [1, c, m], &acc.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
+        let tensors = case.tensors();
+        for par in [&Serial as &dyn Parallel, &Threads(2)] {
+            let op = descriptor::<ThreeInterpolateBackward>(&attrs(case.m)).expect("valid m");
+            assert_eq!(run_line_aligned(&op, "ThreeInterpolateBackward", &tensors, par), want, "{ty:?} C {c} M {m}");
         }
     }
 }

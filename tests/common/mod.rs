@@ -6,8 +6,21 @@
 pub mod psroi;
 
 use onnxruntime_ep_mlu::mlu::{Device, cnrt};
+use onnxruntime_ep_mlu::ops::{self, Kernel, LineAlignedOutputs};
+use onnxruntime_ep_mlu::parallel::Parallel;
+use onnxruntime_ep_mlu::tensor::{Inputs, Tensor};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+
+/// Runs `kernel`, operator `op`, on `tensors` into outputs that start on a 64-byte line, as
+/// onnxruntime's do (`ops::run`'s Vecs start wherever the allocator puts them), and returns
+/// its first output.
+pub fn run_line_aligned(kernel: &dyn Kernel, op: &str, tensors: &[Tensor], par: &dyn Parallel) -> Tensor {
+    let inputs = Inputs::new(ops::schema(op).input_names(), tensors.iter().map(|t| Some(t.view())).collect()).expect("inputs");
+    let mut host = LineAlignedOutputs::default();
+    kernel.compute(&inputs, &mut host, par).expect("valid case runs");
+    host.into_tensors().remove(0)
+}
 
 /// splitmix64: small, seedable, good enough for test data. Test files add the
 /// conveniences they need in their own `impl Rng` blocks.

@@ -6,8 +6,9 @@
 //! (16; 8, 4 or 1 when C is small) are computed together: their source rows are transposed
 //! to a [m][lane] table (cache-resident), each point's three table rows are weighted and
 //! summed as short vectors into a [n][lane] tile, and the tile is transposed back into the
-//! output rows (an output of `cache::STREAM_MIN_BYTES` or more with non-temporal stores). The op streams B*C*(M + N) values plus the batch's indices and weights once
-//! per channel block. Every output is `(f[i0] * w0 + f[i1] * w1) + f[i2] * w2` in float32;
+//! output rows (an output of `cache::STREAM_MIN_BYTES` or more with non-temporal stores).
+//! The op streams B*C*(M + N) values plus the batch's indices and weights once per channel
+//! block. Every output is `(f[i0] * w0 + f[i1] * w1) + f[i2] * w2` in float32;
 //! float16 is widened on load and rounded once on store. On the card: MLU-OPS only (mluops.rs).
 
 use crate::ops::Operator;

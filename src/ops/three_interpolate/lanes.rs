@@ -69,9 +69,7 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
         #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = Avx2::detect() {
             // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
-            errors.record(unsafe { fill_avx2::<K, T, L>(kernel, d, input, b, channels, idx, w, part, avx2) });
-            // The non-temporal stores of a streamed output, before the task reports done.
-            return cache::stream_fence();
+            return errors.record(unsafe { fill_avx2::<K, T, L>(kernel, d, input, b, channels, idx, w, part, avx2) });
         }
         errors.record(kernel.fill::<T, L>(d, input, b, channels, idx, w, part, ScalarTranspose));
     });
@@ -97,7 +95,10 @@ pub(super) fn fill_avx2<K: LaneKernel, T: Real, const L: usize>(
     part: &mut [T],
     avx2: Avx2,
 ) -> Result<()> {
-    kernel.fill::<T, L>(d, input, b, channels, idx, w, part, avx2)
+    let filled = kernel.fill::<T, L>(d, input, b, channels, idx, w, part, avx2);
+    // The non-temporal stores of a streamed output, before the caller's task reports done.
+    cache::stream_fence();
+    filled
 }
 
 /// Moves up to L channel rows into a lane tile and back.
@@ -105,8 +106,9 @@ pub(super) trait Transpose: Copy {
     /// `tile[p][lane] = rows[lane][p]` for p in 0..nt, as float32.
     fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]);
     /// `rows[lane][p] = tile[p][lane]` for p in 0..nt, rounded to T. `stream`: the rows are
-    /// part of a large output, which is written with non-temporal stores where they start on
-    /// a cache line (the caller's task then ends with [`cache::stream_fence`]).
+    /// part of a large output; the AVX2 build then writes whole 8-row groups whose rows all
+    /// start on a cache line with non-temporal stores, up to the last whole 32 points
+    /// ([`fill_avx2`] fences them).
     fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool);
 }
 
@@ -118,7 +120,7 @@ impl Transpose for ScalarTranspose {
     fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]) {
         scalar_transpose(rows, 0..nt, tile, 0);
     }
-    /// Plain stores only: the portable build has no non-temporal one.
+    /// Plain stores only: only the AVX2 build streams.
     fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], _stream: bool) {
         scalar_untranspose(tile, 0..nt, rows, 0);
     }
@@ -288,17 +290,17 @@ unsafe fn untranspose_blocks<T: Real, const L: usize>(tile: &[[f32; L]], full: u
     for p0 in (0..streamed).step_by(STREAM_POINTS) {
         // SAFETY (this block): AVX2, F16C and the bounds are the caller's guarantee: the
         // loads read tile[p0 + q][lane0..lane0 + 8] with p0 + q < streamed <= full, the stores
-        // write rows[r][p0..p0 + STREAM_POINTS]; each store's address, row + p0 + 8u, is
-        // aligned to 8 values (the row starts on a line, p0 + 8u is a multiple of 8), as
-        // `stream8` requires.
+        // write rows[r][p0..p0 + STREAM_POINTS]; each store's address, row + p0 + 16h, is
+        // 32-byte aligned (the row starts on a line, p0 + 16h is a multiple of 16 values of
+        // at least 2 bytes), as `stream16` requires.
         unsafe {
             let mut blocks = [[_mm256_setzero_ps(); 8]; STREAM_POINTS / 8];
             for (u, block) in blocks.iter_mut().enumerate() {
                 *block = transpose8(tile_points::<L>(src, p0 + 8 * u, lane0));
             }
             for (r, row) in dst.iter().enumerate() {
-                for (u, block) in blocks.iter().enumerate() {
-                    T::stream8(row.add(p0 + 8 * u), block[r]);
+                for (h, pair) in blocks.chunks_exact(2).enumerate() {
+                    T::stream16(row.add(p0 + 16 * h), pair[0][r], pair[1][r]);
                 }
             }
         }
@@ -366,10 +368,10 @@ mod tests {
     use super::*;
     use half::f16;
 
-    /// Writes `tile` into 8 or 16 rows of a poisoned buffer (rows `gap` values apart, from
-    /// `first` values past a line), streamed or not, and returns the rows with the 32 values
+    /// Has `write` fill L rows of nt values in a poisoned buffer (rows `gap` values apart, from
+    /// `first` values past a line), and returns the rows with the 32 values
     /// before them and the gaps, as float32s.
-    fn untranspose_into<T: Real, const L: usize>(tile: &[[f32; L]], nt: usize, first: usize, stream: bool, tr: impl Transpose) -> Vec<f32> {
+    fn untranspose_into<T: Real, const L: usize>(nt: usize, first: usize, write: impl Fn(&mut [&mut [T]])) -> Vec<f32> {
         let gap = nt.next_multiple_of(32) + 32;
         let mut buf = vec![T::from_f32(-3.0); 96 + L * gap];
         // 32 values are 64 or 128 bytes: `line` starts on a line.
@@ -378,9 +380,17 @@ mod tests {
         if first == 0 {
             assert!(rows.iter().all(|r| r.as_ptr().cast::<u8>().align_offset(64) == 0), "the streamed case's rows start on a line");
         }
-        tr.untranspose(tile, nt, &mut rows, stream);
-        cache::stream_fence();
+        write(&mut rows);
         buf[line - 32..line + L * gap].iter().map(|x| x.to_f32()).collect()
+    }
+
+    /// The AVX2 write-back compiled as the kernels compile it: inlined into a function with
+    /// AVX2 and F16C (called from a test function without them, its intrinsics would be
+    /// calls), then fenced as `fill_avx2` fences it.
+    #[target_feature(enable = "avx2,f16c")]
+    fn untranspose_avx2<T: Real, const L: usize>(avx2: Avx2, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool) {
+        avx2.untranspose(tile, nt, rows, stream);
+        cache::stream_fence();
     }
 
     fn check<T: Real, const L: usize>(avx2: Avx2) {
@@ -388,9 +398,10 @@ mod tests {
         for nt in [8, 31, 32, 64, 75, 128] {
             let tile: Vec<[f32; L]> = (0..nt).map(|_| std::array::from_fn(|_| (next() % 10007) as f32 * 1.7e-4)).collect();
             for first in [0, 1] {
-                let want = untranspose_into::<T, L>(&tile, nt, first, false, ScalarTranspose);
+                let want = untranspose_into::<T, L>(nt, first, |rows| ScalarTranspose.untranspose(&tile, nt, rows, false));
                 for stream in [false, true] {
-                    let got = untranspose_into::<T, L>(&tile, nt, first, stream, avx2);
+                    // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
+                    let got = untranspose_into::<T, L>(nt, first, |rows| unsafe { untranspose_avx2(avx2, &tile, nt, rows, stream) });
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{} L {L} nt {nt} first {first} stream {stream}", std::any::type_name::<T>());
                 }

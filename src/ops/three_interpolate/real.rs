@@ -40,12 +40,14 @@ pub(super) trait Real: OutElement {
     /// As [`Real::load8`], with `p` pointing at 8 writable values.
     #[cfg(target_arch = "x86_64")]
     unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256);
-    /// [`Real::store8`] with a non-temporal store (no read for ownership).
+    /// Stores the 16 values of `lo` then `hi` at `p`, rounded to T, with 256-bit non-temporal
+    /// stores (no read for ownership; VEX-encoded, as AVX code needs: a legacy-SSE store
+    /// there costs a state transition on some Intel cores).
     ///
     /// # Safety
-    /// As [`Real::store8`], with `p` aligned to the 8 values' size (32 or 16 bytes).
+    /// As [`Real::store8`], with `p` pointing at 16 writable values and aligned to 32 bytes.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn stream8(p: *mut Self, v: std::arch::x86_64::__m256);
+    unsafe fn stream16(p: *mut Self, lo: std::arch::x86_64::__m256, hi: std::arch::x86_64::__m256);
 }
 
 impl Real for f32 {
@@ -75,9 +77,14 @@ impl Real for f32 {
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn stream8(p: *mut f32, v: std::arch::x86_64::__m256) {
-        // SAFETY: AVX and 8 writable floats at a 32-byte aligned `p` are the caller's guarantee.
-        unsafe { std::arch::x86_64::_mm256_stream_ps(p, v) }
+    unsafe fn stream16(p: *mut f32, lo: std::arch::x86_64::__m256, hi: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::_mm256_stream_ps;
+        // SAFETY: AVX and 16 writable floats at a 32-byte aligned `p` are the caller's
+        // guarantee, so `p + 8` is 32-byte aligned too.
+        unsafe {
+            _mm256_stream_ps(p, lo);
+            _mm256_stream_ps(p.add(8), hi);
+        }
     }
 }
 
@@ -117,11 +124,14 @@ impl Real for f16 {
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn stream8(p: *mut f16, v: std::arch::x86_64::__m256) {
-        use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_stream_si128, _mm256_cvtps_ph};
-        // SAFETY: F16C with AVX state and 16 writable bytes at a 16-byte aligned `p` are the
+    unsafe fn stream16(p: *mut f16, lo: std::arch::x86_64::__m256, hi: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::{__m256i, _MM_FROUND_TO_NEAREST_INT, _mm256_cvtps_ph, _mm256_set_m128i, _mm256_stream_si256};
+        // SAFETY: F16C with AVX state and 32 writable bytes at a 32-byte aligned `p` are the
         // caller's guarantee.
-        unsafe { _mm_stream_si128(p.cast::<__m128i>(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
+        unsafe {
+            let halves = _mm256_set_m128i(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo));
+            _mm256_stream_si256(p.cast::<__m256i>(), halves)
+        }
     }
 }
 
