@@ -162,9 +162,9 @@ impl OwnedOutputs {
 }
 
 /// [`OwnedOutputs`] whose outputs start on a 64-byte line, as onnxruntime's CPU allocator
-/// hands them out (a plain Vec's start 16 bytes into one): kernels write whole lines with
-/// non-temporal stores only where rows start on a line, so benches and tests called
-/// directly take the paths sessions take.
+/// hands them out (a plain Vec starts wherever the allocator puts it, often 16 bytes into
+/// one): kernels write whole lines with non-temporal stores only where rows start on a
+/// line, so benches and tests called directly take the paths sessions take.
 #[derive(Default)]
 pub struct LineAlignedOutputs {
     owned: OwnedOutputs,
