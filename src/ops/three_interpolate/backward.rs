@@ -180,7 +180,7 @@ impl LaneKernel for ThreeInterpolateBackward {
         let acc = line_aligned_rows::<L>(&mut acc_buf, m)?;
         let mut tile_buf = Vec::new();
         let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
-        let stream = cache::worth_streaming(d.b * d.c * m * size_of::<T>());
+        let stream = self.streams::<T>(d);
         let mut c0 = channels.start;
         while c0 < channels.end {
             let lanes = L.min(channels.end - c0);

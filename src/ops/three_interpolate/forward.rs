@@ -16,7 +16,6 @@ use super::real::as_f32s;
 use super::lanes::{LaneKernel, Transpose, lane_rows, line_aligned_rows, split};
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
-use crate::cache;
 use crate::error::{Error, Result};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
@@ -155,7 +154,7 @@ impl LaneKernel for ThreeInterpolate {
         let table = line_aligned_rows::<L>(&mut table_buf, m)?;
         let mut tile_buf = Vec::new();
         let tile = line_aligned_rows::<L>(&mut tile_buf, TILE.min(n))?;
-        let stream = cache::worth_streaming(d.b * d.c * n * size_of::<T>());
+        let stream = self.streams::<T>(d);
         let mut c0 = channels.start;
         while c0 < channels.end {
             let lanes = L.min(channels.end - c0);

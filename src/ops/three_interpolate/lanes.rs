@@ -21,6 +21,11 @@ pub(super) trait LaneKernel: Sync {
     fn row(&self, d: &Dims) -> usize;
     /// Units of work per channel, which sizes the tasks.
     fn work(&self, d: &Dims) -> usize;
+    /// Whether the whole output ([B, C, row] of T) is large enough for the write-back to
+    /// stream (`Transpose::untranspose`'s `stream`).
+    fn streams<T>(&self, d: &Dims) -> bool {
+        cache::worth_streaming(d.b * d.c * self.row(d) * size_of::<T>())
+    }
     /// Fills `part`, the output rows of batch `b` and `channels`, from `input` (channel-major
     /// [B, C, ..]) and the batch's indices and weights ([N, 3] each).
     #[allow(clippy::too_many_arguments)]
