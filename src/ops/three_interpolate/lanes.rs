@@ -17,6 +17,9 @@ const GRAIN: usize = 32 * 1024;
 /// One kernel of the family, on the output rows of one batch and whole lane blocks of
 /// channels.
 pub(super) trait LaneKernel: Sync {
+    /// Whether [`split`] runs the kernel's AVX-512 build where the CPU has one (measured per
+    /// kernel on Zen 4: docs/BENCHMARKS.md).
+    const AVX512: bool;
     /// Output values per channel row.
     fn row(&self, d: &Dims) -> usize;
     /// Units of work per channel, which sizes the tasks.
@@ -26,24 +29,31 @@ pub(super) trait LaneKernel: Sync {
     fn streams<T>(&self, d: &Dims) -> bool {
         cache::worth_streaming(d.b * d.c * self.row(d) * size_of::<T>())
     }
-    /// Fills `part`, the output rows of batch `b` and `channels`, from `input` (channel-major
-    /// [B, C, ..]) and the batch's indices and weights ([N, 3] each).
-    #[allow(clippy::too_many_arguments)]
-    fn fill<T: Real, const L: usize>(
-        &self,
-        d: &Dims,
-        input: &[T],
-        b: usize,
-        channels: Range<usize>,
-        idx: &[i32],
-        w: &[T],
-        part: &mut [T],
-        tr: impl Transpose,
-    ) -> Result<()>;
+    /// Fills `part`, the output rows of the task's batch and channels.
+    fn fill<T: Real, const L: usize>(&self, task: &Task<'_, T>, part: &mut [T], tr: impl Transpose) -> Result<()>;
+}
+
+/// What one task reads: `input` (channel-major [B, C, ..]), batch `b`'s indices and weights
+/// ([N, 3] each), and the output `channels` it fills.
+pub(super) struct Task<'a, T> {
+    pub d: &'a Dims,
+    pub input: &'a [T],
+    pub b: usize,
+    pub channels: Range<usize>,
+    pub idx: &'a [i32],
+    pub w: &'a [T],
+}
+
+#[cfg(test)]
+impl<'a, T> Task<'a, T> {
+    /// All channels of a one-batch input.
+    pub(super) fn one_batch(d: &'a Dims, input: &'a [T], idx: &'a [i32], w: &'a [T]) -> Self {
+        Task { d, input, b: 0, channels: 0..d.c, idx, w }
+    }
 }
 
 /// Cuts the output into tasks of whole (batch, lane block) rows and runs `kernel` on each,
-/// in its AVX2 build where the CPU has one.
+/// in its AVX-512 build (where the kernel asks for it) or AVX2 build where the CPU has one.
 pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
     kernel: &K,
     d: &Dims,
@@ -70,41 +80,57 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
         let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
             return;
         };
-        let channels = first..first + part.len() / row;
+        let task = Task { d, input, b, channels: first..first + part.len() / row, idx, w };
         #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = Avx2::detect() {
+            if let Some(avx512) = Avx512::detect().filter(|_| K::AVX512) {
+                // SAFETY: an `Avx512` exists only when the CPU supports AVX-512F and VL
+                // besides AVX2 and F16C.
+                return errors.record(unsafe { fill_avx512::<K, T, L>(kernel, &task, part, avx512) });
+            }
             // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
-            return errors.record(unsafe { fill_avx2::<K, T, L>(kernel, d, input, b, channels, idx, w, part, avx2) });
+            return errors.record(unsafe { fill_avx2::<K, T, L>(kernel, &task, part, avx2) });
         }
-        errors.record(kernel.fill::<T, L>(d, input, b, channels, idx, w, part, ScalarTranspose));
+        errors.record(kernel.fill::<T, L>(&task, part, ScalarTranspose));
     });
     errors.into_result()
 }
 
-/// [`LaneKernel::fill`] compiled with AVX2 and F16C: the lane loops use 8-wide vectors and the
-/// tiles are widened, rounded and transposed 8 x 8 in registers. Products and sums are still
-/// separate IEEE operations in the same order (no FMA: that feature is not enabled), so the
-/// result is bit-identical to the baseline build. Callers hold an [`Avx2`], which proves
-/// the features.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn fill_avx2<K: LaneKernel, T: Real, const L: usize>(
-    kernel: &K,
-    d: &Dims,
-    input: &[T],
-    b: usize,
-    channels: Range<usize>,
-    idx: &[i32],
-    w: &[T],
-    part: &mut [T],
-    avx2: Avx2,
-) -> Result<()> {
-    let filled = kernel.fill::<T, L>(d, input, b, channels, idx, w, part, avx2);
-    // The non-temporal stores of a streamed output, before the caller's task reports done.
-    cache::stream_fence();
-    filled
+/// Defines `$name`: [`LaneKernel::fill`] compiled with the target features `$features`, run
+/// on the register transposes of [`Avx2`], the non-temporal stores of a streamed output
+/// fenced before the caller's task reports done. Callers hold a `$proof`, which proves the
+/// features.
+macro_rules! simd_fill {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $proof:ty) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        pub(super) fn $name<K: LaneKernel, T: Real, const L: usize>(kernel: &K, task: &Task<'_, T>, part: &mut [T], proof: $proof) -> Result<()> {
+            let filled = kernel.fill::<T, L>(task, part, Avx2::from(proof));
+            cache::stream_fence();
+            filled
+        }
+    };
 }
+
+simd_fill!(
+    /// AVX2 and F16C: the lane loops use 8-wide vectors and the tiles are widened, rounded
+    /// and transposed 8 x 8 in registers. Products and sums are still separate IEEE
+    /// operations in the same order (no FMA: that feature is not enabled), so the result is
+    /// bit-identical to the baseline build.
+    fill_avx2,
+    "avx2,f16c",
+    Avx2
+);
+
+simd_fill!(
+    /// [`fill_avx2`] with AVX-512F and VL also enabled: the compiler then computes 16 lanes in
+    /// one 512-bit register (the register transposes stay 8 x 8). Still no FMA, so the same
+    /// bits.
+    fill_avx512,
+    "avx2,f16c,avx512f,avx512vl",
+    Avx512
+);
 
 /// Moves up to L channel rows into a lane tile and back.
 pub(super) trait Transpose: Copy {
@@ -168,6 +194,27 @@ impl Avx2 {
     pub(super) fn detect() -> Option<Self> {
         // std caches the CPU's features after the first query.
         (std::arch::is_x86_feature_detected!("avx2") && super::real::has_f16c()).then_some(Avx2(()))
+    }
+}
+
+/// Proof that this CPU has AVX-512F and VL besides AVX2 and F16C: only [`Avx512::detect`]
+/// makes one.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Avx512(Avx2);
+
+#[cfg(target_arch = "x86_64")]
+impl From<Avx512> for Avx2 {
+    fn from(avx512: Avx512) -> Avx2 {
+        avx512.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Avx512 {
+    pub(super) fn detect() -> Option<Self> {
+        let avx2 = Avx2::detect()?;
+        (std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl")).then_some(Avx512(avx2))
     }
 }
 
