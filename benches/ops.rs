@@ -6,7 +6,8 @@
 //! read and output bytes written as sequential streams), all timed in turn from cold caches;
 //! then a straightforward single-threaded implementation (benches/naive.rs) and the peak
 //! memory the kernel allocates beyond its outputs. Everything is reported as ratios
-//! measured in this run; nothing is asserted about speed.
+//! measured in this run; nothing is asserted about speed. With `--profile` it only runs each
+//! kernel once, for scripts/profile.sh to count its instructions and cache misses.
 
 #[path = "naive.rs"]
 mod naive;
@@ -845,12 +846,69 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The cases, in the table's order (each built from the one generator in turn).
+fn cases() -> Vec<CaseBuilder> {
+    vec![
+        Box::new(|r| dynamic_scatter_backward(r, [17176, 13743, 128])),
+        Box::new(|r| three_interpolate(r, [16, 128, 4096, 1024], false, true)),
+        Box::new(|r| three_interpolate(r, [16, 1024, 4096, 128], false, true)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], false, true)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], true, true)),
+        Box::new(|r| get_indice_pairs(r, true)),
+        Box::new(|r| get_indice_pairs(r, false)),
+        Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Uniform)),
+        Box::new(|r| voxel_pooling_forward(r, 1, Geometry::Uniform)),
+        Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Frustum)),
+        Box::new(|r| psroipool_backward(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
+        Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
+        // The forward partners, at the same scales.
+        Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "max")),
+        Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "mean")),
+        Box::new(|r| three_interpolate(r, [16, 128, 4096, 1024], false, false)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], false, false)),
+        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], true, false)),
+        Box::new(|r| psroipool(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
+        Box::new(|r| psroipool(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
+    ]
+}
+
+/// `--profile`: each case's kernel once on the calling thread, after a warm-up run (which
+/// allocates and touches the outputs) and a cache flush, inside [`profiled_run`], for
+/// scripts/profile.sh to count under callgrind. Prints one line per case: op, shapes,
+/// minimal traffic in bytes, output elements.
+fn profile(filter: Option<&str>) {
+    let flush = Flush::new();
+    let mut rng = Rng(2026);
+    for build in cases() {
+        let case = build(&mut rng);
+        if filter.is_some_and(|f| !case.op.contains(f)) {
+            continue;
+        }
+        let k = Kernel::new(&case);
+        k.run(&case, &Serial);
+        flush.run();
+        profiled_run(&k, &case);
+        let elements: usize = k.outputs().iter().map(|t| t.shape.iter().product::<usize>()).sum();
+        println!("profiled\t{}\t{}\t{}\t{elements}", case.op, case.shapes, case.bytes);
+    }
+}
+
+/// The one call callgrind counts (`--toggle-collect`) and dumps after (`--dump-after`).
+#[inline(never)]
+fn profiled_run(k: &Kernel, case: &Case) {
+    k.run(case, &Serial);
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` only builds and starts the
     // binary, which then has nothing to time in an unoptimised build.
     if !std::env::args().any(|a| a == "--bench") {
         println!("benches/ops.rs: run with `cargo bench --bench ops` (or scripts/bench.sh)");
         return;
+    }
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if std::env::args().any(|a| a == "--profile") {
+        return profile(filter.as_deref());
     }
     let lib = std::env::var("MLU_EP_LIB")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/libonnxruntime_ep_mlu.so").into());
@@ -859,7 +917,6 @@ fn main() {
         .map_err(|_| "ORT_DYLIB_PATH is not set".to_string())
         .and_then(|p| ort::init_from(&p).map_err(|e| e.to_string()))
         .and_then(|b| b.with_name("bench").build().map_err(|e| e.to_string()));
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     // One thread runs on the caller, as onnxruntime runs a session with one intra-op thread
     // (handing every call to a one-thread pool and back would add a wake-up to each).
     let (pool1, pool2) = (Serial, Pool::new(2));
@@ -901,35 +958,13 @@ fn main() {
     );
 
     let mut rng = Rng(2026);
-    let builders: Vec<CaseBuilder> = vec![
-        Box::new(|r| dynamic_scatter_backward(r, [17176, 13743, 128])),
-        Box::new(|r| three_interpolate(r, [16, 128, 4096, 1024], false, true)),
-        Box::new(|r| three_interpolate(r, [16, 1024, 4096, 128], false, true)),
-        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], false, true)),
-        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], true, true)),
-        Box::new(|r| get_indice_pairs(r, true)),
-        Box::new(|r| get_indice_pairs(r, false)),
-        Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Uniform)),
-        Box::new(|r| voxel_pooling_forward(r, 1, Geometry::Uniform)),
-        Box::new(|r| voxel_pooling_forward(r, 2, Geometry::Frustum)),
-        Box::new(|r| psroipool_backward(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
-        Box::new(|r| psroipool_backward(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
-        // The forward partners, at the same scales.
-        Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "max")),
-        Box::new(|r| dynamic_scatter(r, [17176, 13743, 128], "mean")),
-        Box::new(|r| three_interpolate(r, [16, 128, 4096, 1024], false, false)),
-        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], false, false)),
-        Box::new(|r| three_interpolate(r, [16, 512, 2048, 128], true, false)),
-        Box::new(|r| psroipool(r, 320, 7, 8, [2, 14, 14, 392], 1.0)),
-        Box::new(|r| psroipool(r, 493, 3, 21, [8, 14, 14, 189], 0.0625)),
-    ];
     println!(
         "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | gather GB/s 1T / 2T | kernel % of gather 1T / 2T | scatter-add GB/s 1T / 2T | kernel % of scatter-add 1T / 2T | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees | rounds |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
     // case's variants, so both see the same state of the machine.
-    for build in builders {
+    for build in cases() {
         let case = build(&mut rng);
         if filter.as_deref().is_some_and(|f| !case.op.contains(f)) {
             continue;

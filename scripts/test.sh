@@ -100,6 +100,8 @@ MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libml
     --ops DynamicScatterBackward,ThreeInterpolateBackward,GetIndicePairs,VoxelPoolingForward,PsRoiPoolBackward,IndiceConv,ThreeInterpolate,PsRoiPool
 stage "every operator's session on both paths under valgrind (memcheck)"
 scripts/valgrind.sh
+stage "the kernel profile: callgrind's instruction and cache-miss counts of every bench case (scripts/profile.sh)"
+scripts/profile.sh
 stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
 scripts/ort_range.sh
 stage "the wheel: pip wheel ./python, installed with onnxruntime 1.31.1 and numpy only into a fresh venv, both paths from outside the checkout"
