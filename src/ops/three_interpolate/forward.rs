@@ -125,8 +125,8 @@ fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &
 }
 
 impl LaneKernel for ThreeInterpolate {
-    /// 16 lanes in one 512-bit register: 0.87-0.95x the time (paired rounds, seed shapes, 1
-    /// thread; 2 threads mostly within noise).
+    /// 16 lanes in one 512-bit register: 0.84-0.95x the time (paired rounds, seed shapes, 1
+    /// thread; 2 threads 0.58-1.04x, noisy).
     const AVX512: bool = true;
     fn row(&self, d: &Dims) -> usize {
         d.n

@@ -17,8 +17,9 @@ const GRAIN: usize = 32 * 1024;
 /// One kernel of the family, on the output rows of one batch and whole lane blocks of
 /// channels.
 pub(super) trait LaneKernel: Sync {
-    /// Whether [`split`] runs the kernel's AVX-512 build where the CPU has one (measured per
-    /// kernel on Zen 4: docs/BENCHMARKS.md).
+    /// Whether [`split`] runs the kernel's AVX-512 build at 16 lanes (one 512-bit register)
+    /// where the CPU has one. Measured per kernel on Zen 4 only (docs/BENCHMARKS.md); CPUs that
+    /// lower their clock for 512-bit work were not measured.
     const AVX512: bool;
     /// Output values per channel row.
     fn row(&self, d: &Dims) -> usize;
@@ -82,12 +83,13 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
         };
         let task = Task { d, input, b, channels: first..first + part.len() / row, idx, w };
         #[cfg(target_arch = "x86_64")]
+        if let Some(avx512) = (K::AVX512 && L == 16).then(Avx512::detect).flatten() {
+            // SAFETY: an `Avx512` exists only when the CPU supports AVX-512F and VL besides
+            // AVX2 and F16C.
+            return errors.record(unsafe { fill_avx512::<K, T, L>(kernel, &task, part, avx512) });
+        }
+        #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = Avx2::detect() {
-            if let Some(avx512) = Avx512::detect().filter(|_| K::AVX512) {
-                // SAFETY: an `Avx512` exists only when the CPU supports AVX-512F and VL
-                // besides AVX2 and F16C.
-                return errors.record(unsafe { fill_avx512::<K, T, L>(kernel, &task, part, avx512) });
-            }
             // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
             return errors.record(unsafe { fill_avx2::<K, T, L>(kernel, &task, part, avx2) });
         }
@@ -116,8 +118,9 @@ macro_rules! simd_fill {
 simd_fill!(
     /// AVX2 and F16C: the lane loops use 8-wide vectors and the tiles are widened, rounded
     /// and transposed 8 x 8 in registers. Products and sums are still separate IEEE
-    /// operations in the same order (no FMA: that feature is not enabled), so the result is
-    /// bit-identical to the baseline build.
+    /// operations in the same order (Rust never fuses `a * b + c` into an FMA, whatever the
+    /// target features), so the result is bit-identical to the baseline build (the kernels'
+    /// unit tests compare the bits).
     fill_avx2,
     "avx2,f16c",
     Avx2
@@ -125,8 +128,8 @@ simd_fill!(
 
 simd_fill!(
     /// [`fill_avx2`] with AVX-512F and VL also enabled: the compiler then computes 16 lanes in
-    /// one 512-bit register (the register transposes stay 8 x 8). Still no FMA, so the same
-    /// bits.
+    /// one 512-bit register (the register transposes stay 8 x 8). The same operations in the
+    /// same order, so the same bits.
     fill_avx512,
     "avx2,f16c,avx512f,avx512vl",
     Avx512
@@ -139,7 +142,7 @@ pub(super) trait Transpose: Copy {
     /// `rows[lane][p] = tile[p][lane]` for p in 0..nt, rounded to T. `stream`: the rows are
     /// part of a large output; the AVX2 build then writes whole 8-row groups whose rows all
     /// start on a cache line with non-temporal stores, up to the last whole 32 points
-    /// ([`fill_avx2`] fences them).
+    /// ([`fill_avx2`] and [`fill_avx512`] fence them).
     fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool);
 }
 
@@ -151,7 +154,7 @@ impl Transpose for ScalarTranspose {
     fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]) {
         scalar_transpose(rows, 0..nt, tile, 0);
     }
-    /// Plain stores only: only the AVX2 build streams.
+    /// Plain stores only: only the SIMD builds stream.
     fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], _stream: bool) {
         scalar_untranspose(tile, 0..nt, rows, 0);
     }
