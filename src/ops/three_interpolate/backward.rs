@@ -3,10 +3,10 @@
 //! `grad_features[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k]`.
 //!
 //! Each task owns whole output rows (one batch, a block of channels), so no two tasks touch
-//! the same accumulator. Inside a task, L channels (16; 8 when M rows of 16 would not fit L1; 4 or 1 when C is small) are
-//! processed together: a tile of grad_output is transposed to [n][lane] so each (n, k) term
-//! is one short vector multiply-add into accumulator row `indices[b, n, k]` (kept as
-//! [m][lane], cache-resident for the seed sizes).
+//! the same accumulator. Inside a task, L channels (16; 8 when M rows of 16 would not fit a
+//! quarter of L2; 8, 4 or 1 when C is small) are processed together: a tile of grad_output
+//! is transposed to [n][lane] so each (n, k) term is one short vector multiply-add into
+//! accumulator row `indices[b, n, k]` (kept as [m][lane], cache-resident for the seed sizes).
 //! Every (c, j) accumulator sums its terms in (n, k) order, the order of the plain scatter
 //! loop, in float32; float16 inputs are widened on load and rounded once on store. An output
 //! of `cache::STREAM_MIN_BYTES` or more is written with non-temporal stores.
@@ -30,12 +30,14 @@ const WEIGHTS: usize = 2;
 
 /// Channels accumulated together (one 64-byte accumulator row per source point).
 const LANES: usize = 16;
-/// Lanes for 4 <= C < 16, and 1 below that: L <= C keeps a task's accumulators (L rows of
+/// Accumulator bytes (M rows of 16 lanes) up to which 16 lanes are kept, about a quarter of a
+/// 1 MiB L2: from M 512 to 4096, where they leave L1, 8 lanes took 1.04-1.23x the time of 16
+/// in 5 of 6 sets of paired rounds (1 thread; 0.86-0.89x in the sixth); at M 16384 about the
+/// same (0.73-1.06x), so larger M keeps 8.
+const ACC_BYTES: usize = 256 * 1024;
+/// Lanes for 4 <= C < 8, and 1 below that: L <= C keeps a task's accumulators (L rows of
 /// m) no larger than one batch's output, however large m is.
 const FEW_LANES: usize = 4;
-/// Accumulator bytes (M rows of L lanes) that stay in a 32 KiB L1 data cache next to the
-/// tiles; more rows than this take 8 lanes.
-const L1_ACC_BYTES: usize = 24 * 1024;
 /// Points per transposed tile (seed case 7; float16 measured the same at 64 and 128).
 const TILE: usize = 64;
 /// Tiles ahead that the rows of grad_output are prefetched, into L2 (into L1: 1.04-1.28x the
@@ -143,7 +145,7 @@ fn run<T: Real>(op: &ThreeInterpolateBackward, d: &Dims, inputs: &Inputs<'_>, ou
         return Ok(());
     }
     match d.c {
-        c if c >= LANES && d.m * LANES * 4 <= L1_ACC_BYTES => split::<_, T, LANES>(op, d, go, indices, weights, out, par),
+        c if c >= LANES && d.m * LANES * 4 <= ACC_BYTES => split::<_, T, LANES>(op, d, go, indices, weights, out, par),
         c if c >= 8 => split::<_, T, 8>(op, d, go, indices, weights, out, par),
         c if c >= FEW_LANES => split::<_, T, FEW_LANES>(op, d, go, indices, weights, out, par),
         _ => split::<_, T, 1>(op, d, go, indices, weights, out, par),
@@ -255,7 +257,7 @@ mod tests {
         unsafe { fill_avx2::<_, f32, LANES>(&op, &Task::one_batch(&d, &go, &idx, &w), &mut avx2_out, avx2).unwrap() };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&base), bits(&avx2_out));
-        // 8 lanes (large M) and 4: the same sums in the same order, so the same bits.
+        // 8 lanes (large M, or C < 16) and 4: the same sums in the same order, so the same bits.
         let mut eight = vec![f32::NAN; d.c * d.m];
         unsafe { fill_avx2::<_, f32, 8>(&op, &Task::one_batch(&d, &go, &idx, &w), &mut eight, avx2).unwrap() };
         assert_eq!(bits(&base), bits(&eight));
