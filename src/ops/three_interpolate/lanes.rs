@@ -74,6 +74,9 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
     let mut bounds =
         scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * channels) * row)), "the task bounds")?;
     scratch::push(&mut bounds, out.len(), "the task bounds")?;
+    // The build, chosen once for all tasks.
+    #[cfg(target_arch = "x86_64")]
+    let (avx512, avx2) = ((K::AVX512 && L == 16).then(Avx512::detect).flatten(), Avx2::detect());
     let errors = FirstError::default();
     for_each_part_mut(par, out, &bounds, |task, part| {
         let (b, first) = (task / per_batch, (task % per_batch) * channels);
@@ -83,13 +86,13 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
         };
         let task = Task { d, input, b, channels: first..first + part.len() / row, idx, w };
         #[cfg(target_arch = "x86_64")]
-        if let Some(avx512) = (K::AVX512 && L == 16).then(Avx512::detect).flatten() {
+        if let Some(avx512) = avx512 {
             // SAFETY: an `Avx512` exists only when the CPU supports AVX-512F and VL besides
             // AVX2 and F16C.
             return errors.record(unsafe { fill_avx512::<K, T, L>(kernel, &task, part, avx512) });
         }
         #[cfg(target_arch = "x86_64")]
-        if let Some(avx2) = Avx2::detect() {
+        if let Some(avx2) = avx2 {
             // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
             return errors.record(unsafe { fill_avx2::<K, T, L>(kernel, &task, part, avx2) });
         }
@@ -140,7 +143,7 @@ pub(super) trait Transpose: Copy {
     /// `tile[p][lane] = rows[lane][p]` for p in 0..nt, as float32.
     fn transpose<T: Real, const L: usize>(self, rows: &[&[T]], nt: usize, tile: &mut [[f32; L]]);
     /// `rows[lane][p] = tile[p][lane]` for p in 0..nt, rounded to T. `stream`: the rows are
-    /// part of a large output; the AVX2 build then writes whole 8-row groups whose rows all
+    /// part of a large output; the SIMD builds then write whole 8-row groups whose rows all
     /// start on a cache line with non-temporal stores, up to the last whole 32 points
     /// ([`fill_avx2`] and [`fill_avx512`] fence them).
     fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool);
