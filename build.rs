@@ -29,7 +29,8 @@ fn main() {
     // Never unmapped by dlclose: ONNX Runtime unloads an EP library when it is unregistered,
     // while sessions created with it may still run (and release) its kernels and EPs.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
-    let mlu = cncc::mlu_sources(Path::new("kernels")).unwrap_or_else(|e| fail(&format!("error: reading kernels/: {e}")));
+    let mlu = cncc::mlu_sources(Path::new("kernels"))
+        .unwrap_or_else(|e| fail(&format!("error: reading kernels/: {e}")));
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     generate_abi(&mlu, &out_dir.join("kernels")).unwrap_or_else(|e| fail(&format!("error: {e}")));
@@ -93,7 +94,8 @@ fn generate_abi(mlu: &[PathBuf], dir: &Path) -> Result<(), String> {
             continue;
         }
         let header = f.with_extension("h");
-        let src = std::fs::read_to_string(&header).map_err(|e| format!("{}: {e}", header.display()))?;
+        let src =
+            std::fs::read_to_string(&header).map_err(|e| format!("{}: {e}", header.display()))?;
         let rust = abi::generate(family, &src).map_err(|e| format!("{}: {e}", header.display()))?;
         let code = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
         if !code.lines().any(|l| l.trim() == format!("#include \"{family}.h\"")) {
@@ -105,6 +107,8 @@ fn generate_abi(mlu: &[PathBuf], dir: &Path) -> Result<(), String> {
     }
     let names = abi::entry_names(&headers)?;
     let list: String = names.iter().map(|n| format!("    \"{n}\\0\",\n")).collect();
-    let entries = format!("/// Every launch entry of kernels/*/*.h, NUL-terminated.\npub const KERNEL_ENTRIES: &[&str] = &[\n{list}];\n");
+    let entries = format!(
+        "/// Every launch entry of kernels/*/*.h, NUL-terminated.\npub const KERNEL_ENTRIES: &[&str] = &[\n{list}];\n"
+    );
     std::fs::write(dir.join("entries.rs"), entries).map_err(|e| e.to_string())
 }

@@ -66,14 +66,20 @@ fn npy(path: &Path) -> (String, Vec<usize>, Vec<u8>) {
     };
     let header = std::str::from_utf8(&bytes[start..start + hlen]).expect("ascii header");
     let field = |name: &str| {
-        let at = header.find(name).unwrap_or_else(|| panic!("{}: no {name}", path.display())) + name.len();
+        let at = header.find(name).unwrap_or_else(|| panic!("{}: no {name}", path.display()))
+            + name.len();
         header[at..].trim_start_matches([':', ' ', '\'']).to_string()
     };
     let descr = field("'descr'").split('\'').next().unwrap_or("").to_string();
     assert!(field("'fortran_order'").starts_with("False"), "{}: Fortran order", path.display());
     let shape_text = field("'shape'");
-    let inner = &shape_text[shape_text.find('(').expect("shape") + 1..shape_text.find(')').expect("shape")];
-    let shape = inner.split(',').filter(|s| !s.trim().is_empty()).map(|s| s.trim().parse().expect("dim")).collect();
+    let inner =
+        &shape_text[shape_text.find('(').expect("shape") + 1..shape_text.find(')').expect("shape")];
+    let shape = inner
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().expect("dim"))
+        .collect();
     (descr, shape, bytes[start + hlen..].to_vec())
 }
 
@@ -148,7 +154,9 @@ fn previous(layer: &Layer, par: &dyn Parallel) -> Vec<f32> {
     let mut grouped = vec![(0u32, 0u32); starts[rows]];
     for (k, &n) in num.iter().enumerate() {
         let n = n as usize;
-        for (&s, &o) in pairs[k * 2 * p..k * 2 * p + n].iter().zip(&pairs[k * 2 * p + p..k * 2 * p + p + n]) {
+        for (&s, &o) in
+            pairs[k * 2 * p..k * 2 * p + n].iter().zip(&pairs[k * 2 * p + p..k * 2 * p + p + n])
+        {
             grouped[cursor[o as usize]] = (k as u32, s as u32);
             cursor[o as usize] += 1;
         }
@@ -181,7 +189,8 @@ fn previous(layer: &Layer, par: &dyn Parallel) -> Vec<f32> {
                     let end = starts[row0 + i + 1];
                     let c = &mut cur[i];
                     while *c < end && grouped[*c].0 == kk {
-                        let x = &features[grouped[*c].1 as usize * cin..(grouped[*c].1 as usize + 1) * cin];
+                        let x = &features
+                            [grouped[*c].1 as usize * cin..(grouped[*c].1 as usize + 1) * cin];
                         for (&xi, wrow) in x.iter().zip(w.chunks_exact(cout)) {
                             for (o, &wv) in row.iter_mut().zip(wrow) {
                                 *o += xi * wv;
@@ -243,10 +252,14 @@ fn compare_gemm_crates() {
             })
             .collect()
     };
-    println!("single-threaded f32 GEMM C[m, Cout] = A[m, Cin] @ W[Cin, Cout], row-major; GFLOP/s, best of 9 rounds, crates in turn");
+    println!(
+        "single-threaded f32 GEMM C[m, Cout] = A[m, Cin] @ W[Cin, Cout], row-major; GFLOP/s, best of 9 rounds, crates in turn"
+    );
     println!("| Cin->Cout | m | gemm | matrixmultiply | gemm / matrixmultiply |");
     println!("|---|---|---|---|---|");
-    for (cin, cout) in [(5, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 64), (64, 128), (128, 128)] {
+    for (cin, cout) in
+        [(5, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 64), (64, 128), (128, 128)]
+    {
         for m in [8, 32, 64, 128, 256, 1024] {
             let (a, w) = (floats(m * cin), floats(cin * cout));
             let mut c = vec![0f32; m * cout];
@@ -262,7 +275,22 @@ fn compare_gemm_crates() {
                         } else {
                             // SAFETY: row-major [m, cin] @ [cin, cout] -> [m, cout] in buffers of those sizes.
                             unsafe {
-                                matrixmultiply::sgemm(m, cin, cout, 1.0, a.as_ptr(), cin as isize, 1, w.as_ptr(), cout as isize, 1, 0.0, c.as_mut_ptr(), cout as isize, 1)
+                                matrixmultiply::sgemm(
+                                    m,
+                                    cin,
+                                    cout,
+                                    1.0,
+                                    a.as_ptr(),
+                                    cin as isize,
+                                    1,
+                                    w.as_ptr(),
+                                    cout as isize,
+                                    1,
+                                    0.0,
+                                    c.as_mut_ptr(),
+                                    cout as isize,
+                                    1,
+                                )
                             };
                         }
                         std::hint::black_box(&mut c);
@@ -280,7 +308,9 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` only builds and starts the
     // binary, which then has nothing to do.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("benches/indice_conv.rs: run with `cargo bench --bench indice_conv -- DIR` (or `-- --gemm`)");
+        println!(
+            "benches/indice_conv.rs: run with `cargo bench --bench indice_conv -- DIR` (or `-- --gemm`)"
+        );
         return;
     }
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
@@ -288,7 +318,9 @@ fn main() {
         return compare_gemm_crates();
     }
     let Some(dir) = args.first() else {
-        eprintln!("usage: cargo bench --bench indice_conv -- DIR [LAYER...] | DIR --profile LAYER SECONDS");
+        eprintln!(
+            "usage: cargo bench --bench indice_conv -- DIR [LAYER...] | DIR --profile LAYER SECONDS"
+        );
         eprintln!("(DIR from `.venv/bin/python benches/backbone_peer.py --dump DIR`)");
         std::process::exit(2);
     };
@@ -296,15 +328,23 @@ fn main() {
     let names: Vec<String> = if args.len() > 1 && args[1] != "--profile" {
         args[1..].to_vec()
     } else {
-        std::fs::read_to_string(dir.join("layers.txt")).expect("layers.txt").lines().map(str::to_string).collect()
+        std::fs::read_to_string(dir.join("layers.txt"))
+            .expect("layers.txt")
+            .lines()
+            .map(str::to_string)
+            .collect()
     };
-    let op: IndiceConv = descriptor(&HashMap::from([("inverse".to_string(), AttrValue::Int(0))])).expect("op");
+    let op: IndiceConv =
+        descriptor(&HashMap::from([("inverse".to_string(), AttrValue::Int(0))])).expect("op");
     let pools = [Pool::new(1), Pool::new(2)];
     let layer_of = |name: &str| {
         let d = dir.join(name);
         Layer {
             name: name.to_string(),
-            t: ["features", "filters", "pairs", "num", "out_indices"].iter().map(|n| load(&d, n)).collect(),
+            t: ["features", "filters", "pairs", "num", "out_indices"]
+                .iter()
+                .map(|n| load(&d, n))
+                .collect(),
         }
     };
     let kernel = |layer: &Layer, par: &dyn Parallel| -> Tensor {
@@ -312,8 +352,11 @@ fn main() {
         run(&op, &ins, par).expect("IndiceConv runs").remove(0)
     };
     let plan_only = |layer: &Layer, par: &dyn Parallel| {
-        let refs: Vec<Option<TensorRef<'_>>> = layer.t.iter().map(|t| Some(t.view())).chain([None]).collect();
-        let names = ["features", "filters", "indice_pairs", "indice_num", "out_indices", "bias"].map(String::from).to_vec();
+        let refs: Vec<Option<TensorRef<'_>>> =
+            layer.t.iter().map(|t| Some(t.view())).chain([None]).collect();
+        let names = ["features", "filters", "indice_pairs", "indice_num", "out_indices", "bias"]
+            .map(String::from)
+            .to_vec();
         let inputs = Inputs::new(names, refs).expect("inputs");
         std::hint::black_box(op.plan(&inputs, par).expect("plan"));
     };
@@ -327,7 +370,11 @@ fn main() {
             std::hint::black_box(kernel(&layer, &pools[0]));
             n += 1;
         }
-        println!("{}: {n} runs, {:.2} ms each", layer.name, start.elapsed().as_secs_f64() * 1e3 / n as f64);
+        println!(
+            "{}: {n} runs, {:.2} ms each",
+            layer.name,
+            start.elapsed().as_secs_f64() * 1e3 / n as f64
+        );
         return;
     }
 
@@ -383,7 +430,14 @@ fn main() {
                 &mut || {
                     for ch in &cs {
                         let k = ch[0].0;
-                        gemm_rows(ch.len(), cin, cout, &a[..ch.len() * cin], &filters[k * cin * cout..(k + 1) * cin * cout], &mut c[..ch.len() * cout]);
+                        gemm_rows(
+                            ch.len(),
+                            cin,
+                            cout,
+                            &a[..ch.len() * cin],
+                            &filters[k * cin * cout..(k + 1) * cin * cout],
+                            &mut c[..ch.len() * cout],
+                        );
                     }
                     std::hint::black_box(&c);
                 },

@@ -4,7 +4,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-pub fn dynamic_scatter_backward_max(gvf: &[f32], feats: &[f32], vf: &[f32], map: &[i32], c: usize) -> Vec<f32> {
+pub fn dynamic_scatter_backward_max(
+    gvf: &[f32],
+    feats: &[f32],
+    vf: &[f32],
+    map: &[i32],
+    c: usize,
+) -> Vec<f32> {
     let n = map.len();
     let mut out = vec![0f32; n * c];
     let mut winner: HashMap<(usize, usize), usize> = HashMap::new();
@@ -27,7 +33,12 @@ pub fn dynamic_scatter_backward_max(gvf: &[f32], feats: &[f32], vf: &[f32], map:
 
 /// DynamicScatter's outputs: voxels in ascending coordinate order, each reduced over its
 /// points in point order (mean: the sum divided by the count).
-pub fn dynamic_scatter(feats: &[f32], coors: &[i32], c: usize, reduce: &str) -> (Vec<f32>, Vec<i32>, Vec<i32>, Vec<i32>) {
+pub fn dynamic_scatter(
+    feats: &[f32],
+    coors: &[i32],
+    c: usize,
+    reduce: &str,
+) -> (Vec<f32>, Vec<i32>, Vec<i32>, Vec<i32>) {
     let n = coors.len() / 3;
     let mut voxels: BTreeMap<&[i32], Vec<usize>> = BTreeMap::new();
     for i in 0..n {
@@ -79,14 +90,20 @@ pub fn three_interpolate(f: &[f32], idx: &[i32], w: &[f32], [b, c, m, n]: [usize
     out
 }
 
-pub fn three_interpolate_backward(go: &[f32], idx: &[i32], w: &[f32], [b, c, n, m]: [usize; 4]) -> Vec<f32> {
+pub fn three_interpolate_backward(
+    go: &[f32],
+    idx: &[i32],
+    w: &[f32],
+    [b, c, n, m]: [usize; 4],
+) -> Vec<f32> {
     let mut out = vec![0f32; b * c * m];
     for bi in 0..b {
         for ci in 0..c {
             for ni in 0..n {
                 for k in 0..3 {
                     let j = idx[(bi * n + ni) * 3 + k] as usize;
-                    out[(bi * c + ci) * m + j] += go[(bi * c + ci) * n + ni] * w[(bi * n + ni) * 3 + k];
+                    out[(bi * c + ci) * m + j] +=
+                        go[(bi * c + ci) * n + ni] * w[(bi * n + ni) * 3 + k];
                 }
             }
         }
@@ -106,9 +123,17 @@ pub fn get_indice_pairs(
 ) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
     let l = indices.len() / 4;
     let kv = (k[0] * k[1] * k[2]) as usize;
-    let out_size: Vec<i64> =
-        (0..3).map(|a| if subm { spatial[a] } else { (spatial[a] + 2 * p[a] - (k[a] - 1) - 1).div_euclid(s[a]) + 1 }).collect();
-    let site = |r: usize| [indices[r * 4], indices[r * 4 + 1], indices[r * 4 + 2], indices[r * 4 + 3]];
+    let out_size: Vec<i64> = (0..3)
+        .map(|a| {
+            if subm {
+                spatial[a]
+            } else {
+                (spatial[a] + 2 * p[a] - (k[a] - 1) - 1).div_euclid(s[a]) + 1
+            }
+        })
+        .collect();
+    let site =
+        |r: usize| [indices[r * 4], indices[r * 4 + 1], indices[r * 4 + 2], indices[r * 4 + 3]];
     let mut outs: BTreeMap<[i32; 4], i32> = BTreeMap::new();
     let mut raw: Vec<(usize, usize, [i32; 4])> = Vec::new();
     let active: HashMap<[i32; 4], usize> = (0..l).map(|r| (site(r), r)).collect();
@@ -129,7 +154,8 @@ pub fn get_indice_pairs(
             }
         }
     }
-    let out: Vec<[i32; 4]> = if subm { (0..l).map(site).collect() } else { outs.keys().copied().collect() };
+    let out: Vec<[i32; 4]> =
+        if subm { (0..l).map(site).collect() } else { outs.keys().copied().collect() };
     let row: HashMap<[i32; 4], i32> = out.iter().enumerate().map(|(i, o)| (*o, i as i32)).collect();
     let mut pairs = vec![-1i32; kv * 2 * l];
     let mut num = vec![0i32; kv];
@@ -142,7 +168,12 @@ pub fn get_indice_pairs(
     (pairs, out.concat(), num)
 }
 
-pub fn voxel_pooling_forward(geom: &[i32], feats: &[f32], [b, n, c]: [usize; 3], [nx, ny, nz]: [i32; 3]) -> Vec<f32> {
+pub fn voxel_pooling_forward(
+    geom: &[i32],
+    feats: &[f32],
+    [b, n, c]: [usize; 3],
+    [nx, ny, nz]: [i32; 3],
+) -> Vec<f32> {
     let mut out = vec![0f32; b * (ny * nx) as usize * c];
     for bi in 0..b {
         for pi in 0..n {
@@ -159,7 +190,14 @@ pub fn voxel_pooling_forward(geom: &[i32], feats: &[f32], [b, n, c]: [usize; 3],
 }
 
 /// A roi's bin (i, j) as input rows and columns, as the R-FCN CUDA kernel computes it.
-fn psroipool_bin(roi: &[f32], i: usize, j: usize, [h, w]: [usize; 2], pooled: usize, scale: f32) -> (usize, usize, usize, usize) {
+fn psroipool_bin(
+    roi: &[f32],
+    i: usize,
+    j: usize,
+    [h, w]: [usize; 2],
+    pooled: usize,
+    scale: f32,
+) -> (usize, usize, usize, usize) {
     let sw = roi[1].round() * scale;
     let sh = roi[2].round() * scale;
     let ew = (roi[3].round() + 1.0) * scale;
@@ -175,9 +213,17 @@ fn psroipool_bin(roi: &[f32], i: usize, j: usize, [h, w]: [usize; 2], pooled: us
 
 /// One thread per (roi, bin, o) element in the R-FCN CUDA kernel, run in a loop: the bin's
 /// mean of input channel (o * pooled + i) * pooled + j, and that channel.
-pub fn psroipool(input: &[f32], rois: &[f32], [nb, h, w, ch]: [usize; 4], pooled: usize, od: usize, scale: f32) -> (Vec<f32>, Vec<i32>) {
+pub fn psroipool(
+    input: &[f32],
+    rois: &[f32],
+    [nb, h, w, ch]: [usize; 4],
+    pooled: usize,
+    od: usize,
+    scale: f32,
+) -> (Vec<f32>, Vec<i32>) {
     let r_count = rois.len() / 5;
-    let (mut out, mut mapping) = (vec![0f32; r_count * pooled * pooled * od], vec![0i32; r_count * pooled * pooled * od]);
+    let (mut out, mut mapping) =
+        (vec![0f32; r_count * pooled * pooled * od], vec![0i32; r_count * pooled * pooled * od]);
     for r in 0..r_count {
         let roi = &rois[r * 5..r * 5 + 5];
         let b = roi[0] as usize;

@@ -75,7 +75,10 @@ fn best(mut f: impl FnMut()) -> Duration {
 /// then far steadier than those of separately timed blocks. `flush` runs, untimed, before
 /// every timed run, so that each variant starts with the same (cold) caches whatever ran
 /// before it. Also returns the number of rounds.
-fn best_interleaved(variants: &mut [&mut dyn FnMut()], flush: &mut dyn FnMut()) -> (Vec<Duration>, usize) {
+fn best_interleaved(
+    variants: &mut [&mut dyn FnMut()],
+    flush: &mut dyn FnMut(),
+) -> (Vec<Duration>, usize) {
     variants.iter_mut().for_each(|f| f());
     let mut bests = vec![Duration::MAX; variants.len()];
     let start = Instant::now();
@@ -139,7 +142,9 @@ impl StreamCopy {
 
     fn run(&mut self, par: &dyn Parallel) {
         let (src, half) = (&self.src, Self::LEN / 2);
-        for_each_chunk_mut(par, &mut self.dst, half, |t, d| d.copy_from_slice(&src[t * half..][..d.len()]));
+        for_each_chunk_mut(par, &mut self.dst, half, |t, d| {
+            d.copy_from_slice(&src[t * half..][..d.len()])
+        });
     }
 
     /// Bytes read plus bytes written per second, for a copy that took `t`.
@@ -173,7 +178,9 @@ impl StreamFloor {
         let halves = |len: usize| [0, len / 2, len];
         let (reads, writes) = (halves(src.len()), halves(self.dst.len()));
         let fill = [2f32; 1024];
-        let write = |w: &mut [f32]| w.chunks_mut(fill.len()).for_each(|w| copy_out(w, &fill[..w.len()], stream));
+        let write = |w: &mut [f32]| {
+            w.chunks_mut(fill.len()).for_each(|w| copy_out(w, &fill[..w.len()], stream))
+        };
         // Two tasks, each with its half of the reads and of the writes (either may be empty).
         for_each_part_mut(par, &mut self.dst, &writes, |t, out| {
             let input = &src[reads[t]..reads[t + 1]];
@@ -181,7 +188,9 @@ impl StreamFloor {
             let ws = wlen.div_ceil(Self::SLICES).max(1);
             let mut acc = [0f32; 16];
             for k in 0..Self::SLICES {
-                for c in input.get(k * rs..((k + 1) * rs).min(input.len())).unwrap_or(&[]).chunks(16) {
+                for c in
+                    input.get(k * rs..((k + 1) * rs).min(input.len())).unwrap_or(&[]).chunks(16)
+                {
                     acc.iter_mut().zip(c).for_each(|(a, &x)| *a += x);
                 }
                 write(out.get_mut(k * ws..((k + 1) * ws).min(wlen)).unwrap_or(&mut []));
@@ -236,7 +245,9 @@ impl RandomRows {
             for (i, dst) in out.chunks_exact_mut(a.row).enumerate() {
                 dst.fill(0.0);
                 for &j in &a.idx[(first + i) * a.fan..][..a.fan] {
-                    dst.iter_mut().zip(&table[j as usize * a.row..][..a.row]).for_each(|(d, s)| *d += s);
+                    dst.iter_mut()
+                        .zip(&table[j as usize * a.row..][..a.row])
+                        .for_each(|(d, s)| *d += s);
                 }
             }
         });
@@ -249,19 +260,25 @@ impl RandomRows {
         for_each_part_mut(par, &mut self.table, &bounds, |t, part| {
             let first = a.table * t / owners;
             let owned = first..first + part.len() / a.row;
-            for (k, &j) in a.idx.iter().enumerate().filter(|(_, j)| owned.contains(&(**j as usize))) {
+            for (k, &j) in a.idx.iter().enumerate().filter(|(_, j)| owned.contains(&(**j as usize)))
+            {
                 let src = &rows[k / a.fan * a.row..][..a.row];
-                part[(j as usize - first) * a.row..][..a.row].iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                part[(j as usize - first) * a.row..][..a.row]
+                    .iter_mut()
+                    .zip(src)
+                    .for_each(|(d, s)| *d += s);
             }
         });
     }
 
     fn gather_bandwidth(&self, t: Duration) -> f64 {
-        (4 * (self.touched * self.access.row + self.access.idx.len() + self.rows.len())) as f64 / t.as_secs_f64()
+        (4 * (self.touched * self.access.row + self.access.idx.len() + self.rows.len())) as f64
+            / t.as_secs_f64()
     }
 
     fn scatter_bandwidth(&self, t: Duration) -> f64 {
-        (4 * (2 * self.touched * self.access.row + self.access.idx.len() + self.rows.len())) as f64 / t.as_secs_f64()
+        (4 * (2 * self.touched * self.access.row + self.access.idx.len() + self.rows.len())) as f64
+            / t.as_secs_f64()
     }
 }
 
@@ -352,7 +369,11 @@ fn i32s(t: &Tensor) -> &[i32] {
 fn agree(a: &[f32], b: &[f32]) -> Result<(), String> {
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
     let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    if a.len() == b.len() && worst <= 1e-3 * scale { Ok(()) } else { Err(format!("differs by {worst} (scale {scale})")) }
+    if a.len() == b.len() && worst <= 1e-3 * scale {
+        Ok(())
+    } else {
+        Err(format!("differs by {worst} (scale {scale})"))
+    }
 }
 
 /// The kernel's outputs against the naive ones: bit-identical for an exact operator (and
@@ -365,7 +386,9 @@ fn check(out: &[Tensor], want: &[OwnedData], exact: bool) -> Result<(), String> 
                     return Err(format!("output {k} not bit-identical"));
                 }
             }
-            (OwnedData::F32(a), OwnedData::F32(b)) => agree(a, b).map_err(|e| format!("output {k} {e}"))?,
+            (OwnedData::F32(a), OwnedData::F32(b)) => {
+                agree(a, b).map_err(|e| format!("output {k} {e}"))?
+            }
             (a @ OwnedData::F16(_), b @ OwnedData::F16(_)) => {
                 agree(&widened(a), &widened(b)).map_err(|e| format!("output {k} {e}"))?
             }
@@ -378,7 +401,8 @@ fn check(out: &[Tensor], want: &[OwnedData], exact: bool) -> Result<(), String> 
 
 fn dynamic_scatter_backward(rng: &mut Rng, [n, m, c]: [usize; 3]) -> Case {
     // Every voxel holds at least one point; 1% of points are dropped.
-    let mut map: Vec<i32> = (0..n).map(|i| if i < m { i as i32 } else { rng.below(m as u64) as i32 }).collect();
+    let mut map: Vec<i32> =
+        (0..n).map(|i| if i < m { i as i32 } else { rng.below(m as u64) as i32 }).collect();
     for i in (1..n).rev() {
         map.swap(i, rng.below(i as u64 + 1) as usize);
     }
@@ -413,7 +437,13 @@ fn dynamic_scatter_backward(rng: &mut Rng, [n, m, c]: [usize; 3]) -> Case {
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            vec![OwnedData::F32(naive::dynamic_scatter_backward_max(f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]), i32s(&ins[3]), c))]
+            vec![OwnedData::F32(naive::dynamic_scatter_backward_max(
+                f32s(&ins[0]),
+                f32s(&ins[1]),
+                f32s(&ins[2]),
+                i32s(&ins[3]),
+                c,
+            ))]
         }),
         exact: true,
     }
@@ -430,17 +460,30 @@ fn dynamic_scatter(rng: &mut Rng, [n, m, c]: [usize; 3], reduce: &'static str) -
             cells.push(cell);
         }
     }
-    let mut map: Vec<usize> = (0..n).map(|i| if i < m { i } else { rng.below(m as u64) as usize }).collect();
+    let mut map: Vec<usize> =
+        (0..n).map(|i| if i < m { i } else { rng.below(m as u64) as usize }).collect();
     for i in (1..n).rev() {
         map.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let coors: Vec<i32> = map.iter().flat_map(|&v| if rng.below(100) == 0 { [-1, -1, -1] } else { cells[v] }).collect();
-    let inputs = vec![("feats", Tensor::f32([n, c], rng.floats(n * c))), ("coors", Tensor::i32([n, 3], coors))];
+    let coors: Vec<i32> = map
+        .iter()
+        .flat_map(|&v| if rng.below(100) == 0 { [-1, -1, -1] } else { cells[v] })
+        .collect();
+    let inputs = vec![
+        ("feats", Tensor::f32([n, c], rng.floats(n * c))),
+        ("coors", Tensor::i32([n, 3], coors)),
+    ];
     // voxel_feats, voxel_coors, point2voxel_map and voxel_points_count written.
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + (m * c + m * 3 + n + m) * 4;
+    let bytes =
+        inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + (m * c + m * 3 + n + m) * 4;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     // Each kept point's row meets its voxel's row.
-    let kept = i32s(&ins[1]).chunks_exact(3).zip(&map).filter(|(row, _)| row[0] >= 0).map(|(_, &v)| v as u32).collect();
+    let kept = i32s(&ins[1])
+        .chunks_exact(3)
+        .zip(&map)
+        .filter(|(row, _)| row[0] >= 0)
+        .map(|(_, &v)| v as u32)
+        .collect();
     Case {
         access: Some(Access { idx: kept, fan: 1, row: c, table: m }),
         op: "DynamicScatter",
@@ -450,9 +493,16 @@ fn dynamic_scatter(rng: &mut Rng, [n, m, c]: [usize; 3], reduce: &'static str) -
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            let (vf, vc, map, count) = naive::dynamic_scatter(f32s(&ins[0]), i32s(&ins[1]), c, reduce);
+            let (vf, vc, map, count) =
+                naive::dynamic_scatter(f32s(&ins[0]), i32s(&ins[1]), c, reduce);
             let voxels = count.len() as i32;
-            vec![OwnedData::F32(vf), OwnedData::I32(vc), OwnedData::I32(map), OwnedData::I32(count), OwnedData::I32(vec![voxels])]
+            vec![
+                OwnedData::F32(vf),
+                OwnedData::I32(vc),
+                OwnedData::I32(map),
+                OwnedData::I32(count),
+                OwnedData::I32(vec![voxels]),
+            ]
         }),
         exact: true,
     }
@@ -468,16 +518,28 @@ fn three_interpolate(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: bool, backwa
     let idx: Vec<i32> = (0..b * n * 3).map(|_| rng.below(m as u64) as i32).collect();
     let w: Vec<f32> = (0..b * n * 3).map(|_| rng.unit().abs()).collect();
     let float = |shape: [usize; 3], v: Vec<f32>| {
-        if half { Tensor::f16(shape, v.into_iter().map(f16::from_f32).collect()) } else { Tensor::f32(shape, v) }
+        if half {
+            Tensor::f16(shape, v.into_iter().map(f16::from_f32).collect())
+        } else {
+            Tensor::f32(shape, v)
+        }
     };
     let data_name = if backward { "grad_output" } else { "features" };
-    let inputs =
-        vec![(data_name, float([b, c, len_in], data)), ("indices", Tensor::i32([b, n, 3], idx)), ("weights", float([b, n, 3], w))];
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + b * c * len_out * if half { 2 } else { 4 };
+    let inputs = vec![
+        (data_name, float([b, c, len_in], data)),
+        ("indices", Tensor::i32([b, n, 3], idx)),
+        ("weights", float([b, n, 3], w)),
+    ];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>()
+        + b * c * len_out * if half { 2 } else { 4 };
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     // Each point's C values meet its three source points' (read forward, added to backward;
     // a channel-major layout strides the same rows).
-    let idx = i32s(&ins[1]).iter().enumerate().map(|(k, &j)| (k / (3 * n) * m) as u32 + j as u32).collect();
+    let idx = i32s(&ins[1])
+        .iter()
+        .enumerate()
+        .map(|(k, &j)| (k / (3 * n) * m) as u32 + j as u32)
+        .collect();
     Case {
         access: Some(Access { idx, fan: 3, row: c, table: b * m }),
         op: if backward { "ThreeInterpolateBackward" } else { "ThreeInterpolate" },
@@ -493,7 +555,11 @@ fn three_interpolate(rng: &mut Rng, [b, c, n, m]: [usize; 4], half: bool, backwa
             } else {
                 naive::three_interpolate(&data, idx, &w, [b, c, m, n])
             };
-            vec![if half { OwnedData::F16(out.into_iter().map(f16::from_f32).collect()) } else { OwnedData::F32(out) }]
+            vec![if half {
+                OwnedData::F16(out.into_iter().map(f16::from_f32).collect())
+            } else {
+                OwnedData::F32(out)
+            }]
         }),
         // The backward op accumulates; the forward one is three products and two sums.
         exact: !half && !backward,
@@ -508,10 +574,22 @@ fn sites(rng: &mut Rng, l: usize, batch: u64, spatial: [u64; 3], clustered: bool
     while seen.len() < l {
         let s = if clustered {
             if rng.below(64) == 0 || seen.is_empty() {
-                centre = [rng.below(batch), rng.below(spatial[0]), rng.below(spatial[1]), rng.below(spatial[2])];
+                centre = [
+                    rng.below(batch),
+                    rng.below(spatial[0]),
+                    rng.below(spatial[1]),
+                    rng.below(spatial[2]),
+                ];
             }
-            let jitter = |rng: &mut Rng, c: u64, r: u64, hi: u64| (c + rng.below(2 * r + 1)).saturating_sub(r).min(hi - 1);
-            [centre[0], jitter(rng, centre[1], 2, spatial[0]), jitter(rng, centre[2], 6, spatial[1]), jitter(rng, centre[3], 6, spatial[2])]
+            let jitter = |rng: &mut Rng, c: u64, r: u64, hi: u64| {
+                (c + rng.below(2 * r + 1)).saturating_sub(r).min(hi - 1)
+            };
+            [
+                centre[0],
+                jitter(rng, centre[1], 2, spatial[0]),
+                jitter(rng, centre[2], 6, spatial[1]),
+                jitter(rng, centre[3], 6, spatial[2]),
+            ]
         } else {
             [rng.below(batch), rng.below(spatial[0]), rng.below(spatial[1]), rng.below(spatial[2])]
         };
@@ -523,8 +601,11 @@ fn sites(rng: &mut Rng, l: usize, batch: u64, spatial: [u64; 3], clustered: bool
 }
 
 fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
-    let (l, spatial, stride, pad) =
-        if subm { (248_636, [41, 1440, 1440], [1; 3], [1; 3]) } else { (149_100, [11, 360, 360], [2; 3], [0, 1, 1]) };
+    let (l, spatial, stride, pad) = if subm {
+        (248_636, [41, 1440, 1440], [1; 3], [1; 3])
+    } else {
+        (149_100, [11, 360, 360], [2; 3], [0, 1, 1])
+    };
     let idx = sites(rng, l, 4, spatial.map(|v| v as u64), subm);
     let inputs = vec![("indices", Tensor::i32([l, 4], idx))];
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
@@ -532,7 +613,14 @@ fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
     Case {
         access: None,
         op: "GetIndicePairs",
-        shapes: format!("{} L {l} {}x{}x{} s{}", if subm { "subm" } else { "conv" }, spatial[0], spatial[1], spatial[2], stride[0]),
+        shapes: format!(
+            "{} L {l} {}x{}x{} s{}",
+            if subm { "subm" } else { "conv" },
+            spatial[0],
+            spatial[1],
+            spatial[2],
+            stride[0]
+        ),
         attrs: attrs(&[
             ("batch_size", AttrValue::Int(4)),
             ("spatial_shape", AttrValue::Ints(spatial.to_vec())),
@@ -546,7 +634,8 @@ fn get_indice_pairs(rng: &mut Rng, subm: bool) -> Case {
         bytes: l * 16 + k * 2 * l * 4 + l * 16 + k * 4,
         unread: 0,
         naive: Box::new(move || {
-            let (pairs, outs, num) = naive::get_indice_pairs(i32s(&ins[0]), spatial, [3; 3], stride, pad, subm);
+            let (pairs, outs, num) =
+                naive::get_indice_pairs(i32s(&ins[0]), spatial, [3; 3], stride, pad, subm);
             vec![OwnedData::I32(pairs), OwnedData::I32(outs), OwnedData::I32(num)]
         }),
         exact: true,
@@ -570,7 +659,9 @@ fn frustum_cells(rng: &mut Rng) -> Vec<i32> {
     let (cams, depths, h, w) = (6, 112, 16, 44);
     let mut cells = Vec::with_capacity(cams * depths * h * w * 3);
     // Each camera's yaw jitters a little, as calibrations do.
-    let yaws: Vec<f32> = (0..cams).map(|k| k as f32 * std::f32::consts::TAU / cams as f32 + rng.unit() * 0.05).collect();
+    let yaws: Vec<f32> = (0..cams)
+        .map(|k| k as f32 * std::f32::consts::TAU / cams as f32 + rng.unit() * 0.05)
+        .collect();
     for &yaw in &yaws {
         for d in 0..depths {
             let depth = 2.0 + 0.5 * d as f32;
@@ -581,7 +672,11 @@ fn frustum_cells(rng: &mut Rng) -> Vec<i32> {
                     // About 70 degrees of azimuth per camera.
                     let az = yaw + (col as f32 / (w - 1) as f32 - 0.5) * 1.22;
                     let (x, y) = (depth * az.cos(), depth * az.sin());
-                    cells.extend([((x + 51.2) / 0.8).floor() as i32, ((y + 51.2) / 0.8).floor() as i32, ((z + 5.0) / 8.0).floor() as i32]);
+                    cells.extend([
+                        ((x + 51.2) / 0.8).floor() as i32,
+                        ((y + 51.2) / 0.8).floor() as i32,
+                        ((z + 5.0) / 8.0).floor() as i32,
+                    ]);
                 }
             }
         }
@@ -594,25 +689,36 @@ fn voxel_pooling_forward(rng: &mut Rng, b: usize, geometry: Geometry) -> Case {
     let (nx, ny, nz) = (128i32, 128i32, 1i32);
     let geom: Vec<i32> = match geometry {
         Geometry::Uniform => (0..b * n)
-            .flat_map(|_| [rng.below(132) as i32 - 2, rng.below(132) as i32 - 2, (rng.below(50) == 0) as i32])
+            .flat_map(|_| {
+                [rng.below(132) as i32 - 2, rng.below(132) as i32 - 2, (rng.below(50) == 0) as i32]
+            })
             .collect(),
         Geometry::Frustum => (0..b).flat_map(|_| frustum_cells(rng)).collect(),
     };
     debug_assert_eq!(geom.len(), b * n * 3);
     let outside = geom
         .chunks_exact(3)
-        .filter(|p| !(0..nx).contains(&p[0]) || !(0..ny).contains(&p[1]) || !(0..nz).contains(&p[2]))
+        .filter(|p| {
+            !(0..nx).contains(&p[0]) || !(0..ny).contains(&p[1]) || !(0..nz).contains(&p[2])
+        })
         .count();
     let unread = outside * c * 4;
-    let inputs = vec![("geom_xyz", Tensor::i32([b, n, 3], geom)), ("input_features", Tensor::f32([b, n, c], rng.floats(b * n * c)))];
-    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - unread + b * (nx * ny) as usize * c * 4 + b * n * 12;
+    let inputs = vec![
+        ("geom_xyz", Tensor::i32([b, n, 3], geom)),
+        ("input_features", Tensor::f32([b, n, c], rng.floats(b * n * c))),
+    ];
+    let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - unread
+        + b * (nx * ny) as usize * c * 4
+        + b * n * 12;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     // Each in-grid point's row is added to its cell's.
     let cells = (nx * ny) as usize;
     let idx = i32s(&ins[0])
         .chunks_exact(3)
         .enumerate()
-        .filter(|(_, p)| (0..nx).contains(&p[0]) && (0..ny).contains(&p[1]) && (0..nz).contains(&p[2]))
+        .filter(|(_, p)| {
+            (0..nx).contains(&p[0]) && (0..ny).contains(&p[1]) && (0..nz).contains(&p[2])
+        })
         .map(|(i, p)| (i / n * cells + (p[1] * nx + p[0]) as usize) as u32)
         .collect();
     Case {
@@ -629,7 +735,14 @@ fn voxel_pooling_forward(rng: &mut Rng, b: usize, geometry: Geometry) -> Case {
         inputs,
         bytes,
         unread,
-        naive: Box::new(move || vec![OwnedData::F32(naive::voxel_pooling_forward(i32s(&ins[0]), f32s(&ins[1]), [b, n, c], [nx, ny, nz]))]),
+        naive: Box::new(move || {
+            vec![OwnedData::F32(naive::voxel_pooling_forward(
+                i32s(&ins[0]),
+                f32s(&ins[1]),
+                [b, n, c],
+                [nx, ny, nz],
+            ))]
+        }),
         exact: false,
     }
 }
@@ -638,8 +751,12 @@ fn voxel_pooling_forward(rng: &mut Rng, b: usize, geometry: Geometry) -> Case {
 fn rois(rng: &mut Rng, r: usize, nb: usize, [h, w]: [usize; 2], scale: f32) -> Vec<f32> {
     (0..r)
         .flat_map(|_| {
-            let (x1, y1) = (rng.unit().abs() * w as f32 / scale, rng.unit().abs() * h as f32 / scale);
-            let (x2, y2) = (x1 + rng.unit().abs() * w as f32 / scale / 2.0, y1 + rng.unit().abs() * h as f32 / scale / 2.0);
+            let (x1, y1) =
+                (rng.unit().abs() * w as f32 / scale, rng.unit().abs() * h as f32 / scale);
+            let (x2, y2) = (
+                x1 + rng.unit().abs() * w as f32 / scale / 2.0,
+                y1 + rng.unit().abs() * h as f32 / scale / 2.0,
+            );
             [rng.below(nb as u64) as f32, x1, y1, x2, y2]
         })
         .collect()
@@ -654,11 +771,20 @@ fn psroipool_attrs(pooled: usize, od: usize, scale: f32) -> HashMap<String, Attr
     ])
 }
 
-fn psroipool(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 4], scale: f32) -> Case {
+fn psroipool(
+    rng: &mut Rng,
+    r: usize,
+    pooled: usize,
+    od: usize,
+    bottom: [usize; 4],
+    scale: f32,
+) -> Case {
     let [nb, h, w, ch] = bottom;
     let e = r * pooled * pooled * od;
-    let inputs =
-        vec![("input", Tensor::f32(bottom, rng.floats(nb * h * w * ch))), ("rois", Tensor::f32([r, 5], rois(rng, r, nb, [h, w], scale)))];
+    let inputs = vec![
+        ("input", Tensor::f32(bottom, rng.floats(nb * h * w * ch))),
+        ("rois", Tensor::f32([r, 5], rois(rng, r, nb, [h, w], scale))),
+    ];
     // output and mapping_channel written.
     let bytes = inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() + e * 8;
     let ins: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
@@ -671,14 +797,22 @@ fn psroipool(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            let (out, mapping) = naive::psroipool(f32s(&ins[0]), f32s(&ins[1]), bottom, pooled, od, scale);
+            let (out, mapping) =
+                naive::psroipool(f32s(&ins[0]), f32s(&ins[1]), bottom, pooled, od, scale);
             vec![OwnedData::F32(out), OwnedData::I32(mapping)]
         }),
         exact: false,
     }
 }
 
-fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom: [usize; 4], scale: f32) -> Case {
+fn psroipool_backward(
+    rng: &mut Rng,
+    r: usize,
+    pooled: usize,
+    od: usize,
+    bottom: [usize; 4],
+    scale: f32,
+) -> Case {
     let [nb, h, w, ch] = bottom;
     let e = r * pooled * pooled * od;
     let rois = rois(rng, r, nb, [h, w], scale);
@@ -700,7 +834,15 @@ fn psroipool_backward(rng: &mut Rng, r: usize, pooled: usize, od: usize, bottom:
         bytes,
         unread: 0,
         naive: Box::new(move || {
-            vec![OwnedData::F32(naive::psroipool_backward(f32s(&ins[0]), f32s(&ins[1]), i32s(&ins[2]), bottom, pooled, od, scale))]
+            vec![OwnedData::F32(naive::psroipool_backward(
+                f32s(&ins[0]),
+                f32s(&ins[1]),
+                i32s(&ins[2]),
+                bottom,
+                pooled,
+                od,
+                scale,
+            ))]
         }),
         exact: false,
     }
@@ -742,7 +884,12 @@ struct OrtRun {
 }
 
 impl OrtRun {
-    fn new(env: &ort::environment::Environment, case: &Case, lib: &str, threads: usize) -> ort::Result<Self> {
+    fn new(
+        env: &ort::environment::Environment,
+        case: &Case,
+        lib: &str,
+        threads: usize,
+    ) -> ort::Result<Self> {
         let schema = ops::schema(case.op);
         let mut g = Graph::new("bench");
         for (name, t) in &case.inputs {
@@ -751,9 +898,21 @@ impl OrtRun {
         }
         let names: Vec<&str> = case.inputs.iter().map(|(n, _)| *n).collect();
         let outputs: Vec<&str> = schema.outputs.iter().map(|o| o.name.as_str()).collect();
-        g.node("bench", case.op, "mluops", &names, &outputs, case.attrs.iter().map(|(k, v)| attribute(k, v)).collect());
+        g.node(
+            "bench",
+            case.op,
+            "mluops",
+            &names,
+            &outputs,
+            case.attrs.iter().map(|(k, v)| attribute(k, v)).collect(),
+        );
         // Every benchmarked output type is fixed (int32) or follows the first float input's T.
-        let float = case.inputs.iter().map(|(_, t)| elem(t)).find(|&e| e == Elem::FLOAT16).unwrap_or(Elem::FLOAT);
+        let float = case
+            .inputs
+            .iter()
+            .map(|(_, t)| elem(t))
+            .find(|&e| e == Elem::FLOAT16)
+            .unwrap_or(Elem::FLOAT);
         for o in &schema.outputs {
             let elem = if o.type_str == "tensor(int32)" { Elem::INT32 } else { float };
             g.output(&o.name, elem, None);
@@ -765,12 +924,17 @@ impl OrtRun {
             .with_intra_op_spinning(false)?
             .with_operator_library(lib)?
             .commit_from_memory(&g.bytes())?;
-        let feeds = case.inputs.iter().map(|(n, t)| Ok((*n, ort_tensor(t)?))).collect::<ort::Result<_>>()?;
+        let feeds = case
+            .inputs
+            .iter()
+            .map(|(n, t)| Ok((*n, ort_tensor(t)?)))
+            .collect::<ort::Result<_>>()?;
         Ok(OrtRun { session, feeds })
     }
 
     fn run(&mut self) -> ort::Result<()> {
-        let inputs: Vec<(&str, &ort::value::DynTensor)> = self.feeds.iter().map(|(n, t)| (*n, t)).collect();
+        let inputs: Vec<(&str, &ort::value::DynTensor)> =
+            self.feeds.iter().map(|(n, t)| (*n, t)).collect();
         self.session.run(inputs).map(drop)
     }
 }
@@ -787,7 +951,8 @@ struct Kernel {
 impl Kernel {
     fn new(case: &Case) -> Self {
         let entry = ops::entry(case.op).expect("operator");
-        let kernel = (entry.create)(&Attrs::new(ops::schema(case.op), &case.attrs)).expect("valid attributes");
+        let kernel = (entry.create)(&Attrs::new(ops::schema(case.op), &case.attrs))
+            .expect("valid attributes");
         Kernel { kernel, names: ops::schema(case.op).input_names(), host: Default::default() }
     }
 
@@ -818,7 +983,9 @@ fn session_run_cost(
     g.input("x", Elem::FLOAT, Some(&[Dim::Fixed(1)]));
     g.node("identity", "Identity", "", &["x"], &["y"], Vec::new());
     g.output("y", Elem::FLOAT, None);
-    let mut identity = ort::session::Session::builder(env)?.with_intra_threads(1)?.commit_from_memory(&g.bytes())?;
+    let mut identity = ort::session::Session::builder(env)?
+        .with_intra_threads(1)?
+        .commit_from_memory(&g.bytes())?;
     let x = ort_tensor(&Tensor::f32([1], vec![1.0]))?;
     let case = dynamic_scatter_backward(&mut Rng(1), [1, 1, 1]);
     let mut node = OrtRun::new(env, &case, lib, 1)?;
@@ -910,8 +1077,9 @@ fn main() {
     if std::env::args().any(|a| a == "--profile") {
         return profile(filter.as_deref());
     }
-    let lib = std::env::var("MLU_EP_LIB")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/libonnxruntime_ep_mlu.so").into());
+    let lib = std::env::var("MLU_EP_LIB").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/libonnxruntime_ep_mlu.so").into()
+    });
     // ORT_DYLIB_PATH: the onnxruntime 1.31.1 C library (scripts/setup.sh exports it).
     let env = std::env::var("ORT_DYLIB_PATH")
         .map_err(|_| "ORT_DYLIB_PATH is not set".to_string())
@@ -932,18 +1100,30 @@ fn main() {
         bw1 / 1e9,
         bw2 / 1e9
     );
-    println!("read-only stream (512 MiB): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s", read1 / 1e9, read2 / 1e9);
+    println!(
+        "read-only stream (512 MiB): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s",
+        read1 / 1e9,
+        read2 / 1e9
+    );
     println!(
         "floor: each row's inputs read and outputs written as sequential streams by 2 threads (non-temporal stores from 4 MiB), timed in turn with that row; % of floor = floor time / kernel 2T time"
     );
-    println!("ORT columns: {lib} registered in onnxruntime sessions (ORT_DYLIB_PATH) with 1 and 2 intra-op threads");
-    println!("kernel columns: the kernel called directly, on the calling thread (1T) or a persistent pool of 2 threads (2T)");
+    println!(
+        "ORT columns: {lib} registered in onnxruntime sessions (ORT_DYLIB_PATH) with 1 and 2 intra-op threads"
+    );
+    println!(
+        "kernel columns: the kernel called directly, on the calling thread (1T) or a persistent pool of 2 threads (2T)"
+    );
     println!(
         "gather / scatter-add: the random row access the operator cannot avoid (its own indices, row size and count; RandomRows), timed in turn with that row at 1 and 2 threads; both count each byte the access needs once (a table row gathered again is not counted again); kernel % = the kernel's GB/s (MB moved / time) / the primitive's"
     );
     let flush = Flush::new();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    match env.as_ref().map_err(Clone::clone).and_then(|env| session_run_cost(env, &lib, &flush).map_err(|e| e.to_string())) {
+    match env
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|env| session_run_cost(env, &lib, &flush).map_err(|e| e.to_string()))
+    {
         Ok([identity, node, direct]) => println!(
             "fixed cost of a session run, from cold caches (medians of 200, 1 thread): onnxruntime alone (an Identity node) {:.0} us; a custom node (DynamicScatterBackward, 1 point x 1 channel) {:.0} us in a session, {:.0} us called directly",
             us(identity),
@@ -961,7 +1141,9 @@ fn main() {
     println!(
         "| operator | shapes | MB moved | kernel 2T ms | GB/s | copy GB/s | % of copy bw | floor ms | % of floor | kernel 1T ms | 1->2 speedup (kernel) | gather GB/s 1T / 2T | kernel % of gather 1T / 2T | scatter-add GB/s 1T / 2T | kernel % of scatter-add 1T / 2T | ORT 1T / 2T ms | 1->2 speedup (ORT) | ORT overhead (2T) | naive ms | vs naive | extra MB | naive agrees | rounds |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     // Each case is compared with the same copy on the 2-thread pool, timed in turn with the
     // case's variants, so both see the same state of the machine.
     for build in cases() {
@@ -970,7 +1152,8 @@ fn main() {
             continue;
         }
         let k = Kernel::new(&case);
-        let read_bytes: usize = case.inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - case.unread;
+        let read_bytes: usize =
+            case.inputs.iter().map(|(_, t)| bytes_of(t)).sum::<usize>() - case.unread;
         let mut floor = StreamFloor::new(read_bytes, case.bytes - read_bytes);
         let sessions = |threads| {
             env.as_ref()
@@ -996,7 +1179,8 @@ fn main() {
             let (mut o1, mut o2) = (|| in_ort(&mut ort1), || in_ort(&mut ort2));
             let mut c2 = || copy.run(&pool2);
             let mut f2 = || floor.run(&pool2);
-            let mut variants: Vec<&mut dyn FnMut()> = vec![&mut k1, &mut k2, &mut o1, &mut o2, &mut c2, &mut f2];
+            let mut variants: Vec<&mut dyn FnMut()> =
+                vec![&mut k1, &mut k2, &mut o1, &mut o2, &mut c2, &mut f2];
             // The random row primitives, each timed with the others in turn.
             let random = random.as_mut().map(std::cell::RefCell::new);
             let mut prims: Vec<Box<dyn FnMut()>> = Vec::new();
@@ -1014,13 +1198,20 @@ fn main() {
         let [t1, t2, o1, o2, tc, tf] = times[..6] else { unreachable!("six variants") };
         let limits = match (&random, &times[6..]) {
             (Some(r), &[g1, g2, s1, s2]) => {
-                let (kb1, kb2) = (case.bytes as f64 / t1.as_secs_f64(), case.bytes as f64 / t2.as_secs_f64());
+                let (kb1, kb2) =
+                    (case.bytes as f64 / t1.as_secs_f64(), case.bytes as f64 / t2.as_secs_f64());
                 let (g1, g2) = (r.gather_bandwidth(g1), r.gather_bandwidth(g2));
                 let (s1, s2) = (r.scatter_bandwidth(s1), r.scatter_bandwidth(s2));
                 format!(
                     "{:.1} / {:.1} | {:.0}% / {:.0}% | {:.1} / {:.1} | {:.0}% / {:.0}%",
-                    g1 / 1e9, g2 / 1e9, kb1 / g1 * 100.0, kb2 / g2 * 100.0,
-                    s1 / 1e9, s2 / 1e9, kb1 / s1 * 100.0, kb2 / s2 * 100.0
+                    g1 / 1e9,
+                    g2 / 1e9,
+                    kb1 / g1 * 100.0,
+                    kb2 / g2 * 100.0,
+                    s1 / 1e9,
+                    s2 / 1e9,
+                    kb1 / s1 * 100.0,
+                    kb2 / s2 * 100.0
                 )
             }
             _ => "- | - | - | -".to_string(),

@@ -39,7 +39,9 @@ pub fn mlu_sources(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<Vec<_>>>()?;
+    let mut entries = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()?;
     entries.sort();
     for p in entries {
         if p.is_dir() {
@@ -82,7 +84,11 @@ impl fmt::Display for Failure {
 
 /// Compiles every source into `out_dir/cncc/`, then links the objects into
 /// `out_dir/libmluops_kernels_mlu.so`; the first tool that fails stops the build.
-pub fn build_library(tc: &Toolchain<'_>, sources: &[PathBuf], out_dir: &Path) -> Result<PathBuf, Failure> {
+pub fn build_library(
+    tc: &Toolchain<'_>,
+    sources: &[PathBuf],
+    out_dir: &Path,
+) -> Result<PathBuf, Failure> {
     let obj_dir = out_dir.join("cncc");
     std::fs::create_dir_all(&obj_dir).map_err(|e| Failure {
         command: format!("mkdir {}", obj_dir.display()),

@@ -27,7 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // img_feats: camera features [4 images, 32 channels, 8 x 22]; geom_xyz: the (x, y, z)
     // cell of each of the 2 x 5632 frustum points in the 32 x 32 x 1 BEV grid (points on
     // cells outside it, here the border rows at -1 and 32, are dropped by the pooling).
-    let img_feats: Vec<f32> = (0..4 * 32 * 8 * 22).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.5).collect();
+    let img_feats: Vec<f32> =
+        (0..4 * 32 * 8 * 22).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.5).collect();
     let geom_xyz: Vec<i32> = (0..2 * 5632).flat_map(|p| [p % 34 - 1, p / 34 % 34 - 1, 0]).collect();
     let feeds = ort::inputs![
         "img_feats" => Tensor::from_array(([4usize, 32, 8, 22], img_feats))?,
@@ -39,11 +40,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let summary = match value.dtype() {
             ValueType::Tensor { ty: TensorElementType::Float32, .. } => {
                 let (shape, data) = value.try_extract_tensor::<f32>()?;
-                format!("float32 {shape:?}, sum of |x| {:.3}", data.iter().map(|x| x.abs() as f64).sum::<f64>())
+                format!(
+                    "float32 {shape:?}, sum of |x| {:.3}",
+                    data.iter().map(|x| x.abs() as f64).sum::<f64>()
+                )
             }
             ValueType::Tensor { ty: TensorElementType::Int32, .. } => {
                 let (shape, data) = value.try_extract_tensor::<i32>()?;
-                format!("int32 {shape:?}, {} of {} >= 0", data.iter().filter(|&&x| x >= 0).count(), data.len())
+                format!(
+                    "int32 {shape:?}, {} of {} >= 0",
+                    data.iter().filter(|&&x| x >= 0).count(),
+                    data.len()
+                )
             }
             other => format!("{other:?}"),
         };

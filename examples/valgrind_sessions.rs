@@ -57,8 +57,13 @@ use std::process::ExitCode;
 
 const EP: &str = "MLUExecutionProvider";
 /// The operators with an MLU kernel, and their forward partners (CPU only).
-const MLU_OPS: [&str; 5] =
-    ["DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"];
+const MLU_OPS: [&str; 5] = [
+    "DynamicScatterBackward",
+    "ThreeInterpolateBackward",
+    "GetIndicePairs",
+    "VoxelPoolingForward",
+    "PsRoiPoolBackward",
+];
 const CPU_ONLY_OPS: [&str; 4] = ["DynamicScatter", "IndiceConv", "ThreeInterpolate", "PsRoiPool"];
 const DEMO_TOLERANCE: f64 = 3e-3;
 
@@ -81,13 +86,19 @@ fn read_npy(path: &Path) -> Result<Npy> {
     }
     let (header_len, start) = match raw[6] {
         1 => (u16::from_le_bytes([raw[8], raw[9]]) as usize, 10),
-        2 | 3 if raw.len() >= 12 => (u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]) as usize, 12),
+        2 | 3 if raw.len() >= 12 => {
+            (u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]) as usize, 12)
+        }
         _ => return Err(bad("unsupported .npy version")),
     };
-    let header = std::str::from_utf8(raw.get(start..start + header_len).ok_or_else(|| bad("truncated header"))?)
-        .map_err(|_| bad("header is not UTF-8"))?;
+    let header = std::str::from_utf8(
+        raw.get(start..start + header_len).ok_or_else(|| bad("truncated header"))?,
+    )
+    .map_err(|_| bad("header is not UTF-8"))?;
     let field = |key: &str| -> Result<&str> {
-        let at = header.find(&format!("'{key}':")).ok_or_else(|| bad(&format!("no '{key}' in the header")))?;
+        let at = header
+            .find(&format!("'{key}':"))
+            .ok_or_else(|| bad(&format!("no '{key}' in the header")))?;
         Ok(header[at + key.len() + 3..].trim_start())
     };
     let descr = field("descr")?;
@@ -115,7 +126,10 @@ fn read_npy(path: &Path) -> Result<Npy> {
     let bytes = raw[start + header_len..].to_vec();
     let n: i64 = shape.iter().product();
     if bytes.len() != n as usize * size {
-        return Err(bad(&format!("{} data bytes for shape {shape:?} of {size}-byte elements", bytes.len())));
+        return Err(bad(&format!(
+            "{} data bytes for shape {shape:?} of {size}-byte elements",
+            bytes.len()
+        )));
     }
     Ok(Npy { ty, shape, bytes })
 }
@@ -155,12 +169,16 @@ enum Tolerance {
 /// None when `got` meets the golden under `tol`, else what differs.
 fn compare(got: &Npy, want: &Npy, tol: &Tolerance) -> Option<String> {
     if got.shape != want.shape || got.ty != want.ty {
-        return Some(format!("{:?} {:?} != golden {:?} {:?}", got.ty, got.shape, want.ty, want.shape));
+        return Some(format!(
+            "{:?} {:?} != golden {:?} {:?}",
+            got.ty, got.shape, want.ty, want.shape
+        ));
     }
     let (a, b) = (values(got.ty, &got.bytes), values(want.ty, &want.bytes));
     match *tol {
         Tolerance::Exact => {
-            let bad = a.iter().zip(&b).filter(|(x, y)| !(x == y || (x.is_nan() && y.is_nan()))).count();
+            let bad =
+                a.iter().zip(&b).filter(|(x, y)| !(x == y || (x.is_nan() && y.is_nan()))).count();
             (bad > 0).then(|| format!("{bad} of {} elements differ", a.len()))
         }
         Tolerance::Accumulating { diff1, diff2 } => {
@@ -179,7 +197,8 @@ fn compare(got: &Npy, want: &Npy, tol: &Tolerance) -> Option<String> {
             } else {
                 (e1 / n1, (e2 / n2).sqrt())
             };
-            (!(d1 <= diff1 && d2 <= diff2)).then(|| format!("diff1 {d1:.2e} diff2 {d2:.2e} (<= {diff1:e}, {diff2:e})"))
+            (!(d1 <= diff1 && d2 <= diff2))
+                .then(|| format!("diff1 {d1:.2e} diff2 {d2:.2e} (<= {diff1:e}, {diff2:e})"))
         }
     }
 }
@@ -195,13 +214,16 @@ struct Model {
 
 fn models(repo: &Path, only: Option<&[String]>) -> Result<Vec<Model>> {
     let zoo_path = repo.join("models/zoo.json");
-    let zoo: Value =
-        serde_json::from_str(&std::fs::read_to_string(&zoo_path).map_err(|e| format!("{}: {e}", zoo_path.display()))?)
-            .map_err(|e| format!("{}: {e}", zoo_path.display()))?;
+    let zoo: Value = serde_json::from_str(
+        &std::fs::read_to_string(&zoo_path).map_err(|e| format!("{}: {e}", zoo_path.display()))?,
+    )
+    .map_err(|e| format!("{}: {e}", zoo_path.display()))?;
     let mut all = Vec::new();
     for (name, spec) in zoo["models"].as_object().ok_or("zoo.json: no models")? {
         let mut outputs = Vec::new();
-        for (out, t) in spec["outputs"].as_object().ok_or_else(|| format!("zoo.json: {name}: no outputs"))? {
+        for (out, t) in
+            spec["outputs"].as_object().ok_or_else(|| format!("zoo.json: {name}: no outputs"))?
+        {
             let tol = match t["class"].as_str() {
                 Some("exact") => Tolerance::Exact,
                 Some("accumulating") => Tolerance::Accumulating {
@@ -213,15 +235,26 @@ fn models(repo: &Path, only: Option<&[String]>) -> Result<Vec<Model>> {
             outputs.push((out.clone(), tol));
         }
         let file = spec["model"].as_str().ok_or_else(|| format!("zoo.json: {name}: no model"))?;
-        all.push(Model { name: name.clone(), onnx: repo.join("models").join(file), outputs: Some(outputs) });
+        all.push(Model {
+            name: name.clone(),
+            onnx: repo.join("models").join(file),
+            outputs: Some(outputs),
+        });
     }
-    all.push(Model { name: "mluops_demo".into(), onnx: repo.join("models/mluops_demo.onnx"), outputs: None });
+    all.push(Model {
+        name: "mluops_demo".into(),
+        onnx: repo.join("models/mluops_demo.onnx"),
+        outputs: None,
+    });
     match only {
         None => Ok(all),
         Some(names) => names
             .iter()
             .map(|n| {
-                let at = all.iter().position(|m| &m.name == n).ok_or_else(|| format!("unknown model {n}"))?;
+                let at = all
+                    .iter()
+                    .position(|m| &m.name == n)
+                    .ok_or_else(|| format!("unknown model {n}"))?;
                 Ok(all.remove(at))
             })
             .collect(),
@@ -275,12 +308,18 @@ fn assignment(session: &Session) -> Result<Vec<(String, String, String)>> {
             let ep = text(p);
             let mut nodes: *const *const ort_sys::OrtEpAssignedNode = std::ptr::null();
             let mut count = 0usize;
-            check((api.EpAssignedSubgraph_GetNodes)(sub, &mut nodes, &mut count), "EpAssignedSubgraph_GetNodes")?;
+            check(
+                (api.EpAssignedSubgraph_GetNodes)(sub, &mut nodes, &mut count),
+                "EpAssignedSubgraph_GetNodes",
+            )?;
             for j in 0..count {
                 let node = *nodes.add(j);
                 check((api.EpAssignedNode_GetDomain)(node, &mut p), "EpAssignedNode_GetDomain")?;
                 let domain = text(p);
-                check((api.EpAssignedNode_GetOperatorType)(node, &mut p), "EpAssignedNode_GetOperatorType")?;
+                check(
+                    (api.EpAssignedNode_GetOperatorType)(node, &mut p),
+                    "EpAssignedNode_GetOperatorType",
+                )?;
                 out.push((ep.clone(), domain, text(p)));
             }
         }
@@ -310,8 +349,15 @@ struct Ran {
 }
 
 /// Runs one model on one path once.
-fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: PathKind) -> Result<Ran> {
-    let opt = |e: ort::Error<ort::session::builder::SessionBuilder>| format!("session options: {e}");
+fn run_model(
+    env: &Environment,
+    lib: &Path,
+    data: &Path,
+    model: &Model,
+    path: PathKind,
+) -> Result<Ran> {
+    let opt =
+        |e: ort::Error<ort::session::builder::SessionBuilder>| format!("session options: {e}");
     let mut builder = Session::builder(env)
         .map_err(|e| format!("session builder: {e}"))?
         .with_log_level(LogLevel::Error)
@@ -337,9 +383,11 @@ fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: Pa
     let mut builder = match path {
         // PREFER_CPU: the builder's default MAX_EFFICIENCY policy would pick the MLU EP if this
         // process had registered it; the cpu path is the custom-op library alone.
-        PathKind::Cpu => {
-            builder.with_auto_device(AutoDevicePolicy::PreferCPU).map_err(opt)?.with_operator_library(lib).map_err(opt)?
-        }
+        PathKind::Cpu => builder
+            .with_auto_device(AutoDevicePolicy::PreferCPU)
+            .map_err(opt)?
+            .with_operator_library(lib)
+            .map_err(opt)?,
         PathKind::Mlu => {
             let devices: Vec<_> = env.devices().filter(|d| d.ep().is_ok_and(|n| n == EP)).collect();
             if devices.is_empty() {
@@ -351,7 +399,8 @@ fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: Pa
     let mut session = builder.commit_from_file(&model.onnx).map_err(|e| format!("session: {e}"))?;
     // The assignment is recorded when the session is created.
     let placed = assignment(&session)?;
-    let on_mlu: BTreeSet<String> = placed.iter().filter(|(ep, ..)| ep == EP).map(|(_, _, op)| op.clone()).collect();
+    let on_mlu: BTreeSet<String> =
+        placed.iter().filter(|(ep, ..)| ep == EP).map(|(_, _, op)| op.clone()).collect();
     if path == PathKind::Cpu && !on_mlu.is_empty() {
         return Err(format!("nodes on {EP} in a custom-op session: {on_mlu:?}"));
     }
@@ -365,7 +414,13 @@ fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: Pa
         if !npy.bytes.is_empty() {
             // SAFETY: a CPU tensor just allocated with exactly as many bytes as the .npy holds
             // (its element type and shape are the file's).
-            unsafe { std::ptr::copy_nonoverlapping(npy.bytes.as_ptr(), t.data_ptr_mut().cast::<u8>(), npy.bytes.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    npy.bytes.as_ptr(),
+                    t.data_ptr_mut().cast::<u8>(),
+                    npy.bytes.len(),
+                )
+            };
         }
         feeds.push((input.name().to_string(), t));
     }
@@ -374,8 +429,10 @@ fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: Pa
     let mut outputs = session.run(feeds).map_err(|e| format!("run: {e}"))?;
     let mut failures = Vec::new();
     for name in &names {
-        let value = outputs.remove(name.as_str()).ok_or_else(|| format!("output {name} missing"))?;
-        let t = value.downcast::<DynTensorValueType>().map_err(|e| format!("output {name}: {e}"))?;
+        let value =
+            outputs.remove(name.as_str()).ok_or_else(|| format!("output {name} missing"))?;
+        let t =
+            value.downcast::<DynTensorValueType>().map_err(|e| format!("output {name}: {e}"))?;
         let ty = *t.data_type();
         let shape: Vec<i64> = t.shape().to_vec();
         let len = shape.iter().product::<i64>() as usize * element_size(ty);
@@ -392,7 +449,13 @@ fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: Pa
                 Some((_, t)) => t,
                 None => return Err(format!("output {name} has no tolerance in zoo.json")),
             },
-            None if matches!(ty, TensorElementType::Float32 | TensorElementType::Float16 | TensorElementType::Float64) => {
+            None if matches!(
+                ty,
+                TensorElementType::Float32
+                    | TensorElementType::Float16
+                    | TensorElementType::Float64
+            ) =>
+            {
                 &Tolerance::Accumulating { diff1: DEMO_TOLERANCE, diff2: DEMO_TOLERANCE }
             }
             None => &Tolerance::Exact,
@@ -409,9 +472,14 @@ fn run_model(env: &Environment, lib: &Path, data: &Path, model: &Model, path: Pa
     println!(
         "    {} nodes, {mluops} mluops; on {EP}: {}",
         placed.len(),
-        if on_mlu.is_empty() { "none".to_string() } else { on_mlu.iter().cloned().collect::<Vec<_>>().join(", ") }
+        if on_mlu.is_empty() {
+            "none".to_string()
+        } else {
+            on_mlu.iter().cloned().collect::<Vec<_>>().join(", ")
+        }
     );
-    let mluops = placed.iter().filter(|(_, d, _)| d == "mluops").map(|(_, _, op)| op.clone()).collect();
+    let mluops =
+        placed.iter().filter(|(_, d, _)| d == "mluops").map(|(_, _, op)| op.clone()).collect();
     Ok(Ran { mluops, on_mlu })
 }
 
@@ -425,14 +493,22 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { data: PathBuf::new(), paths: vec![PathKind::Cpu, PathKind::Mlu], models: None, lib: None };
+    let mut a = Args {
+        data: PathBuf::new(),
+        paths: vec![PathKind::Cpu, PathKind::Mlu],
+        models: None,
+        lib: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--data" => a.data = PathBuf::from(value()?),
             "--lib" => a.lib = Some(PathBuf::from(value()?)),
-            "--models" => a.models = Some(value()?.split(',').filter(|s| !s.is_empty()).map(String::from).collect()),
+            "--models" => {
+                a.models =
+                    Some(value()?.split(',').filter(|s| !s.is_empty()).map(String::from).collect())
+            }
             "--paths" => {
                 a.paths = value()?
                     .split(',')
@@ -445,7 +521,9 @@ fn args() -> Result<Args> {
                     .collect::<Result<_>>()?
             }
             _ => {
-                return Err(format!("unknown argument {flag} (usage: --data DIR [--paths cpu,mlu] [--models a,b] [--lib PATH])"));
+                return Err(format!(
+                    "unknown argument {flag} (usage: --data DIR [--paths cpu,mlu] [--models a,b] [--lib PATH])"
+                ));
             }
         }
     }
@@ -461,7 +539,10 @@ fn library(arg: Option<PathBuf>) -> Result<PathBuf> {
         None => {
             // target/<profile>/examples/valgrind_sessions -> target/<profile>/
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            exe.parent().and_then(Path::parent).ok_or("no profile directory")?.join("libonnxruntime_ep_mlu.so")
+            exe.parent()
+                .and_then(Path::parent)
+                .ok_or("no profile directory")?
+                .join("libonnxruntime_ep_mlu.so")
         }
     };
     if !lib.is_file() {
@@ -503,8 +584,8 @@ fn real_main() -> Result<bool> {
         // SAFETY: single-threaded here: nothing has been loaded or spawned yet.
         unsafe { std::env::set_var("ORT_DISABLE_TELEMETRY", "1") };
     }
-    let ort_path =
-        std::env::var("ORT_DYLIB_PATH").map_err(|_| "ORT_DYLIB_PATH is not set (source scripts/setup.sh)".to_string())?;
+    let ort_path = std::env::var("ORT_DYLIB_PATH")
+        .map_err(|_| "ORT_DYLIB_PATH is not set (source scripts/setup.sh)".to_string())?;
     let env = ort::init_from(&ort_path)
         .map_err(|e| format!("cannot load ONNX Runtime from {ort_path}: {e}"))?
         .with_name("valgrind_sessions")
@@ -535,12 +616,18 @@ fn real_main() -> Result<bool> {
         // With every model (no --models): each of the nine operators ran in a session of this
         // path, and on `mlu` each of the five MLU operators on the MLU EP.
         if args.models.is_none() {
-            let missing: Vec<&str> = MLU_OPS.iter().chain(&CPU_ONLY_OPS).copied().filter(|op| !ran.contains(*op)).collect();
+            let missing: Vec<&str> = MLU_OPS
+                .iter()
+                .chain(&CPU_ONLY_OPS)
+                .copied()
+                .filter(|op| !ran.contains(*op))
+                .collect();
             if !missing.is_empty() {
                 println!("FAIL {path}: no session ran {}", missing.join(", "));
                 ok = false;
             }
-            let missing: Vec<&str> = MLU_OPS.iter().copied().filter(|op| !ran_on_mlu.contains(*op)).collect();
+            let missing: Vec<&str> =
+                MLU_OPS.iter().copied().filter(|op| !ran_on_mlu.contains(*op)).collect();
             if path == PathKind::Mlu && !missing.is_empty() {
                 println!("FAIL never ran on {EP}: {}", missing.join(", "));
                 ok = false;
@@ -549,7 +636,11 @@ fn real_main() -> Result<bool> {
         println!(
             "{path}: operators run: {}; on {EP}: {}",
             ran.iter().cloned().collect::<Vec<_>>().join(", "),
-            if ran_on_mlu.is_empty() { "none".to_string() } else { ran_on_mlu.iter().cloned().collect::<Vec<_>>().join(", ") }
+            if ran_on_mlu.is_empty() {
+                "none".to_string()
+            } else {
+                ran_on_mlu.iter().cloned().collect::<Vec<_>>().join(", ")
+            }
         );
     }
     // Releasing the environment releases the EP library (its factories, then dlclose), so its

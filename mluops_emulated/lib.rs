@@ -126,8 +126,12 @@ fn handle<'a>(h: *mut c_void) -> Result<InUse<'a>, Status> {
     require(!h.is_null(), BAD_PARAM, || "handle is null".into())?;
     // SAFETY: a handle made by mluOpCreate (the caller's contract, as with the vendor's).
     let ctx = unsafe { &*(h as *const Context) };
-    require(!ctx.queue.is_null(), BAD_PARAM, || "no queue set on the handle (mluOpSetQueue)".into())?;
-    require(!ctx.busy.swap(true, Ordering::AcqRel), EXECUTION_FAILED, || "the handle is in use by another thread".into())?;
+    require(!ctx.queue.is_null(), BAD_PARAM, || {
+        "no queue set on the handle (mluOpSetQueue)".into()
+    })?;
+    require(!ctx.busy.swap(true, Ordering::AcqRel), EXECUTION_FAILED, || {
+        "the handle is in use by another thread".into()
+    })?;
     Ok(InUse(ctx))
 }
 
@@ -137,13 +141,19 @@ fn desc<'a>(d: *mut c_void, what: &str) -> Result<&'a TensorDesc, Status> {
     let d = unsafe { &*(d as *const TensorDesc) };
     require(!d.dims.is_empty(), BAD_PARAM, || format!("{what}: descriptor was never set"))?;
     // core/logging.h: tensors of 2^31 elements or more are not supported.
-    require(d.numel() < 1 << 31, NOT_SUPPORTED, || format!("{what}: {} elements (2^31 or more)", d.numel()))?;
+    require(d.numel() < 1 << 31, NOT_SUPPORTED, || {
+        format!("{what}: {} elements (2^31 or more)", d.numel())
+    })?;
     Ok(d)
 }
 
 fn expect(d: &TensorDesc, what: &str, dtype: c_int, dims: &[usize]) -> Result<(), Status> {
-    require(d.dtype == dtype, BAD_PARAM, || format!("{what}: dtype {} where {dtype} is required", d.dtype))?;
-    require(d.dims == dims, BAD_PARAM, || format!("{what}: dims {:?} where {dims:?} are required", d.dims))
+    require(d.dtype == dtype, BAD_PARAM, || {
+        format!("{what}: dtype {} where {dtype} is required", d.dtype)
+    })?;
+    require(d.dims == dims, BAD_PARAM, || {
+        format!("{what}: dims {:?} where {dims:?} are required", d.dims)
+    })
 }
 
 fn read<T: Copy>(p: *const c_void, n: usize, what: &str) -> Result<Vec<T>, Status> {
@@ -189,10 +199,20 @@ fn store(t: &Tensor, p: *mut c_void, what: &str) -> Result<(), Status> {
 
 /// Runs the crate's CPU kernel of `O`. A contract error here is input the vendor library
 /// does not check (index values): undefined there, a failed call here.
-fn compute<O: Operator>(attrs: HashMap<String, AttrValue>, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, Status> {
-    let op = ops::descriptor::<O>(&attrs).map_err(|e| fail(BAD_PARAM, &format!("{}: {e}", O::NAME)))?;
+fn compute<O: Operator>(
+    attrs: HashMap<String, AttrValue>,
+    inputs: &[Option<&Tensor>],
+) -> Result<Vec<Tensor>, Status> {
+    let op =
+        ops::descriptor::<O>(&attrs).map_err(|e| fail(BAD_PARAM, &format!("{}: {e}", O::NAME)))?;
     ops::run(&op, inputs, &Serial).map_err(|e| {
-        fail(EXECUTION_FAILED, &format!("{}: input the library does not check and whose result is undefined: {e}", O::NAME))
+        fail(
+            EXECUTION_FAILED,
+            &format!(
+                "{}: input the library does not check and whose result is undefined: {e}",
+                O::NAME
+            ),
+        )
     })
 }
 
@@ -207,7 +227,11 @@ fn attrs(pairs: Vec<(&str, AttrValue)>) -> HashMap<String, AttrValue> {
 // ---- version, handles, descriptors ----
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn mluOpGetLibVersion(major: *mut c_int, minor: *mut c_int, patch: *mut c_int) {
+pub unsafe extern "C" fn mluOpGetLibVersion(
+    major: *mut c_int,
+    minor: *mut c_int,
+    patch: *mut c_int,
+) {
     let v = std::env::var("MLUOPS_EMULATED_VERSION").unwrap_or_else(|_| "1.4.0".into());
     let mut parts = v.split('.').map(|p| p.parse::<c_int>().unwrap_or(0));
     for out in [major, minor, patch] {
@@ -278,15 +302,29 @@ pub unsafe extern "C" fn mluOpCreateTensorDescriptor(d: *mut *mut c_void) -> Sta
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn mluOpSetTensorDescriptor(d: *mut c_void, layout: c_int, dtype: c_int, dim_nb: c_int, dims: *const c_int) -> Status {
+pub unsafe extern "C" fn mluOpSetTensorDescriptor(
+    d: *mut c_void,
+    layout: c_int,
+    dtype: c_int,
+    dim_nb: c_int,
+    dims: *const c_int,
+) -> Status {
     guarded("mluOpSetTensorDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor is null".into())?;
-        require(dim_nb > 0 && !dims.is_null(), BAD_PARAM, || format!("dimNb {dim_nb} or null dims"))?;
+        require(dim_nb > 0 && !dims.is_null(), BAD_PARAM, || {
+            format!("dimNb {dim_nb} or null dims")
+        })?;
         require((0..=10).contains(&layout), BAD_PARAM, || format!("layout {layout}"))?;
-        require(matches!(dtype, DTYPE_HALF | DTYPE_FLOAT | DTYPE_INT32 | DTYPE_INT64), BAD_PARAM, || format!("dtype {dtype}"))?;
+        require(
+            matches!(dtype, DTYPE_HALF | DTYPE_FLOAT | DTYPE_INT32 | DTYPE_INT64),
+            BAD_PARAM,
+            || format!("dtype {dtype}"),
+        )?;
         // SAFETY: `dims` holds dim_nb ints (the caller's contract).
         let dims = unsafe { std::slice::from_raw_parts(dims, dim_nb as usize) };
-        require(dims.iter().all(|&x| x >= 0), BAD_PARAM, || format!("negative dimension in {dims:?}"))?;
+        require(dims.iter().all(|&x| x >= 0), BAD_PARAM, || {
+            format!("negative dimension in {dims:?}")
+        })?;
         // SAFETY: made by mluOpCreateTensorDescriptor.
         let desc = unsafe { &mut *(d as *mut TensorDesc) };
         *desc = TensorDesc { layout, dtype, dims: dims.iter().map(|&x| x as usize).collect() };
@@ -337,9 +375,13 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
 ) -> Status {
     guarded("mluOpSetSparseConvolutionDescriptor", || {
         require(!d.is_null(), BAD_PARAM, || "descriptor is null".into())?;
-        require(dim_nb == 5, BAD_PARAM, || format!("dimNb {dim_nb}: only 3-D (dimNb 5) sparse convolutions"))?;
+        require(dim_nb == 5, BAD_PARAM, || {
+            format!("dimNb {dim_nb}: only 3-D (dimNb 5) sparse convolutions")
+        })?;
         // get_indice_pairs_structs.cpp:77-88 at v1.4.0: no transpose, no inverse.
-        require(transpose == 0 && inverse == 0, BAD_PARAM, || format!("transpose {transpose}, inverse {inverse}: must be 0"))?;
+        require(transpose == 0 && inverse == 0, BAD_PARAM, || {
+            format!("transpose {transpose}, inverse {inverse}: must be 0")
+        })?;
         require(batch > 0, BAD_PARAM, || format!("batch {batch}"))?;
         let s = SparseConv {
             set: true,
@@ -356,7 +398,11 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
         let positive = |a: &[i32; 3]| a.iter().all(|&x| x > 0);
         require(s.pad.iter().all(|&x| x >= 0), BAD_PARAM, || format!("pad {:?}", s.pad))?;
         require(
-            positive(&s.stride) && positive(&s.dilation) && positive(&s.input) && positive(&s.filter) && positive(&s.output),
+            positive(&s.stride)
+                && positive(&s.dilation)
+                && positive(&s.input)
+                && positive(&s.filter)
+                && positive(&s.output),
             BAD_PARAM,
             || "stride, dilation and the spaces must be positive".into(),
         )?;
@@ -368,9 +414,14 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn mluOpGetSparseConvolutionNumActOut(d: *mut c_void, n: *mut c_int) -> Status {
+pub unsafe extern "C" fn mluOpGetSparseConvolutionNumActOut(
+    d: *mut c_void,
+    n: *mut c_int,
+) -> Status {
     guarded("mluOpGetSparseConvolutionNumActOut", || {
-        require(!d.is_null() && !n.is_null(), BAD_PARAM, || "null descriptor or out-pointer".into())?;
+        require(!d.is_null() && !n.is_null(), BAD_PARAM, || {
+            "null descriptor or out-pointer".into()
+        })?;
         // SAFETY: made by mluOpCreateSparseConvolutionDescriptor; the caller's out-pointer.
         unsafe { *n = (*(d as *const SparseConv)).num_act_out };
         Ok(())

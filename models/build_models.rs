@@ -28,7 +28,14 @@ pub fn demo() -> Graph {
             &["bev_nhwc", "pos_memo"],
             vec![attr_ints("voxel_num", &[32, 32, 4])],
         )
-        .node("bev_to_nchw", "Transpose", "", &["bev_nhwc"], &["bev_nchw"], vec![attr_ints("perm", &[0, 3, 1, 2])])
+        .node(
+            "bev_to_nchw",
+            "Transpose",
+            "",
+            &["bev_nhwc"],
+            &["bev_nchw"],
+            vec![attr_ints("perm", &[0, 3, 1, 2])],
+        )
         .output("bev_nchw", Elem::FLOAT, Some(&[Fixed(2), Fixed(32), Fixed(32), Fixed(32)]))
         .output("pos_memo", Elem::INT32, Some(&[Fixed(2), Fixed(4096), Fixed(3)]));
     // CenterPoint sparse backbone rulebooks: submanifold and strided on the same sites.
@@ -43,8 +50,22 @@ pub fn demo() -> Graph {
         ]
     };
     g.input("sp_indices", Elem::INT32, Some(&[Sym("L"), Fixed(4)]))
-        .node("subm_rules", "GetIndicePairs", "mluops", &["sp_indices"], &["subm_pairs", "subm_out", "subm_num"], conv(1, 1))
-        .node("down_rules", "GetIndicePairs", "mluops", &["sp_indices"], &["down_pairs", "down_out", "down_num"], conv(0, 2));
+        .node(
+            "subm_rules",
+            "GetIndicePairs",
+            "mluops",
+            &["sp_indices"],
+            &["subm_pairs", "subm_out", "subm_num"],
+            conv(1, 1),
+        )
+        .node(
+            "down_rules",
+            "GetIndicePairs",
+            "mluops",
+            &["sp_indices"],
+            &["down_pairs", "down_out", "down_num"],
+            conv(0, 2),
+        );
     for (name, shape) in [
         ("subm_pairs", vec![Fixed(27), Fixed(2), Sym("L")]),
         ("subm_out", vec![Sym("L"), Fixed(4)]),
@@ -78,7 +99,13 @@ pub fn demo() -> Graph {
             "scatter_backward",
             "DynamicScatterBackward",
             "mluops",
-            &["ds_grad_voxel_feats", "ds_feats", "ds_voxel_feats", "ds_point2voxel_map", "ds_voxel_points_count"],
+            &[
+                "ds_grad_voxel_feats",
+                "ds_feats",
+                "ds_voxel_feats",
+                "ds_point2voxel_map",
+                "ds_voxel_points_count",
+            ],
             &["ds_grad_feats"],
             vec![attr_string("reduce_type", "max")],
         )
@@ -117,7 +144,10 @@ fn main() -> std::io::Result<()> {
         let bytes = graph.bytes();
         if check {
             if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
-                eprintln!("{} differs from what models/build_models.rs builds: rerun it", path.display());
+                eprintln!(
+                    "{} differs from what models/build_models.rs builds: rerun it",
+                    path.display()
+                );
                 stale += 1;
             } else {
                 println!("{} is up to date", path.display());

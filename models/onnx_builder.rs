@@ -4,8 +4,9 @@
 #![allow(dead_code, unused_imports)]
 
 use onnx_protobuf::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TypeProto, ValueInfoProto,
-    attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto::Dimension, type_proto,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TypeProto,
+    ValueInfoProto, attribute_proto::AttributeType, tensor_proto::DataType,
+    tensor_shape_proto::Dimension, type_proto,
 };
 use protobuf::Message;
 
@@ -114,7 +115,11 @@ impl Graph {
     /// write weights; `onnx.numpy_helper.to_array` reads it back bit for bit). `dims = []`
     /// is a scalar.
     pub fn initializer_f32(&mut self, name: &str, dims: &[i64], data: &[f32]) -> &mut Self {
-        assert_eq!(dims.iter().product::<i64>() as usize, data.len(), "initializer {name}: dims and data disagree");
+        assert_eq!(
+            dims.iter().product::<i64>() as usize,
+            data.len(),
+            "initializer {name}: dims and data disagree"
+        );
         let mut t = TensorProto::new();
         t.name = name.into();
         t.dims = dims.to_vec();
@@ -126,7 +131,11 @@ impl Graph {
 
     /// An int32 constant initializer (`dims = []` is a scalar).
     pub fn initializer_i32(&mut self, name: &str, dims: &[i64], data: &[i32]) -> &mut Self {
-        assert_eq!(dims.iter().product::<i64>() as usize, data.len(), "initializer {name}: dims and data disagree");
+        assert_eq!(
+            dims.iter().product::<i64>() as usize,
+            data.len(),
+            "initializer {name}: dims and data disagree"
+        );
         let mut t = TensorProto::new();
         t.name = name.into();
         t.dims = dims.to_vec();

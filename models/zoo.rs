@@ -71,19 +71,40 @@ fn dyadic(rng: &mut Rng, n: usize, k_max: i64, shift: u32) -> Vec<f32> {
 }
 
 /// `{name}_w` [cout, cin, k...] and, with `bias`, `{name}_b` [cout] (PyTorch's default bias range).
-fn conv_params(g: &mut Graph, rng: &mut Rng, name: &str, cout: i64, cin: i64, kernel: &[i64], bias: bool) {
+fn conv_params(
+    g: &mut Graph,
+    rng: &mut Rng,
+    name: &str,
+    cout: i64,
+    cin: i64,
+    kernel: &[i64],
+    bias: bool,
+) {
     let mut dims = vec![cout, cin];
     dims.extend_from_slice(kernel);
     let fan_in = (cin * kernel.iter().product::<i64>()) as usize;
     g.initializer_f32(&format!("{name}_w"), &dims, &kaiming(rng, (cout as usize) * fan_in, fan_in));
     if bias {
-        g.initializer_f32(&format!("{name}_b"), &[cout], &uniform(rng, cout as usize, 1.0 / (fan_in as f32).sqrt()));
+        g.initializer_f32(
+            &format!("{name}_b"),
+            &[cout],
+            &uniform(rng, cout as usize, 1.0 / (fan_in as f32).sqrt()),
+        );
     }
 }
 
 /// A 2D convolution node (square kernel, symmetric padding), optionally followed by a ReLU.
 #[allow(clippy::too_many_arguments)]
-fn conv2d(g: &mut Graph, name: &str, x: &str, out: &str, k: i64, stride: i64, pad: i64, relu: bool) {
+fn conv2d(
+    g: &mut Graph,
+    name: &str,
+    x: &str,
+    out: &str,
+    k: i64,
+    stride: i64,
+    pad: i64,
+    relu: bool,
+) {
     let (w, b) = (format!("{name}_w"), format!("{name}_b"));
     let conv_out = if relu { format!("{name}_pre") } else { out.to_string() };
     g.node(
@@ -92,7 +113,11 @@ fn conv2d(g: &mut Graph, name: &str, x: &str, out: &str, k: i64, stride: i64, pa
         "",
         &[x, &w, &b],
         &[&conv_out],
-        vec![attr_ints("kernel_shape", &[k, k]), attr_ints("strides", &[stride, stride]), attr_ints("pads", &[pad; 4])],
+        vec![
+            attr_ints("kernel_shape", &[k, k]),
+            attr_ints("strides", &[stride, stride]),
+            attr_ints("pads", &[pad; 4]),
+        ],
     );
     if relu {
         g.node(&format!("{name}_relu"), "Relu", "", &[&conv_out], &[out], vec![]);
@@ -144,11 +169,32 @@ pub fn pointpillars() -> Graph {
         .node("inside_hi", "Less", "", &["coor_f", "grid_size"], &["inside_hi"], vec![])
         .node("above", "Not", "", &["inside_hi"], &["above"], vec![])
         .node("outside3", "Or", "", &["below", "above"], &["outside3"], vec![])
-        .node("outside_split", "Split", "", &["outside3"], &["out_x", "out_y", "out_z"], vec![attr_int("axis", 1)])
+        .node(
+            "outside_split",
+            "Split",
+            "",
+            &["outside3"],
+            &["out_x", "out_y", "out_z"],
+            vec![attr_int("axis", 1)],
+        )
         .node("outside_xy", "Or", "", &["out_x", "out_y"], &["outside_xy"], vec![])
         .node("outside", "Or", "", &["outside_xy", "out_z"], &["outside"], vec![])
-        .node("coor_xyz", "Cast", "", &["coor_f"], &["coor_xyz"], vec![attr_int("to", Elem::INT32 as i64)])
-        .node("coor_zyx", "Gather", "", &["coor_xyz", "xyz_to_zyx"], &["coor_zyx"], vec![attr_int("axis", 1)])
+        .node(
+            "coor_xyz",
+            "Cast",
+            "",
+            &["coor_f"],
+            &["coor_xyz"],
+            vec![attr_int("to", Elem::INT32 as i64)],
+        )
+        .node(
+            "coor_zyx",
+            "Gather",
+            "",
+            &["coor_xyz", "xyz_to_zyx"],
+            &["coor_zyx"],
+            vec![attr_int("axis", 1)],
+        )
         .node("coors", "Where", "", &["outside", "minus_one", "coor_zyx"], &["coors"], vec![]);
 
     // --- PFN: (x, y, z, r, offsets from the pillar centre) -> Linear (BN folded) -> ReLU.
@@ -156,12 +202,16 @@ pub fn pointpillars() -> Graph {
         .node("centre_rel", "Mul", "", &["centre_idx", "voxel_size"], &["centre_rel"], vec![])
         .node("centre", "Add", "", &["centre_rel", "pc_min"], &["centre"], vec![])
         .node("centre_offset", "Sub", "", &["xyz", "centre"], &["centre_offset"], vec![])
-        .node("pfn_input", "Concat", "", &["points", "centre_offset"], &["pfn_input"], vec![attr_int("axis", 1)]);
-    g.initializer_f32("pfn_w", &[7, C], &dyadic(&mut rng, (7 * C) as usize, 24, 5)).initializer_f32(
-        "pfn_b",
-        &[C],
-        &dyadic(&mut rng, C as usize, 16, 6),
-    );
+        .node(
+            "pfn_input",
+            "Concat",
+            "",
+            &["points", "centre_offset"],
+            &["pfn_input"],
+            vec![attr_int("axis", 1)],
+        );
+    g.initializer_f32("pfn_w", &[7, C], &dyadic(&mut rng, (7 * C) as usize, 24, 5))
+        .initializer_f32("pfn_b", &[C], &dyadic(&mut rng, C as usize, 16, 6));
     g.node("pfn_matmul", "MatMul", "", &["pfn_input", "pfn_w"], &["pfn_mm"], vec![])
         .node("pfn_bias", "Add", "", &["pfn_mm", "pfn_b"], &["pfn_lin"], vec![])
         .node("pfn_relu", "Relu", "", &["pfn_lin"], &["point_feats"], vec![]);
@@ -181,19 +231,40 @@ pub fn pointpillars() -> Graph {
         .initializer_i64("yx_end", &[1], &[3])
         .initializer_i64("canvas_shape", &[3], &[H, W, C])
         .initializer_i64("axis0", &[1], &[0]);
-    g.node("pillar_yx", "Slice", "", &["voxel_coors", "yx_start", "yx_end", "axis1"], &["pillar_yx"], vec![])
-        .node("pillar_yx64", "Cast", "", &["pillar_yx"], &["pillar_yx64"], vec![attr_int("to", Elem::INT64 as i64)])
-        .node("canvas_zero", "ConstantOfShape", "", &["canvas_shape"], &["canvas_zero"], vec![])
-        .node(
-            "pillar_scatter",
-            "ScatterND",
-            "",
-            &["canvas_zero", "pillar_yx64", "voxel_feats"],
-            &["canvas_hwc"],
-            vec![],
-        )
-        .node("canvas_chw", "Transpose", "", &["canvas_hwc"], &["canvas_chw"], vec![attr_ints("perm", &[2, 0, 1])])
-        .node("bev", "Unsqueeze", "", &["canvas_chw", "axis0"], &["bev"], vec![]);
+    g.node(
+        "pillar_yx",
+        "Slice",
+        "",
+        &["voxel_coors", "yx_start", "yx_end", "axis1"],
+        &["pillar_yx"],
+        vec![],
+    )
+    .node(
+        "pillar_yx64",
+        "Cast",
+        "",
+        &["pillar_yx"],
+        &["pillar_yx64"],
+        vec![attr_int("to", Elem::INT64 as i64)],
+    )
+    .node("canvas_zero", "ConstantOfShape", "", &["canvas_shape"], &["canvas_zero"], vec![])
+    .node(
+        "pillar_scatter",
+        "ScatterND",
+        "",
+        &["canvas_zero", "pillar_yx64", "voxel_feats"],
+        &["canvas_hwc"],
+        vec![],
+    )
+    .node(
+        "canvas_chw",
+        "Transpose",
+        "",
+        &["canvas_hwc"],
+        &["canvas_chw"],
+        vec![attr_ints("perm", &[2, 0, 1])],
+    )
+    .node("bev", "Unsqueeze", "", &["canvas_chw", "axis0"], &["bev"], vec![]);
 
     // --- backbone and anchor head (2 anchors, 3 classes, 7 box parameters).
     conv_params(&mut g, &mut rng, "block1", 48, C, &[3, 3], true);
@@ -219,12 +290,26 @@ pub fn pointpillars() -> Graph {
         &dyadic(&mut rng, C as usize, 8, 3),
     );
     g.node("grad_scaled", "Mul", "", &["voxel_feats", "grad_scale"], &["grad_scaled"], vec![])
-        .node("grad_voxel", "Add", "", &["grad_scaled", "grad_shift"], &["grad_voxel_feats"], vec![])
+        .node(
+            "grad_voxel",
+            "Add",
+            "",
+            &["grad_scaled", "grad_shift"],
+            &["grad_voxel_feats"],
+            vec![],
+        )
         .node(
             "dynamic_scatter_backward",
             "DynamicScatterBackward",
             "mluops",
-            &["grad_voxel_feats", "point_feats", "voxel_feats", "point2voxel_map", "voxel_points_count", "voxel_num"],
+            &[
+                "grad_voxel_feats",
+                "point_feats",
+                "voxel_feats",
+                "point2voxel_map",
+                "voxel_points_count",
+                "voxel_num",
+            ],
             &["grad_point_feats"],
             vec![attr_string("reduce_type", "max")],
         );
@@ -269,9 +354,17 @@ pub fn centerpoint() -> Graph {
     // Sparse weights [K, Cin, Cout] (mmcv's [kd, kh, kw, Cin, Cout] flattened).
     let mut sparse_params = |g: &mut Graph, name: &str, cin: i64, cout: i64, bias: bool| {
         let fan_in = (27 * cin) as usize;
-        g.initializer_f32(&format!("{name}_w"), &[27, cin, cout], &kaiming(&mut rng, fan_in * cout as usize, fan_in));
+        g.initializer_f32(
+            &format!("{name}_w"),
+            &[27, cin, cout],
+            &kaiming(&mut rng, fan_in * cout as usize, fan_in),
+        );
         if bias {
-            g.initializer_f32(&format!("{name}_b"), &[cout], &uniform(&mut rng, cout as usize, 0.1));
+            g.initializer_f32(
+                &format!("{name}_b"),
+                &[cout],
+                &uniform(&mut rng, cout as usize, 0.1),
+            );
         }
     };
     sparse_params(&mut g, "conv_input", 5, 16, true);
@@ -291,7 +384,14 @@ pub fn centerpoint() -> Graph {
         "conv_input",
         "IndiceConv",
         "mluops",
-        &["voxel_features", "conv_input_w", "subm1_pairs", "subm1_num", "subm1_out", "conv_input_b"],
+        &[
+            "voxel_features",
+            "conv_input_w",
+            "subm1_pairs",
+            "subm1_num",
+            "subm1_out",
+            "conv_input_b",
+        ],
         &["conv_input_pre"],
         vec![],
     )
@@ -342,19 +442,37 @@ pub fn centerpoint() -> Graph {
     .node("subm2_relu", "Relu", "", &["subm2_pre"], &["sparse_feats"], vec![]);
 
     // Densify: [B, D, H, W, C] at (b, z, y, x), then [B, C, D, H, W] viewed as [B, C*D, H, W].
-    g.initializer_i64("dense_shape", &[5], &[B, 4, 32, 32, 32]).initializer_i64("bev_shape", &[4], &[B, 128, 32, 32]);
-    g.node("sites64", "Cast", "", &["subm2_out"], &["sites64"], vec![attr_int("to", Elem::INT64 as i64)])
-        .node("dense_zero", "ConstantOfShape", "", &["dense_shape"], &["dense_zero"], vec![])
-        .node("densify", "ScatterND", "", &["dense_zero", "sites64", "sparse_feats"], &["dense_dhwc"], vec![])
-        .node(
-            "dense_cdhw",
-            "Transpose",
-            "",
-            &["dense_dhwc"],
-            &["dense_cdhw"],
-            vec![attr_ints("perm", &[0, 4, 1, 2, 3])],
-        )
-        .node("bev", "Reshape", "", &["dense_cdhw", "bev_shape"], &["bev"], vec![]);
+    g.initializer_i64("dense_shape", &[5], &[B, 4, 32, 32, 32]).initializer_i64(
+        "bev_shape",
+        &[4],
+        &[B, 128, 32, 32],
+    );
+    g.node(
+        "sites64",
+        "Cast",
+        "",
+        &["subm2_out"],
+        &["sites64"],
+        vec![attr_int("to", Elem::INT64 as i64)],
+    )
+    .node("dense_zero", "ConstantOfShape", "", &["dense_shape"], &["dense_zero"], vec![])
+    .node(
+        "densify",
+        "ScatterND",
+        "",
+        &["dense_zero", "sites64", "sparse_feats"],
+        &["dense_dhwc"],
+        vec![],
+    )
+    .node(
+        "dense_cdhw",
+        "Transpose",
+        "",
+        &["dense_dhwc"],
+        &["dense_cdhw"],
+        vec![attr_ints("perm", &[0, 4, 1, 2, 3])],
+    )
+    .node("bev", "Reshape", "", &["dense_cdhw", "bev_shape"], &["bev"], vec![]);
 
     // Head: shared 3x3 conv, heatmap (3 classes, sigmoid) and regression (8) branches.
     conv_params(&mut g, &mut rng, "shared_conv", 32, 128, &[3, 3], true);
@@ -393,11 +511,8 @@ pub fn bevdepth() -> Graph {
     const NPTS: i64 = NCAM * D * FH * FW;
     let mut rng = Rng::new(0x5EED_0003);
     let mut g = Graph::new("bevdepth");
-    g.input("img_feats", Elem::FLOAT, Some(&[Fixed(B * NCAM), Fixed(C), Fixed(FH), Fixed(FW)])).input(
-        "geom_xyz",
-        Elem::INT32,
-        Some(&[Fixed(B), Fixed(NPTS), Fixed(3)]),
-    );
+    g.input("img_feats", Elem::FLOAT, Some(&[Fixed(B * NCAM), Fixed(C), Fixed(FH), Fixed(FW)]))
+        .input("geom_xyz", Elem::INT32, Some(&[Fixed(B), Fixed(NPTS), Fixed(3)]));
     conv_params(&mut g, &mut rng, "depth_reduce", C, C, &[3, 3], true);
     conv_params(&mut g, &mut rng, "depth_out", D + CC, C, &[1, 1], true);
     conv2d(&mut g, "depth_reduce", "img_feats", "depth_reduce_out", 3, 1, 1, true);
@@ -418,7 +533,14 @@ pub fn bevdepth() -> Graph {
         vec![],
     )
     .node("depth", "Softmax", "", &["depth_logits"], &["depth"], vec![attr_int("axis", 1)])
-    .node("context", "Slice", "", &["depth_net_out", "depth_end", "context_end", "axis1"], &["context"], vec![])
+    .node(
+        "context",
+        "Slice",
+        "",
+        &["depth_net_out", "depth_end", "context_end", "axis1"],
+        &["context"],
+        vec![],
+    )
     .node("depth_u", "Unsqueeze", "", &["depth", "axis1"], &["depth_u"], vec![])
     .node("context_u", "Unsqueeze", "", &["context", "axis2"], &["context_u"], vec![])
     .node("frustum", "Mul", "", &["depth_u", "context_u"], &["frustum"], vec![])
@@ -431,7 +553,14 @@ pub fn bevdepth() -> Graph {
         &["frustum_last_c"],
         vec![attr_ints("perm", &[0, 1, 3, 4, 5, 2])],
     )
-    .node("point_feats", "Reshape", "", &["frustum_last_c", "points_shape"], &["point_feats"], vec![])
+    .node(
+        "point_feats",
+        "Reshape",
+        "",
+        &["frustum_last_c", "points_shape"],
+        &["point_feats"],
+        vec![],
+    )
     .node(
         "voxel_pooling",
         "VoxelPoolingForward",
@@ -440,7 +569,14 @@ pub fn bevdepth() -> Graph {
         &["bev_nhwc", "pos_memo"],
         vec![attr_ints("voxel_num", &[32, 32, 1])],
     )
-    .node("bev_feat", "Transpose", "", &["bev_nhwc"], &["bev_feat"], vec![attr_ints("perm", &[0, 3, 1, 2])]);
+    .node(
+        "bev_feat",
+        "Transpose",
+        "",
+        &["bev_nhwc"],
+        &["bev_feat"],
+        vec![attr_ints("perm", &[0, 3, 1, 2])],
+    );
     conv_params(&mut g, &mut rng, "bev_conv", 32, CC, &[3, 3], true);
     conv_params(&mut g, &mut rng, "bev_head", 10, 32, &[1, 1], true);
     conv2d(&mut g, "bev_conv", "bev_feat", "bev_conv_out", 3, 1, 1, true);
@@ -484,7 +620,14 @@ pub fn pointnet2_fp() -> Graph {
         .node("known_u", "Unsqueeze", "", &["known_xyz", "axis1"], &["known_u"], vec![])
         .node("diff", "Sub", "", &["unknown_u", "known_u"], &["diff"], vec![])
         .node("diff_sq", "Mul", "", &["diff", "diff"], &["diff_sq"], vec![])
-        .node("dist2", "ReduceSum", "", &["diff_sq", "axis3"], &["dist2"], vec![attr_int("keepdims", 0)])
+        .node(
+            "dist2",
+            "ReduceSum",
+            "",
+            &["diff_sq", "axis3"],
+            &["dist2"],
+            vec![attr_int("keepdims", 0)],
+        )
         .node(
             "three_nn",
             "TopK",
@@ -493,11 +636,25 @@ pub fn pointnet2_fp() -> Graph {
             &["nn_dist2", "nn_idx64"],
             vec![attr_int("axis", -1), attr_int("largest", 0), attr_int("sorted", 1)],
         )
-        .node("nn_idx", "Cast", "", &["nn_idx64"], &["nn_idx"], vec![attr_int("to", Elem::INT32 as i64)])
+        .node(
+            "nn_idx",
+            "Cast",
+            "",
+            &["nn_idx64"],
+            &["nn_idx"],
+            vec![attr_int("to", Elem::INT32 as i64)],
+        )
         .node("nn_dist", "Sqrt", "", &["nn_dist2"], &["nn_dist"], vec![])
         .node("nn_dist_eps", "Add", "", &["nn_dist", "eps"], &["nn_dist_eps"], vec![])
         .node("dist_recip", "Reciprocal", "", &["nn_dist_eps"], &["dist_recip"], vec![])
-        .node("recip_norm", "ReduceSum", "", &["dist_recip", "axis2"], &["recip_norm"], vec![attr_int("keepdims", 1)])
+        .node(
+            "recip_norm",
+            "ReduceSum",
+            "",
+            &["dist_recip", "axis2"],
+            &["recip_norm"],
+            vec![attr_int("keepdims", 1)],
+        )
         .node("nn_weight", "Div", "", &["dist_recip", "recip_norm"], &["nn_weight"], vec![])
         .node(
             "three_interpolate",
@@ -528,7 +685,15 @@ pub fn pointnet2_fp() -> Graph {
     g.node("mlp2_relu", "Relu", "", &["mlp2_pre"], &["new_features"], vec![]);
 
     // Gradient of 0.5 * |new_features|^2: dL/dmlp2_pre = new_features (zero where the ReLU is off).
-    g.node("mlp2_wt", "Transpose", "", &["mlp2_w"], &["mlp2_wt"], vec![attr_ints("perm", &[1, 0, 2])]).node(
+    g.node(
+        "mlp2_wt",
+        "Transpose",
+        "",
+        &["mlp2_w"],
+        &["mlp2_wt"],
+        vec![attr_ints("perm", &[1, 0, 2])],
+    )
+    .node(
         "mlp1_wt",
         "Transpose",
         "",
@@ -586,19 +751,45 @@ pub fn rfcn_head() -> Graph {
     let mut g = Graph::new("rfcn_head");
     // The feature map's batch and size are symbolic (the image size varies), so the Shape node
     // that gives PsRoiPoolBackward its bottom_shape is computed at run time, not folded.
-    g.input("features", Elem::FLOAT, Some(&[Sym("batches"), Sym("height"), Sym("width"), Fixed(CF)]))
-        .input("rois", Elem::FLOAT, Some(&[Sym("R"), Fixed(5)]))
-        .input("labels", Elem::INT64, Some(&[Sym("R")]));
+    g.input(
+        "features",
+        Elem::FLOAT,
+        Some(&[Sym("batches"), Sym("height"), Sym("width"), Fixed(CF)]),
+    )
+    .input("rois", Elem::FLOAT, Some(&[Sym("R"), Fixed(5)]))
+    .input("labels", Elem::INT64, Some(&[Sym("R")]));
     let mut linear = |g: &mut Graph, name: &str, cin: i64, cout: i64| {
-        g.initializer_f32(&format!("{name}_w"), &[cin, cout], &kaiming(&mut rng, (cin * cout) as usize, cin as usize))
-            .initializer_f32(&format!("{name}_b"), &[cout], &uniform(&mut rng, cout as usize, 0.05));
+        g.initializer_f32(
+            &format!("{name}_w"),
+            &[cin, cout],
+            &kaiming(&mut rng, (cin * cout) as usize, cin as usize),
+        )
+        .initializer_f32(
+            &format!("{name}_b"),
+            &[cout],
+            &uniform(&mut rng, cout as usize, 0.05),
+        );
     };
     linear(&mut g, "conv_new", CF, CF);
     linear(&mut g, "rfcn_cls", CF, K * K * NCLS);
     linear(&mut g, "rfcn_bbox", CF, K * K * NBOX);
     let dense = |g: &mut Graph, name: &str, x: &str, out: &str| {
-        g.node(&format!("{name}_matmul"), "MatMul", "", &[x, &format!("{name}_w")], &[&format!("{name}_mm")], vec![])
-            .node(&format!("{name}_bias"), "Add", "", &[&format!("{name}_mm"), &format!("{name}_b")], &[out], vec![]);
+        g.node(
+            &format!("{name}_matmul"),
+            "MatMul",
+            "",
+            &[x, &format!("{name}_w")],
+            &[&format!("{name}_mm")],
+            vec![],
+        )
+        .node(
+            &format!("{name}_bias"),
+            "Add",
+            "",
+            &[&format!("{name}_mm"), &format!("{name}_b")],
+            &[out],
+            vec![],
+        );
     };
     dense(&mut g, "conv_new", "features", "conv_new_pre");
     g.node("conv_new_relu", "Relu", "", &["conv_new_pre"], &["hidden"], vec![]);
@@ -616,55 +807,91 @@ pub fn rfcn_head() -> Graph {
         .initializer_i64("onehot_depth", &[], &[NCLS])
         .initializer_f32("onehot_values", &[2], &[0.0, 1.0])
         .initializer_f32("inv_bins", &[], &[1.0 / (K * K) as f32]);
-    g.node("psroi_cls", "PsRoiPool", "mluops", &["cls_maps", "rois"], &["cls_pooled", "cls_mapping"], pool(NCLS))
-        .node("psroi_bbox", "PsRoiPool", "mluops", &["bbox_maps", "rois"], &["bbox_pooled", "bbox_mapping"], pool(NBOX))
-        .node(
-            "cls_vote",
-            "ReduceMean",
-            "",
-            &["cls_pooled"],
-            &["cls_score"],
-            vec![attr_ints("axes", &[1, 2]), attr_int("keepdims", 0)],
-        )
-        .node(
-            "bbox_vote",
-            "ReduceMean",
-            "",
-            &["bbox_pooled"],
-            &["bbox_pred"],
-            vec![attr_ints("axes", &[1, 2]), attr_int("keepdims", 0)],
-        )
-        .node("cls_prob", "Softmax", "", &["cls_score"], &["cls_prob"], vec![attr_int("axis", 1)])
-        // d(sum of cross-entropies)/dcls_score = softmax - onehot(labels); the bin mean spreads it.
-        .node(
-            "onehot",
-            "OneHot",
-            "",
-            &["labels", "onehot_depth", "onehot_values"],
-            &["onehot"],
-            vec![attr_int("axis", -1)],
-        )
-        .node("grad_score", "Sub", "", &["cls_prob", "onehot"], &["grad_score"], vec![])
-        .node("grad_bin", "Mul", "", &["grad_score", "inv_bins"], &["grad_bin"], vec![])
-        .node("grad_bin_u", "Unsqueeze", "", &["grad_bin", "axes12"], &["grad_bin_u"], vec![])
-        .node("pooled_shape", "Shape", "", &["cls_pooled"], &["pooled_shape"], vec![])
-        .node("grad_pooled", "Expand", "", &["grad_bin_u", "pooled_shape"], &["grad_pooled"], vec![])
-        .node("cls_maps_shape", "Shape", "", &["cls_maps"], &["cls_maps_shape"], vec![])
-        .node(
-            "psroi_cls_backward",
-            "PsRoiPoolBackward",
-            "mluops",
-            &["grad_pooled", "rois", "cls_mapping", "cls_maps_shape"],
-            &["grad_cls_maps"],
-            pool(NCLS),
-        )
-        .node("rfcn_cls_wt", "Transpose", "", &["rfcn_cls_w"], &["rfcn_cls_wt"], vec![attr_ints("perm", &[1, 0])])
-        .node("grad_hidden", "MatMul", "", &["grad_cls_maps", "rfcn_cls_wt"], &["grad_hidden"], vec![]);
+    g.node(
+        "psroi_cls",
+        "PsRoiPool",
+        "mluops",
+        &["cls_maps", "rois"],
+        &["cls_pooled", "cls_mapping"],
+        pool(NCLS),
+    )
+    .node(
+        "psroi_bbox",
+        "PsRoiPool",
+        "mluops",
+        &["bbox_maps", "rois"],
+        &["bbox_pooled", "bbox_mapping"],
+        pool(NBOX),
+    )
+    .node(
+        "cls_vote",
+        "ReduceMean",
+        "",
+        &["cls_pooled"],
+        &["cls_score"],
+        vec![attr_ints("axes", &[1, 2]), attr_int("keepdims", 0)],
+    )
+    .node(
+        "bbox_vote",
+        "ReduceMean",
+        "",
+        &["bbox_pooled"],
+        &["bbox_pred"],
+        vec![attr_ints("axes", &[1, 2]), attr_int("keepdims", 0)],
+    )
+    .node("cls_prob", "Softmax", "", &["cls_score"], &["cls_prob"], vec![attr_int("axis", 1)])
+    // d(sum of cross-entropies)/dcls_score = softmax - onehot(labels); the bin mean spreads it.
+    .node(
+        "onehot",
+        "OneHot",
+        "",
+        &["labels", "onehot_depth", "onehot_values"],
+        &["onehot"],
+        vec![attr_int("axis", -1)],
+    )
+    .node("grad_score", "Sub", "", &["cls_prob", "onehot"], &["grad_score"], vec![])
+    .node("grad_bin", "Mul", "", &["grad_score", "inv_bins"], &["grad_bin"], vec![])
+    .node("grad_bin_u", "Unsqueeze", "", &["grad_bin", "axes12"], &["grad_bin_u"], vec![])
+    .node("pooled_shape", "Shape", "", &["cls_pooled"], &["pooled_shape"], vec![])
+    .node("grad_pooled", "Expand", "", &["grad_bin_u", "pooled_shape"], &["grad_pooled"], vec![])
+    .node("cls_maps_shape", "Shape", "", &["cls_maps"], &["cls_maps_shape"], vec![])
+    .node(
+        "psroi_cls_backward",
+        "PsRoiPoolBackward",
+        "mluops",
+        &["grad_pooled", "rois", "cls_mapping", "cls_maps_shape"],
+        &["grad_cls_maps"],
+        pool(NCLS),
+    )
+    .node(
+        "rfcn_cls_wt",
+        "Transpose",
+        "",
+        &["rfcn_cls_w"],
+        &["rfcn_cls_wt"],
+        vec![attr_ints("perm", &[1, 0])],
+    )
+    .node(
+        "grad_hidden",
+        "MatMul",
+        "",
+        &["grad_cls_maps", "rfcn_cls_wt"],
+        &["grad_hidden"],
+        vec![],
+    );
     g.output("cls_score", Elem::FLOAT, Some(&[Sym("R"), Fixed(NCLS)]))
         .output("cls_prob", Elem::FLOAT, Some(&[Sym("R"), Fixed(NCLS)]))
         .output("bbox_pred", Elem::FLOAT, Some(&[Sym("R"), Fixed(NBOX)]))
         .output("cls_mapping", Elem::INT32, Some(&[Sym("R"), Fixed(K), Fixed(K), Fixed(NCLS)]))
-        .output("grad_cls_maps", Elem::FLOAT, Some(&[Sym("batches"), Sym("height"), Sym("width"), Fixed(K * K * NCLS)]))
-        .output("grad_hidden", Elem::FLOAT, Some(&[Sym("batches"), Sym("height"), Sym("width"), Fixed(CF)]));
+        .output(
+            "grad_cls_maps",
+            Elem::FLOAT,
+            Some(&[Sym("batches"), Sym("height"), Sym("width"), Fixed(K * K * NCLS)]),
+        )
+        .output(
+            "grad_hidden",
+            Elem::FLOAT,
+            Some(&[Sym("batches"), Sym("height"), Sym("width"), Fixed(CF)]),
+        );
     g
 }

@@ -53,6 +53,9 @@ print(sum(d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("e
 fi
 # The host suite tests the emulated card (its clusters and modes), also on a card host.
 export MLU_EP_TEST_DEVICE=emulated
+stage "format: cargo fmt --check (rustfmt.toml), the crate and the fuzz targets"
+cargo fmt --check
+cargo fmt --check --manifest-path fuzz/Cargo.toml
 stage "build (release library for the Python tests)"
 cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"

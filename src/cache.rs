@@ -40,7 +40,9 @@ pub fn prefetch_item<T>(item: &T) {
     // a live reference. SSE is part of the x86-64 baseline.
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(item).cast())
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            std::ptr::from_ref(item).cast(),
+        )
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = item;

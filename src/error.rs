@@ -59,9 +59,10 @@ impl Error {
     /// caller got wrong, an ONNX Runtime call's own code, FAIL otherwise.
     pub fn code(&self) -> OrtErrorCode {
         match self {
-            Error::Attribute { .. } | Error::Input { .. } | Error::Output { .. } | Error::Argument(_) => {
-                OrtErrorCode::ORT_INVALID_ARGUMENT
-            }
+            Error::Attribute { .. }
+            | Error::Input { .. }
+            | Error::Output { .. }
+            | Error::Argument(_) => OrtErrorCode::ORT_INVALID_ARGUMENT,
             Error::Ort { code, .. } => *code,
             Error::Node { error, .. } => error.code(),
             Error::Runtime(_) | Error::Declined(_) => OrtErrorCode::ORT_FAIL,

@@ -6,6 +6,9 @@
 pub mod cache;
 pub mod ep;
 pub mod error;
+pub mod ffi;
+pub mod mlu;
+pub mod mluops;
 pub mod ops;
 pub mod parallel;
 pub mod schema;
@@ -13,9 +16,6 @@ pub mod scratch;
 pub mod tensor;
 #[cfg(test)]
 mod test_rng;
-pub mod ffi;
-pub mod mlu;
-pub mod mluops;
 
 use ep::factory;
 use ffi::ep_abi::OrtEpFactory;
@@ -28,7 +28,10 @@ use std::ffi::c_char;
 /// # Safety
 /// Called by ONNX Runtime with its live session options and API base.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn RegisterCustomOps(options: *mut OrtSessionOptions, api_base: *const OrtApiBase) -> OrtStatusPtr {
+pub unsafe extern "C" fn RegisterCustomOps(
+    options: *mut OrtSessionOptions,
+    api_base: *const OrtApiBase,
+) -> OrtStatusPtr {
     let init = std::panic::catch_unwind(|| {
         // SAFETY: api_base is the pointer ONNX Runtime passed to this entry point.
         unsafe { ffi::init(api_base) }
@@ -80,7 +83,9 @@ pub unsafe extern "C" fn CreateEpFactories(
                 unsafe { std::ffi::CStr::from_ptr(registered_name) }.to_string_lossy().into_owned()
             };
             // SAFETY: the output arguments are ONNX Runtime's.
-            unsafe { factory::create(&name, default_logger, factories, max_factories, num_factories) }
+            unsafe {
+                factory::create(&name, default_logger, factories, max_factories, num_factories)
+            }
         }),
         Ok(Err(status)) => status,
         Err(_) => OrtStatusPtr(std::ptr::null_mut()),

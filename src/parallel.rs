@@ -134,7 +134,9 @@ pub fn balanced_cuts(weights: impl Iterator<Item = u64> + Clone, parts: usize) -
     for (i, w) in weights.enumerate() {
         done += u128::from(w);
         items = i + 1;
-        if cuts.len() < parts && done.saturating_mul(parts as u128) >= total.saturating_mul(cuts.len() as u128) {
+        if cuts.len() < parts
+            && done.saturating_mul(parts as u128) >= total.saturating_mul(cuts.len() as u128)
+        {
             cuts.push(items);
         }
     }
@@ -182,7 +184,9 @@ mod tests {
     #[test]
     fn parts_follow_bounds() {
         let mut v = vec![0usize; 10];
-        for_each_part_mut(&Threads(2), &mut v, &[0, 3, 3, 10], |t, c| c.iter_mut().for_each(|x| *x = t));
+        for_each_part_mut(&Threads(2), &mut v, &[0, 3, 3, 10], |t, c| {
+            c.iter_mut().for_each(|x| *x = t)
+        });
         assert_eq!(v, [0, 0, 0, 2, 2, 2, 2, 2, 2, 2]);
     }
 }

@@ -91,7 +91,11 @@ impl Schema {
     pub fn bindings(&self) -> Vec<Option<(String, DType)>> {
         match self.type_constraints.first() {
             None => vec![None],
-            Some(c) => self.allowed_for_constraint(c).into_iter().map(|d| Some((c.type_str.clone(), d))).collect(),
+            Some(c) => self
+                .allowed_for_constraint(c)
+                .into_iter()
+                .map(|d| Some((c.type_str.clone(), d)))
+                .collect(),
         }
     }
 
@@ -103,8 +107,9 @@ impl Schema {
     pub fn dtype(&self, formal: &Formal, binding: &Option<(String, DType)>) -> DType {
         match binding {
             Some((name, d)) if *name == formal.type_str => *d,
-            _ => DType::from_onnx_name(&formal.type_str)
-                .unwrap_or_else(|| panic!("schema {}: unbound type {}", self.op_type, formal.type_str)),
+            _ => DType::from_onnx_name(&formal.type_str).unwrap_or_else(|| {
+                panic!("schema {}: unbound type {}", self.op_type, formal.type_str)
+            }),
         }
     }
 
@@ -127,7 +132,9 @@ impl Attribute {
         let v = self.default.as_ref()?;
         Some(match self.kind {
             AttrKind::Int => AttrValue::Int(v.as_i64()?),
-            AttrKind::Ints => AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64()).collect::<Option<_>>()?),
+            AttrKind::Ints => {
+                AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64()).collect::<Option<_>>()?)
+            }
             AttrKind::Float => AttrValue::Float(v.as_f64()? as f32),
             AttrKind::String => AttrValue::String(v.as_str()?.to_owned()),
         })
@@ -139,7 +146,8 @@ impl Schema {
     /// schema tests, so this panics (never across the C boundary: callers there run inside
     /// catch_unwind).
     pub fn parse(op_type: &str, text: &str) -> Schema {
-        let s: Schema = serde_json::from_str(text).unwrap_or_else(|e| panic!("schema of {op_type}: {e}"));
+        let s: Schema =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("schema of {op_type}: {e}"));
         assert_eq!(s.op_type, op_type, "schema file holds another op");
         s
     }
@@ -164,7 +172,11 @@ impl AttributeSource for std::collections::HashMap<String, AttrValue> {
                         | (AttrValue::Float(_), AttrKind::Float)
                         | (AttrValue::String(_), AttrKind::String)
                 );
-                if matches { Ok(Some(v.clone())) } else { Err(Error::Runtime(format!("expected type {kind:?}, got {v:?}"))) }
+                if matches {
+                    Ok(Some(v.clone()))
+                } else {
+                    Err(Error::Runtime(format!("expected type {kind:?}, got {v:?}")))
+                }
             }
         }
     }
@@ -182,17 +194,15 @@ impl<'a> Attrs<'a> {
     }
 
     fn value(&self, name: &str, kind: AttrKind) -> Result<AttrValue> {
-        let decl = self
-            .schema
-            .attribute(name)
-            .filter(|a| a.kind == kind)
-            .unwrap_or_else(|| panic!("{}: attribute {name} ({kind:?}) is not in the schema", self.schema.op_type));
+        let decl = self.schema.attribute(name).filter(|a| a.kind == kind).unwrap_or_else(|| {
+            panic!("{}: attribute {name} ({kind:?}) is not in the schema", self.schema.op_type)
+        });
         match self.source.get(name, kind).map_err(|e| Error::attribute(name, e.to_string()))? {
             Some(v) => Ok(v),
             None if decl.required => Err(Error::attribute(name, "required attribute is missing")),
-            None => decl
-                .default_value()
-                .ok_or_else(|| Error::Runtime(format!("schema default of attribute '{name}' is malformed"))),
+            None => decl.default_value().ok_or_else(|| {
+                Error::Runtime(format!("schema default of attribute '{name}' is malformed"))
+            }),
         }
     }
 
@@ -213,8 +223,9 @@ impl<'a> Attrs<'a> {
     /// An `ints` attribute that must hold exactly `N` values.
     pub fn ints_n<const N: usize>(&self, name: &str) -> Result<[i64; N]> {
         let v = self.ints(name)?;
-        <[i64; N]>::try_from(v.as_slice())
-            .map_err(|_| Error::attribute(name, format!("expected {N} values, got {}: {v:?}", v.len())))
+        <[i64; N]>::try_from(v.as_slice()).map_err(|_| {
+            Error::attribute(name, format!("expected {N} values, got {}: {v:?}", v.len()))
+        })
     }
 
     pub fn float(&self, name: &str) -> Result<f32> {

@@ -9,12 +9,15 @@ use std::sync::Mutex;
 
 fn out_of_memory<T>(what: &str, elems: usize) -> Error {
     let mb = elems.saturating_mul(size_of::<T>()) as f64 / 1e6;
-    Error::Runtime(format!("out of memory: {what} needs {mb:.1} MB of host memory that could not be allocated"))
+    Error::Runtime(format!(
+        "out of memory: {what} needs {mb:.1} MB of host memory that could not be allocated"
+    ))
 }
 
 /// Makes room for `additional` more elements in `v`, or fails naming `what`.
 pub fn reserve<T>(v: &mut Vec<T>, additional: usize, what: &str) -> Result<()> {
-    v.try_reserve(additional).map_err(|_| out_of_memory::<T>(what, v.len().saturating_add(additional)))
+    v.try_reserve(additional)
+        .map_err(|_| out_of_memory::<T>(what, v.len().saturating_add(additional)))
 }
 
 /// `len` copies of `value`, or an error naming `what`.

@@ -45,7 +45,10 @@ pub enum Data<'a> {
     I64(&'a [i64]),
     /// `len` elements of `dtype` that stay in card memory: the host sees the shape only
     /// (the MLU path's shape rules).
-    OnCard { dtype: DType, len: usize },
+    OnCard {
+        dtype: DType,
+        len: usize,
+    },
 }
 
 impl Data<'_> {
@@ -129,14 +132,21 @@ impl<'a> Inputs<'a> {
                     let mut dims = Vec::with_capacity(t.shape.len());
                     for &d in &t.shape {
                         dims.push(usize::try_from(d).map_err(|_| {
-                            Error::input(&name, format!("negative dimension in shape {:?}", t.shape))
+                            Error::input(
+                                &name,
+                                format!("negative dimension in shape {:?}", t.shape),
+                            )
                         })?);
                     }
                     let count = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
                     if count != Some(t.data.len()) {
                         return Err(Error::input(
                             &name,
-                            format!("shape {:?} does not match {} data elements", t.shape, t.data.len()),
+                            format!(
+                                "shape {:?} does not match {} data elements",
+                                t.shape,
+                                t.data.len()
+                            ),
                         ));
                     }
                     dims
@@ -180,7 +190,11 @@ impl<'a> Inputs<'a> {
         if t.data.dtype() != T::DTYPE {
             return Err(self.error(
                 i,
-                format!("expected dtype {}, got {}", T::DTYPE.onnx_name(), t.data.dtype().onnx_name()),
+                format!(
+                    "expected dtype {}, got {}",
+                    T::DTYPE.onnx_name(),
+                    t.data.dtype().onnx_name()
+                ),
             ));
         }
         Ok(&self.shapes[i])
@@ -189,18 +203,32 @@ impl<'a> Inputs<'a> {
     /// Input `i` as a view of element type `T`; an error if absent or of another dtype.
     pub fn get<T: Element>(&self, i: usize) -> Result<View<'_, T>> {
         let shape = self.shape_of::<T>(i)?;
-        let data = self.tensors[i].as_ref().and_then(|t| T::from_data(&t.data)).ok_or_else(|| {
-            Error::Runtime(format!("input '{}': its values are in card memory, not on the host", self.name(i)))
-        })?;
+        let data =
+            self.tensors[i].as_ref().and_then(|t| T::from_data(&t.data)).ok_or_else(|| {
+                Error::Runtime(format!(
+                    "input '{}': its values are in card memory, not on the host",
+                    self.name(i)
+                ))
+            })?;
         Ok(View { shape, data })
     }
 
     /// Like [`shape_of`](Self::shape_of), checking the rank and the dimensions given as
     /// `Some`; errors name the input and the expected shape.
-    pub fn shaped<T: Element>(&self, i: usize, expected: &[Option<usize>], pattern: &str) -> Result<&[usize]> {
+    pub fn shaped<T: Element>(
+        &self,
+        i: usize,
+        expected: &[Option<usize>],
+        pattern: &str,
+    ) -> Result<&[usize]> {
         let shape = self.shape_of::<T>(i)?;
-        let ok = shape.len() == expected.len() && shape.iter().zip(expected).all(|(&d, e)| e.is_none_or(|e| e == d));
-        if ok { Ok(shape) } else { Err(self.error(i, format!("expected shape {pattern}, got {shape:?}"))) }
+        let ok = shape.len() == expected.len()
+            && shape.iter().zip(expected).all(|(&d, e)| e.is_none_or(|e| e == d));
+        if ok {
+            Ok(shape)
+        } else {
+            Err(self.error(i, format!("expected shape {pattern}, got {shape:?}")))
+        }
     }
 
     /// Like [`get`](Self::get) but `None` when the optional input is absent.
@@ -210,7 +238,12 @@ impl<'a> Inputs<'a> {
 
     /// Input `i` as `T`, checking its rank and the dimensions given as `Some`.
     /// Returns the view; errors name the input and the expected shape.
-    pub fn get_shaped<T: Element>(&self, i: usize, expected: &[Option<usize>], pattern: &str) -> Result<View<'_, T>> {
+    pub fn get_shaped<T: Element>(
+        &self,
+        i: usize,
+        expected: &[Option<usize>],
+        pattern: &str,
+    ) -> Result<View<'_, T>> {
         self.shaped::<T>(i, expected, pattern)?;
         self.get::<T>(i)
     }
@@ -291,9 +324,13 @@ impl<'a> Outputs<'a> {
     /// Takes output `i` as a mutable slice of `T`.
     pub fn take<T: OutElement>(&mut self, i: usize) -> Result<&'a mut [T]> {
         let name = self.names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
-        let slot = self.data.get_mut(i).ok_or_else(|| Error::output(&name, "output is not allocated"))?;
+        let slot =
+            self.data.get_mut(i).ok_or_else(|| Error::output(&name, "output is not allocated"))?;
         T::take(std::mem::take(slot)).map_err(|other| {
-            Error::Runtime(format!("output '{name}': host allocated {other:?}-typed buffer, kernel expected {}", T::DTYPE.onnx_name()))
+            Error::Runtime(format!(
+                "output '{name}': host allocated {other:?}-typed buffer, kernel expected {}",
+                T::DTYPE.onnx_name()
+            ))
         })
     }
 }
@@ -377,7 +414,10 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn view(&self) -> TensorRef<'_> {
-        TensorRef { shape: self.shape.iter().map(|&d| d as i64).collect(), data: self.data.as_data() }
+        TensorRef {
+            shape: self.shape.iter().map(|&d| d as i64).collect(),
+            data: self.data.as_data(),
+        }
     }
     pub fn f32(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Self {
         Tensor { shape: shape.into(), data: OwnedData::F32(data) }
@@ -410,7 +450,9 @@ impl CardTensor {
             .iter()
             .map(|&x| usize::try_from(x))
             .collect::<std::result::Result<Vec<usize>, _>>()
-            .map_err(|_| crate::error::Error::Runtime(format!("negative dimension in {:?}", self.shape)))?;
+            .map_err(|_| {
+                crate::error::Error::Runtime(format!("negative dimension in {:?}", self.shape))
+            })?;
         Ok(OutputSpec::new(self.dtype, dims))
     }
 }

@@ -24,38 +24,110 @@ const FALLIBLE: &str = "within a fallible reservation";
 
 /// (file, the line's start, why it needs no fallible allocation).
 const AUDITED: &[(&str, &str, &str)] = &[
-    ("src/ep/factory.rs", "let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.d", META),
+    (
+        "src/ep/factory.rs",
+        "let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.d",
+        META,
+    ),
     ("src/ep/factory.rs", "let ids: Vec<u32> = self.cards.iter().map(|c| c.id).collect();", META),
-    ("src/ep/kernel.rs", "let sizes = || tensors.iter().flatten().map(|t| format!(\"{:?}\", t.shape)).c", META),
-    ("src/ep/provider.rs", "let order: Vec<&str> = ep.backends.order.iter().map(|b| b.name()).collect", META),
+    (
+        "src/ep/kernel.rs",
+        "let sizes = || tensors.iter().flatten().map(|t| format!(\"{:?}\", t.shape)).c",
+        META,
+    ),
+    (
+        "src/ep/provider.rs",
+        "let order: Vec<&str> = ep.backends.order.iter().map(|b| b.name()).collect",
+        META,
+    ),
     ("src/mluops/mod.rs", ".collect();", META),
     ("src/mluops/mod.rs", ".collect::<Result<_>>()?;", META),
     ("src/ops/sparse_conv/get_indice_pairs/mluops.rs", "let mut counts = vec![0i32; k];", CONST),
-    ("src/ops/device.rs", "let mut all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p", META),
-    ("src/ops/device.rs", "let paths = all.into_iter().filter(|(b, _)| backends.order.contains(b)).", META),
-    ("src/ops/device.rs", "tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).co", META),
-    ("src/ops/device.rs", "tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cas", META),
+    (
+        "src/ops/device.rs",
+        "let mut all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p",
+        META,
+    ),
+    (
+        "src/ops/device.rs",
+        "let paths = all.into_iter().filter(|(b, _)| backends.order.contains(b)).",
+        META,
+    ),
+    (
+        "src/ops/device.rs",
+        "tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).co",
+        META,
+    ),
+    (
+        "src/ops/device.rs",
+        "tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cas",
+        META,
+    ),
     ("src/ops/device.rs", "let mut staged = Vec::with_capacity(tensors.len());", META),
-    ("src/ops/device.rs", "declined.iter().map(|(b, why)| format!(\"{}: {why}\", b.name())).collect", META),
-    ("src/ops/device.rs", "let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().", META),
+    (
+        "src/ops/device.rs",
+        "declined.iter().map(|(b, why)| format!(\"{}: {why}\", b.name())).collect",
+        META,
+    ),
+    (
+        "src/ops/device.rs",
+        "let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().",
+        META,
+    ),
     ("src/ops/device.rs", "shape: t.shape.iter().map(|&d| d as i64).collect(),", META),
     ("src/tensor.rs", ".collect::<std::result::Result<Vec<usize>, _>>()", META),
     ("src/ffi/attributes.rs", "let mut v = vec![0i64; n];", META),
-    ("src/ffi/attributes.rs", "let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_int", META),
+    (
+        "src/ffi/attributes.rs",
+        "let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_int",
+        META,
+    ),
     ("src/ffi/attributes.rs", "let mut buf = vec![0u8; needed];", META),
-    ("src/ffi/attributes.rs", "Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.i", META),
-    ("src/ffi/custom_op.rs", "input_types: schema.inputs.iter().map(|f| onnx_type(schema.dtype(f, &bin", META),
-    ("src/ffi/custom_op.rs", "output_types: schema.outputs.iter().map(|f| onnx_type(schema.dtype(f, &b", META),
+    (
+        "src/ffi/attributes.rs",
+        "Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.i",
+        META,
+    ),
+    (
+        "src/ffi/custom_op.rs",
+        "input_types: schema.inputs.iter().map(|f| onnx_type(schema.dtype(f, &bin",
+        META,
+    ),
+    (
+        "src/ffi/custom_op.rs",
+        "output_types: schema.outputs.iter().map(|f| onnx_type(schema.dtype(f, &b",
+        META,
+    ),
     ("src/ffi/custom_op.rs", ".collect()", META),
     ("src/ffi/graph.rs", "let mut nodes: Vec<*const OrtNode> = vec![std::ptr::null(); n];", META),
-    ("src/ffi/graph.rs", "Ok(nodes.into_iter().map(|ptr| unsafe { Node::from_raw(ptr) }).collect()", META),
-    ("src/ffi/graph.rs", "let mut inputs: Vec<*const OrtValueInfo> = vec![std::ptr::null(); n];", META),
+    (
+        "src/ffi/graph.rs",
+        "Ok(nodes.into_iter().map(|ptr| unsafe { Node::from_raw(ptr) }).collect()",
+        META,
+    ),
+    (
+        "src/ffi/graph.rs",
+        "let mut inputs: Vec<*const OrtValueInfo> = vec![std::ptr::null(); n];",
+        META,
+    ),
     ("src/ffi/graph.rs", "let mut shapes = Vec::with_capacity(n);", META),
     ("src/ffi/graph.rs", "let mut dims = vec![0i64; rank];", META),
-    ("src/ffi/graph.rs", "shapes.push(Some(dims.into_iter().map(|d| usize::try_from(d).ok()).colle", META),
+    (
+        "src/ffi/graph.rs",
+        "shapes.push(Some(dims.into_iter().map(|d| usize::try_from(d).ok()).colle",
+        META,
+    ),
     ("src/ffi/kernel.rs", "let mut tensors = Vec::with_capacity(n);", META),
-    ("src/ffi/kernel.rs", "Some(CardTensor { shape: shape.to_vec(), dtype, data: v.data()? })", META),
-    ("src/ffi/kernel.rs", "let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();", META),
+    (
+        "src/ffi/kernel.rs",
+        "Some(CardTensor { shape: shape.to_vec(), dtype, data: v.data()? })",
+        META,
+    ),
+    (
+        "src/ffi/kernel.rs",
+        "let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();",
+        META,
+    ),
     ("src/ffi/kernel.rs", "let mut views = Vec::with_capacity(names.len());", META),
     ("src/ffi/kernel.rs", "let mut bufs = Vec::with_capacity(specs.len());", META),
     ("src/ffi/mod.rs", "let mut buf = vec![0u8; size.max(1)];", META),
@@ -63,68 +135,203 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/device.rs", "let mut v = vec![0f32; cols];", ROW),
     ("src/ops/device.rs", ".collect();", META),
     ("src/ops/device.rs", "let mut sizes = vec![None; inputs.len()];", META),
-    ("src/ops/device.rs", "let Ok(dims) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::", META),
+    (
+        "src/ops/device.rs",
+        "let Ok(dims) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::",
+        META,
+    ),
     ("src/ops/device.rs", "self.bufs.resize_with(index + 1, || None);", META),
-    ("src/ops/dynamic_scatter/backward.rs", "let mut quotient = vec![0f32; if mean { c } else { 0 }];", OUTPUT_ROW),
+    (
+        "src/ops/dynamic_scatter/backward.rs",
+        "let mut quotient = vec![0f32; if mean { c } else { 0 }];",
+        OUTPUT_ROW,
+    ),
     ("src/ops/dynamic_scatter/backward.rs", "let zeros = vec![0f32; c];", OUTPUT_ROW),
     ("src/ops/dynamic_scatter/backward.rs", "slots.resize_with(total, || None);", FALLIBLE),
-    ("src/ops/dynamic_scatter/backward.rs", "let mut first_voxel = Vec::with_capacity(tasks + 1);", TASKS),
-    ("src/ops/dynamic_scatter/backward.rs", "let bounds: Vec<usize> = first_voxel.iter().map(|&vx| csr.offsets.get(vx", TASKS),
+    (
+        "src/ops/dynamic_scatter/backward.rs",
+        "let mut first_voxel = Vec::with_capacity(tasks + 1);",
+        TASKS,
+    ),
+    (
+        "src/ops/dynamic_scatter/backward.rs",
+        "let bounds: Vec<usize> = first_voxel.iter().map(|&vx| csr.offsets.get(vx",
+        TASKS,
+    ),
     ("src/ops/dynamic_scatter/backward.rs", "let mut taken = vec![0u32; c];", OUTPUT_ROW),
     ("src/ops/dynamic_scatter/backward.rs", "let mut row = vec![0f32; c];", OUTPUT_ROW),
-    ("src/ops/mod.rs", "SCHEMAS.get_or_init(|| ALL.iter().map(|e| Schema::parse(e.name, e.schema", META),
+    (
+        "src/ops/mod.rs",
+        "SCHEMAS.get_or_init(|| ALL.iter().map(|e| Schema::parse(e.name, e.schema",
+        META,
+    ),
     ("src/ops/mod.rs", "self.specs = specs.to_vec();", META),
-    ("src/ops/mod.rs", "Ok(Outputs::new(self.names.clone(), self.data.iter_mut().map(OwnedData::", META),
-    ("src/ops/mod.rs", "self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.", META),
-    ("src/ops/mod.rs", "let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tenso", META),
-    ("src/ops/mod.rs", "let padded: Vec<OutputSpec> = specs.iter().map(|s| OutputSpec::new(s.dtyp", META),
-    ("src/ops/mod.rs", "self.starts = self.owned.data.iter().zip(specs).map(|(d, s)| d.as_ptr().c", META),
+    (
+        "src/ops/mod.rs",
+        "Ok(Outputs::new(self.names.clone(), self.data.iter_mut().map(OwnedData::",
+        META,
+    ),
+    (
+        "src/ops/mod.rs",
+        "self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.",
+        META,
+    ),
+    (
+        "src/ops/mod.rs",
+        "let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tenso",
+        META,
+    ),
+    (
+        "src/ops/mod.rs",
+        "let padded: Vec<OutputSpec> = specs.iter().map(|s| OutputSpec::new(s.dtyp",
+        META,
+    ),
+    (
+        "src/ops/mod.rs",
+        "self.starts = self.owned.data.iter().zip(specs).map(|(d, s)| d.as_ptr().c",
+        META,
+    ),
     ("src/ops/mod.rs", "self.owned.specs = specs.to_vec();", META),
     ("src/ops/mod.rs", "Ok(Outputs::new(self.owned.names.clone(), parts.collect()))", META),
     ("src/ops/mod.rs", "parts.collect()", META),
     ("src/ops/psroipool/backward.rs", ".collect::<std::result::Result<_, _>>()", CONST),
-    ("src/ops/psroipool/backward.rs", "let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), ", CONST),
+    (
+        "src/ops/psroipool/backward.rs",
+        "let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), ",
+        CONST,
+    ),
     ("src/ops/psroipool/backward.rs", "let mut values = vec![0f32; od];", OUTPUT_ROW),
-    ("src/ops/psroipool/forward.rs", "let (mut rows, mut cols) = (vec![Span::default(); d.pooled], vec![Span::", OUTPUT_ROW),
+    (
+        "src/ops/psroipool/forward.rs",
+        "let (mut rows, mut cols) = (vec![Span::default(); d.pooled], vec![Span::",
+        OUTPUT_ROW,
+    ),
     ("src/ops/psroipool/forward.rs", "let mut rows = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut cols = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut acc = vec![0f32; od];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "Ok((self.output_specs(&plan).to_vec(), plan))", META),
-    ("src/ops/rules.rs", ".map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_ve", ROW),
-    ("src/ops/rules.rs", ".map(|row| (row, RowValues::F32(data[row * cols..(row + 1) * cols].to_ve", ROW),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "rows: vec![Vec::new(); kernel_volume],", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "keys: vec![Vec::new(); kernel_volume],", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "starts: if dense.is_some() { Vec::new() } else { vec![0; prefix_mask + 2] },", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);", TASKS),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut counts = vec![0usize; prefix_mask + 1];", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];", TASKS),
+    (
+        "src/ops/rules.rs",
+        ".map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_ve",
+        ROW,
+    ),
+    (
+        "src/ops/rules.rs",
+        ".map(|row| (row, RowValues::F32(data[row * cols..(row + 1) * cols].to_ve",
+        ROW,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "rows: vec![Vec::new(); kernel_volume],",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "keys: vec![Vec::new(); kernel_volume],",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "starts: if dense.is_some() { Vec::new() } else { vec![0; prefix_mask + 2] },",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "blocks.resize_with(pieces(data.len() / 4, emit_rows), Emitted::empty);",
+        TASKS,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "let mut counts = vec![0usize; prefix_mask + 1];",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];",
+        TASKS,
+    ),
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", ".collect()", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_m", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut ptrs = vec![0usize; x_taps.len()];", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let counts: Vec<AtomicUsize> = (0..num.len()).map(|_| AtomicUsize::new(0", CONST),
-    ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", "let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2", CONST),
-    ("src/ops/sparse_conv/indice_conv/mod.rs", "books.resize_with(n_pieces, Piece::default);", TASKS),
-    ("src/ops/sparse_conv/indice_conv/mod.rs", "let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.dims", TASKS),
-    ("src/ops/voxel_pooling/forward.rs", "Ok(counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().m", TASKS),
-    ("src/schema.rs", "Some(c) => c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t", META),
-    ("src/schema.rs", "None => DType::from_onnx_name(&formal.type_str).into_iter().collect(),", META),
-    ("src/schema.rs", "Some(c) => self.allowed_for_constraint(c).into_iter().map(|d| Some((c.ty", META),
-    ("src/schema.rs", "c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t)).collect(", META),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_m",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "let mut ptrs = vec![0usize; x_taps.len()];",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "let counts: Vec<AtomicUsize> = (0..num.len()).map(|_| AtomicUsize::new(0",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/indice_conv/mod.rs",
+        "books.resize_with(n_pieces, Piece::default);",
+        TASKS,
+    ),
+    (
+        "src/ops/sparse_conv/indice_conv/mod.rs",
+        "let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.dims",
+        TASKS,
+    ),
+    (
+        "src/ops/voxel_pooling/forward.rs",
+        "Ok(counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().m",
+        TASKS,
+    ),
+    (
+        "src/schema.rs",
+        "Some(c) => c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t",
+        META,
+    ),
+    (
+        "src/schema.rs",
+        "None => DType::from_onnx_name(&formal.type_str).into_iter().collect(),",
+        META,
+    ),
+    (
+        "src/schema.rs",
+        "Some(c) => self.allowed_for_constraint(c).into_iter().map(|d| Some((c.ty",
+        META,
+    ),
+    (
+        "src/schema.rs",
+        "c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t)).collect(",
+        META,
+    ),
     ("src/schema.rs", "self.inputs.iter().map(|f| f.name.clone()).collect()", META),
     ("src/schema.rs", "self.outputs.iter().map(|f| f.name.clone()).collect()", META),
-    ("src/schema.rs", "AttrKind::Ints => AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64(", META),
+    (
+        "src/schema.rs",
+        "AttrKind::Ints => AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64(",
+        META,
+    ),
     ("src/scratch.rs", "v.resize(len, value);", FALLIBLE),
     ("src/scratch.rs", "let mut v = with_capacity(iter.size_hint().0, what)?;", FALLIBLE),
     ("src/tensor.rs", "let mut shapes = Vec::with_capacity(tensors.len());", META),
     ("src/tensor.rs", "let mut dims = Vec::with_capacity(t.shape.len());", META),
-    ("src/tensor.rs", "TensorRef { shape: self.shape.iter().map(|&d| d as i64).collect(), data:", META),
+    (
+        "src/tensor.rs",
+        "TensorRef { shape: self.shape.iter().map(|&d| d as i64).collect(), data:",
+        META,
+    ),
 ];
 
-const PATTERNS: &[&str] = &["with_capacity(", ".resize(", ".resize_with(", "Box::new([", ".to_vec()", ".collect"];
+const PATTERNS: &[&str] =
+    &["with_capacity(", ".resize(", ".resize_with(", "Box::new([", ".to_vec()", ".collect"];
 
 /// `vec![x; n]`: a `vec![` with a `;` before its closing bracket.
 fn sized_vec(line: &str) -> bool {
-    line.split("vec![").skip(1).any(|rest| rest.split(']').next().is_some_and(|inside| inside.contains(';')))
+    line.split("vec![")
+        .skip(1)
+        .any(|rest| rest.split(']').next().is_some_and(|inside| inside.contains(';')))
 }
 
 /// Allocation sites of the non-test code of one file: (file, trimmed line). A `tests.rs`
@@ -173,14 +380,18 @@ fn every_allocation_is_fallible_or_audited() {
     }
     let unaudited: Vec<_> = found
         .iter()
-        .filter(|(f, line)| !AUDITED.iter().any(|(af, start, _)| af == f && line.starts_with(start)))
+        .filter(|(f, line)| {
+            !AUDITED.iter().any(|(af, start, _)| af == f && line.starts_with(start))
+        })
         .collect();
     assert!(
         unaudited.is_empty(),
         "allocations neither fallible (src/scratch.rs) nor audited in tests/allocations.rs: {unaudited:#?}"
     );
-    let stale: Vec<_> =
-        AUDITED.iter().filter(|(af, start, _)| !found.iter().any(|(f, line)| af == f && line.starts_with(start))).collect();
+    let stale: Vec<_> = AUDITED
+        .iter()
+        .filter(|(af, start, _)| !found.iter().any(|(f, line)| af == f && line.starts_with(start)))
+        .collect();
     assert!(stale.is_empty(), "audited allocations that no longer exist: {stale:#?}");
     assert!(AUDITED.iter().all(|(_, _, why)| !why.is_empty()));
 }

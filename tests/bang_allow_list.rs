@@ -50,9 +50,12 @@ fn dunder_names(src: &str) -> BTreeSet<String> {
         let bytes = code.as_bytes();
         let mut i = 0;
         while i < bytes.len() {
-            let starts = bytes[i] == b'_' && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'));
+            let starts = bytes[i] == b'_'
+                && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'));
             if starts {
-                let end = (i..bytes.len()).find(|&j| !(bytes[j].is_ascii_alphanumeric() || bytes[j] == b'_')).unwrap_or(bytes.len());
+                let end = (i..bytes.len())
+                    .find(|&j| !(bytes[j].is_ascii_alphanumeric() || bytes[j] == b'_'))
+                    .unwrap_or(bytes.len());
                 let word = &code[i..end];
                 if word.starts_with("__") {
                     names.insert(word.to_owned());
@@ -75,18 +78,25 @@ fn every_construct_the_kernels_use_is_on_the_allow_list() {
     for f in mlu_sources().iter().chain([&Path::new(ROOT).join("kernels/common/kernel.h")]) {
         used.extend(dunder_names(&std::fs::read_to_string(f).unwrap()));
     }
-    let missing: Vec<_> = used.iter().filter(|n| !listed.contains(*n) && !plumbing.contains(&n.as_str())).collect();
+    let missing: Vec<_> =
+        used.iter().filter(|n| !listed.contains(*n) && !plumbing.contains(&n.as_str())).collect();
     assert!(missing.is_empty(), "used but not on the allow-list of kernels/README.md: {missing:?}");
-    for required in ["__is_mpu", "__sync_all_ipu", "__nram__", "__bang_atomic_reduce_add", "isnan"] {
+    for required in ["__is_mpu", "__sync_all_ipu", "__nram__", "__bang_atomic_reduce_add", "isnan"]
+    {
         assert!(listed.contains(required), "{required} listed");
     }
     // The toolkit headers kernel.h includes under cncc (the first `#if defined(__BANG__)`).
-    let kernel_h = std::fs::read_to_string(Path::new(ROOT).join("kernels/common/kernel.h")).unwrap();
-    let bang = kernel_h.split("#if defined(__BANG__)").nth(1).unwrap().split("#else").next().unwrap();
+    let kernel_h =
+        std::fs::read_to_string(Path::new(ROOT).join("kernels/common/kernel.h")).unwrap();
+    let bang =
+        kernel_h.split("#if defined(__BANG__)").nth(1).unwrap().split("#else").next().unwrap();
     let headers: Vec<&str> = bang.lines().filter_map(|l| l.strip_prefix("#include ")).collect();
     assert!(!headers.is_empty(), "kernel.h includes the toolkit's headers under __BANG__");
     for h in headers {
-        assert!(listed.contains(h), "{h}, included by kernel.h under cncc, is not on the allow-list");
+        assert!(
+            listed.contains(h),
+            "{h}, included by kernel.h under cncc, is not on the allow-list"
+        );
     }
 }
 
@@ -98,9 +108,14 @@ fn device_code_has_no_64_bit_integer_variables() {
         let src = std::fs::read_to_string(f).unwrap();
         for (n, line) in src.lines().enumerate() {
             let code = line.split("//").next().unwrap();
-            let words: Vec<&str> = code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
+            let words: Vec<&str> =
+                code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
             // A launch entry's own signature is host code.
-            if let Some(w) = wide.iter().find(|w| words.contains(w)).filter(|_| !code.starts_with("MLUOPS_EXPORT")) {
+            if let Some(w) = wide
+                .iter()
+                .find(|w| words.contains(w))
+                .filter(|_| !code.starts_with("MLUOPS_EXPORT"))
+            {
                 panic!("{}:{}: `{w}` in device code: {line}", f.display(), n + 1);
             }
         }
@@ -111,7 +126,13 @@ fn device_code_has_no_64_bit_integer_variables() {
 fn the_emulator_offers_nothing_off_the_list() {
     let listed = allow_list();
     let emu = std::fs::read_to_string(Path::new(ROOT).join("kernels/emulator/bang_emu.h")).unwrap();
-    let surface = emu.split("#ifndef BANG_EMU_RUNTIME").nth(1).expect("the kernel surface").split("#endif").next().unwrap();
+    let surface = emu
+        .split("#ifndef BANG_EMU_RUNTIME")
+        .nth(1)
+        .expect("the kernel surface")
+        .split("#endif")
+        .next()
+        .unwrap();
     let mut offered = BTreeSet::new();
     for line in surface.lines() {
         if let Some(def) = line.strip_prefix("#define ") {
@@ -123,7 +144,10 @@ fn the_emulator_offers_nothing_off_the_list() {
     }
     assert!(offered.len() > 20, "{offered:?}");
     let off: Vec<_> = offered.iter().filter(|n| !listed.contains(*n)).collect();
-    assert!(off.is_empty(), "bang_emu.h offers kernels constructs missing from the allow-list: {off:?}");
+    assert!(
+        off.is_empty(),
+        "bang_emu.h offers kernels constructs missing from the allow-list: {off:?}"
+    );
 }
 
 #[test]
@@ -134,10 +158,19 @@ fn every_union_kernel_starts_with_the_memory_core_guard() {
         for kernel in src.split("__mlu_global__ void ").skip(1) {
             let body = kernel.split_once('{').expect("a body").1;
             let first = body.lines().map(str::trim).find(|l| !l.is_empty()).unwrap();
-            assert_eq!(first, "if (__is_mpu()) return;", "{f:?}: {}", kernel.lines().next().unwrap());
+            assert_eq!(
+                first,
+                "if (__is_mpu()) return;",
+                "{f:?}: {}",
+                kernel.lines().next().unwrap()
+            );
         }
         if src.contains("__mlu_global__") {
-            assert_eq!(src.matches("MLUOPS_NRAM_BUFFER(").count(), 1, "one file-scope NRAM buffer: {f:?}");
+            assert_eq!(
+                src.matches("MLUOPS_NRAM_BUFFER(").count(),
+                1,
+                "one file-scope NRAM buffer: {f:?}"
+            );
         }
     }
 }
@@ -146,7 +179,8 @@ fn every_union_kernel_starts_with_the_memory_core_guard() {
 fn compiles(expr: &str) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("bang_allow_list_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("k{}.cc", expr.len() * 7919 + expr.bytes().map(usize::from).sum::<usize>()));
+    let file = dir
+        .join(format!("k{}.cc", expr.len() * 7919 + expr.bytes().map(usize::from).sum::<usize>()));
     let src = format!(
         "#include \"kernel.h\"\nMLUOPS_NRAM_BUFFER(nram_buffer);\n__mlu_global__ void K(float *out) {{\n  if (__is_mpu()) return;\n  float v = out[0];\n  out[0] = {expr};\n}}\n"
     );
@@ -158,7 +192,11 @@ fn compiles(expr: &str) -> Result<(), String> {
         .arg(&file)
         .output()
         .expect("the C++ compiler runs");
-    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 #[test]

@@ -81,7 +81,9 @@ fn fake_toolkit(test: &str, cncc_script: Option<&str>) -> FakeToolkit {
 /// The logged command lines, each as its argv (`$0` first).
 fn calls(log: &Path) -> Vec<Vec<String>> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.lines().map(|l| l.strip_suffix('\t').unwrap_or(l).split('\t').map(str::to_owned).collect()).collect()
+    text.lines()
+        .map(|l| l.strip_suffix('\t').unwrap_or(l).split('\t').map(str::to_owned).collect())
+        .collect()
 }
 
 /// The `.mlu` files of kernels/, found independently of cncc::mlu_sources.
@@ -106,7 +108,8 @@ fn kernel_sources() -> Vec<PathBuf> {
 fn build(test: &str, arch: &str) -> (FakeToolkit, PathBuf, Vec<Vec<String>>) {
     let tk = fake_toolkit(test, None);
     let cncc = cncc::cncc(&tk.home).expect("the fake toolkit has bin/cncc");
-    let sources = cncc::mlu_sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels")).unwrap();
+    let sources =
+        cncc::mlu_sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels")).unwrap();
     assert_eq!(sources, kernel_sources(), "mlu_sources finds every .mlu of kernels/");
     let toolchain = cncc::Toolchain { neuware_home: &tk.home, cncc: &cncc, cxx: &tk.cxx, arch };
     let lib = {
@@ -123,7 +126,8 @@ fn has(call: &[String], arg: &str) -> bool {
 
 /// The value after `flag` in `call`.
 fn after<'a>(call: &'a [String], flag: &str) -> &'a str {
-    let i = call.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} missing in {call:?}"));
+    let i =
+        call.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} missing in {call:?}"));
     &call[i + 1]
 }
 
@@ -143,7 +147,15 @@ fn each_kernel_source_is_compiled_alone_then_all_are_linked_against_cnrt() {
     for c in &compiles {
         compiled.push(PathBuf::from(after(c, "-c")));
         objects.push(after(c, "-o").to_owned());
-        for flag in ["--bang-mlu-arch=mtp_372", &include, &neuware, "-std=c++17", "-O3", "-fPIC", "-ffp-contract=off"] {
+        for flag in [
+            "--bang-mlu-arch=mtp_372",
+            &include,
+            &neuware,
+            "-std=c++17",
+            "-O3",
+            "-fPIC",
+            "-ffp-contract=off",
+        ] {
             assert!(has(c, flag), "{flag} missing in {c:?}");
         }
         assert!(!has(c, "-shared"), "a compile is not a link: {c:?}");
@@ -189,14 +201,25 @@ fn a_failing_cncc_stops_the_build_with_its_own_diagnostics() {
     let tk = fake_toolkit("failing_cncc", Some(FAILING_CNCC));
     let cncc = cncc::cncc(&tk.home).unwrap();
     let sources = kernel_sources();
-    let toolchain = cncc::Toolchain { neuware_home: &tk.home, cncc: &cncc, cxx: &tk.cxx, arch: cncc::DEFAULT_ARCH };
+    let toolchain = cncc::Toolchain {
+        neuware_home: &tk.home,
+        cncc: &cncc,
+        cxx: &tk.cxx,
+        arch: cncc::DEFAULT_ARCH,
+    };
     let err = {
         let _forking = FORKS.read().unwrap_or_else(|e| e.into_inner());
         cncc::build_library(&toolchain, &sources, &tk.out).expect_err("cncc exits 1").to_string()
     };
     let first = sources[0].display();
-    assert!(err.contains(&format!("{first}:3:1: error: unknown type name '__nram_t'")), "cncc's stderr is carried: {err}");
-    assert!(err.contains(&format!("{} -c {first}", cncc.display())), "the failing command is named: {err}");
+    assert!(
+        err.contains(&format!("{first}:3:1: error: unknown type name '__nram_t'")),
+        "cncc's stderr is carried: {err}"
+    );
+    assert!(
+        err.contains(&format!("{} -c {first}", cncc.display())),
+        "the failing command is named: {err}"
+    );
     assert!(err.contains("exit status: 1"), "{err}");
     assert!(calls(&tk.log).is_empty(), "nothing runs after the failure (no link)");
     assert!(!tk.out.join("libmluops_kernels_mlu.so").exists());

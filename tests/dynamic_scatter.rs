@@ -81,7 +81,11 @@ fn check_with(case: &Case, reduce: &str, par: &dyn Parallel, accumulating: bool)
     let out = case.run(&op(reduce), par);
     let r = reference(case);
     let (n, c, d, m) = (case.n, case.c, case.d, r.m);
-    assert_eq!(out.shapes, vec![vec![m, c], vec![m, d], vec![n], vec![m], vec![1]], "output shapes");
+    assert_eq!(
+        out.shapes,
+        vec![vec![m, c], vec![m, d], vec![n], vec![m], vec![1]],
+        "output shapes"
+    );
     assert_eq!(out.voxel_num, vec![m as i32], "voxel_num = [M]");
     assert_eq!(out.voxel_coors, r.voxel_coors, "voxel_coors exact");
     assert_eq!(out.map, r.map, "point2voxel_map exact");
@@ -98,7 +102,11 @@ fn check_with(case: &Case, reduce: &str, par: &dyn Parallel, accumulating: bool)
             assert!(row.iter().any(|&x| x < 0), "point {i} {row:?} kept but mapped to -1");
         } else {
             counted[v as usize] += 1;
-            assert_eq!(&out.voxel_coors[v as usize * d..(v as usize + 1) * d], row, "point {i}: its voxel's row");
+            assert_eq!(
+                &out.voxel_coors[v as usize * d..(v as usize + 1) * d],
+                row,
+                "point {i}: its voxel's row"
+            );
         }
     }
     assert_eq!(counted, out.count, "counts match the map");
@@ -107,13 +115,25 @@ fn check_with(case: &Case, reduce: &str, par: &dyn Parallel, accumulating: bool)
         "max" => assert_eq!(canon(&out.voxel_feats), canon(&r.max), "max exact"),
         "sum" => {
             if accumulating {
-                assert_accumulating(&out.voxel_feats, &accumulating_reference(&r.sum64, &r.sum32), "sum");
+                assert_accumulating(
+                    &out.voxel_feats,
+                    &accumulating_reference(&r.sum64, &r.sum32),
+                    "sum",
+                );
             }
-            assert_eq!(canon(&out.voxel_feats), canon(&r.sum32), "sum: float32 in ascending point order");
+            assert_eq!(
+                canon(&out.voxel_feats),
+                canon(&r.sum32),
+                "sum: float32 in ascending point order"
+            );
         }
         "mean" => {
             if accumulating {
-                assert_accumulating(&out.voxel_feats, &accumulating_reference(&r.mean64, &r.mean32), "mean");
+                assert_accumulating(
+                    &out.voxel_feats,
+                    &accumulating_reference(&r.mean64, &r.mean32),
+                    "mean",
+                );
             }
             assert_eq!(canon(&out.voxel_feats), canon(&r.mean32), "mean: float32 sum / count");
         }
@@ -159,7 +179,10 @@ fn err_text(reduce: &str, feats: Tensor, coors: Tensor) -> String {
 }
 
 fn small_inputs() -> (Tensor, Tensor) {
-    (Tensor::f32([3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), Tensor::i32([3, 3], vec![0, 0, 1, 0, 0, 1, 1, 0, 0]))
+    (
+        Tensor::f32([3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        Tensor::i32([3, 3], vec![0, 0, 1, 0, 0, 1, 1, 0, 0]),
+    )
 }
 
 // ---------------------------------------------------------------- semantics
@@ -243,8 +266,13 @@ fn zero_size_dimensions() {
 
 #[test]
 fn all_points_dropped_gives_no_voxel() {
-    let case =
-        Case { n: 4, c: 2, d: 3, feats: vec![1.0; 8], coors: vec![-1, 0, 0, 0, -1, 0, 0, 0, -1, i32::MIN, -5, -7] };
+    let case = Case {
+        n: 4,
+        c: 2,
+        d: 3,
+        feats: vec![1.0; 8],
+        coors: vec![-1, 0, 0, 0, -1, 0, 0, 0, -1, i32::MIN, -5, -7],
+    };
     for reduce in REDUCES {
         let out = check(&case, reduce, &Serial);
         assert_eq!(out.voxel_num, vec![0]);
@@ -267,7 +295,8 @@ fn negative_coordinate_in_any_column_drops_the_point() {
         [0, 0, 0, 0],
     ];
     let n = rows.len();
-    let case = Case { n, c: 1, d: 4, feats: (0..n).map(|i| i as f32).collect(), coors: rows.concat() };
+    let case =
+        Case { n, c: 1, d: 4, feats: (0..n).map(|i| i as f32).collect(), coors: rows.concat() };
     for reduce in REDUCES {
         let out = check(&case, reduce, &Threads(2));
         assert_eq!(out.map, vec![-1, -1, -1, -1, -1, 0, 1, 0]);
@@ -278,7 +307,8 @@ fn negative_coordinate_in_any_column_drops_the_point() {
 #[test]
 fn voxel_coors_sorted_lexicographically_first_coordinate_most_significant() {
     // Rows chosen so that any other ordering (column-reversed, sum, ...) differs.
-    let rows: Vec<[i32; 3]> = vec![[2, 0, 0], [0, 0, 9], [1, 5, 0], [0, 1, 0], [1, 0, 7], [0, 0, 10], [0, 1, 0]];
+    let rows: Vec<[i32; 3]> =
+        vec![[2, 0, 0], [0, 0, 9], [1, 5, 0], [0, 1, 0], [1, 0, 7], [0, 0, 10], [0, 1, 0]];
     let n = rows.len();
     let case = Case { n, c: 1, d: 3, feats: vec![1.0; n], coors: rows.concat() };
     let out = check(&case, "sum", &Serial);
@@ -296,7 +326,13 @@ fn dimensions_one_three_four() {
         }
     }
     // D = 1 by hand: coordinates 3, 1, 3, -2, 0 -> voxels 0, 1, 3.
-    let case = Case { n: 5, c: 1, d: 1, feats: vec![1.0, 2.0, 3.0, 4.0, 5.0], coors: vec![3, 1, 3, -2, 0] };
+    let case = Case {
+        n: 5,
+        c: 1,
+        d: 1,
+        feats: vec![1.0, 2.0, 3.0, 4.0, 5.0],
+        coors: vec![3, 1, 3, -2, 0],
+    };
     let out = check(&case, "mean", &Serial);
     assert_eq!(out.voxel_coors, vec![0, 1, 3]);
     assert_eq!(out.voxel_feats, vec![5.0, 2.0, 2.0]);
@@ -313,7 +349,9 @@ fn max_nan_never_wins_and_all_nan_gives_minus_infinity() {
         n: 4,
         c: 4,
         d: 1,
-        feats: vec![nan, nan, -inf, nan, 1.0, nan, nan, inf, nan, nan, nan, -3.0, nan, nan, nan, nan],
+        feats: vec![
+            nan, nan, -inf, nan, 1.0, nan, nan, inf, nan, nan, nan, -3.0, nan, nan, nan, nan,
+        ],
         coors: vec![0, 0, 0, 1],
     };
     let out = check(&case, "max", &Threads(2));
@@ -326,8 +364,13 @@ fn max_nan_never_wins_and_all_nan_gives_minus_infinity() {
 #[test]
 fn max_with_negative_values_and_infinities() {
     // All values negative: the max is the largest of them, never the 0 or -inf start.
-    let case =
-        Case { n: 3, c: 2, d: 2, feats: vec![-5.0, -1e30, -2.0, -f32::INFINITY, -7.0, -1e-30], coors: vec![1; 6] };
+    let case = Case {
+        n: 3,
+        c: 2,
+        d: 2,
+        feats: vec![-5.0, -1e30, -2.0, -f32::INFINITY, -7.0, -1e-30],
+        coors: vec![1; 6],
+    };
     let out = check(&case, "max", &Serial);
     assert_eq!(out.voxel_feats, vec![-2.0, -1e-30]);
 }
@@ -358,9 +401,13 @@ fn bit_identical_across_thread_counts_and_runs() {
     let mut rng = Rng(2024);
     // The last two: output rows streamed (M * C * 4 bytes over 4 MiB; C 128 keeps every row
     // aligned, C 130 most not), and coordinates too wide to pack into 64 bits (3 x 31 bits).
-    for (n, c, d, extent) in
-        [(20000, 16, 4, 6), (30000, 9, 3, 40), (5000, 70, 1, 3000), (10000, 128, 3, 1 << 17), (9000, 130, 3, 1 << 30)]
-    {
+    for (n, c, d, extent) in [
+        (20000, 16, 4, 6),
+        (30000, 9, 3, 40),
+        (5000, 70, 1, 3000),
+        (10000, 128, 3, 1 << 17),
+        (9000, 130, 3, 1 << 30),
+    ] {
         let mut case = random_case(&mut rng, n, c, d, extent);
         // Mixed magnitudes so that any change of summation order shows up.
         for (k, v) in case.feats.iter_mut().enumerate() {
@@ -372,7 +419,11 @@ fn bit_identical_across_thread_counts_and_runs() {
             let pars: [&dyn Parallel; 4] = [&Serial, &Threads(2), &Threads(3), &Threads(2)];
             for par in pars {
                 let again = case.run(&op, par);
-                assert_eq!(bits(&again.voxel_feats), bits(&first.voxel_feats), "{reduce} N {n} C {c} D {d}");
+                assert_eq!(
+                    bits(&again.voxel_feats),
+                    bits(&first.voxel_feats),
+                    "{reduce} N {n} C {c} D {d}"
+                );
                 assert_eq!(
                     (&again.voxel_coors, &again.map, &again.count),
                     (&first.voxel_coors, &first.map, &first.count)
@@ -387,7 +438,8 @@ fn bit_identical_across_thread_counts_and_runs() {
 #[test]
 fn reduce_type_not_max_mean_sum_is_error() {
     for bad in ["min", "", "MAX", "mean ", "avg"] {
-        let e = descriptor::<DynamicScatter>(&attrs(bad)).expect_err("reduce_type must be max, mean or sum");
+        let e = descriptor::<DynamicScatter>(&attrs(bad))
+            .expect_err("reduce_type must be max, mean or sum");
         let text = format!("{e}");
         assert!(text.contains("reduce_type"), "{text}");
     }
@@ -401,7 +453,11 @@ fn coors_without_columns_is_error() {
     // D = 0: a coors row with no column.
     for n in [1, 4] {
         for reduce in REDUCES {
-            let e = err_text(reduce, Tensor::f32([n, 2], vec![1.0; 2 * n]), Tensor::i32([n, 0], vec![]));
+            let e = err_text(
+                reduce,
+                Tensor::f32([n, 2], vec![1.0; 2 * n]),
+                Tensor::i32([n, 0], vec![]),
+            );
             assert!(e.contains("'coors'") && e.contains("D"), "{e}");
         }
     }
@@ -410,9 +466,11 @@ fn coors_without_columns_is_error() {
 #[test]
 fn feats_shape_mismatch_is_error() {
     let (_, c) = small_inputs();
-    for f in
-        [Tensor::f32([6], vec![0.0; 6]), Tensor::f32([3, 2, 1], vec![0.0; 6]), Tensor::f32([1, 3, 2], vec![0.0; 6])]
-    {
+    for f in [
+        Tensor::f32([6], vec![0.0; 6]),
+        Tensor::f32([3, 2, 1], vec![0.0; 6]),
+        Tensor::f32([1, 3, 2], vec![0.0; 6]),
+    ] {
         let e = err_text("max", f, c.clone());
         assert!(e.contains("'feats'") && e.contains("shape"), "{e}");
     }

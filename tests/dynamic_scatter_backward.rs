@@ -75,10 +75,19 @@ fn forward_max(feats: &[f32], map: &[i32], m: usize, c: usize, fill: f32) -> Vec
 
 /// A valid random case. `v` rows are valid, rows >= v hold garbage; `drop` is the chance a
 /// point is dropped; `perturb` the chance a voxel feature is replaced by a non-matching value.
-fn random_case(rng: &mut Rng, n: usize, m: usize, c: usize, v: Option<usize>, drop: f64, perturb: f64) -> Case {
+fn random_case(
+    rng: &mut Rng,
+    n: usize,
+    m: usize,
+    c: usize,
+    v: Option<usize>,
+    drop: f64,
+    perturb: f64,
+) -> Case {
     let valid = v.unwrap_or(m);
-    let map: Vec<i32> =
-        (0..n).map(|_| if valid == 0 || rng.chance(drop) { -1 } else { rng.below(valid) as i32 }).collect();
+    let map: Vec<i32> = (0..n)
+        .map(|_| if valid == 0 || rng.chance(drop) { -1 } else { rng.below(valid) as i32 })
+        .collect();
     let feats: Vec<f32> = (0..n * c).map(|_| tie_prone(rng)).collect();
     let mut voxel_feats = forward_max(&feats, &map, m, c, 7.0);
     for x in voxel_feats.iter_mut() {
@@ -86,8 +95,9 @@ fn random_case(rng: &mut Rng, n: usize, m: usize, c: usize, v: Option<usize>, dr
             *x = tie_prone(rng) + 0.5;
         }
     }
-    let mut grad_voxel_feats: Vec<f32> =
-        (0..m * c).map(|_| if rng.chance(0.05) { -0.0 } else { rng.uniform(-100.0, 100.0) }).collect();
+    let mut grad_voxel_feats: Vec<f32> = (0..m * c)
+        .map(|_| if rng.chance(0.05) { -0.0 } else { rng.uniform(-100.0, 100.0) })
+        .collect();
     let mut count = vec![0i32; m];
     for &p in &map {
         if p >= 0 {
@@ -108,7 +118,17 @@ fn random_case(rng: &mut Rng, n: usize, m: usize, c: usize, v: Option<usize>, dr
             voxel_feats[row * c + ch] = f32::from_bits(0x7fc0_dead);
         }
     }
-    Case { n, m, c, grad_voxel_feats, feats, voxel_feats, map, count, voxel_num: v.map(|v| v as i32) }
+    Case {
+        n,
+        m,
+        c,
+        grad_voxel_feats,
+        feats,
+        voxel_feats,
+        map,
+        count,
+        voxel_num: v.map(|v| v as i32),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -148,7 +168,13 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn assert_exact(got: &[f32], want: &[f32], c: usize, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(k) = got.iter().zip(want).position(|(a, b)| a.to_bits() != b.to_bits()) {
-        panic!("{what}: grad_feats[{}, {}] = {:?}, expected {:?}", k / c.max(1), k % c.max(1), got[k], want[k]);
+        panic!(
+            "{what}: grad_feats[{}, {}] = {:?}, expected {:?}",
+            k / c.max(1),
+            k % c.max(1),
+            got[k],
+            want[k]
+        );
     }
 }
 
@@ -157,7 +183,12 @@ fn check_against_reference(case: &Case, reduce: &str) {
     let want = reference(case, reduce);
     for par in [&Threads(2) as &dyn Parallel, &Serial] {
         let got = run_case(case, reduce, par).expect("valid case runs");
-        assert_exact(&got, &want, case.c, &format!("{reduce} n={} m={} c={}", case.n, case.m, case.c));
+        assert_exact(
+            &got,
+            &want,
+            case.c,
+            &format!("{reduce} n={} m={} c={}", case.n, case.m, case.c),
+        );
     }
 }
 
@@ -174,20 +205,38 @@ fn expect_error(case: &Case, reduce: &str, tensor: &str) -> String {
 // ---------------------------------------------------------------------------------------
 
 fn json_f32(v: &serde_json::Value) -> Vec<f32> {
-    v["data"].as_array().expect("data array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
+    v["data"]
+        .as_array()
+        .expect("data array")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
 }
 
 fn json_i32(v: &serde_json::Value) -> Vec<i32> {
-    v["data"].as_array().expect("data array").iter().map(|x| x.as_i64().expect("integer") as i32).collect()
+    v["data"]
+        .as_array()
+        .expect("data array")
+        .iter()
+        .map(|x| x.as_i64().expect("integer") as i32)
+        .collect()
 }
 
 fn json_shape(v: &serde_json::Value) -> Vec<usize> {
-    v["shape"].as_array().expect("shape").iter().map(|x| x.as_u64().expect("dim") as usize).collect()
+    v["shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|x| x.as_u64().expect("dim") as usize)
+        .collect()
 }
 
 #[test]
 fn golden_mluops_case_1_bit_exact() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mluops/dynamic_scatter_backward_case_1.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/mluops/dynamic_scatter_backward_case_1.json"
+    );
     let text = std::fs::read_to_string(path).expect("golden file");
     let g: serde_json::Value = serde_json::from_str(&text).expect("json");
     let reduce = g["attributes"]["reduce_type"].as_str().expect("reduce_type");
@@ -314,7 +363,10 @@ fn random_shapes_every_reduce_mode() {
 fn streamed_output_with_odd_channels() {
     let mut rng = Rng(33);
     let (n, m, c) = (40_000, 20_000, 33);
-    assert!(n * c * 4 >= onnxruntime_ep_mlu::cache::STREAM_MIN_BYTES, "the case must take the streaming path");
+    assert!(
+        n * c * 4 >= onnxruntime_ep_mlu::cache::STREAM_MIN_BYTES,
+        "the case must take the streaming path"
+    );
     for reduce in ["max", "mean", "sum"] {
         let mut case = random_case(&mut rng, n, m, c, Some(m - 7), 0.05, 0.05);
         if reduce == "mean" {
@@ -329,7 +381,10 @@ fn streamed_output_with_odd_channels() {
 #[test]
 fn default_reduce_type_is_max() {
     let op = descriptor::<DynamicScatterBackward>(&attrs(None)).expect("default");
-    assert_eq!(op, DynamicScatterBackward { reduce: onnxruntime_ep_mlu::ops::dynamic_scatter::Reduce::Max });
+    assert_eq!(
+        op,
+        DynamicScatterBackward { reduce: onnxruntime_ep_mlu::ops::dynamic_scatter::Reduce::Max }
+    );
 }
 
 #[test]
@@ -417,7 +472,10 @@ fn dropped_points_get_zero() {
         let got = run_case(&case, reduce, &Threads(2)).expect("runs");
         for (i, &p) in case.map.iter().enumerate() {
             if p == -1 {
-                assert!(got[i * 5..(i + 1) * 5].iter().all(|x| x.to_bits() == 0), "{reduce}: row {i}");
+                assert!(
+                    got[i * 5..(i + 1) * 5].iter().all(|x| x.to_bits() == 0),
+                    "{reduce}: row {i}"
+                );
             }
         }
         check_against_reference(&case, reduce);
@@ -626,7 +684,8 @@ fn error_dtype_mismatch() {
 fn error_missing_required_input() {
     let case = small_valid();
     let t = case.tensors();
-    let inputs: Vec<Option<&Tensor>> = vec![Some(&t[0]), Some(&t[1]), None, Some(&t[3]), Some(&t[4])];
+    let inputs: Vec<Option<&Tensor>> =
+        vec![Some(&t[0]), Some(&t[1]), None, Some(&t[3]), Some(&t[4])];
     let err = run(&op("max"), &inputs, &Serial).expect_err("missing voxel_feats");
     assert!(err.to_string().contains("'voxel_feats'"), "{err}");
 }
@@ -634,7 +693,8 @@ fn error_missing_required_input() {
 #[test]
 fn error_reduce_type_unknown() {
     for bad in ["min", "MAX", "", "mean "] {
-        let err = descriptor::<DynamicScatterBackward>(&attrs(Some(bad))).expect_err("unknown reduce_type");
+        let err = descriptor::<DynamicScatterBackward>(&attrs(Some(bad)))
+            .expect_err("unknown reduce_type");
         assert!(matches!(err, Error::Attribute { .. }), "{err}");
         assert!(err.to_string().contains("'reduce_type'"), "{err}");
     }

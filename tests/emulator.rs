@@ -2,21 +2,51 @@
 //! use against a scalar definition, and every enforced rule caught, with kernel, task and
 //! source line, by a deliberately broken kernel (kernels/emulator/selftest.cc).
 
-use onnxruntime_ep_mlu::mlu::{Device, NRAM_BUDGET, QueuePtr, TASK_BLOCK, TASK_UNION1, TASK_UNION2, kernel_nram_budget};
+use onnxruntime_ep_mlu::mlu::{
+    Device, NRAM_BUDGET, QueuePtr, TASK_BLOCK, TASK_UNION1, TASK_UNION2, kernel_nram_budget,
+};
 use std::sync::Arc;
 
 unsafe extern "C" {
     fn mluops_emu_selftest_f32(
-        q: QueuePtr, task_dim: u32, task_type: i32, op: i32, n: i64, m: i64, scalar: f32, a: *const f32, b: *const f32,
+        q: QueuePtr,
+        task_dim: u32,
+        task_type: i32,
+        op: i32,
+        n: i64,
+        m: i64,
+        scalar: f32,
+        a: *const f32,
+        b: *const f32,
         out: *mut f32,
     ) -> i32;
     fn mluops_emu_selftest_i32(
-        q: QueuePtr, task_dim: u32, task_type: i32, op: i32, n: i64, m: i64, scalar: i32, a: *const i32, b: *const i32,
+        q: QueuePtr,
+        task_dim: u32,
+        task_type: i32,
+        op: i32,
+        n: i64,
+        m: i64,
+        scalar: i32,
+        a: *const i32,
+        b: *const i32,
         out: *mut i32,
     ) -> i32;
-    fn mluops_emu_selftest_broken(q: QueuePtr, task_dim: u32, task_type: i32, rule: i32, buf: *mut f32, n: i64) -> i32;
+    fn mluops_emu_selftest_broken(
+        q: QueuePtr,
+        task_dim: u32,
+        task_type: i32,
+        rule: i32,
+        buf: *mut f32,
+        n: i64,
+    ) -> i32;
     fn mluops_emu_selftest_nram_over_budget(q: QueuePtr, buf: *mut f32) -> i32;
-    fn mluops_emu_selftest_order(q: QueuePtr, task_dim: u32, task_type: i32, tickets: *mut i32) -> i32;
+    fn mluops_emu_selftest_order(
+        q: QueuePtr,
+        task_dim: u32,
+        task_type: i32,
+        tickets: *mut i32,
+    ) -> i32;
 }
 
 /// The emulator mode `name` is set to `value` (kernels/README.md, "Modes").
@@ -26,8 +56,23 @@ fn mode(name: &str, value: &str) -> bool {
 
 // Op codes of selftest.cc, in its order; the first 12 are element-wise.
 const OPS: [&str; 17] = [
-    "add", "mul", "eq", "and", "minequal", "add_scalar", "sub_scalar", "mul_scalar", "ne_scalar", "lt_scalar",
-    "ge_scalar", "write_value", "transpose", "half_round_trip", "atomic_add", "atomic_add_value", "strided_copy",
+    "add",
+    "mul",
+    "eq",
+    "and",
+    "minequal",
+    "add_scalar",
+    "sub_scalar",
+    "mul_scalar",
+    "ne_scalar",
+    "lt_scalar",
+    "ge_scalar",
+    "write_value",
+    "transpose",
+    "half_round_trip",
+    "atomic_add",
+    "atomic_add_value",
+    "strided_copy",
 ];
 
 fn op(name: &str) -> i32 {
@@ -41,7 +86,14 @@ fn device() -> Arc<Device> {
 /// Scalar definition of the element-wise ops (1/0 for comparisons and logic).
 #[allow(clippy::too_many_arguments)]
 fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
-    name: &str, x: T, y: T, s: T, one: T, add: fn(T, T) -> T, sub: fn(T, T) -> T, mul: fn(T, T) -> T,
+    name: &str,
+    x: T,
+    y: T,
+    s: T,
+    one: T,
+    add: fn(T, T) -> T,
+    sub: fn(T, T) -> T,
+    mul: fn(T, T) -> T,
 ) -> Option<T> {
     let z = T::default();
     let b = |c: bool| if c { one } else { z };
@@ -50,7 +102,13 @@ fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
         "mul" => mul(x, y),
         "eq" => b(x == y),
         "and" => b(x != z && y != z),
-        "minequal" => if x < y { x } else { y },
+        "minequal" => {
+            if x < y {
+                x
+            } else {
+                y
+            }
+        }
         "add_scalar" => add(x, s),
         "sub_scalar" => sub(x, s),
         "mul_scalar" => mul(x, s),
@@ -63,13 +121,34 @@ fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_f32(name: &str, tasks: u32, n: usize, m: usize, s: f32, a: &[f32], b: &[f32], out0: &[f32]) -> Vec<f32> {
+fn run_f32(
+    name: &str,
+    tasks: u32,
+    n: usize,
+    m: usize,
+    s: f32,
+    a: &[f32],
+    b: &[f32],
+    out0: &[f32],
+) -> Vec<f32> {
     let dev = device();
-    let (da, db, dout) = (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
+    let (da, db, dout) =
+        (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
     let q = dev.queue().unwrap();
     // SAFETY: device buffers of n floats (out0's length for out).
     let code = unsafe {
-        mluops_emu_selftest_f32(q.ptr(), tasks, TASK_UNION1, op(name), n as i64, m as i64, s, da.ptr(), db.ptr(), dout.ptr())
+        mluops_emu_selftest_f32(
+            q.ptr(),
+            tasks,
+            TASK_UNION1,
+            op(name),
+            n as i64,
+            m as i64,
+            s,
+            da.ptr(),
+            db.ptr(),
+            dout.ptr(),
+        )
     };
     assert_eq!(code, 0, "launch {name}");
     q.sync().unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -79,13 +158,34 @@ fn run_f32(name: &str, tasks: u32, n: usize, m: usize, s: f32, a: &[f32], b: &[f
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_i32(name: &str, tasks: u32, n: usize, m: usize, s: i32, a: &[i32], b: &[i32], out0: &[i32]) -> Vec<i32> {
+fn run_i32(
+    name: &str,
+    tasks: u32,
+    n: usize,
+    m: usize,
+    s: i32,
+    a: &[i32],
+    b: &[i32],
+    out0: &[i32],
+) -> Vec<i32> {
     let dev = device();
-    let (da, db, dout) = (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
+    let (da, db, dout) =
+        (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
     let q = dev.queue().unwrap();
     // SAFETY: device buffers of n int32 (out0's length for out).
     let code = unsafe {
-        mluops_emu_selftest_i32(q.ptr(), tasks, TASK_UNION1, op(name), n as i64, m as i64, s, da.ptr(), db.ptr(), dout.ptr())
+        mluops_emu_selftest_i32(
+            q.ptr(),
+            tasks,
+            TASK_UNION1,
+            op(name),
+            n as i64,
+            m as i64,
+            s,
+            da.ptr(),
+            db.ptr(),
+            dout.ptr(),
+        )
     };
     assert_eq!(code, 0, "launch {name}");
     q.sync().unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -107,16 +207,27 @@ fn inputs_f32() -> (Vec<f32>, Vec<f32>) {
 #[test]
 fn elementwise_intrinsics_match_their_scalar_definitions() {
     let (a, b) = inputs_f32();
-    let (ai, bi): (Vec<i32>, Vec<i32>) = ((0..N as i32).map(|i| i % 7 - 3).collect(), (0..N as i32).map(|i| i % 5 - 2).collect());
+    let (ai, bi): (Vec<i32>, Vec<i32>) =
+        ((0..N as i32).map(|i| i % 7 - 3).collect(), (0..N as i32).map(|i| i % 5 - 2).collect());
     for name in &OPS[..12] {
         let got = run_f32(name, 4, N, 0, 1.5, &a, &b, &vec![0.0; N]);
         for i in 0..N {
-            let want = scalar_def(name, a[i], b[i], 1.5, 1.0, |x, y| x + y, |x, y| x - y, |x, y| x * y).unwrap();
-            assert!(got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()), "{name}[{i}]: {} vs {want} ({}, {})", got[i], a[i], b[i]);
+            let want =
+                scalar_def(name, a[i], b[i], 1.5, 1.0, |x, y| x + y, |x, y| x - y, |x, y| x * y)
+                    .unwrap();
+            assert!(
+                got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()),
+                "{name}[{i}]: {} vs {want} ({}, {})",
+                got[i],
+                a[i],
+                b[i]
+            );
         }
         let got = run_i32(name, 4, N, 0, -2, &ai, &bi, &vec![0; N]);
         for i in 0..N {
-            let want = scalar_def(name, ai[i], bi[i], -2, 1, |x, y| x + y, |x, y| x - y, |x, y| x * y).unwrap();
+            let want =
+                scalar_def(name, ai[i], bi[i], -2, 1, |x, y| x + y, |x, y| x - y, |x, y| x * y)
+                    .unwrap();
             assert_eq!(got[i], want, "{name} int32 [{i}]");
         }
     }
@@ -130,7 +241,8 @@ fn transpose_conversion_and_copy_intrinsics() {
     let got = run_f32("transpose", 4, 256, 16, 0.0, &t, &t, &vec![0.0; 256]);
     assert!((0..16).all(|h| (0..16).all(|w| got[w * 16 + h] == t[h * 16 + w])));
     // float -> half -> float rounds to nearest even, as half::f16 does.
-    let v: Vec<f32> = (0..N).map(|i| 1.0 + i as f32 * 0.000_37 - 0.01).chain(std::iter::empty()).collect();
+    let v: Vec<f32> =
+        (0..N).map(|i| 1.0 + i as f32 * 0.000_37 - 0.01).chain(std::iter::empty()).collect();
     let got = run_f32("half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
     assert!((0..N).all(|i| got[i] == half::f16::from_f32(v[i]).to_f32()), "half rounding");
     let got = run_f32("strided_copy", 4, N, 0, 0.0, &a, &a, &[0.0; N / 2]);
@@ -155,8 +267,21 @@ fn half_conversions_round_to_nearest_even_over_the_whole_range() {
             v.extend([x, -x]);
         }
     }
-    v.extend([f32::from_bits(1), 1e-40, 2.0f32.powi(-25), 2.0f32.powi(-26), 1e10, f32::MAX, f32::from_bits(0x7f80_0001)]);
-    v.extend([f32::from_bits(0xffc0_1234), f32::from_bits(0x7fbf_ffff), f32::INFINITY, f32::NEG_INFINITY]);
+    v.extend([
+        f32::from_bits(1),
+        1e-40,
+        2.0f32.powi(-25),
+        2.0f32.powi(-26),
+        1e10,
+        f32::MAX,
+        f32::from_bits(0x7f80_0001),
+    ]);
+    v.extend([
+        f32::from_bits(0xffc0_1234),
+        f32::from_bits(0x7fbf_ffff),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ]);
     // Launches of 8192 (a multiple of the 64 halves of one 128-byte vector), zero padded.
     const CHUNK: usize = 8192;
     v.resize(v.len().div_ceil(CHUNK) * CHUNK, 0.0);
@@ -164,7 +289,13 @@ fn half_conversions_round_to_nearest_even_over_the_whole_range() {
         let got = run_f32("half_round_trip", 4, CHUNK, 0, 0.0, chunk, chunk, &vec![0.0; CHUNK]);
         for (i, (&x, g)) in chunk.iter().zip(got).enumerate() {
             let want = half::f16::from_f32(x).to_f32();
-            assert_eq!(g.to_bits(), want.to_bits(), "element {}: {x:e} ({:#010x}) gave {g:e}, half::f16 {want:e}", c * CHUNK + i, x.to_bits());
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "element {}: {x:e} ({:#010x}) gave {g:e}, half::f16 {want:e}",
+                c * CHUNK + i,
+                x.to_bits()
+            );
         }
     }
 }
@@ -184,7 +315,8 @@ fn broken(rule: i32, tasks: u32, task_type: i32) -> String {
     let buf = dev.upload(&[1.0f32; 256]).unwrap();
     let q = dev.queue().unwrap();
     // SAFETY: `buf` is a device buffer of 256 floats; the kernel breaks emulator rules only.
-    let code = unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, task_type, rule, buf.ptr(), 256) };
+    let code =
+        unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, task_type, rule, buf.ptr(), 256) };
     assert_eq!(code, 0, "launch");
     q.sync().expect_err("the broken rule is caught").to_string()
 }
@@ -202,7 +334,12 @@ fn assert_caught(rule: i32, tasks: u32, task_type: i32, words: &[&str]) {
 fn every_enforced_rule_is_caught() {
     let b = TASK_BLOCK;
     let u = TASK_UNION1;
-    assert_caught(0, 1, b, &["NRAM buffer 'one_more'", "does not fit", "MLU370", "128 KB for the stack"]);
+    assert_caught(
+        0,
+        1,
+        b,
+        &["NRAM buffer 'one_more'", "does not fit", "MLU370", "128 KB for the stack"],
+    );
     assert_caught(1, 4, u, &["SRAM buffer 'big_sram'", "does not fit"]);
     assert_caught(2, 1, b, &["WRAM buffer 'big_wram'", "does not fit"]);
     assert_caught(3, 1, b, &["BLOCK tasks have no cluster SRAM"]);
@@ -215,7 +352,10 @@ fn every_enforced_rule_is_caught() {
     assert_caught(10, 1, b, &["size 0 must be positive"]);
     assert_caught(11, 1, b, &["__sync_all_ipu in a BLOCK task"]);
     let msg = broken(12, 4, u);
-    assert!(msg.contains("barrier") && msg.contains("hang") || msg.contains("can never complete"), "{msg}");
+    assert!(
+        msg.contains("barrier") && msg.contains("hang") || msg.contains("can never complete"),
+        "{msg}"
+    );
     assert_caught(13, 1, b, &["__bang_transpose", "multiple of 64"]);
     assert_caught(14, 1, b, &["in no allocated device buffer"]);
     assert_caught(18, 1, b, &["strides (4, 2147483648)", "int range"]);
@@ -226,7 +366,12 @@ fn the_memory_core_runs_union_kernels_without_nram() {
     // Without the __is_mpu() guard, each cluster's memory core reaches the NRAM buffer.
     for tasks in [4, 8] {
         let msg = broken(16, tasks, TASK_UNION1);
-        assert!(msg.contains("memory core") && msg.contains("nram_buffer") && msg.contains("__is_mpu()"), "{msg}");
+        assert!(
+            msg.contains("memory core")
+                && msg.contains("nram_buffer")
+                && msg.contains("__is_mpu()"),
+            "{msg}"
+        );
     }
     // BLOCK tasks run on compute cores only.
     let dev = device();
@@ -263,7 +408,10 @@ fn file_scope_nram_is_counted_per_translation_unit() {
     let code = unsafe { mluops_emu_selftest_nram_over_budget(q.ptr(), buf.ptr()) };
     q.launched("selftest", code).unwrap();
     let msg = q.sync().expect_err("two budget-sized buffers in one file").to_string();
-    assert!(msg.contains("file-scope NRAM of this file totals") && msg.contains("selftest_nram.cc"), "{msg}");
+    assert!(
+        msg.contains("file-scope NRAM of this file totals") && msg.contains("selftest_nram.cc"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -301,7 +449,8 @@ fn task_order_follows_mlu_emu_order() {
         let buf = dev.upload(&vec![-1i32; tasks]).unwrap();
         let q = dev.queue().unwrap();
         // SAFETY: `buf` holds one int32 per task.
-        let code = unsafe { mluops_emu_selftest_order(q.ptr(), tasks as u32, task_type, buf.ptr()) };
+        let code =
+            unsafe { mluops_emu_selftest_order(q.ptr(), tasks as u32, task_type, buf.ptr()) };
         q.launched("selftest", code).unwrap();
         q.sync().unwrap();
         let mut tickets = vec![0i32; tasks];
@@ -320,7 +469,12 @@ fn task_order_follows_mlu_emu_order() {
             for c in 0..clusters {
                 let first = tickets[4 * c..4 * c + 4].iter().min().unwrap();
                 let want = 4 * (clusters - 1 - c) as i32;
-                assert_eq!(*first, want, "cluster {c} runs in place {}: {tickets:?}", clusters - 1 - c);
+                assert_eq!(
+                    *first,
+                    want,
+                    "cluster {c} runs in place {}: {tickets:?}",
+                    clusters - 1 - c
+                );
             }
         }
     }
@@ -333,7 +487,8 @@ fn launch_configuration_rules() {
     let q = dev.queue().unwrap();
     for (tasks, why) in [(3, "multiple of 4"), (4 * 64, "the card's cores")] {
         // SAFETY: rejected before anything runs.
-        let code = unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, TASK_UNION1, 4, buf.ptr(), 256) };
+        let code =
+            unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, TASK_UNION1, 4, buf.ptr(), 256) };
         let msg = q.launched("selftest", code).expect_err("rejected launch").to_string();
         assert!(msg.contains(why), "{tasks} UNION1 tasks: {msg}");
     }

@@ -23,8 +23,8 @@ use ort::session::Session;
 use ort::session::builder::SessionBuilder;
 use ort::value::Tensor;
 use ort_sys::{
-    OrtApi, OrtEpAssignedNode, OrtEpAssignedSubgraph, OrtEpDevice, OrtExecutionProviderDevicePolicy, OrtHardwareDeviceType,
-    OrtStatusPtr,
+    OrtApi, OrtEpAssignedNode, OrtEpAssignedSubgraph, OrtEpDevice,
+    OrtExecutionProviderDevicePolicy, OrtHardwareDeviceType, OrtStatusPtr,
 };
 use std::ffi::{CStr, CString, c_char};
 use std::path::PathBuf;
@@ -109,11 +109,18 @@ fn fixture() -> &'static Fixture {
             .build()
             .unwrap_or_else(|e| panic!("cannot create the ONNX Runtime environment: {e}"));
         let api = ort::api();
-        let path = CString::new(lib.to_str().expect("UTF-8 library path")).expect("no NUL in the library path");
+        let path = CString::new(lib.to_str().expect("UTF-8 library path"))
+            .expect("no NUL in the library path");
         // SAFETY: the environment is live (held by the fixture for the rest of the process);
         // both strings are NUL-terminated and outlive the call (ONNX Runtime copies them). On
         // Linux ORTCHAR_T is `char`.
-        let s = unsafe { (api.RegisterExecutionProviderLibrary)(env.ptr().cast_mut(), REGISTRATION.as_ptr(), path.as_ptr()) };
+        let s = unsafe {
+            (api.RegisterExecutionProviderLibrary)(
+                env.ptr().cast_mut(),
+                REGISTRATION.as_ptr(),
+                path.as_ptr(),
+            )
+        };
         ok(api, s, &format!("RegisterExecutionProviderLibrary({})", lib.display()));
         Fixture { env, lib }
     })
@@ -152,7 +159,11 @@ fn ep_devices(env: &Environment) -> Vec<DeviceInfo> {
                     ep_vendor: text((api.EpDevice_EpVendor)(device)),
                     vendor_id: (api.HardwareDevice_VendorId)(hw),
                     ty: (api.HardwareDevice_Type)(hw),
-                    emulated: if metadata.is_null() { None } else { text((api.GetKeyValue)(metadata, c"emulated".as_ptr())) },
+                    emulated: if metadata.is_null() {
+                        None
+                    } else {
+                        text((api.GetKeyValue)(metadata, c"emulated".as_ptr()))
+                    },
                 }
             }
         })
@@ -170,10 +181,18 @@ fn builder(env: &Environment, policy: OrtExecutionProviderDevicePolicy) -> Sessi
     // SAFETY: `options` is the builder's live OrtSessionOptions; the strings are
     // NUL-terminated literals (ONNX Runtime copies them).
     unsafe {
-        ok(api, (api.SessionOptionsSetEpSelectionPolicy)(options, policy), "SessionOptionsSetEpSelectionPolicy");
         ok(
             api,
-            (api.AddSessionConfigEntry)(options, c"session.record_ep_graph_assignment_info".as_ptr(), c"1".as_ptr()),
+            (api.SessionOptionsSetEpSelectionPolicy)(options, policy),
+            "SessionOptionsSetEpSelectionPolicy",
+        );
+        ok(
+            api,
+            (api.AddSessionConfigEntry)(
+                options,
+                c"session.record_ep_graph_assignment_info".as_ptr(),
+                c"1".as_ptr(),
+            ),
             "AddSessionConfigEntry(session.record_ep_graph_assignment_info)",
         );
     }
@@ -186,23 +205,39 @@ fn assignment(session: &Session) -> Vec<(String, String)> {
     let mut subgraphs: *const *const OrtEpAssignedSubgraph = std::ptr::null();
     let mut n = 0usize;
     // SAFETY: the session is live; valid out pointers. The subgraphs are owned by the session.
-    ok(api, unsafe { (api.Session_GetEpGraphAssignmentInfo)(session.ptr(), &mut subgraphs, &mut n) }, "Session_GetEpGraphAssignmentInfo");
+    ok(
+        api,
+        unsafe { (api.Session_GetEpGraphAssignmentInfo)(session.ptr(), &mut subgraphs, &mut n) },
+        "Session_GetEpGraphAssignmentInfo",
+    );
     let mut out = Vec::new();
     for i in 0..n {
         // SAFETY: ONNX Runtime returned n subgraphs, live while the session is.
         let sub = unsafe { *subgraphs.add(i) };
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: `sub` is live; valid out pointer.
-        ok(api, unsafe { (api.EpAssignedSubgraph_GetEpName)(sub, &mut name) }, "EpAssignedSubgraph_GetEpName");
+        ok(
+            api,
+            unsafe { (api.EpAssignedSubgraph_GetEpName)(sub, &mut name) },
+            "EpAssignedSubgraph_GetEpName",
+        );
         let ep = text(name).expect("EP name");
         let mut nodes: *const *const OrtEpAssignedNode = std::ptr::null();
         let mut count = 0usize;
         // SAFETY: `sub` is live; valid out pointers.
-        ok(api, unsafe { (api.EpAssignedSubgraph_GetNodes)(sub, &mut nodes, &mut count) }, "EpAssignedSubgraph_GetNodes");
+        ok(
+            api,
+            unsafe { (api.EpAssignedSubgraph_GetNodes)(sub, &mut nodes, &mut count) },
+            "EpAssignedSubgraph_GetNodes",
+        );
         for j in 0..count {
             let mut node_name: *const c_char = std::ptr::null();
             // SAFETY: ONNX Runtime returned `count` live nodes; valid out pointer.
-            ok(api, unsafe { (api.EpAssignedNode_GetName)(*nodes.add(j), &mut node_name) }, "EpAssignedNode_GetName");
+            ok(
+                api,
+                unsafe { (api.EpAssignedNode_GetName)(*nodes.add(j), &mut node_name) },
+                "EpAssignedNode_GetName",
+            );
             out.push((text(node_name).expect("node name"), ep.clone()));
         }
     }
@@ -210,7 +245,10 @@ fn assignment(session: &Session) -> Vec<(String, String)> {
 }
 
 fn ep_of<'a>(a: &'a [(String, String)], node: &str) -> &'a str {
-    a.iter().find(|(n, _)| n == node).map(|(_, e)| e.as_str()).unwrap_or_else(|| panic!("node {node} not in the assignment {a:?}"))
+    a.iter()
+        .find(|(n, _)| n == node)
+        .map(|(_, e)| e.as_str())
+        .unwrap_or_else(|| panic!("node {node} not in the assignment {a:?}"))
 }
 
 // ------------------------------------------------------------------------------ model and data
@@ -221,23 +259,41 @@ fn model() -> Vec<u8> {
     let (f, i) = (DataType::FLOAT, DataType::INT32);
     let mut g = Graph::new("ep_session");
     g.input("geom", i, Some(&[Dim::Fixed(B as i64), Dim::Fixed(P as i64), Dim::Fixed(3)]))
-        .input("features", f, Some(&[Dim::Fixed(B as i64), Dim::Fixed(P as i64), Dim::Fixed(CF as i64)]))
+        .input(
+            "features",
+            f,
+            Some(&[Dim::Fixed(B as i64), Dim::Fixed(P as i64), Dim::Fixed(CF as i64)]),
+        )
         .input("gvf", f, None)
         .input("feats", f, None)
         .input("vf", f, None)
         .input("p2v", i, None)
         .input("count", i, None)
         .node("relu", "Relu", "", &["features"], &["features_relu"], vec![])
-        .node("vpf", "VoxelPoolingForward", "mluops", &["geom", "features_relu"], &["bev", "pos_memo"], vec![attr_ints(
-            "voxel_num",
-            &[NX, NY, NZ],
-        )])
-        .node("dsb_mean", "DynamicScatterBackward", "mluops", &["gvf", "feats", "vf", "p2v", "count"], &["g_mean"], vec![
-            attr_string("reduce_type", "mean"),
-        ])
-        .node("dsb_max", "DynamicScatterBackward", "mluops", &["gvf", "feats", "vf", "p2v", "count"], &["g_max"], vec![
-            attr_string("reduce_type", "max"),
-        ])
+        .node(
+            "vpf",
+            "VoxelPoolingForward",
+            "mluops",
+            &["geom", "features_relu"],
+            &["bev", "pos_memo"],
+            vec![attr_ints("voxel_num", &[NX, NY, NZ])],
+        )
+        .node(
+            "dsb_mean",
+            "DynamicScatterBackward",
+            "mluops",
+            &["gvf", "feats", "vf", "p2v", "count"],
+            &["g_mean"],
+            vec![attr_string("reduce_type", "mean")],
+        )
+        .node(
+            "dsb_max",
+            "DynamicScatterBackward",
+            "mluops",
+            &["gvf", "feats", "vf", "p2v", "count"],
+            &["g_max"],
+            vec![attr_string("reduce_type", "max")],
+        )
         .output("bev", f, None)
         .output("pos_memo", i, None)
         .output("g_mean", f, None)
@@ -272,7 +328,13 @@ fn feeds() -> Feeds {
     let mut below = |n: u64| (r.next() % n) as i64;
     // Coordinates one past the grid on each side, so some points are out of range.
     let geom = (0..B * P)
-        .flat_map(|_| [below(NX as u64 + 3) as i32 - 1, below(NY as u64 + 3) as i32 - 1, below(NZ as u64 + 1) as i32])
+        .flat_map(|_| {
+            [
+                below(NX as u64 + 3) as i32 - 1,
+                below(NY as u64 + 3) as i32 - 1,
+                below(NZ as u64 + 1) as i32,
+            ]
+        })
         .collect();
     // Half the features negative, so the Relu matters.
     let features = (0..B * P * CF).map(|_| below(2001) as f32 / 100.0 - 10.0).collect();
@@ -308,8 +370,12 @@ struct Out {
 const OUTPUTS: [&str; 4] = ["bev", "pos_memo", "g_mean", "g_max"];
 
 fn run(session: &mut Session, f: &Feeds) -> Vec<Out> {
-    let t = |shape: Vec<usize>, d: &Vec<f32>| Tensor::from_array((shape, d.clone())).expect("tensor").into_dyn();
-    let ti = |shape: Vec<usize>, d: &Vec<i32>| Tensor::from_array((shape, d.clone())).expect("tensor").into_dyn();
+    let t = |shape: Vec<usize>, d: &Vec<f32>| {
+        Tensor::from_array((shape, d.clone())).expect("tensor").into_dyn()
+    };
+    let ti = |shape: Vec<usize>, d: &Vec<i32>| {
+        Tensor::from_array((shape, d.clone())).expect("tensor").into_dyn()
+    };
     let inputs = vec![
         ("geom", ti(vec![B, P, 3], &f.geom)),
         ("features", t(vec![B, P, CF], &f.features)),
@@ -325,10 +391,20 @@ fn run(session: &mut Session, f: &Feeds) -> Vec<Out> {
         .map(|name| {
             let v = &outputs[*name];
             match v.try_extract_tensor::<f32>() {
-                Ok((shape, data)) => Out { shape: shape.iter().map(|&d| d as usize).collect(), f: data.to_vec(), i: vec![] },
+                Ok((shape, data)) => Out {
+                    shape: shape.iter().map(|&d| d as usize).collect(),
+                    f: data.to_vec(),
+                    i: vec![],
+                },
                 Err(_) => {
-                    let (shape, data) = v.try_extract_tensor::<i32>().unwrap_or_else(|e| panic!("{name}: neither float nor int32: {e}"));
-                    Out { shape: shape.iter().map(|&d| d as usize).collect(), f: vec![], i: data.to_vec() }
+                    let (shape, data) = v
+                        .try_extract_tensor::<i32>()
+                        .unwrap_or_else(|e| panic!("{name}: neither float nor int32: {e}"));
+                    Out {
+                        shape: shape.iter().map(|&d| d as usize).collect(),
+                        f: vec![],
+                        i: data.to_vec(),
+                    }
                 }
             }
         })
@@ -346,7 +422,8 @@ fn ep_device_is_listed() {
     emulate();
     let fx = fixture();
     let devices = ep_devices(&fx.env);
-    let mlu: Vec<&DeviceInfo> = devices.iter().filter(|d| d.ep_name.as_deref() == Some(EP)).collect();
+    let mlu: Vec<&DeviceInfo> =
+        devices.iter().filter(|d| d.ep_name.as_deref() == Some(EP)).collect();
     assert_eq!(mlu.len(), 1, "one emulated card (and no real one on this machine) in {devices:?}");
     let d = mlu[0];
     assert_eq!(d.ep_vendor.as_deref(), Some("Cambricon"), "{d:?}");
@@ -366,9 +443,12 @@ fn selection_policy_puts_mluops_nodes_on_the_emulated_mlu() {
 
     // The EP chosen by the PREFER_NPU selection policy, which also brings the EP factory's
     // `mluops` domain into the session (no custom-op library is registered here).
-    let mut mlu = builder(&fx.env, OrtExecutionProviderDevicePolicy::OrtExecutionProviderDevicePolicy_PREFER_NPU)
-        .commit_from_memory(&model)
-        .expect("session with the PREFER_NPU selection policy");
+    let mut mlu = builder(
+        &fx.env,
+        OrtExecutionProviderDevicePolicy::OrtExecutionProviderDevicePolicy_PREFER_NPU,
+    )
+    .commit_from_memory(&model)
+    .expect("session with the PREFER_NPU selection policy");
     let a = assignment(&mlu);
     assert_eq!(ep_of(&a, "vpf"), EP, "{a:?}");
     assert_eq!(ep_of(&a, "dsb_max"), EP, "{a:?}");
@@ -379,11 +459,14 @@ fn selection_policy_puts_mluops_nodes_on_the_emulated_mlu() {
     // the `ort` crate sets the MAX_EFFICIENCY policy by default, which would pick the MLU EP
     // registered on this environment; PREFER_CPU keeps every node on the CPU, and the
     // assignment record checks that.
-    let mut cpu = builder(&fx.env, OrtExecutionProviderDevicePolicy::OrtExecutionProviderDevicePolicy_PREFER_CPU)
-        .with_operator_library(&fx.lib)
-        .expect("custom-op library")
-        .commit_from_memory(&model)
-        .expect("CPU session");
+    let mut cpu = builder(
+        &fx.env,
+        OrtExecutionProviderDevicePolicy::OrtExecutionProviderDevicePolicy_PREFER_CPU,
+    )
+    .with_operator_library(&fx.lib)
+    .expect("custom-op library")
+    .commit_from_memory(&model)
+    .expect("CPU session");
     let a = assignment(&cpu);
     for node in ["relu", "vpf", "dsb_mean", "dsb_max"] {
         assert_eq!(ep_of(&a, node), CPU_EP, "reference session: {a:?}");
@@ -411,6 +494,12 @@ fn selection_policy_puts_mluops_nodes_on_the_emulated_mlu() {
     // The data is not trivial: cells were filled, some points were out of range, and both
     // gradients carry values.
     assert!(got[0].f.iter().any(|&x| x > 0.0), "bev all zero");
-    assert!(got[1].i.contains(&-1) && got[1].i.iter().any(|&x| x >= 0), "pos_memo without both kinds of points");
-    assert!(got[2].f.iter().any(|&x| x != 0.0) && got[3].f.iter().any(|&x| x != 0.0), "a gradient is all zero");
+    assert!(
+        got[1].i.contains(&-1) && got[1].i.iter().any(|&x| x >= 0),
+        "pos_memo without both kinds of points"
+    );
+    assert!(
+        got[2].f.iter().any(|&x| x != 0.0) && got[3].f.iter().any(|&x| x != 0.0),
+        "a gradient is all zero"
+    );
 }

@@ -61,25 +61,38 @@ fn assert_rulebook(got: &Rulebook, want: &Rulebook, a: &Attrs) {
     assert_eq!(got.num, want.num, "indice_num, {a:?}");
     assert_eq!(got.out.len(), want.out.len(), "num_act_out * 4, {a:?}");
     if let Some(i) = (0..got.out.len()).find(|&i| got.out[i] != want.out[i]) {
-        panic!("out_indices differ first at row {}: got {:?}, want {:?}; {a:?}", i / 4, &got.out[i / 4 * 4..][..4], &want.out[i / 4 * 4..][..4]);
+        panic!(
+            "out_indices differ first at row {}: got {:?}, want {:?}; {a:?}",
+            i / 4,
+            &got.out[i / 4 * 4..][..4],
+            &want.out[i / 4 * 4..][..4]
+        );
     }
     assert_eq!(got.pairs.len(), want.pairs.len());
     if let Some(i) = (0..got.pairs.len()).find(|&i| got.pairs[i] != want.pairs[i]) {
-        panic!("indice_pairs differ first at flat index {i}: got {}, want {}; {a:?}", got.pairs[i], want.pairs[i]);
+        panic!(
+            "indice_pairs differ first at flat index {i}: got {}, want {}; {a:?}",
+            got.pairs[i], want.pairs[i]
+        );
     }
 }
 
 /// Builds the node (which must succeed) and runs it; the run must fail.
 fn run_error(a: &Attrs, t: &Tensor) -> String {
-    descriptor::<GetIndicePairs>(&a.map()).unwrap_or_else(|e| panic!("attributes are valid, got {e}"));
+    descriptor::<GetIndicePairs>(&a.map())
+        .unwrap_or_else(|e| panic!("attributes are valid, got {e}"));
     let e = run_tensor(a, t, &Threads(2)).expect_err("the contract says this run fails");
     e.to_string()
 }
 
 /// Building the node must fail with an error naming `attribute`.
 fn attribute_error(a: &Attrs, attribute: &str) -> String {
-    let e = descriptor::<GetIndicePairs>(&a.map()).expect_err("the contract says these attributes are an error");
-    assert!(matches!(&e, Error::Attribute { name, .. } if name == attribute), "expected attribute '{attribute}', got {e}");
+    let e = descriptor::<GetIndicePairs>(&a.map())
+        .expect_err("the contract says these attributes are an error");
+    assert!(
+        matches!(&e, Error::Attribute { name, .. } if name == attribute),
+        "expected attribute '{attribute}', got {e}"
+    );
     let msg = e.to_string();
     assert!(msg.contains(&format!("attribute '{attribute}'")), "{msg}");
     msg
@@ -122,7 +135,13 @@ fn uniform_rows(rng: &mut Rng, n: usize, batch: i64, spatial: [i64; 3]) -> Vec<[
 
 /// `n` distinct sites in blobs (lidar-like: dense patches in an empty volume), including
 /// the volume's corners, in random row order.
-fn blob_rows(rng: &mut Rng, n: usize, batch: i64, spatial: [i64; 3], radius: [i64; 3]) -> Vec<[i32; 4]> {
+fn blob_rows(
+    rng: &mut Rng,
+    n: usize,
+    batch: i64,
+    spatial: [i64; 3],
+    radius: [i64; 3],
+) -> Vec<[i32; 4]> {
     let cells = spatial.iter().fold(batch, |acc, &s| acc.saturating_mul(s));
     let n = n.min(usize::try_from(cells).unwrap_or(usize::MAX));
     let mut set = HashSet::with_capacity(n);
@@ -135,7 +154,11 @@ fn blob_rows(rng: &mut Rng, n: usize, batch: i64, spatial: [i64; 3], radius: [i6
     let last = spatial.map(|s| (s - 1) as i32);
     for b in 0..batch as i32 {
         for corner in 0..8 {
-            let c = [(corner & 1) * last[0], ((corner >> 1) & 1) * last[1], ((corner >> 2) & 1) * last[2]];
+            let c = [
+                (corner & 1) * last[0],
+                ((corner >> 1) & 1) * last[1],
+                ((corner >> 2) & 1) * last[2],
+            ];
             push([b, c[0], c[1], c[2]], &mut rows);
         }
     }
@@ -143,7 +166,9 @@ fn blob_rows(rng: &mut Rng, n: usize, batch: i64, spatial: [i64; 3], radius: [i6
         let b = rng.below(batch) as i32;
         let center = spatial.map(|s| rng.below(s));
         for _ in 0..400 {
-            let p: [i64; 3] = std::array::from_fn(|a| (center[a] + rng.range(-radius[a], radius[a])).clamp(0, spatial[a] - 1));
+            let p: [i64; 3] = std::array::from_fn(|a| {
+                (center[a] + rng.range(-radius[a], radius[a])).clamp(0, spatial[a] - 1)
+            });
             push([b, p[0] as i32, p[1] as i32, p[2] as i32], &mut rows);
         }
     }
@@ -156,12 +181,17 @@ fn random_attrs(rng: &mut Rng, mode: u8) -> Attrs {
     loop {
         let kernel: [i64; 3] = std::array::from_fn(|_| rng.range(1, 4));
         let mut a = Attrs::new(rng.range(1, 3), std::array::from_fn(|_| rng.range(1, 9)), kernel);
-        let stride: [i64; 3] = std::array::from_fn(|_| if rng.chance(1, 2) { 1 } else { rng.range(2, 4) });
-        let dilation: [i64; 3] =
-            std::array::from_fn(|i| if stride[i] > 1 || mode == 1 || rng.chance(2, 3) { 1 } else { rng.range(2, 3) });
+        let stride: [i64; 3] =
+            std::array::from_fn(|_| if rng.chance(1, 2) { 1 } else { rng.range(2, 4) });
+        let dilation: [i64; 3] = std::array::from_fn(|i| {
+            if stride[i] > 1 || mode == 1 || rng.chance(2, 3) { 1 } else { rng.range(2, 3) }
+        });
         match mode {
             0 => {
-                a = a.stride(stride).dilation(dilation).padding(std::array::from_fn(|_| rng.range(0, 3)));
+                a = a
+                    .stride(stride)
+                    .dilation(dilation)
+                    .padding(std::array::from_fn(|_| rng.range(0, 3)));
             }
             1 => {
                 a = a
@@ -175,7 +205,10 @@ fn random_attrs(rng: &mut Rng, mode: u8) -> Attrs {
                 let kernel: [i64; 3] = std::array::from_fn(|_| 2 * rng.range(0, 2) + 1);
                 let d: [i64; 3] = std::array::from_fn(|_| rng.range(1, 2));
                 a.kernel_size = Some(kernel.to_vec());
-                a = a.subm().dilation(d).padding(std::array::from_fn(|i| d[i] * (kernel[i] - 1) / 2));
+                a = a
+                    .subm()
+                    .dilation(d)
+                    .padding(std::array::from_fn(|i| d[i] * (kernel[i] - 1) / 2));
             }
         }
         if resolve(&a).is_ok() {
@@ -315,10 +348,17 @@ fn non_cubic_kernels_dilation_padding_stride() {
         Attrs::new(2, [5, 7, 9], [1, 3, 5]).padding([0, 1, 2]),
         Attrs::new(2, [6, 7, 9], [2, 1, 4]).stride([2, 1, 3]).padding([1, 0, 2]),
         Attrs::new(1, [9, 9, 9], [3, 2, 3]).dilation([2, 3, 1]).padding([2, 0, 1]),
-        Attrs::new(1, [8, 8, 8], [3, 3, 3]).stride([1, 2, 1]).dilation([3, 1, 2]).padding([3, 1, 0]),
+        Attrs::new(1, [8, 8, 8], [3, 3, 3])
+            .stride([1, 2, 1])
+            .dilation([3, 1, 2])
+            .padding([3, 1, 0]),
         // Stride larger than the kernel leaves gaps; padding larger than the kernel.
         Attrs::new(2, [9, 9, 9], [2, 2, 2]).stride([3, 4, 3]).padding([4, 0, 5]),
-        Attrs::new(2, [4, 5, 6], [2, 3, 4]).stride([2, 3, 1]).padding([1, 2, 3]).transpose().output_padding([1, 0, 2]),
+        Attrs::new(2, [4, 5, 6], [2, 3, 4])
+            .stride([2, 3, 1])
+            .padding([1, 2, 3])
+            .transpose()
+            .output_padding([1, 0, 2]),
         Attrs::new(2, [7, 9, 11], [1, 3, 5]).dilation([1, 2, 3]).padding([0, 2, 6]).subm(),
         Attrs::new(1, [7, 7, 7], [5, 5, 5]).padding([2, 2, 2]).subm(),
         // The largest kernel volume.
@@ -342,7 +382,11 @@ fn huge_attributes_stay_exact() {
         Attrs::new(1, [big, 5, 5], [3, 3, 3]).padding([big, 0, 0]).stride([big, 1, 1]),
         Attrs::new(i64::MAX, [1 << 40, 1 << 40, 3], [1, 1, 1]).stride([1 << 20, 1 << 20, 1]),
         Attrs::new(3, [4, 5, 6], [2, 2, 2]).stride([1 << 28, 1, 1]).transpose(),
-        Attrs::new(2, [1 << 33, 9, 9], [3, 3, 3]).stride([1 << 33, 1, 1]).padding([(1 << 33) - 1, 1, 1]),
+        Attrs::new(2, [1 << 33, 9, 9], [3, 3, 3]).stride([1 << 33, 1, 1]).padding([
+            (1 << 33) - 1,
+            1,
+            1,
+        ]),
     ];
     let mut rng = Rng(99);
     for a in &cases {
@@ -361,11 +405,26 @@ fn wide_site_keys() {
     let m = i32::MAX;
     let a = Attrs::new(i64::MAX, [1 << 31, 1 << 31, 1 << 31], [1, 1, 1]);
     assert!(resolve(&a).is_err(), "output size 2^31 is beyond int32");
-    let a = Attrs::new(i64::MAX, [i64::from(m), i64::from(m), i64::from(m)], [1, 1, 3]).padding([0, 0, 1]);
-    let rows = [[m, m - 1, m - 1, m - 1], [0, 0, 0, 0], [m, m - 1, m - 1, m - 2], [m - 1, 5, m - 1, 7], [m, m - 1, m - 1, m - 1]];
+    let a = Attrs::new(i64::MAX, [i64::from(m), i64::from(m), i64::from(m)], [1, 1, 3])
+        .padding([0, 0, 1]);
+    let rows = [
+        [m, m - 1, m - 1, m - 1],
+        [0, 0, 0, 0],
+        [m, m - 1, m - 1, m - 2],
+        [m - 1, 5, m - 1, 7],
+        [m, m - 1, m - 1, m - 1],
+    ];
     check(&a, &rows);
-    let s = Attrs::new(i64::MAX, [i64::from(m), i64::from(m), i64::from(m)], [3, 1, 3]).padding([1, 0, 1]).subm();
-    let rows = [[m, m - 1, m - 1, m - 1], [0, 0, 0, 0], [m, m - 1, m - 1, m - 2], [m - 1, 5, m - 1, 7], [m, m - 2, m - 1, m - 1]];
+    let s = Attrs::new(i64::MAX, [i64::from(m), i64::from(m), i64::from(m)], [3, 1, 3])
+        .padding([1, 0, 1])
+        .subm();
+    let rows = [
+        [m, m - 1, m - 1, m - 1],
+        [0, 0, 0, 0],
+        [m, m - 1, m - 1, m - 2],
+        [m - 1, 5, m - 1, 7],
+        [m, m - 2, m - 1, m - 1],
+    ];
     check(&s, &rows);
 }
 
@@ -374,11 +433,18 @@ fn wide_site_keys() {
 // ---------------------------------------------------------------------------------------
 
 fn seed_subm() -> Attrs {
-    Attrs::new(4, [41, 1440, 1440], [3, 3, 3]).stride([1, 1, 1]).padding([1, 1, 1]).dilation([1, 1, 1]).subm()
+    Attrs::new(4, [41, 1440, 1440], [3, 3, 3])
+        .stride([1, 1, 1])
+        .padding([1, 1, 1])
+        .dilation([1, 1, 1])
+        .subm()
 }
 
 fn seed_sparse() -> Attrs {
-    Attrs::new(4, [11, 360, 360], [3, 3, 3]).stride([2, 2, 2]).padding([0, 1, 1]).dilation([1, 1, 1])
+    Attrs::new(4, [11, 360, 360], [3, 3, 3])
+        .stride([2, 2, 2])
+        .padding([0, 1, 1])
+        .dilation([1, 1, 1])
 }
 
 fn full_scale() -> bool {
@@ -460,16 +526,31 @@ fn base() -> Attrs {
 fn error_batch_outside_zero_to_batch_size() {
     for row in [[1, 0, 0, 0], [-1, 1, 1, 1], [i32::MAX, 0, 0, 0]] {
         let msg = run_error(&base(), &indices(&[[0, 1, 1, 1], row]));
-        assert!(msg.contains("input 'indices'") && msg.contains("row 1") && msg.contains("batch"), "{msg}");
+        assert!(
+            msg.contains("input 'indices'") && msg.contains("row 1") && msg.contains("batch"),
+            "{msg}"
+        );
     }
 }
 
 #[test]
 fn error_coordinate_outside_spatial_shape() {
     let a = Attrs::new(1, [3, 2, 4], [1, 1, 1]);
-    for row in [[0, 3, 0, 0], [0, 0, 2, 0], [0, 0, 0, 4], [0, -1, 0, 0], [0, 0, -1, 0], [0, 0, 0, i32::MIN]] {
+    for row in [
+        [0, 3, 0, 0],
+        [0, 0, 2, 0],
+        [0, 0, 0, 4],
+        [0, -1, 0, 0],
+        [0, 0, -1, 0],
+        [0, 0, 0, i32::MIN],
+    ] {
         let msg = run_error(&a, &indices(&[[0, 0, 1, 3], row]));
-        assert!(msg.contains("input 'indices'") && msg.contains("row 1") && msg.contains("spatial_shape"), "{msg}");
+        assert!(
+            msg.contains("input 'indices'")
+                && msg.contains("row 1")
+                && msg.contains("spatial_shape"),
+            "{msg}"
+        );
     }
     // In subm and transpose mode too.
     let subm = base().padding([1, 1, 1]).subm();
@@ -492,7 +573,10 @@ fn error_kernel_volume_above_4096() {
 fn error_stride_above_one_with_dilation_above_one_on_one_axis() {
     let a = Attrs::new(1, [9, 9, 9], [3, 3, 3]).stride([1, 2, 1]).dilation([1, 2, 1]);
     let msg = attribute_error(&a, "dilation");
-    assert!(msg.contains("stride 2") && msg.contains("dilation 2") && msg.contains("axis 1"), "{msg}");
+    assert!(
+        msg.contains("stride 2") && msg.contains("dilation 2") && msg.contains("axis 1"),
+        "{msg}"
+    );
     // On different axes it is legal.
     let ok = Attrs::new(1, [9, 9, 9], [3, 3, 3]).stride([2, 1, 1]).dilation([1, 2, 1]);
     assert!(descriptor::<GetIndicePairs>(&ok.map()).is_ok());
@@ -558,7 +642,10 @@ fn error_non_positive_output_size() {
     // Floor division: (2 - 2 - 1) / 2 + 1 = 0 (truncation would give 1).
     attribute_error(&Attrs::new(1, [3, 2, 3], [1, 3, 1]).stride([1, 2, 1]), "kernel_size");
     // Transpose: (1 - 1) * 1 - 2 + 0 + 0 + 1 = -1.
-    let msg = attribute_error(&Attrs::new(1, [1, 1, 1], [1, 1, 1]).padding([1, 0, 0]).transpose(), "padding");
+    let msg = attribute_error(
+        &Attrs::new(1, [1, 1, 1], [1, 1, 1]).padding([1, 0, 0]).transpose(),
+        "padding",
+    );
     assert!(msg.contains("output size") && msg.contains("axis 0"), "{msg}");
 }
 
@@ -568,8 +655,14 @@ fn error_output_size_beyond_int32() {
     let msg = attribute_error(&Attrs::new(1, [3, 3, 1 << 31], [1, 1, 1]), "spatial_shape");
     assert!(msg.contains("2147483647"), "{msg}");
     attribute_error(&Attrs::new(1, [3, 3, 3], [3, 3, 3]).padding([0, 1 << 40, 0]), "spatial_shape");
-    attribute_error(&Attrs::new(1, [3, 3, 3], [3, 3, 3]).stride([1, 1 << 31, 1]).transpose(), "spatial_shape");
-    attribute_error(&Attrs::new(1, [3, 3, i64::MAX], [3, 3, 3]).stride([1, 1, i64::MAX]).transpose(), "spatial_shape");
+    attribute_error(
+        &Attrs::new(1, [3, 3, 3], [3, 3, 3]).stride([1, 1 << 31, 1]).transpose(),
+        "spatial_shape",
+    );
+    attribute_error(
+        &Attrs::new(1, [3, 3, i64::MAX], [3, 3, 3]).stride([1, 1, i64::MAX]).transpose(),
+        "spatial_shape",
+    );
 }
 
 #[test]
@@ -591,7 +684,10 @@ fn error_negative_output_padding() {
 fn error_duplicate_input_site_in_subm() {
     let a = base().padding([1, 1, 1]).subm();
     let msg = run_error(&a, &indices(&[[0, 1, 1, 1], [0, 0, 0, 0], [0, 2, 2, 2], [0, 1, 1, 1]]));
-    assert!(msg.contains("input 'indices'") && msg.contains("rows 0 and 3") && msg.contains("subm"), "{msg}");
+    assert!(
+        msg.contains("input 'indices'") && msg.contains("rows 0 and 3") && msg.contains("subm"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -605,7 +701,10 @@ fn error_subm_output_size_differs_from_input_size() {
     // padding must be dilation * (k - 1) / 2 per axis.
     let msg = attribute_error(&base().padding([1, 0, 1]).subm(), "padding");
     assert!(msg.contains("axis 1"), "{msg}");
-    attribute_error(&Attrs::new(1, [5, 5, 5], [3, 3, 3]).dilation([2, 2, 2]).padding([1, 1, 1]).subm(), "padding");
+    attribute_error(
+        &Attrs::new(1, [5, 5, 5], [3, 3, 3]).dilation([2, 2, 2]).padding([1, 1, 1]).subm(),
+        "padding",
+    );
     // An even dilated kernel cannot keep the size.
     attribute_error(&Attrs::new(1, [3, 3, 3], [2, 2, 2]).subm(), "kernel_size");
 }
@@ -834,11 +933,16 @@ fn build(r: &RawCase) -> (Attrs, Tensor) {
         .rows
         .iter()
         .map(|(raw, sel, which)| {
-            let mut row: [i32; 4] = std::array::from_fn(|f| (i64::from(raw[f]) % limit(f).clamp(1, 12)) as i32);
+            let mut row: [i32; 4] =
+                std::array::from_fn(|f| (i64::from(raw[f]) % limit(f).clamp(1, 12)) as i32);
             if *sel < 2 {
                 let f = usize::from(*which % 4);
                 let lim = limit(f);
-                row[f] = if *sel == 0 || lim > i64::from(i32::MAX) { -1 } else { lim.max(i64::from(i32::MIN)) as i32 };
+                row[f] = if *sel == 0 || lim > i64::from(i32::MAX) {
+                    -1
+                } else {
+                    lim.max(i64::from(i32::MIN)) as i32
+                };
             }
             row
         })

@@ -339,7 +339,8 @@ fn dense_forward(
     for o in out_sites {
         let mut acc: Vec<f64> = (0..cout).map(|co| bias.map_or(0.0, |b| b[co] as f64)).collect();
         for (k, kk) in offsets.iter().enumerate() {
-            let i: Option<Vec<i64>> = (0..3).map(|a| g.input_of(a, o[a + 1] as i64, kk[a])).collect();
+            let i: Option<Vec<i64>> =
+                (0..3).map(|a| g.input_of(a, o[a + 1] as i64, kk[a])).collect();
             let Some(i) = i else { continue };
             let Some(v) = grid.get(&key(o[0] as i64, [i[0], i[1], i[2]])) else { continue };
             for ci in 0..cin {
@@ -365,14 +366,16 @@ fn dense_inverse(
     cout: usize,
     bias: Option<&[f32]>,
 ) -> Vec<f64> {
-    let rows: HashMap<[i64; 4], usize> = out_sites.iter().enumerate().map(|(r, s)| (s.map(i64::from), r)).collect();
+    let rows: HashMap<[i64; 4], usize> =
+        out_sites.iter().enumerate().map(|(r, s)| (s.map(i64::from), r)).collect();
     assert_eq!(rows.len(), out_sites.len(), "output sites are unique");
     let offsets = g.offsets();
     let mut out = Vec::with_capacity(in_sites.len() * cout);
     for s in in_sites {
         let mut acc: Vec<f64> = (0..cout).map(|co| bias.map_or(0.0, |b| b[co] as f64)).collect();
         for (k, kk) in offsets.iter().enumerate() {
-            let o: Option<Vec<i64>> = (0..3).map(|a| g.output_of(a, s[a + 1] as i64, kk[a])).collect();
+            let o: Option<Vec<i64>> =
+                (0..3).map(|a| g.output_of(a, s[a + 1] as i64, kk[a])).collect();
             let Some(o) = o else { continue };
             let Some(&r) = rows.get(&key(s[0] as i64, [o[0], o[1], o[2]])) else { continue };
             for ci in 0..cin {
@@ -398,7 +401,8 @@ fn expected_out_sites(g: &Geometry, sites: &[[i32; 4]]) -> BTreeSet<[i32; 4]> {
                 for x in 0..g.out_size(2) {
                     let o = [z, y, x];
                     let hit = offsets.iter().any(|kk| {
-                        let i: Option<Vec<i64>> = (0..3).map(|a| g.input_of(a, o[a], kk[a])).collect();
+                        let i: Option<Vec<i64>> =
+                            (0..3).map(|a| g.input_of(a, o[a], kk[a])).collect();
                         i.is_some_and(|i| active.contains(&key(b, [i[0], i[1], i[2]])))
                     });
                     if hit {
@@ -438,7 +442,14 @@ fn random_sites(rng: &mut Rng, g: &Geometry, n: usize, unique: bool) -> Vec<[i32
 
 /// Forward convolution through GetIndicePairs + IndiceConv, checked against both references
 /// and for thread-count independence; then the inverse convolution over the same rulebook.
-fn check_geometry(rng: &mut Rng, g: &Geometry, n_sites: usize, cin: usize, cout: usize, with_bias: bool) {
+fn check_geometry(
+    rng: &mut Rng,
+    g: &Geometry,
+    n_sites: usize,
+    cin: usize,
+    cout: usize,
+    with_bias: bool,
+) {
     let sites = random_sites(rng, g, n_sites, g.subm);
     let rb = get_indice_pairs(g, &sites);
     let out_sites = rows4(&rb.out_indices);
@@ -448,7 +459,11 @@ fn check_geometry(rng: &mut Rng, g: &Geometry, n_sites: usize, cin: usize, cout:
     } else {
         let set: BTreeSet<[i32; 4]> = out_sites.iter().copied().collect();
         assert_eq!(set.len(), out_sites.len(), "unique output sites");
-        assert_eq!(set, expected_out_sites(g, &sites), "output sites = positions with an active input");
+        assert_eq!(
+            set,
+            expected_out_sites(g, &sites),
+            "output sites = positions with an active input"
+        );
     }
     let features = rng.floats(l * cin);
     let filters = rng.floats(g.volume() * cin * cout);
@@ -466,13 +481,20 @@ fn check_geometry(rng: &mut Rng, g: &Geometry, n_sites: usize, cin: usize, cout:
     );
     let what = format!("{g:?} L {l} Cin {cin} Cout {cout} bias {with_bias}");
     let got = check(&conv, false);
-    let dense = dense_forward(g, &sites, &features, &filters, cin, cout, bias.as_deref(), &out_sites);
+    let dense =
+        dense_forward(g, &sites, &features, &filters, cin, cout, bias.as_deref(), &out_sites);
     assert_accumulating(&got, &dense, &format!("forward vs dense convolution: {what}"));
 
     // Inverse: features on the forward output rows, results on the forward input rows;
     // out_indices is the forward input indices.
     let y = rng.floats(out_sites.len() * cin);
-    let inv = Conv { l: out_sites.len(), features: y.clone(), num_out: l, out_indices: sites.concat(), ..conv.clone() };
+    let inv = Conv {
+        l: out_sites.len(),
+        features: y.clone(),
+        num_out: l,
+        out_indices: sites.concat(),
+        ..conv.clone()
+    };
     let got = check(&inv, true);
     let dense = dense_inverse(g, &sites, &out_sites, &y, &filters, cin, cout, bias.as_deref());
     assert_accumulating(&got, &dense, &format!("inverse vs dense convolution: {what}"));
@@ -534,7 +556,13 @@ fn inverse_swaps_the_slots() {
     for (l, num_out) in [(5, 9), (9, 5), (1, 30), (30, 1)] {
         // Valid for inverse = 1: slot 1 < L, slot 0 < num_out.
         let base = random_conv(&mut rng, num_out, 3, 4, 5, 7, l, true);
-        let inv = Conv { l, num_out, out_indices: vec![0; num_out * 4], features: rng.floats(l * 3), ..base.clone() };
+        let inv = Conv {
+            l,
+            num_out,
+            out_indices: vec![0; num_out * 4],
+            features: rng.floats(l * 3),
+            ..base.clone()
+        };
         let got = check(&inv, true);
         let plain = swapped(&inv, inv.features.clone(), l, num_out);
         assert_eq!(bits(&check(&plain, false)), bits(&got));
@@ -579,8 +607,9 @@ fn zero_size_dimensions() {
             assert_eq!(got.len(), num_out * cout);
             // No pair contributes anything readable when L, Cin, K or P is zero: output = bias.
             if l == 0 || cin == 0 || k == 0 || p == 0 {
-                let want: Vec<f32> =
-                    (0..num_out * cout).map(|e| conv.bias.as_ref().map_or(0.0, |b| b[e % cout])).collect();
+                let want: Vec<f32> = (0..num_out * cout)
+                    .map(|e| conv.bias.as_ref().map_or(0.0, |b| b[e % cout]))
+                    .collect();
                 assert_eq!(got, want);
             }
         }
@@ -613,12 +642,17 @@ fn submanifold_convolutions_match_dense_reference() {
 #[test]
 fn strided_convolutions_match_dense_reference() {
     let mut rng = Rng(12);
-    let seed_like = Geometry { stride: [2; 3], padding: [0, 1, 1], ..Geometry::new(2, [9, 10, 11], [3, 3, 3]) };
+    let seed_like =
+        Geometry { stride: [2; 3], padding: [0, 1, 1], ..Geometry::new(2, [9, 10, 11], [3, 3, 3]) };
     check_geometry(&mut rng, &seed_like, 120, 3, 4, true);
     check_geometry(&mut rng, &seed_like, 120, 2, 5, false);
     let down = Geometry { stride: [2; 3], ..Geometry::new(1, [8, 6, 10], [2, 2, 2]) };
     check_geometry(&mut rng, &down, 100, 4, 3, true);
-    let mixed = Geometry { stride: [1, 2, 3], padding: [1, 0, 2], ..Geometry::new(2, [5, 9, 11], [3, 2, 4]) };
+    let mixed = Geometry {
+        stride: [1, 2, 3],
+        padding: [1, 0, 2],
+        ..Geometry::new(2, [5, 9, 11], [3, 2, 4])
+    };
     check_geometry(&mut rng, &mixed, 80, 2, 2, true);
     let plain = Geometry::new(1, [6, 6, 6], [3, 3, 3]);
     check_geometry(&mut rng, &plain, 50, 3, 3, false);
@@ -627,7 +661,11 @@ fn strided_convolutions_match_dense_reference() {
 #[test]
 fn dilated_and_transposed_convolutions_match_dense_reference() {
     let mut rng = Rng(13);
-    let dilated = Geometry { dilation: [2, 1, 3], padding: [1, 1, 0], ..Geometry::new(2, [9, 7, 12], [3, 3, 3]) };
+    let dilated = Geometry {
+        dilation: [2, 1, 3],
+        padding: [1, 1, 0],
+        ..Geometry::new(2, [9, 7, 12], [3, 3, 3])
+    };
     check_geometry(&mut rng, &dilated, 90, 3, 2, true);
     let transposed = Geometry {
         stride: [2; 3],
@@ -637,7 +675,8 @@ fn dilated_and_transposed_convolutions_match_dense_reference() {
         ..Geometry::new(1, [4, 5, 3], [3, 3, 3])
     };
     check_geometry(&mut rng, &transposed, 30, 2, 3, true);
-    let transposed = Geometry { stride: [2, 1, 2], transpose: true, ..Geometry::new(2, [3, 4, 4], [2, 3, 2]) };
+    let transposed =
+        Geometry { stride: [2, 1, 2], transpose: true, ..Geometry::new(2, [3, 4, 4], [2, 3, 2]) };
     check_geometry(&mut rng, &transposed, 25, 3, 2, false);
 }
 
@@ -703,7 +742,9 @@ fn clustered_sites(rng: &mut Rng, g: &Geometry, n: usize) -> Vec<[i32; 4]> {
                 rng.below(g.spatial[2] as usize) as i32,
             ];
         }
-        let jitter = |rng: &mut Rng, c: i32, r: usize, hi: i64| (c + rng.below(2 * r + 1) as i32 - r as i32).clamp(0, hi as i32 - 1);
+        let jitter = |rng: &mut Rng, c: i32, r: usize, hi: i64| {
+            (c + rng.below(2 * r + 1) as i32 - r as i32).clamp(0, hi as i32 - 1)
+        };
         let s = [
             centre[0],
             jitter(rng, centre[1], 2, g.spatial[0]),
@@ -718,13 +759,30 @@ fn clustered_sites(rng: &mut Rng, g: &Geometry, n: usize) -> Vec<[i32; 4]> {
 }
 
 /// A forward convolution over GetIndicePairs' rulebook of `sites`, mixed-magnitude features.
-fn conv_on_sites(rng: &mut Rng, g: &Geometry, sites: &[[i32; 4]], cin: usize, cout: usize, bias: bool) -> Conv {
+fn conv_on_sites(
+    rng: &mut Rng,
+    g: &Geometry,
+    sites: &[[i32; 4]],
+    cin: usize,
+    cout: usize,
+    bias: bool,
+) -> Conv {
     let rb = get_indice_pairs(g, sites);
     let num_out = rb.out_indices.shape[0];
     let out_indices = rb.out_indices.data.i32().expect("int32").to_vec();
     let features = mixed_floats(rng, sites.len() * cin);
     let filters = rng.floats(g.volume() * cin * cout);
-    conv_over(&rb, sites.len(), features, filters, cin, cout, bias.then(|| rng.floats(cout)), num_out, out_indices)
+    conv_over(
+        &rb,
+        sites.len(),
+        features,
+        filters,
+        cin,
+        cout,
+        bias.then(|| rng.floats(cout)),
+        num_out,
+        out_indices,
+    )
 }
 
 #[test]
@@ -734,14 +792,28 @@ fn bit_identical_at_1_2_3_4_threads_at_backbone_channel_counts() {
     // bit for bit at 1, 2, 3 and 4 threads (in `check`) and against the reference.
     let mut rng = Rng(16);
     let subm = Geometry::subm(2, [12, 48, 48], [3, 3, 3], [1; 3]);
-    let strided = Geometry { stride: [2; 3], padding: [1; 3], ..Geometry::new(2, [12, 48, 48], [3, 3, 3]) };
-    for (cin, cout, n) in [(5, 16, 12000), (16, 16, 12000), (16, 32, 8000), (32, 32, 6000), (64, 64, 2500), (64, 128, 1500), (128, 128, 1200)] {
+    let strided =
+        Geometry { stride: [2; 3], padding: [1; 3], ..Geometry::new(2, [12, 48, 48], [3, 3, 3]) };
+    for (cin, cout, n) in [
+        (5, 16, 12000),
+        (16, 16, 12000),
+        (16, 32, 8000),
+        (32, 32, 6000),
+        (64, 64, 2500),
+        (64, 128, 1500),
+        (128, 128, 1200),
+    ] {
         let sites = clustered_sites(&mut rng, &subm, n);
         for g in [&subm, &strided] {
             let conv = conv_on_sites(&mut rng, g, &sites, cin, cout, cin % 2 == 0);
             let first = check(&conv, false);
             for par in [&Threads(4) as &dyn Parallel, &Threads(2), &Threads(3), &Serial] {
-                assert_eq!(bits(&conv.run(0, par).expect("runs")), bits(&first), "Cin {cin} Cout {cout} subm {}", g.subm);
+                assert_eq!(
+                    bits(&conv.run(0, par).expect("runs")),
+                    bits(&first),
+                    "Cin {cin} Cout {cout} subm {}",
+                    g.subm
+                );
             }
         }
     }
@@ -751,7 +823,8 @@ fn bit_identical_at_1_2_3_4_threads_at_backbone_channel_counts() {
 fn large_channel_counts_match_dense_reference() {
     let mut rng = Rng(17);
     let subm = Geometry::subm(1, [6, 10, 10], [3, 3, 3], [1; 3]);
-    let strided = Geometry { stride: [2; 3], padding: [0, 1, 1], ..Geometry::new(1, [7, 10, 10], [3, 3, 3]) };
+    let strided =
+        Geometry { stride: [2; 3], padding: [0, 1, 1], ..Geometry::new(1, [7, 10, 10], [3, 3, 3]) };
     let extra = Geometry { stride: [2, 1, 1], ..Geometry::new(1, [5, 6, 6], [3, 1, 1]) };
     for (cin, cout) in [(16, 16), (32, 32), (64, 64), (128, 128), (16, 32), (64, 128)] {
         check_geometry(&mut rng, &subm, 250, cin, cout, true);
@@ -772,7 +845,8 @@ fn in_contract_order(c: &Conv, inverse: bool) -> Vec<f32> {
     }
     for k in 0..c.k {
         for j in 0..c.num[k] as usize {
-            let (a, b) = (c.pairs[(k * 2) * c.p + j] as usize, c.pairs[(k * 2 + 1) * c.p + j] as usize);
+            let (a, b) =
+                (c.pairs[(k * 2) * c.p + j] as usize, c.pairs[(k * 2 + 1) * c.p + j] as usize);
             let (src, dst) = if inverse { (b, a) } else { (a, b) };
             for co in 0..c.cout {
                 out[dst * c.cout + co] += c.features[src] * c.filters[k * c.cout + co];
@@ -790,7 +864,12 @@ fn sums_follow_k_then_j_across_chunks_and_row_tiles() {
     // every product exact, so the bits must be the float32 sums in (k, j) order.
     let mut rng = Rng(18);
     let magnitudes = [16777216.0f32, 1.0, -16777216.0, 0.75, 3.0e-3, -1.0, 4096.5, -0.125];
-    for (k, p, l, num_out, cout) in [(3, 6000, 50, 40, 128), (5, 3000, 700, 600, 64), (2, 20000, 90, 300, 16), (27, 800, 400, 1000, 128)] {
+    for (k, p, l, num_out, cout) in [
+        (3, 6000, 50, 40, 128),
+        (5, 3000, 700, 600, 64),
+        (2, 20000, 90, 300, 16),
+        (27, 800, 400, 1000, 128),
+    ] {
         for inverse in [false, true] {
             let (src_rows, dst_rows) = (l, num_out);
             let mut pairs = vec![0i32; k * 2 * p];
@@ -799,8 +878,16 @@ fn sums_follow_k_then_j_across_chunks_and_row_tiles() {
                 num[kk] = (p - rng.below(p / 4)) as i32;
                 for j in 0..p {
                     // Destinations cluster on a few rows around tile-sized boundaries.
-                    let dst = if rng.below(2) == 0 { rng.below(dst_rows) } else { (rng.below(8) * 16 + rng.below(3)).min(dst_rows - 1) };
-                    let (s0, s1) = if inverse { (dst, rng.below(src_rows)) } else { (rng.below(src_rows), dst) };
+                    let dst = if rng.below(2) == 0 {
+                        rng.below(dst_rows)
+                    } else {
+                        (rng.below(8) * 16 + rng.below(3)).min(dst_rows - 1)
+                    };
+                    let (s0, s1) = if inverse {
+                        (dst, rng.below(src_rows))
+                    } else {
+                        (rng.below(src_rows), dst)
+                    };
                     pairs[(kk * 2) * p + j] = s0 as i32;
                     pairs[(kk * 2 + 1) * p + j] = s1 as i32;
                 }
@@ -823,7 +910,11 @@ fn sums_follow_k_then_j_across_chunks_and_row_tiles() {
             let want = in_contract_order(&conv, inverse);
             for par in [&Serial as &dyn Parallel, &Threads(2), &Threads(3), &Threads(4)] {
                 let got = conv.run(inverse as i64, par).expect("runs");
-                assert_eq!(bits(&got), bits(&want), "K {k} P {p} num_out {num_out} Cout {cout} inverse {inverse}");
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "K {k} P {p} num_out {num_out} Cout {cout} inverse {inverse}"
+                );
             }
         }
     }
@@ -838,11 +929,13 @@ fn fused_order(c: &Conv) -> Vec<f32> {
     }
     for k in 0..c.k {
         for j in 0..c.num[k] as usize {
-            let (src, dst) = (c.pairs[(k * 2) * c.p + j] as usize, c.pairs[(k * 2 + 1) * c.p + j] as usize);
+            let (src, dst) =
+                (c.pairs[(k * 2) * c.p + j] as usize, c.pairs[(k * 2 + 1) * c.p + j] as usize);
             for co in 0..c.cout {
                 let o = &mut out[dst * c.cout + co];
                 for ci in 0..c.cin {
-                    *o = c.features[src * c.cin + ci].mul_add(c.filters[(k * c.cin + ci) * c.cout + co], *o);
+                    *o = c.features[src * c.cin + ci]
+                        .mul_add(c.filters[(k * c.cin + ci) * c.cout + co], *o);
                 }
             }
         }
@@ -858,9 +951,13 @@ fn cout_16_32_64_128_on_avx512_add_each_product_by_one_fma_in_channel_order() {
     // repeated row (taken pair by pair) are covered too.
     let fused = cfg!(target_arch = "x86_64") && is_avx512f();
     let mut rng = Rng(19);
-    for (l, cin, cout, k, p, num_out) in
-        [(300, 7, 16, 27, 200, 250), (200, 32, 32, 8, 300, 90), (90, 5, 64, 3, 400, 60), (50, 16, 16, 1, 600, 9), (80, 24, 128, 5, 150, 70)]
-    {
+    for (l, cin, cout, k, p, num_out) in [
+        (300, 7, 16, 27, 200, 250),
+        (200, 32, 32, 8, 300, 90),
+        (90, 5, 64, 3, 400, 60),
+        (50, 16, 16, 1, 600, 9),
+        (80, 24, 128, 5, 150, 70),
+    ] {
         for bias in [false, true] {
             let conv = random_conv(&mut rng, l, cin, cout, k, p, num_out, bias);
             let got = check(&conv, false);
@@ -903,7 +1000,14 @@ fn submanifold_rulebooks_in_any_site_order_give_the_bits_of_the_same_pairs_shuff
     let fused = cfg!(target_arch = "x86_64") && is_avx512f();
     let mut rng = Rng(23);
     let g = Geometry::subm(2, [8, 40, 40], [3, 3, 3], [1; 3]);
-    for (cin, cout, n) in [(5, 16, 6000), (16, 16, 6000), (16, 32, 4000), (32, 64, 2000), (24, 128, 1200), (16, 48, 1500)] {
+    for (cin, cout, n) in [
+        (5, 16, 6000),
+        (16, 16, 6000),
+        (16, 32, 4000),
+        (32, 64, 2000),
+        (24, 128, 1200),
+        (16, 48, 1500),
+    ] {
         let sites = clustered_sites(&mut rng, &g, n);
         let mut sorted = sites.clone();
         sorted.sort();
@@ -941,7 +1045,11 @@ fn a_mirror_offset_that_differs_by_one_pair_is_not_read_in_its_place() {
     *d = (*d + 1) % base.num_out as i32;
     let mut one_fewer = base.clone();
     one_fewer.num[k] -= 1;
-    for (what, conv) in [("one source", &one_source), ("one destination", &one_destination), ("one pair fewer", &one_fewer)] {
+    for (what, conv) in [
+        ("one source", &one_source),
+        ("one destination", &one_destination),
+        ("one pair fewer", &one_fewer),
+    ] {
         let got = check(conv, false);
         if cfg!(target_arch = "x86_64") && is_avx512f() {
             assert_eq!(bits(&got), bits(&fused_order(conv)), "{what}");
@@ -962,12 +1070,19 @@ fn inverse_convolutions_at_backbone_channel_counts() {
     // results on its input sites), against the rulebook reference at 1-4 threads, and equal
     // bit for bit to a forward node over the slot-swapped rulebook.
     let mut rng = Rng(19);
-    let g = Geometry { stride: [2; 3], padding: [1; 3], ..Geometry::new(2, [12, 48, 48], [3, 3, 3]) };
+    let g =
+        Geometry { stride: [2; 3], padding: [1; 3], ..Geometry::new(2, [12, 48, 48], [3, 3, 3]) };
     for (cin, cout, n) in [(32, 16, 8000), (64, 32, 4000), (128, 64, 2000)] {
         let sites = clustered_sites(&mut rng, &g, n);
         let fwd = conv_on_sites(&mut rng, &g, &sites, cin, cout, true);
         let y = mixed_floats(&mut rng, fwd.num_out * cin);
-        let inv = Conv { l: fwd.num_out, features: y.clone(), num_out: sites.len(), out_indices: sites.concat(), ..fwd.clone() };
+        let inv = Conv {
+            l: fwd.num_out,
+            features: y.clone(),
+            num_out: sites.len(),
+            out_indices: sites.concat(),
+            ..fwd.clone()
+        };
         let got = check(&inv, true);
         let plain = swapped(&fwd, y, fwd.num_out, sites.len());
         assert_eq!(bits(&check(&plain, false)), bits(&got), "Cin {cin} Cout {cout}");
@@ -983,7 +1098,14 @@ fn empty_offsets_and_rows_without_pairs() {
     let sites = clustered_sites(&mut rng, &g, 3000);
     let base = conv_on_sites(&mut rng, &g, &sites, 32, 64, true);
     let all: Vec<usize> = (0..27).collect();
-    let empty_sets: [Vec<usize>; 6] = [vec![0], vec![13], vec![26], vec![0, 5, 13, 20, 26], all.iter().copied().filter(|&k| k != 7).collect(), all.clone()];
+    let empty_sets: [Vec<usize>; 6] = [
+        vec![0],
+        vec![13],
+        vec![26],
+        vec![0, 5, 13, 20, 26],
+        all.iter().copied().filter(|&k| k != 7).collect(),
+        all.clone(),
+    ];
     for (case, emptied) in empty_sets.iter().enumerate() {
         let mut conv = base.clone();
         for &k in emptied {
@@ -998,7 +1120,10 @@ fn empty_offsets_and_rows_without_pairs() {
             assert_eq!(bits(out), bits(bias), "case {case}: row {row} has no pair");
         }
         if emptied.len() == 27 {
-            assert!(got.chunks(64).all(|r| bits(r) == bits(bias)), "no pairs at all: every row is the bias");
+            assert!(
+                got.chunks(64).all(|r| bits(r) == bits(bias)),
+                "no pairs at all: every row is the bias"
+            );
         }
     }
 }
@@ -1142,7 +1267,11 @@ fn indice_num_shape_or_dtype_mismatch_is_error() {
 #[test]
 fn out_indices_not_rank_two_is_error() {
     let c = small();
-    for t in [Tensor::i32([6], vec![0; 6]), Tensor::i32([6, 4, 1], vec![0; 24]), Tensor::i32([], vec![0])] {
+    for t in [
+        Tensor::i32([6], vec![0; 6]),
+        Tensor::i32([6, 4, 1], vec![0; 24]),
+        Tensor::i32([], vec![0]),
+    ] {
         let e = expect_error(&c, 0, 4, t, "out_indices");
         assert!(e.contains("shape"), "{e}");
     }
@@ -1170,7 +1299,8 @@ fn missing_required_input_is_error() {
     let ts = c.tensors();
     let names = ["features", "filters", "indice_pairs", "indice_num", "out_indices"];
     for (slot, name) in names.iter().enumerate() {
-        let inputs: Vec<Option<&Tensor>> = ts.iter().enumerate().map(|(k, t)| (k != slot).then_some(t)).collect();
+        let inputs: Vec<Option<&Tensor>> =
+            ts.iter().enumerate().map(|(k, t)| (k != slot).then_some(t)).collect();
         let op: IndiceConv = descriptor(&attrs(0)).expect("valid");
         let e = run(&op, &inputs, &Serial).expect_err("required input missing");
         assert!(format!("{e}").contains(&format!("'{name}'")), "{e}");
@@ -1183,7 +1313,13 @@ fn indice_num_outside_zero_to_p_is_error() {
         for bad in [-1, 6, i32::MIN, i32::MAX] {
             let mut c = small(); // P 5
             if inverse == 1 {
-                c = Conv { l: 6, num_out: 4, features: vec![0.5; 18], out_indices: vec![0; 16], ..c };
+                c = Conv {
+                    l: 6,
+                    num_out: 4,
+                    features: vec![0.5; 18],
+                    out_indices: vec![0; 16],
+                    ..c
+                };
             }
             c.num[1] = bad;
             let e = expect_error(&c, inverse, 3, Tensor::i32([3], c.num.clone()), "indice_num");

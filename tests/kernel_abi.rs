@@ -21,7 +21,10 @@ fn headers() -> Vec<(String, String)> {
     for dir in std::fs::read_dir(Path::new(ROOT).join("kernels")).unwrap().flatten() {
         let family = dir.file_name().to_string_lossy().into_owned();
         if dir.path().join(format!("{family}.mlu")).exists() {
-            out.push((family.clone(), std::fs::read_to_string(dir.path().join(format!("{family}.h"))).unwrap()));
+            out.push((
+                family.clone(),
+                std::fs::read_to_string(dir.path().join(format!("{family}.h"))).unwrap(),
+            ));
         }
     }
     out.sort();
@@ -36,9 +39,13 @@ fn every_header_generates_and_the_library_check_lists_every_entry() {
         abi::generate(family, src).unwrap_or_else(|e| panic!("{family}.h: {e}"));
     }
     let names = abi::entry_names(&headers.into_iter().map(|h| h.1).collect::<Vec<_>>()).unwrap();
-    let listed: Vec<&str> = KERNEL_ENTRIES.iter().map(|n| n.strip_suffix('\0').expect("NUL-terminated")).collect();
+    let listed: Vec<&str> =
+        KERNEL_ENTRIES.iter().map(|n| n.strip_suffix('\0').expect("NUL-terminated")).collect();
     assert_eq!(listed, names);
-    assert!(listed.contains(&"mluops_get_indice_pairs_mark") && listed.contains(&"mluops_check_float_rows"));
+    assert!(
+        listed.contains(&"mluops_get_indice_pairs_mark")
+            && listed.contains(&"mluops_check_float_rows")
+    );
 }
 
 #[test]
@@ -50,7 +57,10 @@ fn c_types_map_to_their_rust_types() {
              const MluopsDemo *demo, int64_t n, const float *f, int32_t *out);",
     )
     .unwrap();
-    assert!(rust.contains("pub struct Demo {\n    pub lo: [i32; 4],\n    pub scale: f32,\n}"), "{rust}");
+    assert!(
+        rust.contains("pub struct Demo {\n    pub lo: [i32; 4],\n    pub scale: f32,\n}"),
+        "{rust}"
+    );
     let sig = "queue: crate::mlu::QueuePtr, task_dim: u32, x: *const u16, y: *mut u16, demo: *const Demo, n: i64, \
                f: *const f32, out: *mut i32";
     assert!(rust.contains(&format!("pub struct DemoFamilyKernels {{\n    pub mluops_demo: unsafe extern \"C\" fn({sig}) -> i32,")), "{rust}");
@@ -62,9 +72,18 @@ fn c_types_map_to_their_rust_types() {
 fn a_header_outside_the_mapping_is_refused() {
     let refused = [
         ("MLUOPS_EXPORT int e(cnrtQueue_t queue, long n);", "no Rust type for C `long`"),
-        ("MLUOPS_EXPORT int e(cnrtQueue_t queue, unsigned int n);", "unsupported C type `unsigned int`"),
-        ("MLUOPS_EXPORT int e(int32_t n, cnrtQueue_t queue);", "the first parameter must be the cnrtQueue_t"),
-        ("typedef struct Geometry { int32_t a; } Geometry; MLUOPS_EXPORT int e(cnrtQueue_t q);", "must start with Mluops"),
+        (
+            "MLUOPS_EXPORT int e(cnrtQueue_t queue, unsigned int n);",
+            "unsupported C type `unsigned int`",
+        ),
+        (
+            "MLUOPS_EXPORT int e(int32_t n, cnrtQueue_t queue);",
+            "the first parameter must be the cnrtQueue_t",
+        ),
+        (
+            "typedef struct Geometry { int32_t a; } Geometry; MLUOPS_EXPORT int e(cnrtQueue_t q);",
+            "must start with Mluops",
+        ),
         ("MLUOPS_EXPORT int e(cnrtQueue_t queue, const Other *o);", "no Rust type for C `Other`"),
         ("static int x; MLUOPS_EXPORT int e(cnrtQueue_t queue);", "unexpected `static`"),
         ("MLUOPS_EXPORT void e(cnrtQueue_t queue);", "expected `int`, found `void`"),
@@ -84,7 +103,10 @@ fn definitions_must_use_the_headers_parameter_names() {
     // Same types, so the compiler accepts the swap; the build does not.
     let swapped = "MLUOPS_EXPORT int mluops_mark(cnrtQueue_t queue, int32_t words, int32_t count) { return 0; }";
     let err = abi::check_definitions(swapped, header).unwrap_err();
-    assert!(err.contains(r#"mluops_mark: parameters ["queue", "words", "count"] in the .mlu"#), "{err}");
+    assert!(
+        err.contains(r#"mluops_mark: parameters ["queue", "words", "count"] in the .mlu"#),
+        "{err}"
+    );
     let extra = "MLUOPS_EXPORT int mluops_other(cnrtQueue_t queue) { return 0; }";
     let err = abi::check_definitions(extra, header).unwrap_err();
     assert!(err.contains("mluops_other: defined in the .mlu, not declared in the header"), "{err}");
@@ -117,7 +139,14 @@ fn struct_layouts_match_the_c_compilers() {
     )
     .unwrap();
     let exe = dir.join("layout");
-    let cc = Command::new("cc").arg("-I").arg(Path::new(ROOT).join("kernels")).arg(&program).arg("-o").arg(&exe).output().unwrap();
+    let cc = Command::new("cc")
+        .arg("-I")
+        .arg(Path::new(ROOT).join("kernels"))
+        .arg(&program)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
     assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
     let out = String::from_utf8(Command::new(&exe).output().unwrap().stdout).unwrap();
     use std::mem::{offset_of, size_of};

@@ -71,7 +71,9 @@ fn only_the_ffi_module_calls_onnx_runtime() {
     let mut files = Vec::new();
     sources(&src(), &mut files);
     files.retain(|f| !f.starts_with(&ffi));
-    let found = lines_where(&files, |_, line| line.contains("api()") || line.contains("ep_api()") || table_call(line));
+    let found = lines_where(&files, |_, line| {
+        line.contains("api()") || line.contains("ep_api()") || table_call(line)
+    });
     assert!(found.is_empty(), "ONNX Runtime called outside src/ffi/:\n{}", found.join("\n"));
 }
 
@@ -88,7 +90,9 @@ fn the_device_runtime_knows_no_operator() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert!(families.len() >= 5, "{families:?}");
-    found.extend(lines_where(&files, |_, l| families.iter().any(|family| l.contains(family.as_str()))));
+    found.extend(lines_where(&files, |_, l| {
+        families.iter().any(|family| l.contains(family.as_str()))
+    }));
     assert!(found.is_empty(), "src/mlu/ uses the operators:\n{}", found.join("\n"));
 }
 
@@ -113,7 +117,11 @@ fn under_ffi_only_the_custom_op_host_knows_the_operators() {
     sources(&src().join("ffi"), &mut files);
     files.retain(|f| !f.ends_with("custom_op.rs"));
     let found = uses_of_ops(&files);
-    assert!(found.is_empty(), "src/ffi/ (but custom_op.rs) uses the operators:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "src/ffi/ (but custom_op.rs) uses the operators:\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]
@@ -135,16 +143,29 @@ fn inline_test_modules_are_short() {
     for file in &files {
         let text = std::fs::read_to_string(file).expect("source");
         let lines: Vec<&str> = text.lines().collect();
-        let Some(start) = lines.iter().position(|l| l.trim_start().starts_with("mod tests {")) else { continue };
+        let Some(start) = lines.iter().position(|l| l.trim_start().starts_with("mod tests {"))
+        else {
+            continue;
+        };
         // The module's closing brace at its own indentation.
         let indent = lines[start].len() - lines[start].trim_start().len();
         let close = format!("{}}}", " ".repeat(indent));
-        let end = lines[start..].iter().position(|l| *l == close).map_or(lines.len(), |e| start + e);
+        let end =
+            lines[start..].iter().position(|l| *l == close).map_or(lines.len(), |e| start + e);
         if end - start > INLINE_TEST_LINES {
-            long.push(format!("{}: mod tests of {} lines (line {})", file.display(), end - start, start + 1));
+            long.push(format!(
+                "{}: mod tests of {} lines (line {})",
+                file.display(),
+                end - start,
+                start + 1
+            ));
         }
     }
-    assert!(long.is_empty(), "inline test modules over {INLINE_TEST_LINES} lines:\n{}", long.join("\n"));
+    assert!(
+        long.is_empty(),
+        "inline test modules over {INLINE_TEST_LINES} lines:\n{}",
+        long.join("\n")
+    );
 }
 
 /// One error type through the crate: no function returns a bare `String` (or another error
@@ -154,7 +175,8 @@ fn one_error_type_and_one_status_conversion() {
     let mut files = Vec::new();
     sources(&src(), &mut files);
     let found = lines_where(&files, |f, l| {
-        let bare = l.contains("Result<") && (l.contains(", String>") || l.contains(", &'static str>"));
+        let bare =
+            l.contains("Result<") && (l.contains(", String>") || l.contains(", &'static str>"));
         bare || (l.contains("CreateStatus") && !f.ends_with("ffi/mod.rs"))
     });
     assert!(found.is_empty(), "a second error type or status conversion:\n{}", found.join("\n"));

@@ -69,7 +69,9 @@ fn assert_exact(cpu: &Tensor, mlu: &Tensor, what: &str) {
 
 fn assert_close(cpu: &Tensor, mlu: &Tensor, what: &str) {
     let (want, got): (Vec<f64>, Vec<f32>) = match (&cpu.data, &mlu.data) {
-        (OwnedData::F32(a), OwnedData::F32(b)) => (a.iter().map(|&v| v as f64).collect(), b.clone()),
+        (OwnedData::F32(a), OwnedData::F32(b)) => {
+            (a.iter().map(|&v| v as f64).collect(), b.clone())
+        }
         (OwnedData::F16(a), OwnedData::F16(b)) => {
             (a.iter().map(|v| v.to_f64()).collect(), b.iter().map(|v| v.to_f32()).collect())
         }
@@ -86,10 +88,12 @@ mod voxel_pooling_forward {
 
     fn case(seed: u64, b: usize, n: usize, c: usize, grid: [i64; 3]) {
         let op: VoxelPoolingForward =
-            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(grid.to_vec()))])).unwrap();
+            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(grid.to_vec()))]))
+                .unwrap();
         let mut rng = Rng(seed);
         // About a tenth of the points fall outside the grid on some axis.
-        let geom: Vec<i32> = (0..b * n * 3).map(|i| rng.int(-1, grid[i % 3] + grid[i % 3] / 8) as i32).collect();
+        let geom: Vec<i32> =
+            (0..b * n * 3).map(|i| rng.int(-1, grid[i % 3] + grid[i % 3] / 8) as i32).collect();
         let g = Tensor::i32([b, n, 3], geom);
         let f = Tensor::f32([b, n, c], rng.f32s(b * n * c));
         let (cpu, mlu) = both(&op, &[Some(&g), Some(&f)]);
@@ -120,9 +124,11 @@ mod voxel_pooling_forward {
     #[test]
     fn coordinates_at_the_int32_extremes() {
         let op: VoxelPoolingForward =
-            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(vec![3, 2, 1]))])).unwrap();
+            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(vec![3, 2, 1]))]))
+                .unwrap();
         let (lo, hi) = (i32::MIN, i32::MAX);
-        let geom = vec![hi, 0, 0, 2, 1, 0, 0, hi, 0, lo, lo, lo, 1, 1, hi, 1, 0, 0, hi, hi, hi, 0, lo, 0];
+        let geom =
+            vec![hi, 0, 0, 2, 1, 0, 0, hi, 0, lo, lo, lo, 1, 1, hi, 1, 0, 0, hi, hi, hi, 0, lo, 0];
         let g = Tensor::i32([2, 4, 3], geom);
         let f = Tensor::f32([2, 4, 2], (0..16).map(|v| v as f32).collect());
         let (cpu, mlu) = both(&op, &[Some(&g), Some(&f)]);
@@ -168,15 +174,26 @@ mod three_interpolate_backward {
         };
         let idx = Tensor::i32([b, n, 3], idx);
         let (cpu, mlu) = both(&op, &[Some(&go), Some(&idx), Some(&w)]);
-        assert_close(&cpu[0], &mlu[0], &format!("grad_features ({b},{c},{n},{m}) half={half_precision}"));
+        assert_close(
+            &cpu[0],
+            &mlu[0],
+            &format!("grad_features ({b},{c},{n},{m}) half={half_precision}"),
+        );
     }
 
     #[test]
     fn small_random_cases() {
-        for (i, &(b, c, n, m)) in
-            [(1, 1, 1, 1), (2, 3, 5, 7), (1, 33, 17, 9), (3, 8, 64, 300), (0, 4, 4, 4), (2, 0, 4, 4), (2, 4, 0, 4)]
-                .iter()
-                .enumerate()
+        for (i, &(b, c, n, m)) in [
+            (1, 1, 1, 1),
+            (2, 3, 5, 7),
+            (1, 33, 17, 9),
+            (3, 8, 64, 300),
+            (0, 4, 4, 4),
+            (2, 0, 4, 4),
+            (2, 4, 0, 4),
+        ]
+        .iter()
+        .enumerate()
         {
             case(i as u64, b, c, n, m, false);
             case(100 + i as u64, b, c, n, m, true);
@@ -186,8 +203,13 @@ mod three_interpolate_backward {
     #[test]
     fn seed_boundary_cases() {
         // Cases 16-20 of the seed (18-20 reduced in channels to keep the emulator quick).
-        for &(b, c, n, m) in &[(1, 1, 1, 1), (7, 63, 129, 127), (2, 1025, 1023, 1023), (2, 1029, 257, 1027), (1, 2047, 99, 2033)]
-        {
+        for &(b, c, n, m) in &[
+            (1, 1, 1, 1),
+            (7, 63, 129, 127),
+            (2, 1025, 1023, 1023),
+            (2, 1029, 257, 1027),
+            (1, 2047, 99, 2033),
+        ] {
             case(b as u64 * 31 + c as u64, b, c, n, m, false);
             case(b as u64 * 37 + c as u64, b, c, n, m, true);
         }
@@ -266,7 +288,14 @@ mod get_indice_pairs {
         }
     }
 
-    fn conf(spatial: [i64; 3], k: [i64; 3], s: [i64; 3], p: [i64; 3], d: [i64; 3], subm: bool) -> Conf {
+    fn conf(
+        spatial: [i64; 3],
+        k: [i64; 3],
+        s: [i64; 3],
+        p: [i64; 3],
+        d: [i64; 3],
+        subm: bool,
+    ) -> Conf {
         Conf { batch: 2, spatial, k, s, p, d, subm }
     }
 
@@ -333,9 +362,25 @@ mod get_indice_pairs {
     #[test]
     fn network_scale() {
         // The seed configurations; L reduced unless MLU_EP_FULL_SCALE=1.
-        let subm = Conf { batch: 4, spatial: [41, 1440, 1440], k: [3; 3], s: [1; 3], p: [1; 3], d: [1; 3], subm: true };
+        let subm = Conf {
+            batch: 4,
+            spatial: [41, 1440, 1440],
+            k: [3; 3],
+            s: [1; 3],
+            p: [1; 3],
+            d: [1; 3],
+            subm: true,
+        };
         case(12, &subm, scale(248_636, 30_000));
-        let sparse = Conf { batch: 4, spatial: [11, 360, 360], k: [3; 3], s: [2; 3], p: [0, 1, 1], d: [1; 3], subm: false };
+        let sparse = Conf {
+            batch: 4,
+            spatial: [11, 360, 360],
+            k: [3; 3],
+            s: [2; 3],
+            p: [0, 1, 1],
+            d: [1; 3],
+            subm: false,
+        };
         case(13, &sparse, scale(149_100, 30_000));
     }
 }
@@ -359,7 +404,17 @@ mod psroipool_backward {
 
     /// bottom (n, h, w), pooled p, output_dim od, r rois, spatial scale s.
     #[allow(clippy::too_many_arguments)]
-    fn case(seed: u64, n: usize, h: usize, w: usize, p: usize, od: usize, r: usize, s: f32, odd_rois: bool) {
+    fn case(
+        seed: u64,
+        n: usize,
+        h: usize,
+        w: usize,
+        p: usize,
+        od: usize,
+        r: usize,
+        s: f32,
+        odd_rois: bool,
+    ) {
         let op = op(p, od, s);
         let c = p * p * od;
         let mut rng = Rng(seed);
@@ -373,22 +428,26 @@ mod psroipool_backward {
             let mut roi = [rng.below(n as u64) as f32 + 0.7, x1, y1, x2, y2];
             if odd_rois {
                 match i % 6 {
-                    0 => roi[3] = x1 - 3.0,         // inverted
-                    1 => roi[1] = f32::NAN,         // non-finite: contributes nothing
+                    0 => roi[3] = x1 - 3.0, // inverted
+                    1 => roi[1] = f32::NAN, // non-finite: contributes nothing
                     2 => roi[4] = f32::INFINITY,
-                    3 => roi[1] = -1e30,            // huge, finite
+                    3 => roi[1] = -1e30, // huge, finite
                     _ => {}
                 }
             }
             rois.extend_from_slice(&roi);
         }
         let top = Tensor::f32([r, p, p, od], rng.f32s(r * c));
-        let map = Tensor::i32([r, p, p, od], (0..r * c).map(|_| rng.below(c as u64) as i32).collect());
+        let map =
+            Tensor::i32([r, p, p, od], (0..r * c).map(|_| rng.below(c as u64) as i32).collect());
         let rois = Tensor::f32([r, 5], rois);
         let shape = Tensor::i64([4], vec![n as i64, h as i64, w as i64, c as i64]);
         let (cpu, mlu) = both(&op, &[Some(&top), Some(&rois), Some(&map), Some(&shape)]);
         if r > 0 {
-            assert!(cpu[0].data.f32().unwrap().iter().any(|&v| v != 0.0), "the case must move some gradient");
+            assert!(
+                cpu[0].data.f32().unwrap().iter().any(|&v| v != 0.0),
+                "the case must move some gradient"
+            );
         }
         assert_close(&cpu[0], &mlu[0], &format!("bottom_grad (r {r}, p {p}, od {od})"));
     }
@@ -423,7 +482,8 @@ mod psroipool_backward {
         let r = rois.len() / 5;
         let mut rng = Rng(11);
         let top = Tensor::f32([r, p, p, od], rng.f32s(r * c));
-        let map = Tensor::i32([r, p, p, od], (0..r * c).map(|_| rng.below(c as u64) as i32).collect());
+        let map =
+            Tensor::i32([r, p, p, od], (0..r * c).map(|_| rng.below(c as u64) as i32).collect());
         let rois = Tensor::f32([r, 5], rois);
         let shape = Tensor::i64([4], vec![n as i64, h as i64, w as i64, c as i64]);
         let (cpu, mlu) = both(&op, &[Some(&top), Some(&rois), Some(&map), Some(&shape)]);
@@ -444,7 +504,11 @@ mod dynamic_scatter_backward {
     use onnxruntime_ep_mlu::ops::dynamic_scatter::backward::DynamicScatterBackward;
 
     fn op(reduce: &str) -> DynamicScatterBackward {
-        descriptor(&HashMap::from([("reduce_type".to_string(), AttrValue::String(reduce.to_string()))])).unwrap()
+        descriptor(&HashMap::from([(
+            "reduce_type".to_string(),
+            AttrValue::String(reduce.to_string()),
+        )]))
+        .unwrap()
     }
 
     /// N points into V of M voxel rows; features drawn from `levels` values (ties), with
@@ -470,7 +534,15 @@ mod dynamic_scatter_backward {
     /// compare), NaN for a voxel whose points are all NaN in that channel; then the card
     /// against the CPU kernel, exactly, on the inputs as they are (`false` in `flushes`) or
     /// with denormals flushed to zero (`true`): the card must match one of them.
-    fn check(rng: &mut Rng, map: Vec<i32>, feats: Vec<f32>, m: usize, v: usize, c: usize, flushes: &[bool]) {
+    fn check(
+        rng: &mut Rng,
+        map: Vec<i32>,
+        feats: Vec<f32>,
+        m: usize,
+        v: usize,
+        c: usize,
+        flushes: &[bool],
+    ) {
         let n = map.len();
         let mut vox = vec![f32::NAN; m * c];
         let mut count = vec![0i32; m];
@@ -487,24 +559,34 @@ mod dynamic_scatter_backward {
             }
         }
         let grad = rng.f32s(m * c);
-        let flush = |d: &[f32], on: bool| -> Vec<f32> { d.iter().map(|&x| if on && x.is_subnormal() { 0.0 } else { x }).collect() };
+        let flush = |d: &[f32], on: bool| -> Vec<f32> {
+            d.iter().map(|&x| if on && x.is_subnormal() { 0.0 } else { x }).collect()
+        };
         let t = |s: [usize; 2], d: Vec<f32>| Tensor::f32(s, d);
         let (g, f, vf) = (t([m, c], grad), t([n, c], feats.clone()), t([m, c], vox.clone()));
         let (mp, cnt) = (Tensor::i32([n], map), Tensor::i32([m], count));
         let vn = Tensor::i32([1], vec![v as i32]);
-        let (_, mlu) = both(&op("max"), &[Some(&g), Some(&f), Some(&vf), Some(&mp), Some(&cnt), Some(&vn)]);
+        let (_, mlu) =
+            both(&op("max"), &[Some(&g), Some(&f), Some(&vf), Some(&mp), Some(&cnt), Some(&vn)]);
         let wants: Vec<Tensor> = flushes
             .iter()
             .map(|&on| {
                 let (f, vf) = (t([n, c], flush(&feats, on)), t([m, c], flush(&vox, on)));
-                let cpu = run(&op("max"), &[Some(&g), Some(&f), Some(&vf), Some(&mp), Some(&cnt), Some(&vn)], &Threads(2));
+                let cpu = run(
+                    &op("max"),
+                    &[Some(&g), Some(&f), Some(&vf), Some(&mp), Some(&cnt), Some(&vn)],
+                    &Threads(2),
+                );
                 cpu.unwrap().remove(0)
             })
             .collect();
         let what = format!("grad_feats (n {n}, m {m}, v {v}, c {c})");
         let bits = |t: &Tensor| common::canon(t.data.f32().expect("float32 grad_feats"));
         match wants.iter().find(|w| bits(w) == bits(&mlu[0])) {
-            Some(want) => assert!(want.data.f32().unwrap().iter().any(|&x| x != 0.0) || n == 0 || v == 0, "{what}: all zero"),
+            Some(want) => assert!(
+                want.data.f32().unwrap().iter().any(|&x| x != 0.0) || n == 0 || v == 0,
+                "{what}: all zero"
+            ),
             None => assert_exact(&wants[0], &mlu[0], &what),
         }
     }
@@ -518,10 +600,22 @@ mod dynamic_scatter_backward {
         let mut rng = Rng(8);
         let (n, m, c) = (300, 20, 33);
         let map: Vec<i32> = (0..n).map(|_| rng.int(0, m as i64 - 1) as i32).collect();
-        let levels = [f32::from_bits(1), f32::from_bits(0x0004_0000), -f32::from_bits(0x0000_1000), 0.0, 2.0];
+        let levels = [
+            f32::from_bits(1),
+            f32::from_bits(0x0004_0000),
+            -f32::from_bits(0x0000_1000),
+            0.0,
+            2.0,
+        ];
         let feats = (0..n * c).map(|_| levels[rng.below(levels.len() as u64) as usize]).collect();
         let ftz = std::env::var("MLU_EMU_FTZ").is_ok_and(|v| v == "1");
-        let flushes: &[bool] = if !device().info.emulated { &[false, true] } else if ftz { &[true] } else { &[false] };
+        let flushes: &[bool] = if !device().info.emulated {
+            &[false, true]
+        } else if ftz {
+            &[true]
+        } else {
+            &[false]
+        };
         check(&mut rng, map, feats, m, m, c, flushes);
     }
 
@@ -586,7 +680,11 @@ mod bad_input {
         let wide: ThreeInterpolateBackward =
             descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(1000))])).unwrap();
         let far = Tensor::i32([1, 2, 3], vec![700, i32::MIN, 2, i32::MAX, 999, 3]);
-        same_error(&wide, &[Some(&go), Some(&far), Some(&w)], "indices[0, 0, 1] = -2147483648 is outside [0, m)");
+        same_error(
+            &wide,
+            &[Some(&go), Some(&far), Some(&w)],
+            "indices[0, 0, 1] = -2147483648 is outside [0, m)",
+        );
         // Seed boundary case 13: M = 0 with points is an error.
         let ti0: ThreeInterpolateBackward =
             descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(0))])).unwrap();
@@ -594,7 +692,8 @@ mod bad_input {
         same_error(&ti0, &[Some(&go), Some(&zero), Some(&w)], "outside [0, m)");
 
         let vp: VoxelPoolingForward =
-            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(vec![2, 2, 1]))])).unwrap();
+            descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(vec![2, 2, 1]))]))
+                .unwrap();
         let g = Tensor::i32([1, 2, 3], vec![0; 6]);
         let f = Tensor::f32([1, 3, 2], vec![0.0; 6]);
         same_error(&vp, &[Some(&g), Some(&f)], "input_features");
@@ -607,8 +706,11 @@ mod bad_input {
         use onnxruntime_ep_mlu::ops::dynamic_scatter::backward::DynamicScatterBackward;
         use onnxruntime_ep_mlu::ops::psroipool::backward::PsRoiPoolBackward;
         use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;
-        let dsb: DynamicScatterBackward =
-            descriptor(&HashMap::from([("reduce_type".to_string(), AttrValue::String("max".into()))])).unwrap();
+        let dsb: DynamicScatterBackward = descriptor(&HashMap::from([(
+            "reduce_type".to_string(),
+            AttrValue::String("max".into()),
+        )]))
+        .unwrap();
         let (m, c, n) = (3, 2, 5);
         let f = |r: usize| Tensor::f32([r, c], (0..r * c).map(|x| x as f32).collect());
         let count = Tensor::i32([m], vec![1; m]);
@@ -617,7 +719,11 @@ mod bad_input {
             (vec![0, -1, -7, 9, 0], "point2voxel_map[2] = -7 is below -1"),
         ] {
             let map = Tensor::i32([n], map);
-            same_error(&dsb, &[Some(&f(m)), Some(&f(n)), Some(&f(m)), Some(&map), Some(&count), None], rule);
+            same_error(
+                &dsb,
+                &[Some(&f(m)), Some(&f(n)), Some(&f(m)), Some(&map), Some(&count), None],
+                rule,
+            );
         }
         // voxel_num = 2 makes row 2 invalid: the size input is read on the host.
         let (map, vn) = (Tensor::i32([n], vec![0, 1, 2, 0, 0]), Tensor::i32([1], vec![2]));
@@ -635,11 +741,25 @@ mod bad_input {
         let shape = Tensor::i64([4], vec![2, 4, 4, 2]);
         let good_map = Tensor::i32([3, 1, 1, 2], vec![0, 1, 1, 0, 0, 1]);
         // A non-finite roi is never an error, whatever its batch id; the next finite one is.
-        let rois = Tensor::f32([3, 5], vec![0.5, 0., 0., 1., 1., 9.0, f32::NAN, 0., 1., 1., 2.0, 0., 0., 1., 1.]);
-        same_error(&prp, &[Some(&top), Some(&rois), Some(&good_map), Some(&shape)], "roi 2: batch_id 2 (truncated 2) outside [0, 2)");
-        let rois = Tensor::f32([3, 5], vec![-0.9, 0., 0., 1., 1., 1.5, 0., 0., 1., 1., 0., 0., 0., 1., 1.]);
+        let rois = Tensor::f32(
+            [3, 5],
+            vec![0.5, 0., 0., 1., 1., 9.0, f32::NAN, 0., 1., 1., 2.0, 0., 0., 1., 1.],
+        );
+        same_error(
+            &prp,
+            &[Some(&top), Some(&rois), Some(&good_map), Some(&shape)],
+            "roi 2: batch_id 2 (truncated 2) outside [0, 2)",
+        );
+        let rois = Tensor::f32(
+            [3, 5],
+            vec![-0.9, 0., 0., 1., 1., 1.5, 0., 0., 1., 1., 0., 0., 0., 1., 1.],
+        );
         let bad_map = Tensor::i32([3, 1, 1, 2], vec![0, 1, 1, 2, -1, 1]);
-        same_error(&prp, &[Some(&top), Some(&rois), Some(&bad_map), Some(&shape)], "value 2 at flat index 3 outside [0, channels = 2)");
+        same_error(
+            &prp,
+            &[Some(&top), Some(&rois), Some(&bad_map), Some(&shape)],
+            "value 2 at flat index 3 outside [0, channels = 2)",
+        );
 
         let ints = |v: &[i64]| AttrValue::Ints(v.to_vec());
         for subm in [0, 1] {
@@ -652,9 +772,17 @@ mod bad_input {
             ]))
             .unwrap();
             let rows = Tensor::i32([3, 4], vec![0, 1, 2, 3, 1, 3, 4, 6, 2, 0, 0, 0]);
-            same_error(&gip, &[Some(&rows)], "row 1 = [1, 3, 4, 6]: coordinate 6 on axis 2 (W, x) is outside [0, 6)");
+            same_error(
+                &gip,
+                &[Some(&rows)],
+                "row 1 = [1, 3, 4, 6]: coordinate 6 on axis 2 (W, x) is outside [0, 6)",
+            );
             let rows = Tensor::i32([2, 4], vec![1, 3, 4, 5, -1, 0, 0, 0]);
-            same_error(&gip, &[Some(&rows)], "row 1 = [-1, 0, 0, 0]: batch -1 is outside [0, batch_size = 2)");
+            same_error(
+                &gip,
+                &[Some(&rows)],
+                "row 1 = [-1, 0, 0, 0]: batch -1 is outside [0, batch_size = 2)",
+            );
         }
     }
 

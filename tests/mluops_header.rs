@@ -52,14 +52,21 @@ struct Enum {
 fn functions() -> Vec<Function> {
     SIGNATURES
         .iter()
-        .map(|s| Function { name: s.name.to_owned(), ret: Ty::of(&s.ret), params: s.params.iter().map(Ty::of).collect() })
+        .map(|s| Function {
+            name: s.name.to_owned(),
+            ret: Ty::of(&s.ret),
+            params: s.params.iter().map(Ty::of).collect(),
+        })
         .collect()
 }
 
 fn enums() -> Vec<Enum> {
     ENUMS
         .iter()
-        .map(|e| Enum { name: e.name.to_owned(), values: e.values.iter().map(|&(n, v)| (n.to_owned(), v)).collect() })
+        .map(|e| Enum {
+            name: e.name.to_owned(),
+            values: e.values.iter().map(|&(n, v)| (n.to_owned(), v)).collect(),
+        })
         .collect()
 }
 
@@ -68,7 +75,8 @@ fn function_asserts(f: &Function, tag: &str) -> String {
     let c_params: Vec<&str> = f.params.iter().map(|p| p.c.as_str()).collect();
     let rust_params: Vec<&str> = f.params.iter().map(|p| p.rust.as_str()).collect();
     let c_fn = format!("{} (*)({})", f.ret.c, c_params.join(", "));
-    let rust_ret = if f.ret.rust.is_empty() { String::new() } else { format!(" -> {}", f.ret.rust) };
+    let rust_ret =
+        if f.ret.rust.is_empty() { String::new() } else { format!(" -> {}", f.ret.rust) };
     let mut out = format!(
         "static_assert(std::is_same<decltype(&{name}), {c_fn}>::value,\n    \"{tag} {name}: the Rust side declares fn({}){rust_ret}, in C {c_fn}\");\n",
         rust_params.join(", "),
@@ -136,14 +144,26 @@ fn compile(name: &str, src: &str, includes: &[PathBuf]) -> Result<(), String> {
     let mut cmd = Command::new(cxx());
     cmd.args(["-std=c++17", "-fsyntax-only", "-x", "c++"]);
     // Report every failed assertion, not the first 20 (clang's default limit).
-    let version = Command::new(cxx()).arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    cmd.arg(if version.unwrap_or_default().contains("clang") { "-ferror-limit=0" } else { "-fmax-errors=0" });
+    let version = Command::new(cxx())
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    cmd.arg(if version.unwrap_or_default().contains("clang") {
+        "-ferror-limit=0"
+    } else {
+        "-fmax-errors=0"
+    });
     for i in includes {
         cmd.arg("-I").arg(i);
     }
     cmd.arg(&file);
-    let out = cmd.output().unwrap_or_else(|e| panic!("running the host C++ compiler `{}`: {e}", cxx()));
-    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+    let out =
+        cmd.output().unwrap_or_else(|e| panic!("running the host C++ compiler `{}`: {e}", cxx()));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 fn standin_dir() -> PathBuf {
@@ -156,7 +176,9 @@ const STANDIN_INCLUDE: &str = "#include \"mlu_op_standin.h\"";
 fn binding_matches_the_standin_header() {
     let src = source(STANDIN_INCLUDE, &check_body());
     if let Err(e) = compile("check_standin.cc", &src, &[standin_dir()]) {
-        panic!("the Rust declarations of src/mluops/mod.rs disagree with tests/data/mlu_op_standin.h:\n{e}");
+        panic!(
+            "the Rust declarations of src/mluops/mod.rs disagree with tests/data/mlu_op_standin.h:\n{e}"
+        );
     }
 }
 
@@ -164,7 +186,11 @@ fn binding_matches_the_standin_header() {
 fn binding_matches_an_installed_header() {
     let home = |v: &str| std::env::var_os(v).filter(|h| !h.is_empty()).map(PathBuf::from);
     let (mluops_home, neuware_home) = (home("MLUOPS_HOME"), home("NEUWARE_HOME"));
-    let found = [&mluops_home, &neuware_home].into_iter().flatten().find(|h| h.join("include/mlu_op.h").is_file()).cloned();
+    let found = [&mluops_home, &neuware_home]
+        .into_iter()
+        .flatten()
+        .find(|h| h.join("include/mlu_op.h").is_file())
+        .cloned();
     let Some(found) = found else {
         println!(
             "mluops_header: the check against an installed mlu_op.h did not run: no include/mlu_op.h under MLUOPS_HOME ({}) \
@@ -176,10 +202,15 @@ fn binding_matches_an_installed_header() {
     };
     let mut includes = vec![found.join("include")];
     // mlu_op.h includes cnrt.h and cn_api.h from the toolkit.
-    includes.extend(neuware_home.map(|h| h.join("include")).filter(|i| *i != includes[0] && i.is_dir()));
+    includes.extend(
+        neuware_home.map(|h| h.join("include")).filter(|i| *i != includes[0] && i.is_dir()),
+    );
     let src = source("#include <mlu_op.h>", &check_body());
     match compile("check_installed.cc", &src, &includes) {
-        Ok(()) => println!("mluops_header: the binding matches {}", found.join("include/mlu_op.h").display()),
+        Ok(()) => println!(
+            "mluops_header: the binding matches {}",
+            found.join("include/mlu_op.h").display()
+        ),
         Err(e) => panic!(
             "the Rust declarations of src/mluops/mod.rs disagree with {} (or it does not compile with -I {:?}):\n{e}",
             found.join("include/mlu_op.h").display(),
@@ -238,7 +269,9 @@ fn mutants() -> Vec<(String, String)> {
             let mut m = f.clone();
             let to = confusable(&p.rust);
             m.params[i] = Ty::rust(to, size(to));
-            push(format!("{} parameter {i} {} -> {to}", f.name, p.rust), &|t| function_asserts(&m, t));
+            push(format!("{} parameter {i} {} -> {to}", f.name, p.rust), &|t| {
+                function_asserts(&m, t)
+            });
         }
         let mut m = f.clone();
         if m.params.pop().is_some() {
@@ -249,10 +282,15 @@ fn mutants() -> Vec<(String, String)> {
         push(format!("{} with an extra c_int", f.name), &|t| function_asserts(&m, t));
         let mut m = f.clone();
         m.ret = if f.ret.rust.is_empty() { Ty::rust("Status", 4) } else { Ty::rust("", 0) };
-        push(format!("{} returning {:?} instead of {:?}", f.name, m.ret.rust, f.ret.rust), &|t| function_asserts(&m, t));
+        push(format!("{} returning {:?} instead of {:?}", f.name, m.ret.rust, f.ret.rust), &|t| {
+            function_asserts(&m, t)
+        });
     }
     // A type alias redefined with another size (say `Status = i64`), the signature unchanged.
-    let f = functions().into_iter().find(|f| f.ret.rust == "Status").expect("a function returning Status");
+    let f = functions()
+        .into_iter()
+        .find(|f| f.ret.rust == "Status")
+        .expect("a function returning Status");
     let mut m = f.clone();
     m.ret.size = 8;
     push(format!("{} with Status 8 bytes", f.name), &|t| function_asserts(&m, t));
@@ -264,7 +302,9 @@ fn mutants() -> Vec<(String, String)> {
             push(format!("{} = {} instead of {value}", name, value + 1), &|t| enum_asserts(&m, t));
             let other = &all[(k + 1) % all.len()];
             let m = Enum { name: other.name.clone(), values: vec![e.values[i].clone()] };
-            push(format!("{name} in {} instead of {}", other.name, e.name), &|t| enum_asserts(&m, t));
+            push(format!("{name} in {} instead of {}", other.name, e.name), &|t| {
+                enum_asserts(&m, t)
+            });
         }
     }
     out
@@ -281,7 +321,10 @@ fn a_disagreeing_declaration_fails_the_check() {
     let err = compile("check_mutants.cc", &source(STANDIN_INCLUDE, &body), &[standin_dir()])
         .expect_err("the mutated declarations compiled: the check cannot fail");
     let errors: Vec<&str> = err.lines().filter(|l| l.contains("error:")).collect();
-    let not_asserts: Vec<&&str> = errors.iter().filter(|l| !l.contains("static assert") && !l.contains("static_assert")).collect();
+    let not_asserts: Vec<&&str> = errors
+        .iter()
+        .filter(|l| !l.contains("static assert") && !l.contains("static_assert"))
+        .collect();
     assert!(not_asserts.is_empty(), "errors other than failed static_asserts:\n{}", err);
     let missed: Vec<&str> = mutants
         .iter()
@@ -290,7 +333,10 @@ fn a_disagreeing_declaration_fails_the_check() {
         .map(|(_, m)| m.0.as_str())
         .collect();
     assert!(missed.is_empty(), "mutants that compiled (the check does not see them): {missed:#?}");
-    println!("mluops_header: {} mutants of the Rust declarations, each rejected by the compiler", mutants.len());
+    println!(
+        "mluops_header: {} mutants of the Rust declarations, each rejected by the compiler",
+        mutants.len()
+    );
 }
 
 /// The stand-in and docs/MLUOPS_BINDING.md name every function and enum value the binding
@@ -301,26 +347,45 @@ fn the_table_and_the_standin_list_every_declaration() {
     let doc = std::fs::read_to_string(root.join("docs/MLUOPS_BINDING.md")).unwrap();
     let standin = std::fs::read_to_string(standin_dir().join("mlu_op_standin.h")).unwrap();
     for f in SIGNATURES {
-        assert!(doc.contains(&format!("| {} |", f.name)), "docs/MLUOPS_BINDING.md §1.3 has no row for {}", f.name);
-        assert!(standin.contains(&format!("{}(", f.name)), "the stand-in does not declare {}", f.name);
+        assert!(
+            doc.contains(&format!("| {} |", f.name)),
+            "docs/MLUOPS_BINDING.md §1.3 has no row for {}",
+            f.name
+        );
+        assert!(
+            standin.contains(&format!("{}(", f.name)),
+            "the stand-in does not declare {}",
+            f.name
+        );
     }
     for e in ENUMS {
-        assert!(doc.contains(&format!("`{}`", e.name)), "docs/MLUOPS_BINDING.md §1.2 has no row for {}", e.name);
+        assert!(
+            doc.contains(&format!("`{}`", e.name)),
+            "docs/MLUOPS_BINDING.md §1.2 has no row for {}",
+            e.name
+        );
         for (name, value) in e.values {
             // The table writes MLUOP_DTYPE_FLOAT as FLOAT=2 (or `DMAX`=2).
             let short = name.splitn(3, '_').nth(2).unwrap_or(name);
             assert!(
-                doc.contains(&format!("{short}={value}")) || doc.contains(&format!("{short}`={value}")),
+                doc.contains(&format!("{short}={value}"))
+                    || doc.contains(&format!("{short}`={value}")),
                 "docs/MLUOPS_BINDING.md §1.2 does not give {name} = {value}"
             );
             let line = format!("  {name} = {value}");
-            assert!(standin.lines().any(|l| l.trim_end_matches(',') == line), "the stand-in does not give {name} = {value}");
+            assert!(
+                standin.lines().any(|l| l.trim_end_matches(',') == line),
+                "the stand-in does not give {name} = {value}"
+            );
         }
     }
     // Every C spelling is a type the stand-in names (or a builtin).
     for (_, c) in C_TYPES {
         let base = c.trim_start_matches("const ").trim_end_matches('*');
         let builtin = ["void", "int", "float", "char", "int64_t", "size_t"].contains(&base);
-        assert!(builtin || standin.contains(base), "C_TYPES spells {c}, which the stand-in does not declare");
+        assert!(
+            builtin || standin.contains(base),
+            "C_TYPES spells {c}, which the stand-in does not declare"
+        );
     }
 }

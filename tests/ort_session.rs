@@ -113,13 +113,20 @@ struct HostTensor {
 
 impl HostTensor {
     fn new(dtype: DType, shape: &[i64], values: Vec<f64>) -> Self {
-        assert_eq!(values.len() as i64, shape.iter().product::<i64>(), "{} values for shape {shape:?}", values.len());
+        assert_eq!(
+            values.len() as i64,
+            shape.iter().product::<i64>(),
+            "{} values for shape {shape:?}",
+            values.len()
+        );
         HostTensor { dtype, shape: shape.to_vec(), values }
     }
 
     fn to_ort(&self) -> DynTensor {
         let mut t = DynTensor::new(&Allocator::default(), self.dtype.ort(), self.shape.clone())
-            .unwrap_or_else(|e| panic!("cannot allocate a {:?} tensor {:?}: {e}", self.dtype, self.shape));
+            .unwrap_or_else(|e| {
+                panic!("cannot allocate a {:?} tensor {:?}: {e}", self.dtype, self.shape)
+            });
         if self.values.is_empty() {
             return t;
         }
@@ -128,7 +135,9 @@ impl HostTensor {
         unsafe {
             match self.dtype {
                 DType::F32 => write(p.cast::<f32>(), self.values.iter().map(|&v| v as f32)),
-                DType::F16 => write(p.cast::<u16>(), self.values.iter().map(|&v| f16::from_f64(v).to_bits())),
+                DType::F16 => {
+                    write(p.cast::<u16>(), self.values.iter().map(|&v| f16::from_f64(v).to_bits()))
+                }
                 DType::F64 => write(p.cast::<f64>(), self.values.iter().copied()),
                 DType::I32 => write(p.cast::<i32>(), self.values.iter().map(|&v| v as i32)),
                 DType::I64 => write(p.cast::<i64>(), self.values.iter().map(|&v| v as i64)),
@@ -227,7 +236,8 @@ struct Schema {
 impl Schema {
     fn load(op: &str) -> Schema {
         let dir = repo().join("schemas");
-        let families = std::fs::read_dir(&dir).expect("schemas/").map(|f| f.expect("family").path());
+        let families =
+            std::fs::read_dir(&dir).expect("schemas/").map(|f| f.expect("family").path());
         for path in families.flat_map(|f| std::fs::read_dir(f).expect("schemas/<family>/")) {
             let text = std::fs::read_to_string(path.expect("entry").path()).expect("schema file");
             let json: Value = serde_json::from_str(&text).expect("schema json");
@@ -247,7 +257,10 @@ impl Schema {
                 cs.iter()
                     .map(|c| {
                         let allowed = c["allowed_types"].as_array().unwrap().iter();
-                        (c["type_str"].as_str().unwrap().to_string(), allowed.filter_map(|a| DType::from_onnx(a.as_str().unwrap())).collect())
+                        (
+                            c["type_str"].as_str().unwrap().to_string(),
+                            allowed.filter_map(|a| DType::from_onnx(a.as_str().unwrap())).collect(),
+                        )
                     })
                     .collect()
             })
@@ -271,12 +284,19 @@ impl Schema {
             .as_array()
             .unwrap()
             .iter()
-            .map(|o| (o["name"].as_str().unwrap().to_string(), resolve(o["type_str"].as_str().unwrap())))
+            .map(|o| {
+                (o["name"].as_str().unwrap().to_string(), resolve(o["type_str"].as_str().unwrap()))
+            })
             .collect()
     }
 
     fn input_names(&self) -> Vec<String> {
-        self.json["inputs"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap().to_string()).collect()
+        self.json["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_string())
+            .collect()
     }
 }
 
@@ -285,14 +305,27 @@ fn attribute(name: &str, spec: &Value) -> AttributeProto {
     let (kind, value) = spec.as_object().and_then(|o| o.iter().next()).expect("typed attribute");
     match kind.as_str() {
         "int" => attr_int(name, value.as_i64().expect("int")),
-        "ints" => attr_ints(name, &value.as_array().expect("ints").iter().map(|v| v.as_i64().expect("int")).collect::<Vec<_>>()),
+        "ints" => attr_ints(
+            name,
+            &value
+                .as_array()
+                .expect("ints")
+                .iter()
+                .map(|v| v.as_i64().expect("int"))
+                .collect::<Vec<_>>(),
+        ),
         "float" => attr_float(name, number(value) as f32),
         "string" => attr_string(name, value.as_str().expect("string")),
         _ => panic!("attribute {name}: unknown kind {kind}"),
     }
 }
 
-fn model_bytes(op: &str, attributes: &Map<String, Value>, inputs: &[(String, HostTensor)], node_name: &str) -> Vec<u8> {
+fn model_bytes(
+    op: &str,
+    attributes: &Map<String, Value>,
+    inputs: &[(String, HostTensor)],
+    node_name: &str,
+) -> Vec<u8> {
     let schema = Schema::load(op);
     let outputs = schema.outputs(inputs);
     let mut g = Graph::new(&format!("single_{op}"));
@@ -302,7 +335,14 @@ fn model_bytes(op: &str, attributes: &Map<String, Value>, inputs: &[(String, Hos
     }
     let input_names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
     let output_names: Vec<&str> = outputs.iter().map(|(n, _)| n.as_str()).collect();
-    g.node(node_name, op, DOMAIN, &input_names, &output_names, attributes.iter().map(|(k, v)| attribute(k, v)).collect());
+    g.node(
+        node_name,
+        op,
+        DOMAIN,
+        &input_names,
+        &output_names,
+        attributes.iter().map(|(k, v)| attribute(k, v)).collect(),
+    );
     for (n, d) in &outputs {
         g.output(n, d.onnx(), None);
     }
@@ -323,7 +363,12 @@ fn session(model: &[u8], threads: Option<usize>) -> Result<Session, Error> {
             ("indices", HostTensor::new(DType::I32, &[0, 0, 3], vec![])),
             ("weights", HostTensor::new(DType::F32, &[0, 0, 3], vec![])),
         ]);
-        let bytes = model_bytes("ThreeInterpolateBackward", &attrs(serde_json::json!({"m": {"int": 0}})), &inputs, "warm_up");
+        let bytes = model_bytes(
+            "ThreeInterpolateBackward",
+            &attrs(serde_json::json!({"m": {"int": 0}})),
+            &inputs,
+            "warm_up",
+        );
         // Its outcome is not the point (every test reports its own failures).
         let _ = open_session(&bytes, None);
     });
@@ -341,10 +386,14 @@ fn open_session(model: &[u8], threads: Option<usize>) -> Result<Session, Error> 
 }
 
 fn run(session: &mut Session, inputs: &[(String, HostTensor)]) -> Result<Vec<HostTensor>, Error> {
-    let feeds: Vec<(String, DynTensor)> = inputs.iter().map(|(n, t)| (n.clone(), t.to_ort())).collect();
+    let feeds: Vec<(String, DynTensor)> =
+        inputs.iter().map(|(n, t)| (n.clone(), t.to_ort())).collect();
     let names: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).collect();
     let mut outputs = session.run(feeds)?;
-    Ok(names.iter().map(|n| HostTensor::from_ort(outputs.remove(n.as_str()).expect("output present"))).collect())
+    Ok(names
+        .iter()
+        .map(|n| HostTensor::from_ort(outputs.remove(n.as_str()).expect("output present")))
+        .collect())
 }
 
 // ------------------------------------------------------------------------------ the table
@@ -377,10 +426,18 @@ impl Case {
             .collect()
     }
     fn model(&self) -> Vec<u8> {
-        model_bytes(self.op(), self.json["attributes"].as_object().unwrap(), &self.inputs(), &self.node())
+        model_bytes(
+            self.op(),
+            self.json["attributes"].as_object().unwrap(),
+            &self.inputs(),
+            &self.node(),
+        )
     }
     fn strings(&self, key: &str) -> Vec<String> {
-        self.json[key].as_array().map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect()).unwrap_or_default()
+        self.json[key]
+            .as_array()
+            .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -436,7 +493,8 @@ fn check_error_case(case: &Case) -> Option<String> {
     if !allowed {
         return Some(format!("failed at {phase}, table phase is {}: {msg}", case.json["phase"]));
     }
-    let missing: Vec<String> = case.strings("expect").into_iter().filter(|s| !msg.contains(s.as_str())).collect();
+    let missing: Vec<String> =
+        case.strings("expect").into_iter().filter(|s| !msg.contains(s.as_str())).collect();
     if !missing.is_empty() {
         return Some(format!("message lacks {missing:?}: {msg}"));
     }
@@ -447,8 +505,14 @@ fn check_error_case(case: &Case) -> Option<String> {
     if !msg.contains(&case.node()) {
         return Some(format!("message does not name node {}: {msg}", case.node()));
     }
-    if phase == "run" && msg.contains(&format!("mluops.{}", case.op())) && err.code() != ErrorCode::InvalidArgument {
-        return Some(format!("library error reported as {:?}, not InvalidArgument: {msg}", err.code()));
+    if phase == "run"
+        && msg.contains(&format!("mluops.{}", case.op()))
+        && err.code() != ErrorCode::InvalidArgument
+    {
+        return Some(format!(
+            "library error reported as {:?}, not InvalidArgument: {msg}",
+            err.code()
+        ));
     }
     None
 }
@@ -460,7 +524,9 @@ fn close(got: f64, want: f64) -> bool {
 fn check_valid_case(case: &Case) -> Option<String> {
     let outputs = match outcome(case) {
         Outcome::Succeeded(out) => out,
-        Outcome::Created(e) => return Some(format!("rejected at session creation: {}", e.message())),
+        Outcome::Created(e) => {
+            return Some(format!("rejected at session creation: {}", e.message()));
+        }
         Outcome::Ran(e) => return Some(format!("rejected at run: {}", e.message())),
     };
     let expected = case.json["outputs"].as_array().unwrap();
@@ -477,7 +543,11 @@ fn check_valid_case(case: &Case) -> Option<String> {
             continue;
         }
         let want = materialize(&exp["data"], &shape);
-        let bad = got.values.iter().zip(&want).position(|(&g, &w)| if got.dtype.is_float() { !close(g, w) } else { g != w });
+        let bad = got
+            .values
+            .iter()
+            .zip(&want)
+            .position(|(&g, &w)| if got.dtype.is_float() { !close(g, w) } else { g != w });
         if let Some(i) = bad {
             return Some(format!("{name}[{i}] = {}, expected {}", got.values[i], want[i]));
         }
@@ -487,8 +557,15 @@ fn check_valid_case(case: &Case) -> Option<String> {
 
 fn report(op: &str, kind: &str, check: fn(&Case) -> Option<String>) {
     let cases = cases(op, kind);
-    let failures: Vec<String> = cases.iter().filter_map(|c| check(c).map(|why| format!("  {}: {why}", c.name()))).collect();
-    assert!(failures.is_empty(), "{} of {} {op} {kind} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    let failures: Vec<String> =
+        cases.iter().filter_map(|c| check(c).map(|why| format!("  {}: {why}", c.name()))).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} {op} {kind} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 macro_rules! table_tests {
@@ -552,7 +629,8 @@ fn diff1_diff2(got: &[f64], reference: &[f64]) -> (f64, f64) {
 fn three_interpolate_case(dtype: DType, seed: u64) {
     let (b, c, n, m) = (2usize, 5usize, 33usize, 7usize);
     let mut rng = Rng(seed);
-    let round = |v: f64| if dtype == DType::F16 { f16::from_f64(v).to_f64() } else { v as f32 as f64 };
+    let round =
+        |v: f64| if dtype == DType::F16 { f16::from_f64(v).to_f64() } else { v as f32 as f64 };
     let go: Vec<f64> = (0..b * c * n).map(|_| round(rng.uniform() * 2.0 - 1.0)).collect();
     let idx: Vec<f64> = (0..b * n * 3).map(|_| rng.below(m as u64) as f64).collect();
     let w: Vec<f64> = (0..b * n * 3).map(|_| round(rng.uniform())).collect();
@@ -562,7 +640,8 @@ fn three_interpolate_case(dtype: DType, seed: u64) {
             for ni in 0..n {
                 for k in 0..3 {
                     let src = idx[(bi * n + ni) * 3 + k] as usize;
-                    reference[(bi * c + ci) * m + src] += go[(bi * c + ci) * n + ni] * w[(bi * n + ni) * 3 + k];
+                    reference[(bi * c + ci) * m + src] +=
+                        go[(bi * c + ci) * n + ni] * w[(bi * n + ni) * 3 + k];
                 }
             }
         }
@@ -572,7 +651,12 @@ fn three_interpolate_case(dtype: DType, seed: u64) {
         ("indices", HostTensor::new(DType::I32, &[b as i64, n as i64, 3], idx)),
         ("weights", HostTensor::new(dtype, &[b as i64, n as i64, 3], w)),
     ]);
-    let bytes = model_bytes("ThreeInterpolateBackward", &attrs(serde_json::json!({"m": {"int": m}})), &inputs, "tib");
+    let bytes = model_bytes(
+        "ThreeInterpolateBackward",
+        &attrs(serde_json::json!({"m": {"int": m}})),
+        &inputs,
+        "tib",
+    );
     let mut s = session(&bytes, None).unwrap_or_else(|e| panic!("session: {e}"));
     let out = run(&mut s, &inputs).unwrap_or_else(|e| panic!("run: {e}"));
     assert_eq!(out[0].dtype, dtype);
@@ -599,14 +683,20 @@ fn get_indice_pairs_subm_run_pairs_every_site_with_itself_at_the_centre_offset()
     let mut rng = Rng(7);
     let mut sites: Vec<[i64; 4]> = Vec::new();
     while sites.len() < 25 {
-        let s = [rng.below(batch as u64) as i64, rng.below(d as u64) as i64, rng.below(h as u64) as i64, rng.below(w as u64) as i64];
+        let s = [
+            rng.below(batch as u64) as i64,
+            rng.below(d as u64) as i64,
+            rng.below(h as u64) as i64,
+            rng.below(w as u64) as i64,
+        ];
         if !sites.contains(&s) {
             sites.push(s);
         }
     }
     let l = sites.len();
     let flat: Vec<f64> = sites.iter().flatten().map(|&v| v as f64).collect();
-    let inputs = named(vec![("indices", HostTensor::new(DType::I32, &[l as i64, 4], flat.clone()))]);
+    let inputs =
+        named(vec![("indices", HostTensor::new(DType::I32, &[l as i64, 4], flat.clone()))]);
     let a = attrs(serde_json::json!({
         "batch_size": {"int": batch}, "spatial_shape": {"ints": [d, h, w]}, "kernel_size": {"ints": [3, 3, 3]},
         "padding": {"ints": [1, 1, 1]}, "subm": {"int": 1}
@@ -633,10 +723,13 @@ fn get_indice_pairs_subm_run_pairs_every_site_with_itself_at_the_centre_offset()
             let (i, o) = (pairs.values[base + j], pairs.values[base + l + j]);
             let mirror = (26 - k) * 2 * l;
             let m_n = num.values[26 - k] as usize;
-            let found = (0..m_n).any(|q| pairs.values[mirror + q] == o && pairs.values[mirror + l + q] == i);
+            let found = (0..m_n)
+                .any(|q| pairs.values[mirror + q] == o && pairs.values[mirror + l + q] == i);
             assert!(found, "pair ({i}, {o}) at offset {k} has no mirror at {}", 26 - k);
         }
-        let unused = pairs.values[base + n_k..base + l].iter().chain(&pairs.values[base + l + n_k..base + 2 * l]);
+        let unused = pairs.values[base + n_k..base + l]
+            .iter()
+            .chain(&pairs.values[base + l + n_k..base + 2 * l]);
         assert!(unused.copied().all(|v| v == -1.0), "unused slots of offset {k} are not -1");
     }
 }
@@ -648,7 +741,10 @@ fn get_indice_pairs_subm_run_pairs_every_site_with_itself_at_the_centre_offset()
 /// a type error (not a default).
 #[test]
 fn kernel_info_attribute_reads_tell_absent_from_mistyped() {
-    let inputs = named(vec![("indices", HostTensor::new(DType::I32, &[2, 4], vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]))]);
+    let inputs = named(vec![(
+        "indices",
+        HostTensor::new(DType::I32, &[2, 4], vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
+    )]);
     let required = serde_json::json!({"batch_size": {"int": 1}, "spatial_shape": {"ints": [3, 3, 3]}, "kernel_size": {"ints": [3, 3, 3]}});
     let with = |extra: Value| {
         let mut a = attrs(required.clone());
@@ -656,23 +752,41 @@ fn kernel_info_attribute_reads_tell_absent_from_mistyped() {
         a
     };
     let outputs = |a: &Map<String, Value>, node: &str| {
-        let mut s = session(&model_bytes("GetIndicePairs", a, &inputs, node), None).unwrap_or_else(|e| panic!("{node}: {e}"));
-        run(&mut s, &inputs).unwrap_or_else(|e| panic!("{node}: {e}")).into_iter().map(|t| (t.shape, t.values)).collect::<Vec<_>>()
+        let mut s = session(&model_bytes("GetIndicePairs", a, &inputs, node), None)
+            .unwrap_or_else(|e| panic!("{node}: {e}"));
+        run(&mut s, &inputs)
+            .unwrap_or_else(|e| panic!("{node}: {e}"))
+            .into_iter()
+            .map(|t| (t.shape, t.values))
+            .collect::<Vec<_>>()
     };
     let explicit = with(serde_json::json!({
         "stride": {"ints": [1, 1, 1]}, "padding": {"ints": [0, 0, 0]}, "dilation": {"ints": [1, 1, 1]},
         "output_padding": {"ints": [0, 0, 0]}, "subm": {"int": 0}, "transpose": {"int": 0}, "inverse": {"int": 0}
     }));
-    assert_eq!(outputs(&attrs(required.clone()), "gip_defaults"), outputs(&explicit, "gip_explicit"));
-    let create_error = |a: &Map<String, Value>, node: &str| match session(&model_bytes("GetIndicePairs", a, &inputs, node), None) {
+    assert_eq!(
+        outputs(&attrs(required.clone()), "gip_defaults"),
+        outputs(&explicit, "gip_explicit")
+    );
+    let create_error = |a: &Map<String, Value>, node: &str| match session(
+        &model_bytes("GetIndicePairs", a, &inputs, node),
+        None,
+    ) {
         Ok(_) => panic!("{node}: the session was created"),
         Err(e) => e.message().to_owned(),
     };
-    for (absent, node) in [("batch_size", "gip_no_batch_size"), ("kernel_size", "gip_no_kernel_size")] {
+    for (absent, node) in
+        [("batch_size", "gip_no_batch_size"), ("kernel_size", "gip_no_kernel_size")]
+    {
         let mut a = attrs(required.clone());
         a.remove(absent);
         let msg = create_error(&a, node);
-        assert!(msg.contains(&format!("node '{node}': attribute '{absent}': required attribute is missing")), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "node '{node}': attribute '{absent}': required attribute is missing"
+            )),
+            "{msg}"
+        );
     }
     let msg = create_error(&with(serde_json::json!({"subm": {"float": 1.0}})), "gip_float_subm");
     assert!(msg.contains("node 'gip_float_subm': attribute 'subm': expected type Int"), "{msg}");
@@ -685,12 +799,19 @@ fn voxel_pooling_forward_is_bit_identical_with_one_and_four_threads() {
     let geom: Vec<f64> = (0..b * n)
         .flat_map(|_| [rng.below(10) as f64 - 1.0, rng.below(10) as f64 - 1.0, rng.below(2) as f64])
         .collect();
-    let feats: Vec<f64> = (0..b * n * c).map(|_| ((rng.uniform() - 0.5) * 10f64.powf(rng.uniform() * 6.0 - 3.0)) as f32 as f64).collect();
+    let feats: Vec<f64> = (0..b * n * c)
+        .map(|_| ((rng.uniform() - 0.5) * 10f64.powf(rng.uniform() * 6.0 - 3.0)) as f32 as f64)
+        .collect();
     let inputs = named(vec![
         ("geom_xyz", HostTensor::new(DType::I32, &[b as i64, n as i64, 3], geom)),
         ("input_features", HostTensor::new(DType::F32, &[b as i64, n as i64, c as i64], feats)),
     ]);
-    let bytes = model_bytes("VoxelPoolingForward", &attrs(serde_json::json!({"voxel_num": {"ints": [nx, ny, 1]}})), &inputs, "vpf");
+    let bytes = model_bytes(
+        "VoxelPoolingForward",
+        &attrs(serde_json::json!({"voxel_num": {"ints": [nx, ny, 1]}})),
+        &inputs,
+        "vpf",
+    );
     let mut results = Vec::new();
     for threads in [1usize, 4] {
         let mut s = session(&bytes, Some(threads)).unwrap_or_else(|e| panic!("session: {e}"));
@@ -699,8 +820,15 @@ fn voxel_pooling_forward_is_bit_identical_with_one_and_four_threads() {
         results.push(out);
     }
     let bits = |t: &HostTensor| t.values.iter().map(|v| (*v as f32).to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&results[0][0]), bits(&results[1][0]), "output_features differ between 1 and 4 threads");
-    assert_eq!(results[0][1].values, results[1][1].values, "pos_memo differs between 1 and 4 threads");
+    assert_eq!(
+        bits(&results[0][0]),
+        bits(&results[1][0]),
+        "output_features differ between 1 and 4 threads"
+    );
+    assert_eq!(
+        results[0][1].values, results[1][1].values,
+        "pos_memo differs between 1 and 4 threads"
+    );
 }
 
 #[test]
@@ -732,6 +860,11 @@ fn error_table_inputs_follow_schema_order() {
         let case = Case { json: c.clone() };
         let formal = Schema::load(case.op()).input_names();
         let names: Vec<String> = case.inputs().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names.as_slice(), &formal[..names.len()], "{}: inputs out of schema order", case.name());
+        assert_eq!(
+            names.as_slice(),
+            &formal[..names.len()],
+            "{}: inputs out of schema order",
+            case.name()
+        );
     }
 }

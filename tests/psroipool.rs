@@ -46,8 +46,12 @@ fn check(case: &Case, a: Attrs, par: &dyn Parallel) -> (Vec<f32>, Vec<i32>) {
     assert_eq!(mapping, r.mapping, "mapping_channel exact");
     assert_eq!(canon(&out), canon(&r.out32), "output: float32 sum in the contract's order / area");
     // Where the float32 sum overflows the contract's result is inf; elsewhere float64.
-    let want: Vec<f64> =
-        r.out64.iter().zip(&r.out32).map(|(&w, &v)| if v.is_finite() { w } else { v as f64 }).collect();
+    let want: Vec<f64> = r
+        .out64
+        .iter()
+        .zip(&r.out32)
+        .map(|(&w, &v)| if v.is_finite() { w } else { v as f64 })
+        .collect();
     assert_accumulating(&out, &want, "output");
     (out, mapping)
 }
@@ -64,14 +68,21 @@ impl Rng {
 
 /// Random input in [-1, 1) and rois inside an image of `img` pixels (the map is img * scale,
 /// here slightly larger so some rois stick out), fractional batch ids.
-fn random_case(rng: &mut Rng, r: usize, a: Attrs, [batches, height, width]: [usize; 3], img: f32) -> Case {
+fn random_case(
+    rng: &mut Rng,
+    r: usize,
+    a: Attrs,
+    [batches, height, width]: [usize; 3],
+    img: f32,
+) -> Case {
     let shape = [batches, height, width, a.channels()];
     let input = (0..shape.iter().product::<usize>()).map(|_| rng.unit() * 2.0 - 1.0).collect();
     let mut rois = Vec::with_capacity(r * 5);
     for _ in 0..r {
         let b = rng.below(batches as u64) as f32 + rng.unit() * 0.99;
         let (x1, y1) = (rng.unit() * img * 1.1 - 1.0, rng.unit() * img * 1.1 - 1.0);
-        let (x2, y2) = (x1 + rng.unit() * (img - x1).max(1.0), y1 + rng.unit() * (img - y1).max(1.0));
+        let (x2, y2) =
+            (x1 + rng.unit() * (img - x1).max(1.0), y1 + rng.unit() * (img - y1).max(1.0));
         rois.extend([b, x1, y1, x2, y2]);
     }
     Case { shape, input, r, rois }
@@ -220,7 +231,8 @@ fn empty_bins_give_zero() {
     // Some bins of roi 0 are empty (0), others not; roi 1 is right of the map (all 0).
     let empty: Vec<bool> = (0..9)
         .map(|k| {
-            reference_bin(a, &case.rois[..5], k / 3, k % 3, 4, 4).is_some_and(|[hs, he, ws, we]| he <= hs || we <= ws)
+            reference_bin(a, &case.rois[..5], k / 3, k % 3, 4, 4)
+                .is_some_and(|[hs, he, ws, we]| he <= hs || we <= ws)
         })
         .collect();
     assert!(empty.iter().any(|&e| e) && !empty.iter().all(|&e| e), "{empty:?}");
@@ -255,7 +267,11 @@ fn overflowing_scaled_values_give_zero_outputs() {
     // start overflows (3e38 * 2), or the roi size does (end - start = inf).
     let a = Attrs::square(2, 2.0, 1);
     let case0 = random_case(&mut Rng(8), 1, a, [1, 5, 5], 5.0);
-    for roi in [[0.0, 3.0e38, 0.0, 3.0e38, 1.0], [0.0, 0.0, -3.0e38, 1.0, 1.0], [0.0, -3.0e38, 0.0, 3.0e38, 1.0]] {
+    for roi in [
+        [0.0, 3.0e38, 0.0, 3.0e38, 1.0],
+        [0.0, 0.0, -3.0e38, 1.0, 1.0],
+        [0.0, -3.0e38, 0.0, 3.0e38, 1.0],
+    ] {
         let mut case = case0.clone();
         case.rois = roi.to_vec();
         assert!(reference(&case, a).out64.iter().all(|&v| v == 0.0), "reference agrees: {roi:?}");
@@ -286,7 +302,12 @@ fn round_half_away_from_zero() {
     let a = Attrs::square(1, 1.0, 1);
     let input = vec![1.0, 2.0, 3.0, 4.0];
     // x1 = 0.5 -> 1, x2 = 1.5 -> 2: columns 1..3, mean (2 + 3) / 2.
-    let case = Case { shape: [1, 1, 4, 1], input: input.clone(), r: 1, rois: vec![0.0, 0.5, 0.0, 1.5, 0.0] };
+    let case = Case {
+        shape: [1, 1, 4, 1],
+        input: input.clone(),
+        r: 1,
+        rois: vec![0.0, 0.5, 0.0, 1.5, 0.0],
+    };
     assert_eq!(check(&case, a, &Serial).0, vec![2.5]);
     // x1 = -0.5 -> -1: columns -1..3 clamped to 0..3, area 3: (1 + 2 + 3) / 3.
     let case = Case { shape: [1, 1, 4, 1], input, r: 1, rois: vec![0.0, -0.5, 0.0, 1.5, 0.0] };
@@ -307,8 +328,15 @@ fn fractional_batch_ids_truncate_toward_zero() {
     let a = Attrs::square(1, 1.0, 1);
     // Batch b holds the constant 10 * (b + 1).
     let input = vec![10.0, 20.0, 30.0];
-    for (batch_id, want) in [(1.9f32, 20.0f32), (0.5, 10.0), (2.999, 30.0), (0.0, 10.0), (-0.0, 10.0)] {
-        let case = Case { shape: [3, 1, 1, 1], input: input.clone(), r: 1, rois: vec![batch_id, 0.0, 0.0, 0.0, 0.0] };
+    for (batch_id, want) in
+        [(1.9f32, 20.0f32), (0.5, 10.0), (2.999, 30.0), (0.0, 10.0), (-0.0, 10.0)]
+    {
+        let case = Case {
+            shape: [3, 1, 1, 1],
+            input: input.clone(),
+            r: 1,
+            rois: vec![batch_id, 0.0, 0.0, 0.0, 0.0],
+        };
         assert_eq!(check(&case, a, &Serial).0, vec![want], "batch_id {batch_id}");
     }
 }
@@ -332,8 +360,12 @@ fn summation_order_rows_then_columns_in_float32() {
     // One bin of 2x2 pixels: 1e8, 1, 1, -1e8 in row-major order. Rows then columns in
     // float32: ((1e8 + 1) + 1) - 1e8 = 0; another order could give 2.
     let a = Attrs::square(1, 1.0, 1);
-    let case =
-        Case { shape: [1, 2, 2, 1], input: vec![1.0e8, 1.0, 1.0, -1.0e8], r: 1, rois: vec![0.0, 0.0, 0.0, 1.0, 1.0] };
+    let case = Case {
+        shape: [1, 2, 2, 1],
+        input: vec![1.0e8, 1.0, 1.0, -1.0e8],
+        r: 1,
+        rois: vec![0.0, 0.0, 0.0, 1.0, 1.0],
+    };
     let (out, _) = case.run(a, &Threads(2)).expect("runs");
     assert_eq!(out, vec![0.0]);
 }
@@ -361,9 +393,13 @@ fn check_adjoint(case: &Case, a: Attrs, rng: &mut Rng, par: &dyn Parallel) {
     let lhs: f64 = top.iter().zip(&y).map(|(&g, &v)| g as f64 * v as f64).sum();
     let rhs: f64 = grad.iter().zip(&case.input).map(|(&g, &x)| g as f64 * x as f64).sum();
     let scale_l: f64 = top.iter().zip(&y).map(|(&g, &v)| (g as f64 * v as f64).abs()).sum();
-    let scale_r: f64 = grad.iter().zip(&case.input).map(|(&g, &x)| (g as f64 * x as f64).abs()).sum();
+    let scale_r: f64 =
+        grad.iter().zip(&case.input).map(|(&g, &x)| (g as f64 * x as f64).abs()).sum();
     let scale = scale_l.max(scale_r);
-    assert!((lhs - rhs).abs() <= 3e-3 * scale, "adjoint: <g, Ax> = {lhs}, <A^T g, x> = {rhs}, scale {scale}");
+    assert!(
+        (lhs - rhs).abs() <= 3e-3 * scale,
+        "adjoint: <g, Ax> = {lhs}, <A^T g, x> = {rhs}, scale {scale}"
+    );
     if y.iter().any(|&v| v != 0.0) {
         assert!(scale > 0.0);
     }
@@ -485,7 +521,8 @@ fn input_shape_mismatch_is_error() {
     let (_, rois) = case.tensors();
     for shape in [vec![2, 6, 72], vec![2, 6, 6, 12, 1], vec![432]] {
         let x = Tensor::f32(shape, vec![0.0; 432]);
-        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&rois)], &Serial).expect_err("bad input rank");
+        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&rois)], &Serial)
+            .expect_err("bad input rank");
         let text = format!("{e}");
         assert!(text.contains("'input'") && text.contains("shape"), "{text}");
     }
@@ -495,9 +532,12 @@ fn input_shape_mismatch_is_error() {
 fn rois_shape_mismatch_is_error() {
     let (case, a) = small();
     let (x, _) = case.tensors();
-    for (shape, len) in [(vec![3, 4], 12), (vec![3, 6], 18), (vec![15], 15), (vec![3, 5, 1], 15), (vec![5, 3], 15)] {
+    for (shape, len) in
+        [(vec![3, 4], 12), (vec![3, 6], 18), (vec![15], 15), (vec![3, 5, 1], 15), (vec![5, 3], 15)]
+    {
         let rois = Tensor::f32(shape, vec![0.0; len]);
-        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&rois)], &Serial).expect_err("bad rois shape");
+        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&rois)], &Serial)
+            .expect_err("bad rois shape");
         let text = format!("{e}");
         assert!(text.contains("'rois'") && text.contains("shape"), "{text}");
     }
@@ -516,7 +556,8 @@ fn dtype_mismatch_is_error() {
         (x.clone(), Tensor::f16([3, 5], vec![half::f16::ZERO; 15]), "'rois'"),
     ];
     for (x, r, name) in bad_inputs {
-        let e = run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&r)], &Serial).expect_err("dtype mismatch");
+        let e =
+            run(&a.op::<PsRoiPool>(), &[Some(&x), Some(&r)], &Serial).expect_err("dtype mismatch");
         let text = format!("{e}");
         assert!(text.contains(name) && text.contains("dtype"), "{text}");
     }

@@ -21,7 +21,8 @@ impl Case {
     fn run(&self, a: Attrs, par: &dyn Parallel) -> Result<Tensor, String> {
         let op: PsRoiPoolBackward = descriptor(&a.map()).map_err(|e| e.to_string())?;
         let t = self.tensors(a);
-        let out = run(&op, &[Some(&t[0]), Some(&t[1]), Some(&t[2]), Some(&t[3])], par).map_err(|e| e.to_string())?;
+        let out = run(&op, &[Some(&t[0]), Some(&t[1]), Some(&t[2]), Some(&t[3])], par)
+            .map_err(|e| e.to_string())?;
         assert_eq!(out.len(), 1);
         Ok(out.into_iter().next().expect("one output"))
     }
@@ -116,7 +117,8 @@ fn golden_case0_reproduced_exactly() {
         od: attr("output_dim").as_i64().expect("int"),
     };
     let data = |t: &str| v["inputs"][t]["data"].as_array().expect("data").clone();
-    let f32s = |t: &str| data(t).iter().map(|x| x.as_f64().expect("number") as f32).collect::<Vec<_>>();
+    let f32s =
+        |t: &str| data(t).iter().map(|x| x.as_f64().expect("number") as f32).collect::<Vec<_>>();
     let top = f32s("top_grad");
     let case = Case {
         r: top.len() / a.channels(),
@@ -174,7 +176,8 @@ fn deterministic_across_thread_counts() {
 #[test]
 fn zero_rois_give_all_zero_output() {
     let a = Attrs::square(2, 1.0, 3);
-    let case = Case { r: 0, top: vec![], rois: vec![], mapping: vec![], bottom_shape: vec![2, 4, 5, 12] };
+    let case =
+        Case { r: 0, top: vec![], rois: vec![], mapping: vec![], bottom_shape: vec![2, 4, 5, 12] };
     let got = case.bottom_grad(a, &Threads(2));
     assert_eq!(got.len(), 2 * 4 * 5 * 12);
     assert!(got.iter().all(|&v| v == 0.0));
@@ -188,7 +191,8 @@ fn empty_bottom_dimensions() {
         let case = random_case(&mut Rng(4), 3, a, shape, 6.0);
         assert!(case.bottom_grad(a, &Serial).is_empty());
     }
-    let case = Case { r: 0, top: vec![], rois: vec![], mapping: vec![], bottom_shape: vec![0, 3, 3, 4] };
+    let case =
+        Case { r: 0, top: vec![], rois: vec![], mapping: vec![], bottom_shape: vec![0, 3, 3, 4] };
     assert!(case.bottom_grad(a, &Serial).is_empty());
 }
 
@@ -200,8 +204,13 @@ fn non_finite_rois_contribute_nothing() {
         for s in specials {
             let mut roi = vec![0.0, 1.0, 1.0, 4.0, 4.0];
             roi[k] = s;
-            let case =
-                Case { r: 1, top: vec![1.0; 4], rois: roi, mapping: vec![0, 1, 2, 3], bottom_shape: vec![1, 6, 6, 4] };
+            let case = Case {
+                r: 1,
+                top: vec![1.0; 4],
+                rois: roi,
+                mapping: vec![0, 1, 2, 3],
+                bottom_shape: vec![1, 6, 6, 4],
+            };
             let got = case.bottom_grad(a, &Serial);
             assert!(got.iter().all(|&v| v == 0.0), "roi value {k} = {s}");
         }
@@ -213,8 +222,15 @@ fn non_finite_roi_is_not_batch_checked() {
     // Reading: the batch_id rule applies to rois whose five values are finite; a roi with a
     // non-finite value contributes nothing, whatever its batch id.
     let a = Attrs::square(1, 1.0, 1);
-    for roi in [[7.0, f32::NAN, 0.0, 1.0, 1.0], [-3.0, 0.0, 0.0, f32::INFINITY, 1.0], [f32::NAN; 5]] {
-        let case = Case { r: 1, top: vec![1.0], rois: roi.to_vec(), mapping: vec![0], bottom_shape: vec![1, 2, 2, 1] };
+    for roi in [[7.0, f32::NAN, 0.0, 1.0, 1.0], [-3.0, 0.0, 0.0, f32::INFINITY, 1.0], [f32::NAN; 5]]
+    {
+        let case = Case {
+            r: 1,
+            top: vec![1.0],
+            rois: roi.to_vec(),
+            mapping: vec![0],
+            bottom_shape: vec![1, 2, 2, 1],
+        };
         assert!(case.bottom_grad(a, &Serial).iter().all(|&v| v == 0.0), "{roi:?}");
     }
 }
@@ -223,7 +239,11 @@ fn non_finite_roi_is_not_batch_checked() {
 fn overflowing_scaled_values_contribute_nothing() {
     // start overflows (3e38 * 2), or the bin size does (end - start = inf).
     let a = Attrs::square(2, 2.0, 1);
-    for roi in [[0.0, 3.0e38, 0.0, 3.0e38, 1.0], [0.0, 0.0, -3.0e38, 1.0, 1.0], [0.0, -3.0e38, 0.0, 3.0e38, 1.0]] {
+    for roi in [
+        [0.0, 3.0e38, 0.0, 3.0e38, 1.0],
+        [0.0, 0.0, -3.0e38, 1.0, 1.0],
+        [0.0, -3.0e38, 0.0, 3.0e38, 1.0],
+    ] {
         let case = Case {
             r: 1,
             top: vec![1.0; 4],
@@ -231,7 +251,11 @@ fn overflowing_scaled_values_contribute_nothing() {
             mapping: vec![0, 1, 2, 3],
             bottom_shape: vec![1, 5, 5, 4],
         };
-        assert_eq!(reference(&case, a).iter().filter(|&&v| v != 0.0).count(), 0, "reference agrees: {roi:?}");
+        assert_eq!(
+            reference(&case, a).iter().filter(|&&v| v != 0.0).count(),
+            0,
+            "reference agrees: {roi:?}"
+        );
         assert!(case.bottom_grad(a, &Serial).iter().all(|&v| v == 0.0), "{roi:?}");
     }
 }
@@ -257,7 +281,11 @@ fn huge_finite_coordinates_are_clamped() {
 #[test]
 fn rois_outside_the_map_contribute_nothing() {
     let a = Attrs::square(2, 0.5, 1);
-    for roi in [[0.0, 40.0, 0.0, 60.0, 5.0], [0.0, 0.0, 40.0, 5.0, 60.0], [0.0, -60.0, -60.0, -30.0, -30.0]] {
+    for roi in [
+        [0.0, 40.0, 0.0, 60.0, 5.0],
+        [0.0, 0.0, 40.0, 5.0, 60.0],
+        [0.0, -60.0, -60.0, -30.0, -30.0],
+    ] {
         let case = Case {
             r: 1,
             top: vec![1.0; 4],
@@ -282,7 +310,8 @@ fn fractional_batch_ids_truncate_toward_zero() {
             bottom_shape: vec![3, 2, 2, 1],
         };
         let got = case.bottom_grad(a, &Serial);
-        let hit: Vec<usize> = got.iter().enumerate().filter(|(_, v)| **v != 0.0).map(|(k, _)| k / 4).collect();
+        let hit: Vec<usize> =
+            got.iter().enumerate().filter(|(_, v)| **v != 0.0).map(|(k, _)| k / 4).collect();
         assert_eq!(hit, vec![want], "batch_id {batch_id}");
     }
 }
@@ -422,8 +451,12 @@ fn bottom_shape_not_four_values_is_error() {
     let (case, a) = small();
     let t = case.tensors(a);
     let shape2d = Tensor::i64([2, 2], vec![2, 6, 6, 12]);
-    let e =
-        run(&a.op::<PsRoiPoolBackward>(), &[Some(&t[0]), Some(&t[1]), Some(&t[2]), Some(&shape2d)], &Serial).expect_err("2-D bottom_shape");
+    let e = run(
+        &a.op::<PsRoiPoolBackward>(),
+        &[Some(&t[0]), Some(&t[1]), Some(&t[2]), Some(&shape2d)],
+        &Serial,
+    )
+    .expect_err("2-D bottom_shape");
     assert!(e.to_string().contains("bottom_shape"), "{e}");
 }
 
@@ -450,8 +483,13 @@ fn channels_not_pooled_area_times_output_dim_is_error() {
 #[test]
 fn bottom_grad_size_overflow_is_error() {
     let a = Attrs::square(1, 1.0, 1);
-    let case =
-        Case { r: 0, top: vec![], rois: vec![], mapping: vec![], bottom_shape: vec![1 << 40, 1 << 20, 1 << 20, 1] };
+    let case = Case {
+        r: 0,
+        top: vec![],
+        rois: vec![],
+        mapping: vec![],
+        bottom_shape: vec![1 << 40, 1 << 20, 1 << 20, 1],
+    };
     expect_err(&case, a, "bottom_shape");
 }
 
@@ -494,7 +532,12 @@ fn top_grad_shape_mismatch_is_error() {
         Tensor::f32([2, 3, 2, 3], vec![0.0; 36]),
         Tensor::f32([2, 12], vec![0.0; 24]),
     ] {
-        let e = run(&a.op::<PsRoiPoolBackward>(), &[Some(&top), Some(&t[1]), Some(&t[2]), Some(&t[3])], &Serial).expect_err("bad top_grad");
+        let e = run(
+            &a.op::<PsRoiPoolBackward>(),
+            &[Some(&top), Some(&t[1]), Some(&t[2]), Some(&t[3])],
+            &Serial,
+        )
+        .expect_err("bad top_grad");
         assert!(e.to_string().contains("top_grad"), "{e}");
     }
 }
@@ -503,10 +546,17 @@ fn top_grad_shape_mismatch_is_error() {
 fn rois_shape_mismatch_is_error() {
     let (case, a) = small();
     let t = case.tensors(a);
-    for rois in
-        [Tensor::f32([3, 5], vec![0.0; 15]), Tensor::f32([2, 4], vec![0.0; 8]), Tensor::f32([10], vec![0.0; 10])]
-    {
-        let e = run(&a.op::<PsRoiPoolBackward>(), &[Some(&t[0]), Some(&rois), Some(&t[2]), Some(&t[3])], &Serial).expect_err("bad rois");
+    for rois in [
+        Tensor::f32([3, 5], vec![0.0; 15]),
+        Tensor::f32([2, 4], vec![0.0; 8]),
+        Tensor::f32([10], vec![0.0; 10]),
+    ] {
+        let e = run(
+            &a.op::<PsRoiPoolBackward>(),
+            &[Some(&t[0]), Some(&rois), Some(&t[2]), Some(&t[3])],
+            &Serial,
+        )
+        .expect_err("bad rois");
         assert!(e.to_string().contains("rois"), "{e}");
     }
 }
@@ -516,8 +566,12 @@ fn mapping_channel_shape_mismatch_is_error() {
     let (case, a) = small();
     let t = case.tensors(a);
     for m in [Tensor::i32([1, 2, 2, 3], vec![0; 12]), Tensor::i32([2, 2, 2, 2], vec![0; 16])] {
-        let e =
-            run(&a.op::<PsRoiPoolBackward>(), &[Some(&t[0]), Some(&t[1]), Some(&m), Some(&t[3])], &Serial).expect_err("bad mapping_channel");
+        let e = run(
+            &a.op::<PsRoiPoolBackward>(),
+            &[Some(&t[0]), Some(&t[1]), Some(&m), Some(&t[3])],
+            &Serial,
+        )
+        .expect_err("bad mapping_channel");
         assert!(e.to_string().contains("mapping_channel"), "{e}");
     }
 }

@@ -57,7 +57,8 @@ fn every_operator_has_exactly_one_schema_in_domain_mluops() {
 /// (docs/MLUOPS_BINDING.md §4 says why).
 #[test]
 fn card_paths_exist_for_the_five_contract_operators_and_three_forward_partners() {
-    let on_card: Vec<&str> = ops::ALL.iter().filter(|e| e.create_card.is_some()).map(|e| e.name).collect();
+    let on_card: Vec<&str> =
+        ops::ALL.iter().filter(|e| e.create_card.is_some()).map(|e| e.name).collect();
     assert_eq!(
         on_card,
         [
@@ -77,7 +78,10 @@ fn card_paths_exist_for_the_five_contract_operators_and_three_forward_partners()
 fn dynamic_scatter_matches_contract() {
     use DType::*;
     let (i, o) = io("DynamicScatter");
-    assert_eq!(i, [("feats".to_string(), vec![F32], false), ("coors".to_string(), vec![I32], false)]);
+    assert_eq!(
+        i,
+        [("feats".to_string(), vec![F32], false), ("coors".to_string(), vec![I32], false)]
+    );
     let outs: Vec<(&str, Vec<DType>)> = o.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     assert_eq!(
         outs,
@@ -90,20 +94,32 @@ fn dynamic_scatter_matches_contract() {
         ]
     );
     let a = ops::schema("DynamicScatter").attribute("reduce_type").unwrap();
-    assert_eq!((a.kind, a.required, a.default_value()), (AttrKind::String, false, Some(AttrValue::String("max".into()))));
+    assert_eq!(
+        (a.kind, a.required, a.default_value()),
+        (AttrKind::String, false, Some(AttrValue::String("max".into())))
+    );
 }
 
 #[test]
 fn indice_conv_matches_contract() {
     use DType::*;
     let (i, o) = io("IndiceConv");
-    assert_eq!(names(&i), ["features", "filters", "indice_pairs", "indice_num", "out_indices", "bias"]);
+    assert_eq!(
+        names(&i),
+        ["features", "filters", "indice_pairs", "indice_num", "out_indices", "bias"]
+    );
     let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
     assert_eq!(types, [vec![F32], vec![F32], vec![I32], vec![I32], vec![I32], vec![F32]]);
-    assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [false, false, false, false, false, true]);
+    assert_eq!(
+        i.iter().map(|x| x.2).collect::<Vec<_>>(),
+        [false, false, false, false, false, true]
+    );
     assert_eq!(o, [("output".to_string(), vec![F32])]);
     let a = ops::schema("IndiceConv").attribute("inverse").unwrap();
-    assert_eq!((a.kind, a.required, a.default_value()), (AttrKind::Int, false, Some(AttrValue::Int(0))));
+    assert_eq!(
+        (a.kind, a.required, a.default_value()),
+        (AttrKind::Int, false, Some(AttrValue::Int(0)))
+    );
 }
 
 #[test]
@@ -111,7 +127,10 @@ fn three_interpolate_matches_contract() {
     use DType::*;
     let (i, o) = io("ThreeInterpolate");
     assert_eq!(names(&i), ["features", "indices", "weights"]);
-    assert_eq!((i[0].1.clone(), i[1].1.clone(), i[2].1.clone()), (vec![F32, F16], vec![I32], vec![F32, F16]));
+    assert_eq!(
+        (i[0].1.clone(), i[1].1.clone(), i[2].1.clone()),
+        (vec![F32, F16], vec![I32], vec![F32, F16])
+    );
     assert_eq!(o, [("output".to_string(), vec![F32, F16])]);
     let s = ops::schema("ThreeInterpolate");
     assert!(s.attributes.is_empty());
@@ -122,7 +141,10 @@ fn three_interpolate_matches_contract() {
 fn psroipool_matches_contract() {
     use DType::*;
     let (i, o) = io("PsRoiPool");
-    assert_eq!(i, [("input".to_string(), vec![F32], false), ("rois".to_string(), vec![F32], false)]);
+    assert_eq!(
+        i,
+        [("input".to_string(), vec![F32], false), ("rois".to_string(), vec![F32], false)]
+    );
     assert_eq!(o, [("output".to_string(), vec![F32]), ("mapping_channel".to_string(), vec![I32])]);
     // The same attributes as the backward op, all required.
     let (fwd, bwd) = (ops::schema("PsRoiPool"), ops::schema("PsRoiPoolBackward"));
@@ -138,12 +160,22 @@ fn dynamic_scatter_backward_matches_contract() {
     let (i, o) = io("DynamicScatterBackward");
     assert_eq!(
         names(&i),
-        ["grad_voxel_feats", "feats", "voxel_feats", "point2voxel_map", "voxel_points_count", "voxel_num"]
+        [
+            "grad_voxel_feats",
+            "feats",
+            "voxel_feats",
+            "point2voxel_map",
+            "voxel_points_count",
+            "voxel_num"
+        ]
     );
     let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
     use DType::*;
     assert_eq!(types, [vec![F32], vec![F32], vec![F32], vec![I32], vec![I32], vec![I32]]);
-    assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [false, false, false, false, false, true]);
+    assert_eq!(
+        i.iter().map(|x| x.2).collect::<Vec<_>>(),
+        [false, false, false, false, false, true]
+    );
     assert_eq!(o, [("grad_feats".to_string(), vec![F32])]);
     let a = ops::schema("DynamicScatterBackward").attribute("reduce_type").unwrap();
     assert_eq!((a.kind, a.required), (AttrKind::String, false));
@@ -172,7 +204,11 @@ fn get_indice_pairs_matches_contract() {
     assert_eq!(i, [("indices".to_string(), vec![I32], false)]);
     assert_eq!(
         o,
-        [("indice_pairs".to_string(), vec![I32]), ("out_indices".to_string(), vec![I32]), ("indice_num".to_string(), vec![I32])]
+        [
+            ("indice_pairs".to_string(), vec![I32]),
+            ("out_indices".to_string(), vec![I32]),
+            ("indice_num".to_string(), vec![I32])
+        ]
     );
     let s = ops::schema("GetIndicePairs");
     let expect: &[(&str, AttrKind, bool, Option<AttrValue>)] = &[
@@ -190,7 +226,11 @@ fn get_indice_pairs_matches_contract() {
     assert_eq!(s.attributes.len(), expect.len());
     for (name, kind, required, default) in expect {
         let a = s.attribute(name).unwrap_or_else(|| panic!("attribute {name}"));
-        assert_eq!((a.kind, a.required, a.default_value()), (*kind, *required, default.clone()), "{name}");
+        assert_eq!(
+            (a.kind, a.required, a.default_value()),
+            (*kind, *required, default.clone()),
+            "{name}"
+        );
     }
 }
 
@@ -198,8 +238,17 @@ fn get_indice_pairs_matches_contract() {
 fn voxel_pooling_forward_matches_contract() {
     use DType::*;
     let (i, o) = io("VoxelPoolingForward");
-    assert_eq!(i, [("geom_xyz".to_string(), vec![I32], false), ("input_features".to_string(), vec![F32], false)]);
-    assert_eq!(o, [("output_features".to_string(), vec![F32]), ("pos_memo".to_string(), vec![I32])]);
+    assert_eq!(
+        i,
+        [
+            ("geom_xyz".to_string(), vec![I32], false),
+            ("input_features".to_string(), vec![F32], false)
+        ]
+    );
+    assert_eq!(
+        o,
+        [("output_features".to_string(), vec![F32]), ("pos_memo".to_string(), vec![I32])]
+    );
     let a = ops::schema("VoxelPoolingForward").attribute("voxel_num").unwrap();
     assert_eq!((a.kind, a.required), (AttrKind::Ints, true));
 }
@@ -228,9 +277,21 @@ fn psroipool_backward_matches_contract() {
 fn every_attribute_default_has_the_declared_type() {
     for s in ops::schemas() {
         for a in &s.attributes {
-            assert_eq!(a.required, a.default.is_none(), "{}.{}: required xor default", s.op_type, a.name);
+            assert_eq!(
+                a.required,
+                a.default.is_none(),
+                "{}.{}: required xor default",
+                s.op_type,
+                a.name
+            );
             if !a.required {
-                assert!(a.default_value().is_some(), "{}.{}: default does not parse as {:?}", s.op_type, a.name, a.kind);
+                assert!(
+                    a.default_value().is_some(),
+                    "{}.{}: default does not parse as {:?}",
+                    s.op_type,
+                    a.name,
+                    a.kind
+                );
             }
         }
     }

@@ -69,7 +69,11 @@ fn canon(ty: Ty, bits: &[u32]) -> Vec<u32> {
 fn check(case: &Case, par: &dyn Parallel) {
     let (got, got_bits) = run_case(case, par).expect("valid case runs");
     let what = format!("{:?} B {} C {} M {} N {}", case.ty, case.b, case.c, case.m, case.n);
-    assert_eq!(canon(case.ty, &got_bits), canon(case.ty, &reference_bits(case)), "{what}: exact float32 evaluation");
+    assert_eq!(
+        canon(case.ty, &got_bits),
+        canon(case.ty, &reference_bits(case)),
+        "{what}: exact float32 evaluation"
+    );
     if case.ty == Ty::F32 {
         assert_accumulating(&got, &reference64(case), &what);
     } else {
@@ -157,7 +161,9 @@ fn random_shapes_both_dtypes() {
 fn zero_size_dimensions_give_empty_output() {
     let mut rng = Rng(9);
     // (B, C, M, N): B, C or N zero; M = 0 is fine when there is no index at all.
-    for shape in [(0, 4, 5, 6), (2, 0, 5, 6), (2, 4, 5, 0), (0, 0, 0, 0), (3, 2, 0, 0), (2, 0, 0, 0)] {
+    for shape in
+        [(0, 4, 5, 6), (2, 0, 5, 6), (2, 4, 5, 0), (0, 0, 0, 0), (3, 2, 0, 0), (2, 0, 0, 0)]
+    {
         for ty in [Ty::F32, Ty::F16] {
             let mut case = random_case(&mut rng, shape, ty);
             if shape.2 == 0 {
@@ -165,7 +171,8 @@ fn zero_size_dimensions_give_empty_output() {
                 assert!(case.indices.is_empty());
                 case.indices.clear();
             }
-            let out = run_tensors(&case.tensors(), &Threads(2)).expect("empty output is not an error");
+            let out =
+                run_tensors(&case.tensors(), &Threads(2)).expect("empty output is not an error");
             assert_eq!(out.shape, vec![shape.0, shape.1, shape.3]);
             check(&case, &Serial);
         }
@@ -271,7 +278,11 @@ fn result_does_not_depend_on_thread_count() {
         let case = random_case(&mut rng, (3, 40, 100, 3000), ty);
         let base = run_tensors(&case.tensors(), &Serial).expect("runs");
         for t in [2, 3] {
-            assert_eq!(run_tensors(&case.tensors(), &Threads(t)).expect("runs"), base, "threads {t}");
+            assert_eq!(
+                run_tensors(&case.tensors(), &Threads(t)).expect("runs"),
+                base,
+                "threads {t}"
+            );
         }
     }
 }
@@ -285,7 +296,10 @@ fn streamed_output_on_line_aligned_buffers_is_exact() {
     let mut rng = Rng(31);
     for (ty, c, n) in [(Ty::F32, 20, 65536 + 48), (Ty::F16, 36, 65536 + 96)] {
         let case = random_case(&mut rng, (1, c, 100, n), ty);
-        assert!(c * n * if ty == Ty::F32 { 4 } else { 2 } >= 4 << 20, "an output large enough to stream");
+        assert!(
+            c * n * if ty == Ty::F32 { 4 } else { 2 } >= 4 << 20,
+            "an output large enough to stream"
+        );
         let want = canon(ty, &reference_bits(&case));
         let tensors = case.tensors();
         for par in [&Serial as &dyn Parallel, &Threads(2)] {
@@ -334,7 +348,16 @@ fn error_index_not_below_m() {
 fn error_m_zero_with_target_points() {
     // M = 0 and N > 0: every index is outside [0, 0).
     for ty in [Ty::F32, Ty::F16] {
-        let case = Case { b: 2, c: 3, m: 0, n: 4, ty, features: vec![], indices: vec![0; 24], weights: vec![0.5; 24] };
+        let case = Case {
+            b: 2,
+            c: 3,
+            m: 0,
+            n: 4,
+            ty,
+            features: vec![],
+            indices: vec![0; 24],
+            weights: vec![0.5; 24],
+        };
         expect_error(&case.tensors(), "indices");
     }
 }
@@ -403,7 +426,8 @@ fn error_shape_mismatch() {
 fn error_missing_input() {
     let t = small(Ty::F32).tensors();
     for missing in 0..3 {
-        let inputs: Vec<Option<&Tensor>> = (0..3).map(|k| if k == missing { None } else { Some(&t[k]) }).collect();
+        let inputs: Vec<Option<&Tensor>> =
+            (0..3).map(|k| if k == missing { None } else { Some(&t[k]) }).collect();
         let err = run(&op(), &inputs, &Serial).expect_err("all inputs are required");
         let name = ["features", "indices", "weights"][missing];
         assert!(format!("{err}").contains(&format!("'{name}'")), "{err}");

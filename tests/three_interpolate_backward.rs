@@ -355,13 +355,17 @@ fn streamed_output_on_line_aligned_buffers_sums_in_the_contracts_order() {
     let mut rng = Rng(41);
     for (ty, c, m) in [(Ty::F32, 20, 65536 + 48), (Ty::F16, 36, 65536 + 96)] {
         let case = random_case(&mut rng, (1, c, 3000, m), ty);
-        assert!(c * m * if ty == Ty::F32 { 4 } else { 2 } >= 4 << 20, "an output large enough to stream");
+        assert!(
+            c * m * if ty == Ty::F32 { 4 } else { 2 } >= 4 << 20,
+            "an output large enough to stream"
+        );
         let n = case.n;
         let mut acc = vec![0f32; c * m];
         for (ci, row) in acc.chunks_exact_mut(m).enumerate() {
             for ni in 0..n {
                 for k in 0..3 {
-                    row[case.indices[ni * 3 + k] as usize] += case.grad_output[ci * n + ni] as f32 * case.weights[ni * 3 + k] as f32;
+                    row[case.indices[ni * 3 + k] as usize] +=
+                        case.grad_output[ci * n + ni] as f32 * case.weights[ni * 3 + k] as f32;
                 }
             }
         }
@@ -369,7 +373,11 @@ fn streamed_output_on_line_aligned_buffers_sums_in_the_contracts_order() {
         let tensors = case.tensors();
         for par in [&Serial as &dyn Parallel, &Threads(2)] {
             let op = descriptor::<ThreeInterpolateBackward>(&attrs(case.m)).expect("valid m");
-            assert_eq!(run_line_aligned(&op, "ThreeInterpolateBackward", &tensors, par), want, "{ty:?} C {c} M {m}");
+            assert_eq!(
+                run_line_aligned(&op, "ThreeInterpolateBackward", &tensors, par),
+                want,
+                "{ty:?} C {c} M {m}"
+            );
         }
     }
 }
@@ -537,5 +545,8 @@ fn negative_index_with_m_beyond_u32_is_error() {
     let idx = Tensor::i32([1, 1, 3], vec![0, -1, 2]);
     let w = Tensor::f32([1, 1, 3], vec![1.0; 3]);
     let msg = expect_error(m, &[go, idx, w], "indices");
-    assert!(msg.contains(&format!("indices[0, 0, 1] = -1 is outside [0, m) with m = {m}")), "{msg}");
+    assert!(
+        msg.contains(&format!("indices[0, 0, 1] = -1 is outside [0, m) with m = {m}")),
+        "{msg}"
+    );
 }

@@ -20,17 +20,39 @@ fn a_check_kernel_and_its_copies_are_counted_exactly() {
     let k = d.kernels::<CheckKernels>().unwrap();
     // SAFETY: `data` holds `rows` int32; `scratch` the task slots and the record.
     q.launch("mluops_check_int_rows", |qp| unsafe {
-        (k.mluops_check_int_rows)(qp, tasks, TASK_UNION1, data.ptr(), rows as i32, 1, &bounds, 4096, first, record)
+        (k.mluops_check_int_rows)(
+            qp,
+            tasks,
+            TASK_UNION1,
+            data.ptr(),
+            rows as i32,
+            1,
+            &bounds,
+            4096,
+            first,
+            record,
+        )
     })
     .unwrap();
     q.sync().unwrap();
     let mut found = [0i32];
     // SAFETY: `record` is one int32 of `scratch`; `found` has room for it.
-    unsafe { d.copy_raw(found.as_mut_ptr().cast(), record.cast_const().cast(), 4, Direction::DeviceToHost).unwrap() };
+    unsafe {
+        d.copy_raw(
+            found.as_mut_ptr().cast(),
+            record.cast_const().cast(),
+            4,
+            Direction::DeviceToHost,
+        )
+        .unwrap()
+    };
     assert_eq!(found, [-1], "every value is within [0, 5]");
     let t = d.traffic().since(&before);
     let slots = u64::from(tasks) * 4;
-    assert_eq!((t.host_to_card, t.card_to_host, t.card_to_card, t.memset), (rows as u64 * 4, 4, 0, 0));
+    assert_eq!(
+        (t.host_to_card, t.card_to_host, t.card_to_card, t.memset),
+        (rows as u64 * 4, 4, 0, 0)
+    );
     assert_eq!((t.launches, t.syncs), (1, 1));
     // Each task reads its rows and writes its slot; task 0 then reads every slot and writes
     // the record.

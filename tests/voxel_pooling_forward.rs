@@ -27,7 +27,11 @@ fn op(voxel_num: [i64; 3]) -> VoxelPoolingForward {
 }
 
 impl Case {
-    fn run(&self, op: &VoxelPoolingForward, par: &dyn Parallel) -> (Vec<f32>, Vec<i32>, Vec<usize>) {
+    fn run(
+        &self,
+        op: &VoxelPoolingForward,
+        par: &dyn Parallel,
+    ) -> (Vec<f32>, Vec<i32>, Vec<usize>) {
         let (g, f) = self.tensors();
         let out = run(op, &[Some(&g), Some(&f)], par).expect("valid case runs");
         assert_eq!(out.len(), 2);
@@ -91,7 +95,10 @@ fn err_text(voxel_num: &[i64], geom: Tensor, feats: Tensor) -> String {
 }
 
 fn small_inputs() -> (Tensor, Tensor) {
-    (Tensor::i32([1, 2, 3], vec![0, 0, 0, 1, 1, 0]), Tensor::f32([1, 2, 2], vec![1.0, 2.0, 3.0, 4.0]))
+    (
+        Tensor::i32([1, 2, 3], vec![0, 0, 0, 1, 1, 0]),
+        Tensor::f32([1, 2, 2], vec![1.0, 2.0, 3.0, 4.0]),
+    )
 }
 
 // ---------------------------------------------------------------- semantics
@@ -188,7 +195,9 @@ fn nan_and_inf_propagate() {
     }
     let (want, _) = reference(&case, voxel_num);
     let at = |x: usize| want[x * 5 + 2];
-    assert!(at(0).is_nan() && at(1) == f64::INFINITY && at(2) == f64::NEG_INFINITY && at(3).is_nan());
+    assert!(
+        at(0).is_nan() && at(1) == f64::INFINITY && at(2) == f64::NEG_INFINITY && at(3).is_nan()
+    );
     check(&case, voxel_num, &Threads(2));
     // NaN on an invalid point changes nothing.
     let case = Case { b: 1, n: 2, c: 1, geom: vec![-1, 0, 0, 0, 0, 0], feats: vec![f32::NAN, 1.5] };
@@ -209,7 +218,8 @@ fn bit_identical_across_thread_counts_and_runs() {
         }
         let op = op(voxel_num);
         let (first, memo, _) = case.run(&op, &Serial);
-        let pars: [&dyn Parallel; 5] = [&Serial, &Threads(1), &Threads(2), &Threads(7), &Threads(2)];
+        let pars: [&dyn Parallel; 5] =
+            [&Serial, &Threads(1), &Threads(2), &Threads(7), &Threads(2)];
         for par in pars {
             for _ in 0..2 {
                 let (again, memo2, _) = case.run(&op, par);
@@ -269,7 +279,8 @@ fn voxel_num_value_zero_is_error() {
 #[test]
 fn voxel_num_value_negative_is_error() {
     for v in [[-1, 4, 1], [4, -3, 1], [4, 4, i64::MIN]] {
-        let e = descriptor::<VoxelPoolingForward>(&attrs(&v)).expect_err("negative voxel_num is an error");
+        let e = descriptor::<VoxelPoolingForward>(&attrs(&v))
+            .expect_err("negative voxel_num is an error");
         assert!(e.to_string().contains("voxel_num"), "{e}");
     }
 }
@@ -297,7 +308,8 @@ fn voxel_num_wrong_type_is_error() {
 
 #[test]
 fn voxel_num_grid_overflow_is_error() {
-    let e = descriptor::<VoxelPoolingForward>(&attrs(&[i64::MAX, i64::MAX, 1])).expect_err("ny * nx overflows");
+    let e = descriptor::<VoxelPoolingForward>(&attrs(&[i64::MAX, i64::MAX, 1]))
+        .expect_err("ny * nx overflows");
     assert!(e.to_string().contains("voxel_num"), "{e}");
 }
 
@@ -305,16 +317,22 @@ fn voxel_num_grid_overflow_is_error() {
 fn output_features_size_overflow_is_error() {
     // No data at all (N = 0), but B * ny * nx * C does not fit.
     let big = 1usize << 40;
-    let e = err_text(&[1 << 20, 1 << 20, 1], Tensor::i32([1, 0, 3], vec![]), Tensor::f32([1, 0, big], vec![]));
+    let e = err_text(
+        &[1 << 20, 1 << 20, 1],
+        Tensor::i32([1, 0, 3], vec![]),
+        Tensor::f32([1, 0, big], vec![]),
+    );
     assert!(e.contains("output_features"), "{e}");
 }
 
 #[test]
 fn geom_xyz_shape_mismatch_is_error() {
     let (_, f) = small_inputs();
-    for g in
-        [Tensor::i32([1, 2, 2], vec![0; 4]), Tensor::i32([2, 3], vec![0; 6]), Tensor::i32([1, 2, 3, 1], vec![0; 6])]
-    {
+    for g in [
+        Tensor::i32([1, 2, 2], vec![0; 4]),
+        Tensor::i32([2, 3], vec![0; 6]),
+        Tensor::i32([1, 2, 3, 1], vec![0; 6]),
+    ] {
         let e = err_text(&[2, 2, 1], g, f.clone());
         assert!(e.contains("geom_xyz"), "{e}");
     }
@@ -324,9 +342,11 @@ fn geom_xyz_shape_mismatch_is_error() {
 fn input_features_shape_mismatch_is_error() {
     let (g, _) = small_inputs();
     // B differs, N differs, rank differs.
-    for f in
-        [Tensor::f32([2, 2, 2], vec![0.0; 8]), Tensor::f32([1, 3, 2], vec![0.0; 6]), Tensor::f32([1, 4], vec![0.0; 4])]
-    {
+    for f in [
+        Tensor::f32([2, 2, 2], vec![0.0; 8]),
+        Tensor::f32([1, 3, 2], vec![0.0; 6]),
+        Tensor::f32([1, 4], vec![0.0; 4]),
+    ] {
         let e = err_text(&[2, 2, 1], g.clone(), f);
         assert!(e.contains("input_features"), "{e}");
     }

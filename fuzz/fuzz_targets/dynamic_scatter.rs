@@ -20,8 +20,15 @@ fuzz_target!(|data: &[u8]| {
     let coors = (0..n * d).map(|_| u.below(4) as i32 - 1).collect();
     let case = Case { n, c, d, feats: u.floats(n * c), coors };
     let (f, k) = case.tensors();
-    let attrs = attrs(&reduce.map(|r| ("reduce_type", AttrValue::String(r.into()))).into_iter().collect::<Vec<_>>());
-    if let Some(out) = outcome(check("DynamicScatter", &attrs, &[Some(f), Some(k)], Class::Exact), d > 0) {
+    let attrs = attrs(
+        &reduce
+            .map(|r| ("reduce_type", AttrValue::String(r.into())))
+            .into_iter()
+            .collect::<Vec<_>>(),
+    );
+    if let Some(out) =
+        outcome(check("DynamicScatter", &attrs, &[Some(f), Some(k)], Class::Exact), d > 0)
+    {
         let r = reference(&case);
         let ints = |i: usize| out[i].data.i32().expect("int32 output").to_vec();
         assert_eq!(ints(1), r.voxel_coors, "voxel_coors against the reference");

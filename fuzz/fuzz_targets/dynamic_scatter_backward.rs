@@ -17,7 +17,8 @@ fuzz_target!(|data: &[u8]| {
     let mut u = Bytes::new(data);
     let reduce = ["max", "sum", "mean"][u.below(3)];
     let (n, m, c) = (u.below(10), u.below(6), u.below(5));
-    let voxel_num = if u.one_in(3) { Some(u.below(m + 2) as i32 - i32::from(u.one_in(8))) } else { None };
+    let voxel_num =
+        if u.one_in(3) { Some(u.below(m + 2) as i32 - i32::from(u.one_in(8))) } else { None };
     let v = voxel_num.map_or(m, |v| v.clamp(0, m as i32) as usize);
     let mut map: Vec<i32> = (0..n).map(|_| u.below(v + 1) as i32 - 1).collect();
     if u.one_in(6) && n > 0 {
@@ -40,9 +41,18 @@ fuzz_target!(|data: &[u8]| {
     let case = Case { n, m, c, grad_voxel_feats, feats, voxel_feats, map, count, voxel_num };
     let inputs: Vec<_> = case.tensors().into_iter().map(Some).collect();
     let valid = violated(&case, reduce).is_empty();
-    let result = check("DynamicScatterBackward", &attrs(&[("reduce_type", AttrValue::String(reduce.into()))]), &inputs, Class::Exact);
+    let result = check(
+        "DynamicScatterBackward",
+        &attrs(&[("reduce_type", AttrValue::String(reduce.into()))]),
+        &inputs,
+        Class::Exact,
+    );
     if let Some(out) = outcome(result, valid) {
         let got = out[0].data.f32().expect("float32 grad_feats");
-        assert_eq!(common::canon(got), common::canon(&reference(&case, reduce)), "grad_feats against the reference ({reduce})");
+        assert_eq!(
+            common::canon(got),
+            common::canon(&reference(&case, reduce)),
+            "grad_feats against the reference ({reduce})"
+        );
     }
 });

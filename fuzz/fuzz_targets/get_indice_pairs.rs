@@ -55,19 +55,32 @@ fuzz_target!(|data: &[u8]| {
     let mut rows: Vec<[i32; 4]> = (0..l)
         .map(|_| {
             let b = u.below(batch) as i32;
-            [b, u.below(spatial[0] as usize) as i32, u.below(spatial[1] as usize) as i32, u.below(spatial[2] as usize) as i32]
+            [
+                b,
+                u.below(spatial[0] as usize) as i32,
+                u.below(spatial[1] as usize) as i32,
+                u.below(spatial[2] as usize) as i32,
+            ]
         })
         .collect();
     if u.one_in(8) && l > 0 {
         let (at, axis) = (u.below(l), u.below(4));
-        rows[at][axis] = if u.one_in(2) { -1 } else if axis == 0 { batch as i32 } else { spatial[axis - 1] as i32 };
+        rows[at][axis] = if u.one_in(2) {
+            -1
+        } else if axis == 0 {
+            batch as i32
+        } else {
+            spatial[axis - 1] as i32
+        };
     }
     let flat: Vec<i32> = rows.iter().flatten().copied().collect();
     let want = expect(&a, &[l, 4], &flat);
     let input = Tensor::i32([l, 4], flat);
     let result = check("GetIndicePairs", &a.map(), &[Some(input)], Class::Exact);
     if let Some(out) = outcome(result, matches!(want, Expect::Valid(_))) {
-        let Expect::Valid(conv) = want else { unreachable!("outcome() asserted the case is valid") };
+        let Expect::Valid(conv) = want else {
+            unreachable!("outcome() asserted the case is valid")
+        };
         let r = reference(&conv, &rows);
         let got = |i: usize| out[i].data.i32().expect("int32 output").to_vec();
         assert_eq!(got(2), r.num, "indice_num against the reference");

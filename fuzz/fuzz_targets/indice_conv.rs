@@ -15,7 +15,8 @@ use reference::{Conv, attrs, index_errors, reference};
 fuzz_target!(|data: &[u8]| {
     let mut u = Bytes::new(data);
     let inverse = [0, 0, 0, 1, 1, 2][u.below(6)];
-    let (k, l, cin, cout, num_out) = (u.below(5), u.below(9), u.below(5), 1 + u.below(4), u.below(9));
+    let (k, l, cin, cout, num_out) =
+        (u.below(5), u.below(9), u.below(5), 1 + u.below(4), u.below(9));
     let p = l + usize::from(u.one_in(8));
     // Slot 0 holds input rows and slot 1 output rows; inverse reads them the other way.
     let (rows0, rows1) = if inverse == 1 { (num_out, l) } else { (l, num_out) };
@@ -53,8 +54,14 @@ fuzz_target!(|data: &[u8]| {
     let (num_bad, pair_bad) = index_errors(&conv, inverse == 1);
     let valid = inverse < 2 && !num_bad && !pair_bad;
     let inputs: Vec<_> = conv.tensors().into_iter().map(Some).collect();
-    if let Some(out) = outcome(check("IndiceConv", &attrs(inverse), &inputs, Class::Accumulating), valid) {
+    if let Some(out) =
+        outcome(check("IndiceConv", &attrs(inverse), &inputs, Class::Accumulating), valid)
+    {
         let got = out[0].data.f32().expect("float32 output");
-        common::assert_accumulating(got, &reference(&conv, inverse == 1), "output against the reference");
+        common::assert_accumulating(
+            got,
+            &reference(&conv, inverse == 1),
+            "output against the reference",
+        );
     }
 });

@@ -8,10 +8,10 @@ use libfuzzer_sys::fuzz_target;
 use onnxruntime_ep_mlu::tensor::Tensor;
 use onnxruntime_ep_mlu_fuzz::{Bytes, Class, bits, check, common, outcome};
 
+mod psroi;
 #[path = "../../tests/reference/psroipool.rs"]
 #[allow(dead_code)]
 mod reference;
-mod psroi;
 use reference::{Case, reference};
 
 fuzz_target!(|data: &[u8]| {
@@ -26,9 +26,15 @@ fuzz_target!(|data: &[u8]| {
     let case = Case { shape, input, r, rois };
     let valid = attrs_valid && rois_valid && channels == a.channels();
     let (x, rois) = case.tensors();
-    if let Some(out) = outcome(check("PsRoiPool", &a.map(), &[Some(x), Some(rois)], Class::Exact), valid) {
+    if let Some(out) =
+        outcome(check("PsRoiPool", &a.map(), &[Some(x), Some(rois)], Class::Exact), valid)
+    {
         let want = reference(&case, a);
-        assert_eq!(out[1].data.i32().expect("int32 mapping_channel"), want.mapping, "mapping_channel against the reference");
+        assert_eq!(
+            out[1].data.i32().expect("int32 mapping_channel"),
+            want.mapping,
+            "mapping_channel against the reference"
+        );
         let sum = Tensor::f32(out[0].shape.clone(), want.out32);
         assert_eq!(bits(&out[0]), bits(&sum), "output against the contract's float32 sum");
     }

@@ -7,10 +7,10 @@
 use libfuzzer_sys::fuzz_target;
 use onnxruntime_ep_mlu_fuzz::{Bytes, Class, check, common, outcome};
 
+mod psroi;
 #[path = "../../tests/reference/psroipool_backward.rs"]
 #[allow(dead_code)]
 mod reference;
-mod psroi;
 use reference::{Case, reference};
 
 fuzz_target!(|data: &[u8]| {
@@ -33,7 +33,9 @@ fuzz_target!(|data: &[u8]| {
     let case = Case { r, top, rois, mapping, bottom_shape };
     let valid = attrs_valid && rois_valid && mapping_valid && channels == a.channels();
     let inputs: Vec<_> = case.tensors(a).into_iter().map(Some).collect();
-    if let Some(out) = outcome(check("PsRoiPoolBackward", &a.map(), &inputs, Class::Accumulating), valid) {
+    if let Some(out) =
+        outcome(check("PsRoiPoolBackward", &a.map(), &inputs, Class::Accumulating), valid)
+    {
         let got = out[0].data.f32().expect("float32 bottom_grad");
         common::assert_accumulating(got, &reference(&case, a), "bottom_grad against the reference");
     }

@@ -25,12 +25,16 @@ fuzz_target!(|data: &[u8]| {
     let case = Case { b, c, m, n, ty, features, indices, weights };
     let inputs: Vec<_> = case.tensors().into_iter().map(Some).collect();
     let valid = !case.index_error();
-    if let Some(out) = outcome(check("ThreeInterpolate", &attrs(&[]), &inputs, Class::Exact), valid) {
+    if let Some(out) = outcome(check("ThreeInterpolate", &attrs(&[]), &inputs, Class::Exact), valid)
+    {
         let nan = |x: u32| match ty {
             Ty::F32 => f32::from_bits(x).is_nan(),
             Ty::F16 => half::f16::from_bits(x as u16).is_nan(),
         };
-        let want: Vec<u64> = reference_bits(&case).into_iter().map(|x| if nan(x) { 1 << 32 } else { u64::from(x) }).collect();
+        let want: Vec<u64> = reference_bits(&case)
+            .into_iter()
+            .map(|x| if nan(x) { 1 << 32 } else { u64::from(x) })
+            .collect();
         assert_eq!(bits(&out[0]), want, "output against the contract's float32 evaluation");
     }
 });

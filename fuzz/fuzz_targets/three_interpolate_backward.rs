@@ -17,19 +17,27 @@ fuzz_target!(|data: &[u8]| {
     let ty = if u.one_in(3) { Ty::F16 } else { Ty::F32 };
     let (b, c, n) = (u.below(3), u.below(6), u.below(9));
     let m = u.below(12) as i64 - i64::from(u.one_in(16));
-    let grad_output = u.floats(b * c * n).into_iter().map(|x| representable(ty, f64::from(x))).collect();
+    let grad_output =
+        u.floats(b * c * n).into_iter().map(|x| representable(ty, f64::from(x))).collect();
     let mut indices: Vec<i32> = (0..b * n * 3).map(|_| u.below(m.max(0) as usize) as i32).collect();
     if u.one_in(4) && !indices.is_empty() {
         let at = u.below(indices.len());
         indices[at] = if u.one_in(2) { -1 } else { m as i32 };
     }
-    let weights = u.floats(b * n * 3).into_iter().map(|x| representable(ty, f64::from(x))).collect();
+    let weights =
+        u.floats(b * n * 3).into_iter().map(|x| representable(ty, f64::from(x))).collect();
     let case = Case { b, c, n, m, ty, grad_output, indices, weights };
     let inputs: Vec<_> = case.tensors().into_iter().map(Some).collect();
     let valid = m >= 0 && case.indices.iter().all(|&j| j >= 0 && i64::from(j) < m);
-    let result = check("ThreeInterpolateBackward", &attrs(&[("m", AttrValue::Int(m))]), &inputs, Class::Accumulating);
+    let result = check(
+        "ThreeInterpolateBackward",
+        &attrs(&[("m", AttrValue::Int(m))]),
+        &inputs,
+        Class::Accumulating,
+    );
     if let Some(out) = outcome(result, valid) {
-        let got: Vec<f32> = widened(&out[0]).expect("float output").iter().map(|&x| x as f32).collect();
+        let got: Vec<f32> =
+            widened(&out[0]).expect("float output").iter().map(|&x| x as f32).collect();
         common::assert_accumulating(&got, &reference(&case), "grad_features against the reference");
     }
 });

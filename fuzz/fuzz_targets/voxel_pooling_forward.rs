@@ -21,9 +21,20 @@ fuzz_target!(|data: &[u8]| {
     let (g, f) = case.tensors();
     let valid = voxel_num.iter().all(|&v| v > 0);
     let attrs = attrs(&[("voxel_num", AttrValue::Ints(voxel_num.to_vec()))]);
-    if let Some(out) = outcome(check("VoxelPoolingForward", &attrs, &[Some(g), Some(f)], Class::Accumulating), valid) {
+    if let Some(out) = outcome(
+        check("VoxelPoolingForward", &attrs, &[Some(g), Some(f)], Class::Accumulating),
+        valid,
+    ) {
         let (want, want_memo) = reference(&case, voxel_num);
-        assert_eq!(out[1].data.i32().expect("int32 pos_memo"), want_memo, "pos_memo against the reference");
-        common::assert_accumulating(out[0].data.f32().expect("float32 features"), &want, "output_features against the reference");
+        assert_eq!(
+            out[1].data.i32().expect("int32 pos_memo"),
+            want_memo,
+            "pos_memo against the reference"
+        );
+        common::assert_accumulating(
+            out[0].data.f32().expect("float32 features"),
+            &want,
+            "output_features against the reference",
+        );
     }
 });

@@ -97,18 +97,24 @@ fn card() -> &'static Card {
         let lib = std::env::var("MLU_EP_MLUOPS_LIBRARY")
             .expect("MLU_EP_MLUOPS_LIBRARY names the emulated libmluops (scripts/fuzz.sh sets it)");
         let mluops = mluops::open(Some(&lib));
-        assert!(mluops.is_ok(), "the emulated libmluops at {lib} does not open: {:?}", mluops.err());
+        assert!(
+            mluops.is_ok(),
+            "the emulated libmluops at {lib} does not open: {:?}",
+            mluops.err()
+        );
         Card { device: Device::emulated().expect("the emulated card exists"), mluops }
     })
 }
 
 /// The provider's backend orders each case runs under: each backend alone, then `auto`
 /// (MLU-OPS, then the BANG kernels where it declines at run time).
-const ORDERS: [&[Backend]; 3] = [&[Backend::Bang], &[Backend::MluOps], &[Backend::MluOps, Backend::Bang]];
+const ORDERS: [&[Backend]; 3] =
+    [&[Backend::Bang], &[Backend::MluOps], &[Backend::MluOps, Backend::Bang]];
 
 /// Cases and CPU errors, then per order: nodes run on the card, run on the host after a
 /// run-time decline, declined at placement (the provider would not claim them).
-static COUNTS: [AtomicU64; 2 + 3 * ORDERS.len()] = [const { AtomicU64::new(0) }; 2 + 3 * ORDERS.len()];
+static COUNTS: [AtomicU64; 2 + 3 * ORDERS.len()] =
+    [const { AtomicU64::new(0) }; 2 + 3 * ORDERS.len()];
 const CASES: usize = 0;
 const CPU_ERRORS: usize = 1;
 
@@ -116,12 +122,16 @@ fn count(i: usize) -> u64 {
     COUNTS[i].fetch_add(1, Ordering::Relaxed) + 1
 }
 
-
 /// A size limit in an off-card reason: at the fuzz targets' sizes (a few hundred elements)
 /// no int32 or NRAM limit can be reached, so such a reason is a bug even where documented.
 fn size_limit(why: &str) -> bool {
     static LIMIT: OnceLock<regex::Regex> = OnceLock::new();
-    LIMIT.get_or_init(|| regex::Regex::new(r"int32|int range|2\^31|beyond the library's int|NRAM").expect("a valid pattern")).is_match(why)
+    LIMIT
+        .get_or_init(|| {
+            regex::Regex::new(r"int32|int range|2\^31|beyond the library's int|NRAM")
+                .expect("a valid pattern")
+        })
+        .is_match(why)
 }
 
 /// The reasons a valid node may run off the card, each stated in the docs: the session
@@ -130,8 +140,12 @@ fn documented(why: &str) -> bool {
     static RULES: OnceLock<(Vec<regex::Regex>, regex::Regex)> = OnceLock::new();
     let (rules, backend) = RULES.get_or_init(|| {
         let list: Vec<HashMap<String, String>> =
-            serde_json::from_str(include_str!("../../tests/fuzz/offcard.json")).expect("tests/fuzz/offcard.json parses");
-        let rules = list.iter().map(|r| regex::Regex::new(&r["reason"]).expect("a valid pattern")).collect();
+            serde_json::from_str(include_str!("../../tests/fuzz/offcard.json"))
+                .expect("tests/fuzz/offcard.json parses");
+        let rules = list
+            .iter()
+            .map(|r| regex::Regex::new(&r["reason"]).expect("a valid pattern"))
+            .collect();
         // Each backend's part of a reason ("mluops: ...; bang: ...") must be documented.
         (rules, regex::Regex::new(r"; (mluops|bang): ").expect("a valid pattern"))
     });
@@ -150,8 +164,14 @@ fn documented(why: &str) -> bool {
 static OFF_CARD: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 
 fn off_card(op: &str, why: &str) {
-    assert!(documented(why), "{op}: a valid node ran off the card for a reason the docs do not state: {why}");
-    assert!(!size_limit(why), "{op}: a valid node of a few elements ran off the card for a size limit: {why}");
+    assert!(
+        documented(why),
+        "{op}: a valid node ran off the card for a reason the docs do not state: {why}"
+    );
+    assert!(
+        !size_limit(why),
+        "{op}: a valid node of a few elements ran off the card for a size limit: {why}"
+    );
     let mut text = String::new();
     for ch in why.chars() {
         match (ch.is_ascii_digit(), text.ends_with('N')) {
@@ -180,7 +200,10 @@ fn report(cases: u64) {
         );
         for (o, order) in ORDERS.iter().enumerate() {
             let (card, host) = (c[2 + 3 * o], c[3 + 3 * o]);
-            assert!(card > 0 || host == 0, "{order:?}: {host} claimed nodes, none of them ran on the card");
+            assert!(
+                card > 0 || host == 0,
+                "{order:?}: {host} claimed nodes, none of them ran on the card"
+            );
         }
         let mut seen = OFF_CARD.lock().unwrap_or_else(|e| e.into_inner()).clone();
         seen.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
@@ -196,11 +219,17 @@ pub fn attrs(attrs: &[(&str, AttrValue)]) -> HashMap<String, AttrValue> {
 }
 
 /// The CPU kernel through the registry, as the custom-op host builds it.
-fn cpu(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tensor>], par: &dyn Parallel) -> Result<Vec<Tensor>, String> {
+fn cpu(
+    op: &str,
+    attrs: &HashMap<String, AttrValue>,
+    inputs: &[Option<Tensor>],
+    par: &dyn Parallel,
+) -> Result<Vec<Tensor>, String> {
     let schema = ops::schema(op);
     let entry = ops::entry(op).expect("a registered operator");
     let kernel = (entry.create)(&Attrs::new(schema, attrs)).map_err(|e| e.to_string())?;
-    let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
+    let refs: Vec<Option<TensorRef<'_>>> =
+        inputs.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
     let inputs = Inputs::new(schema.input_names(), refs).map_err(|e| e.to_string())?;
     let mut host = OwnedOutputs::named(schema.output_names());
     kernel.compute(&inputs, &mut host, par).map_err(|e| e.to_string())?;
@@ -211,8 +240,12 @@ fn cpu(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tensor>], 
 /// NaN payload).
 pub fn bits(t: &Tensor) -> Vec<u64> {
     match &t.data {
-        OwnedData::F32(v) => v.iter().map(|x| if x.is_nan() { 1 << 32 } else { u64::from(x.to_bits()) }).collect(),
-        OwnedData::F16(v) => v.iter().map(|x| if x.is_nan() { 1 << 32 } else { u64::from(x.to_bits()) }).collect(),
+        OwnedData::F32(v) => {
+            v.iter().map(|x| if x.is_nan() { 1 << 32 } else { u64::from(x.to_bits()) }).collect()
+        }
+        OwnedData::F16(v) => {
+            v.iter().map(|x| if x.is_nan() { 1 << 32 } else { u64::from(x.to_bits()) }).collect()
+        }
         OwnedData::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
         OwnedData::I64(v) => v.iter().map(|&x| x as u64).collect(),
     }
@@ -267,7 +300,12 @@ fn same_outputs(what: &str, got: &[Tensor], want: &[Tensor], class: Class) {
 /// on the emulated card through the provider's node runner, when its placement would claim
 /// the node. A card result must match the CPU's (`class`), a card error must be the CPU's
 /// error word for word. Returns the CPU result.
-pub fn check(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tensor>], class: Class) -> Result<Vec<Tensor>, String> {
+pub fn check(
+    op: &str,
+    attrs: &HashMap<String, AttrValue>,
+    inputs: &[Option<Tensor>],
+    class: Class,
+) -> Result<Vec<Tensor>, String> {
     let cases = count(CASES);
     report(cases);
     let serial = cpu(op, attrs, inputs, &Serial);
@@ -282,14 +320,20 @@ pub fn check(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tens
     }
     let Some(create) = ops::entry(op).and_then(|e| e.create_card) else { return serial };
     let card = card();
-    let shapes: Vec<Option<Vec<Option<usize>>>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| t.shape.iter().map(|&d| Some(d)).collect())).collect();
+    let shapes: Vec<Option<Vec<Option<usize>>>> = inputs
+        .iter()
+        .map(|t| t.as_ref().map(|t| t.shape.iter().map(|&d| Some(d)).collect()))
+        .collect();
     for (o, &order) in ORDERS.iter().enumerate() {
         let backends = CardBackends { order, mluops: card.mluops.clone() };
         let slot = 2 + 3 * o;
         let node = match create(&Attrs::new(ops::schema(op), attrs), &backends) {
             Err(e) => {
-                assert_eq!(Err(&e.to_string()), serial.as_ref().map(|_| ()), "{op} on {order:?}: the descriptor's error");
+                assert_eq!(
+                    Err(&e.to_string()),
+                    serial.as_ref().map(|_| ()),
+                    "{op} on {order:?}: the descriptor's error"
+                );
                 continue;
             }
             Ok(node) => node,
@@ -312,7 +356,9 @@ pub fn check(op: &str, attrs: &HashMap<String, AttrValue>, inputs: &[Option<Tens
                 same_outputs(&what, &got, want, class);
             }
             (Err(e), Err(want)) => assert_eq!(&e.to_string(), want, "{what}: the error"),
-            (got, want) => panic!("{what}: the card gave {:?}, the CPU {want:?}", got.map(|(_, ran)| ran)),
+            (got, want) => {
+                panic!("{what}: the card gave {:?}, the CPU {want:?}", got.map(|(_, ran)| ran))
+            }
         }
     }
     serial

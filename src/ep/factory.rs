@@ -8,7 +8,9 @@ use super::provider::Ep;
 use super::{EP_NAME, OPTION_PREFIX, VENDOR, VENDOR_ID};
 use crate::error::{Error, Result};
 use crate::ffi::device::{self as ort_device, Pairs};
-use crate::ffi::ep_abi::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl};
+use crate::ffi::ep_abi::{
+    OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtKernelRegistry, OrtMemoryDevice, OrtSyncStreamImpl,
+};
 use crate::ffi::registry::KernelRegistry;
 use crate::ffi::{INFO, Logger, WARNING, cstring, custom_op, guard, version};
 use crate::mlu::{Device, cnrt, emulator};
@@ -82,7 +84,8 @@ fn discover(logger: Logger) -> Vec<(u32, Arc<Device>)> {
     if std::env::var("MLU_EP_EMULATE").is_ok_and(|v| v == "1") {
         match emulator::device() {
             Ok(d) => cards.push((cards.len() as u32, d)),
-            Err(e) => logger.log(WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}")),
+            Err(e) => logger
+                .log(WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}")),
         }
     }
     if cards.is_empty() {
@@ -102,7 +105,14 @@ impl Factory {
                 ("nram_bytes", d.nram_bytes.to_string()),
                 ("clusters", d.clusters.to_string()),
                 ("cores_per_cluster", d.cores_per_cluster.to_string()),
-                ("Description", if d.emulated { "Cambricon MLU (emulated on the host)".into() } else { format!("Cambricon MLU {}", d.arch) }),
+                (
+                    "Description",
+                    if d.emulated {
+                        "Cambricon MLU (emulated on the host)".into()
+                    } else {
+                        format!("Cambricon MLU {}", d.arch)
+                    },
+                ),
             ]);
             let hardware = ort_device::hardware_device(VENDOR_ID, id, VENDOR, &metadata)?;
             let memory_info = match memory::memory_info(id) {
@@ -193,20 +203,33 @@ impl Factory {
 
     /// The card an EP should use: the `device_id` option when given, else the selected
     /// hardware device, else the first card.
-    fn pick(&self, devices: &[*const OrtHardwareDevice], options: *const OrtSessionOptions) -> Result<&CardEntry> {
+    fn pick(
+        &self,
+        devices: &[*const OrtHardwareDevice],
+        options: *const OrtSessionOptions,
+    ) -> Result<&CardEntry> {
         let key = format!("{OPTION_PREFIX}device_id");
         // SAFETY: options is null or the live session options of CreateEp.
         if let Some(v) = unsafe { ort_device::session_entry(options, &key) }? {
             let id: u32 = v.trim().parse().map_err(|_| {
-                Error::attribute(format!("{EP_NAME} option device_id"), format!("'{v}' is not a device number"))
+                Error::attribute(
+                    format!("{EP_NAME} option device_id"),
+                    format!("'{v}' is not a device number"),
+                )
             })?;
             return self.cards.iter().find(|c| c.id == id).ok_or_else(|| {
                 let ids: Vec<u32> = self.cards.iter().map(|c| c.id).collect();
-                Error::attribute(format!("{EP_NAME} option device_id"), format!("no MLU card {id}; this process has cards {ids:?}"))
+                Error::attribute(
+                    format!("{EP_NAME} option device_id"),
+                    format!("no MLU card {id}; this process has cards {ids:?}"),
+                )
             });
         }
-        let selected = devices.iter().find_map(|&h| self.cards.iter().find(|c| c.hardware.cast_const() == h));
-        selected.or(self.cards.first()).ok_or_else(|| Error::Runtime(format!("{EP_NAME}: no MLU device")))
+        let selected =
+            devices.iter().find_map(|&h| self.cards.iter().find(|c| c.hardware.cast_const() == h));
+        selected
+            .or(self.cards.first())
+            .ok_or_else(|| Error::Runtime(format!("{EP_NAME}: no MLU device")))
     }
 }
 
@@ -240,8 +263,9 @@ unsafe extern "system" fn get_supported_devices(
             let metadata = Pairs::new(&[("card", card.id.to_string())]);
             // SAFETY: f is this factory, card.hardware a live hardware device, and the memory
             // info lives as long as the factory.
-            let device = unsafe { ort_device::ep_device(f, card.hardware, &metadata, card.memory_info) }
-                .map_err(|e| Error::Runtime(format!("{EP_NAME}: {e}")))?;
+            let device =
+                unsafe { ort_device::ep_device(f, card.hardware, &metadata, card.memory_info) }
+                    .map_err(|e| Error::Runtime(format!("{EP_NAME}: {e}")))?;
             // SAFETY: ep_devices has max_ep_devices slots and n < max_ep_devices.
             unsafe { *ep_devices.add(n) = device };
             n += 1;
@@ -300,14 +324,21 @@ fn backends(options: *const OrtSessionOptions) -> Result<CardBackends> {
             None => ("auto".to_owned(), "default"),
         },
     };
-    let order = Backend::order(&value).map_err(|why| Error::attribute(format!("{EP_NAME} {from}"), why.to_string()))?;
+    let order = Backend::order(&value)
+        .map_err(|why| Error::attribute(format!("{EP_NAME} {from}"), why.to_string()))?;
     if !order.contains(&Backend::MluOps) {
-        return Ok(CardBackends { order, mluops: Err(Error::declined(format!("{from} = {value}"))) });
+        return Ok(CardBackends {
+            order,
+            mluops: Err(Error::declined(format!("{from} = {value}"))),
+        });
     }
     let explicit = option("mluops_library")?.or_else(|| env("MLU_EP_MLUOPS_LIBRARY"));
     let mluops = mluops::open(explicit.as_deref());
     if let (Err(why), false) = (&mluops, order.contains(&Backend::Bang)) {
-        return Err(Error::attribute(format!("{EP_NAME} {from}"), format!("{value} asks for MLU-OPS, which is not usable: {why}")));
+        return Err(Error::attribute(
+            format!("{EP_NAME} {from}"),
+            format!("{value} asks for MLU-OPS, which is not usable: {why}"),
+        ));
     }
     Ok(CardBackends { order, mluops })
 }
@@ -330,9 +361,14 @@ unsafe extern "system" fn create_allocator(
     guard("MLUExecutionProvider CreateAllocator", || {
         let card = factory.cards.iter().find(|c| {
             // SAFETY: info is a live memory info ORT passed in; ours live with the factory.
-            c.memory_info.cast_const() == info || unsafe { ort_device::same_memory_device(c.memory_info, info) }
+            c.memory_info.cast_const() == info
+                || unsafe { ort_device::same_memory_device(c.memory_info, info) }
         });
-        let c = card.ok_or_else(|| Error::Argument(format!("{EP_NAME}: CreateAllocator for a memory info that is not an MLU card's")))?;
+        let c = card.ok_or_else(|| {
+            Error::Argument(format!(
+                "{EP_NAME}: CreateAllocator for a memory info that is not an MLU card's"
+            ))
+        })?;
         factory.refuse_if_released().map_err(|e| Error::Runtime(e.to_string()))?;
         // SAFETY: ORT's out pointer; released by release_allocator.
         unsafe { *out = Allocator::new(c.memory_info, Arc::clone(&c.device)).into_raw() };
@@ -348,7 +384,10 @@ unsafe extern "system" fn release_allocator(_: *mut OrtEpFactory, allocator: *mu
     let _ = std::panic::catch_unwind(|| unsafe { Allocator::release(allocator) });
 }
 
-unsafe extern "system" fn create_data_transfer(f: *mut OrtEpFactory, out: *mut *mut OrtDataTransferImpl) -> OrtStatusPtr {
+unsafe extern "system" fn create_data_transfer(
+    f: *mut OrtEpFactory,
+    out: *mut *mut OrtDataTransferImpl,
+) -> OrtStatusPtr {
     guard("MLUExecutionProvider CreateDataTransfer", || {
         // SAFETY: ORT's out pointer; the transfer lives as long as the factory.
         unsafe { *out = this(f).transfer.as_raw() };
@@ -381,7 +420,11 @@ unsafe extern "system" fn get_num_domains(_: *mut OrtEpFactory, count: *mut usiz
     })
 }
 
-unsafe extern "system" fn get_domains(_: *mut OrtEpFactory, domains: *mut *mut OrtCustomOpDomain, count: usize) -> OrtStatusPtr {
+unsafe extern "system" fn get_domains(
+    _: *mut OrtEpFactory,
+    domains: *mut *mut OrtCustomOpDomain,
+    count: usize,
+) -> OrtStatusPtr {
     guard("MLUExecutionProvider GetCustomOpDomains", || {
         if count < 1 {
             return Err(Error::Argument("GetCustomOpDomains: room for 0 domains, 1 needed".into()));

@@ -30,16 +30,38 @@ use std::sync::Arc;
 /// copies move bytes of any type.
 pub fn registry() -> Result<KernelRegistry> {
     let registry = KernelRegistry::new()?;
-    let add = |op: &str, domain: &str, host: HostSide, create: OrtKernelCreateFunc, state: *const c_void| {
+    let add = |op: &str,
+               domain: &str,
+               host: HostSide,
+               create: OrtKernelCreateFunc,
+               state: *const c_void| {
         // SAFETY: each `create` below takes the state it is registered with, a 'static
         // OpEntry or Direction.
         unsafe { registry.add(op, domain, EP_NAME, host, create, state.cast_mut()) }
     };
     for entry in ALL.iter().filter(|e| e.create_card.is_some()) {
-        add(entry.name, schema::DOMAIN, HostSide::None, create_kernel, (entry as *const OpEntry).cast())?;
+        add(
+            entry.name,
+            schema::DOMAIN,
+            HostSide::None,
+            create_kernel,
+            (entry as *const OpEntry).cast(),
+        )?;
     }
-    add("MemcpyFromHost", "", HostSide::Input0, create_memcpy, (&TO_DEVICE as *const Direction).cast())?;
-    add("MemcpyToHost", "", HostSide::Output0, create_memcpy, (&TO_HOST as *const Direction).cast())?;
+    add(
+        "MemcpyFromHost",
+        "",
+        HostSide::Input0,
+        create_memcpy,
+        (&TO_DEVICE as *const Direction).cast(),
+    )?;
+    add(
+        "MemcpyToHost",
+        "",
+        HostSide::Output0,
+        create_memcpy,
+        (&TO_HOST as *const Direction).cast(),
+    )?;
     Ok(registry)
 }
 
@@ -60,14 +82,19 @@ fn kernel_ep(info: KernelInfo<'_>) -> Result<*const Ep> {
     Ok(info.ep()?.cast())
 }
 
-unsafe extern "system" fn create_memcpy(state: *mut c_void, info: *const OrtKernelInfo, out: *mut *mut OrtKernelImpl) -> OrtStatusPtr {
+unsafe extern "system" fn create_memcpy(
+    state: *mut c_void,
+    info: *const OrtKernelInfo,
+    out: *mut *mut OrtKernelImpl,
+) -> OrtStatusPtr {
     // SAFETY: `state` is TO_DEVICE or TO_HOST.
     let dir = unsafe { *(state as *const Direction) };
     // SAFETY: info is live during kernel creation.
     let info = unsafe { KernelInfo::from_raw(info) };
     guard("MLUExecutionProvider Memcpy", || {
         let ep = kernel_ep(info).map_err(|e| Error::Runtime(format!("{EP_NAME} Memcpy: {e}")))?;
-        let k = Box::new(MemcpyKernel { base: kernel_impl(memcpy_compute, memcpy_release), dir, ep });
+        let k =
+            Box::new(MemcpyKernel { base: kernel_impl(memcpy_compute, memcpy_release), dir, ep });
         // SAFETY: ORT's out pointer; freed by memcpy_release.
         unsafe { *out = Box::into_raw(k).cast() };
         Ok(())
@@ -83,7 +110,8 @@ unsafe extern "system" fn memcpy_release(this: *mut OrtKernelImpl) {
 
 impl MemcpyKernel {
     fn run(&self, ctx: KernelContext<'_>) -> Result<()> {
-        let input = ctx.input(0)?.ok_or_else(|| Error::Runtime("Memcpy without an input".into()))?;
+        let input =
+            ctx.input(0)?.ok_or_else(|| Error::Runtime("Memcpy without an input".into()))?;
         let (_, dims) = input.type_and_shape()?;
         let output = ctx.output(0, dims)?;
         let bytes = input.size_in_bytes()?;
@@ -94,12 +122,17 @@ impl MemcpyKernel {
     }
 }
 
-unsafe extern "system" fn memcpy_compute(this: *mut OrtKernelImpl, ctx: *mut OrtKernelContext) -> OrtStatusPtr {
+unsafe extern "system" fn memcpy_compute(
+    this: *mut OrtKernelImpl,
+    ctx: *mut OrtKernelContext,
+) -> OrtStatusPtr {
     // SAFETY: `this` is a MemcpyKernel made by create_memcpy.
     let k = unsafe { &*(this as *const MemcpyKernel) };
     // SAFETY: ctx is the live context of this call.
     let ctx = unsafe { KernelContext::from_raw(ctx) };
-    guard("MLUExecutionProvider Memcpy", || k.run(ctx).map_err(|e| Error::Runtime(format!("{EP_NAME} {:?}: {e}", k.dir))))
+    guard("MLUExecutionProvider Memcpy", || {
+        k.run(ctx).map_err(|e| Error::Runtime(format!("{EP_NAME} {:?}: {e}", k.dir)))
+    })
 }
 
 fn kernel_impl(
@@ -129,7 +162,11 @@ struct EpKernel {
     ep: *const Ep,
 }
 
-unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKernelInfo, out: *mut *mut OrtKernelImpl) -> OrtStatusPtr {
+unsafe extern "system" fn create_kernel(
+    state: *mut c_void,
+    info: *const OrtKernelInfo,
+    out: *mut *mut OrtKernelImpl,
+) -> OrtStatusPtr {
     // SAFETY: `state` is the 'static OpEntry registered with this function.
     let entry = unsafe { &*(state as *const OpEntry) };
     // SAFETY: info is live during kernel creation.
@@ -139,13 +176,22 @@ unsafe extern "system" fn create_kernel(state: *mut c_void, info: *const OrtKern
         let schema = crate::ops::schema(entry.name);
         let node = || -> Result<(CardNode, *const Ep)> {
             let ep = kernel_ep(info)?;
-            let create_card = entry.create_card.ok_or_else(|| Error::Runtime("no card backend runs this operator".into()))?;
+            let create_card = entry
+                .create_card
+                .ok_or_else(|| Error::Runtime("no card backend runs this operator".into()))?;
             let source = info.attributes();
             // SAFETY: the EP outlives the kernels of its sessions.
             Ok((create_card(&Attrs::new(schema, &source), unsafe { &*ep }.backends())?, ep))
         };
         let (node, ep) = node().map_err(|e| e.at(entry.name, &node_name))?;
-        let k = Box::new(EpKernel { base: kernel_impl(compute, release), op: entry.name, node_name, schema, node, ep });
+        let k = Box::new(EpKernel {
+            base: kernel_impl(compute, release),
+            op: entry.name,
+            node_name,
+            schema,
+            node,
+            ep,
+        });
         // SAFETY: ORT's out pointer; the box is freed by `release`.
         unsafe { *out = Box::into_raw(k).cast() };
         Ok(())
@@ -174,7 +220,8 @@ struct CardOutputs<'a> {
 
 impl DeviceOutputs for CardOutputs<'_> {
     fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void> {
-        let name = self.schema.outputs.get(index).map_or_else(|| format!("#{index}"), |f| f.name.clone());
+        let name =
+            self.schema.outputs.get(index).map_or_else(|| format!("#{index}"), |f| f.name.clone());
         self.output_bytes = self.output_bytes.saturating_add(spec.bytes());
         self.ctx.allocate(index, spec, &name, "card")
     }
@@ -193,19 +240,36 @@ impl EpKernel {
         let names = self.schema.input_names();
         let tensors = ctx.tensors(names.len())?;
         let queue = ep.queue()?;
-        let mut card =
-            CardOutputs { ctx, schema: self.schema, device: Arc::clone(device), scratch: Vec::new(), output_bytes: 0 };
+        let mut card = CardOutputs {
+            ctx,
+            schema: self.schema,
+            device: Arc::clone(device),
+            scratch: Vec::new(),
+            output_bytes: 0,
+        };
         // Synchronises the queue on every path (ops::device's rule).
         let (ran, result) = self.node.run(device, &queue, names, &tensors, &mut card);
         ep.recycle(queue);
         // A run that failed on a path is logged and counted as that path's run.
         let Some(ran) = ran else { return result };
         ep.counts().ran(&ran);
-        let sizes = || tensors.iter().flatten().map(|t| format!("{:?}", t.shape)).collect::<Vec<_>>().join(", ");
+        let sizes = || {
+            tensors
+                .iter()
+                .flatten()
+                .map(|t| format!("{:?}", t.shape))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match &ran {
             Ran::Host(why) => ep.logger().log(
                 WARNING,
-                &format!("{EP_NAME}: mluops.{} node '{}' ran on the host CPU (inputs {}): {why}", self.op, self.node_name, sizes()),
+                &format!(
+                    "{EP_NAME}: mluops.{} node '{}' ran on the host CPU (inputs {}): {why}",
+                    self.op,
+                    self.node_name,
+                    sizes()
+                ),
             ),
             Ran::Card(b, declined) if !declined.is_empty() => {
                 ep.logger().log(
@@ -223,19 +287,31 @@ impl EpKernel {
             Ran::Card(..) => {}
         }
         if let Some(before) = before {
-            let inputs: usize = tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
+            let inputs: usize =
+                tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
             let (backend, why) = match &ran {
                 Ran::Card(b, _) => (b.name(), None),
                 Ran::Host(why) => ("cpu", Some(why.as_str())),
             };
             let spent = device.traffic().since(&before);
-            traffic::record(self.op, &self.node_name, backend, why, result.is_err(), &spent, inputs + card.output_bytes);
+            traffic::record(
+                self.op,
+                &self.node_name,
+                backend,
+                why,
+                result.is_err(),
+                &spent,
+                inputs + card.output_bytes,
+            );
         }
         result
     }
 }
 
-unsafe extern "system" fn compute(this: *mut OrtKernelImpl, ctx: *mut OrtKernelContext) -> OrtStatusPtr {
+unsafe extern "system" fn compute(
+    this: *mut OrtKernelImpl,
+    ctx: *mut OrtKernelContext,
+) -> OrtStatusPtr {
     // SAFETY: `this` is a EpKernel made by create_kernel; compute only needs shared access.
     let k = unsafe { &*(this as *const EpKernel) };
     // SAFETY: ctx is the live context of this call.

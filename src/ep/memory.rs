@@ -10,8 +10,8 @@ use crate::ffi::kernel::Value;
 use crate::ffi::{guard, version};
 use crate::mlu::{Buffer, Device, Direction};
 use ort_sys::{
-    OrtAllocator, OrtDeviceMemoryType, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtStatusPtr, OrtSyncStream,
-    OrtValue,
+    OrtAllocator, OrtDeviceMemoryType, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtStatusPtr,
+    OrtSyncStream, OrtValue,
 };
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -163,7 +163,9 @@ impl Transfer {
         let (bytes, dst_bytes) = (src.size_in_bytes()?, dst.size_in_bytes()?);
         let (s, d) = (src.data()?, dst.data()?);
         if bytes != dst_bytes {
-            return Err(Error::Runtime(format!("MLU copy: source has {bytes} bytes, destination {dst_bytes}")));
+            return Err(Error::Runtime(format!(
+                "MLU copy: source has {bytes} bytes, destination {dst_bytes}"
+            )));
         }
         if bytes == 0 {
             return Ok(());
@@ -177,7 +179,12 @@ impl Transfer {
                 unsafe { std::ptr::copy_nonoverlapping(s.cast::<u8>(), d.cast::<u8>(), bytes) };
                 return Ok(());
             }
-            other => return Err(Error::Runtime(format!("MLU data transfer cannot copy {:?} -> {:?}", other.0, other.1))),
+            other => {
+                return Err(Error::Runtime(format!(
+                    "MLU data transfer cannot copy {:?} -> {:?}",
+                    other.0, other.1
+                )));
+            }
         };
         // SAFETY: both pointers are tensor buffers of `bytes` bytes on the sides `dir` names.
         unsafe { self.cards[card].1.copy_raw(d, s, bytes, dir) }
@@ -186,7 +193,11 @@ impl Transfer {
 
 unsafe extern "system" fn release_transfer(_: *mut OrtDataTransferImpl) {}
 
-unsafe extern "system" fn can_copy(this: *const OrtDataTransferImpl, src: *const OrtMemoryDevice, dst: *const OrtMemoryDevice) -> bool {
+unsafe extern "system" fn can_copy(
+    this: *const OrtDataTransferImpl,
+    src: *const OrtMemoryDevice,
+    dst: *const OrtMemoryDevice,
+) -> bool {
     let t = transfer(this);
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         matches!(

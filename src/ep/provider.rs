@@ -4,11 +4,11 @@
 
 use super::EP_NAME;
 use super::factory::Factory;
+use super::traffic;
 use crate::error::{Error, Result};
 use crate::ffi::ep_abi::{OrtEp, OrtEpGraphSupportInfo, OrtKernelRegistry};
 use crate::ffi::graph::{Graph, Node, SupportInfo};
 use crate::ffi::{INFO, Logger, WARNING, cstring, guard, version};
-use super::traffic;
 use crate::mlu::{Device, Queue, Traffic};
 use crate::ops;
 use crate::ops::device::{Backend, CardBackends, Ran};
@@ -98,7 +98,13 @@ fn this<'a>(ep: *const OrtEp) -> &'a Ep {
 }
 
 impl Ep {
-    pub fn new(factory: *const Factory, device: Arc<Device>, card: u32, logger: Logger, backends: CardBackends) -> Box<Self> {
+    pub fn new(
+        factory: *const Factory,
+        device: Arc<Device>,
+        card: u32,
+        logger: Logger,
+        backends: CardBackends,
+    ) -> Box<Self> {
         let base = OrtEp {
             ort_version_supported: version(),
             GetName: Some(get_name),
@@ -134,14 +140,21 @@ impl Ep {
             Ok(lib) => format!("{lib:?}"),
             Err(why) => format!("not in use: {why}"),
         };
-        logger.log(INFO, &format!("{EP_NAME} card backends, in order: {}; MLU-OPS: {mluops}", order.join(", ")));
+        logger.log(
+            INFO,
+            &format!("{EP_NAME} card backends, in order: {}; MLU-OPS: {mluops}", order.join(", ")),
+        );
         let d = &ep.device.info;
         logger.log(
             INFO,
             &format!(
                 "{EP_NAME} created on card {card}: {} ({}), {} clusters x {} cores",
                 d.arch,
-                if d.emulated { "emulated on the host, no MLU hardware" } else { "Cambricon runtime" },
+                if d.emulated {
+                    "emulated on the host, no MLU hardware"
+                } else {
+                    "Cambricon runtime"
+                },
                 d.clusters,
                 d.cores_per_cluster
             ),
@@ -208,12 +221,21 @@ impl Ep {
 
     /// The backend that takes `node`, or why none does.
     fn choice(&self, node: Node<'_>, op_type: &str) -> Result<(Backend, Vec<String>)> {
-        let entry = ops::entry(op_type).ok_or_else(|| Error::declined("not an operator of this library"))?;
-        let create_card =
-            entry.create_card.ok_or_else(|| Error::declined("no card backend runs this operator (its CPU kernel runs it)"))?;
-        let card = create_card(&Attrs::new(ops::schema(op_type), &node.attributes()), &self.backends)
-            .map_err(|e| Error::declined(format!("invalid attributes ({e}); the CPU kernel reports the error")))?;
-        let shapes = node.input_shapes().map_err(|m| Error::declined(format!("its input shapes cannot be read: {m}")))?;
+        let entry = ops::entry(op_type)
+            .ok_or_else(|| Error::declined("not an operator of this library"))?;
+        let create_card = entry.create_card.ok_or_else(|| {
+            Error::declined("no card backend runs this operator (its CPU kernel runs it)")
+        })?;
+        let card =
+            create_card(&Attrs::new(ops::schema(op_type), &node.attributes()), &self.backends)
+                .map_err(|e| {
+                    Error::declined(format!(
+                        "invalid attributes ({e}); the CPU kernel reports the error"
+                    ))
+                })?;
+        let shapes = node
+            .input_shapes()
+            .map_err(|m| Error::declined(format!("its input shapes cannot be read: {m}")))?;
         card.static_choice(&self.device.info, Some(&shapes))
     }
 }
@@ -229,13 +251,20 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> Result<()> {
         }
         let op_type = node.op_type()?;
         let name = node.name()?;
-        let choice =
-            if info.has_kernel(node)? { ep.choice(node, &op_type) } else { Err(Error::declined("no card kernel is registered for it")) };
+        let choice = if info.has_kernel(node)? {
+            ep.choice(node, &op_type)
+        } else {
+            Err(Error::declined("no card kernel is registered for it"))
+        };
         match choice {
             Ok((backend, passed_over)) => {
                 info.claim(node)?;
                 ep.counts.claimed[slot(backend)].fetch_add(1, Ordering::Relaxed);
-                let after = if passed_over.is_empty() { String::new() } else { format!(" (passed over: {})", passed_over.join("; ")) };
+                let after = if passed_over.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (passed over: {})", passed_over.join("; "))
+                };
                 ep.logger.log(
                     INFO,
                     &format!(
@@ -248,34 +277,52 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> Result<()> {
             Err(why) => {
                 let decline = json!({"op": op_type, "node": name, "why": why.to_string()});
                 ep.counts.declines.lock().unwrap_or_else(|e| e.into_inner()).push(decline);
-                ep.logger.log(WARNING, &format!("{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"));
+                ep.logger.log(
+                    WARNING,
+                    &format!(
+                        "{EP_NAME} declines mluops.{op_type} node '{name}' (it runs on CPU): {why}"
+                    ),
+                );
             }
         }
     }
     Ok(())
 }
 
-unsafe extern "system" fn get_capability(ep: *mut OrtEp, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo) -> OrtStatusPtr {
+unsafe extern "system" fn get_capability(
+    ep: *mut OrtEp,
+    graph: *const OrtGraph,
+    info: *mut OrtEpGraphSupportInfo,
+) -> OrtStatusPtr {
     let ep = this(ep);
     // SAFETY: ORT's graph and support info, live for this call.
     let (graph, info) = unsafe { (Graph::from_raw(graph), SupportInfo::from_raw(info)) };
     guard("MLUExecutionProvider GetCapability", || {
-        capability(ep, graph, info).map_err(|m| Error::Runtime(format!("{EP_NAME} GetCapability: {m}")))
+        capability(ep, graph, info)
+            .map_err(|m| Error::Runtime(format!("{EP_NAME} GetCapability: {m}")))
     })
 }
 
-unsafe extern "system" fn get_kernel_registry(ep: *mut OrtEp, out: *mut *const OrtKernelRegistry) -> OrtStatusPtr {
+unsafe extern "system" fn get_kernel_registry(
+    ep: *mut OrtEp,
+    out: *mut *const OrtKernelRegistry,
+) -> OrtStatusPtr {
     let ep = this(ep);
     guard("MLUExecutionProvider GetKernelRegistry", || {
         // SAFETY: the factory outlives the EPs it creates.
-        let r = unsafe { &*ep.factory }.registry().map_err(|e| Error::Runtime(format!("{EP_NAME}: kernel registry: {e}")))?;
+        let r = unsafe { &*ep.factory }
+            .registry()
+            .map_err(|e| Error::Runtime(format!("{EP_NAME}: kernel registry: {e}")))?;
         // SAFETY: ORT's out pointer.
         unsafe { *out = r };
         Ok(())
     })
 }
 
-unsafe extern "system" fn is_concurrent_run_supported(_: *mut OrtEp, out: *mut bool) -> OrtStatusPtr {
+unsafe extern "system" fn is_concurrent_run_supported(
+    _: *mut OrtEp,
+    out: *mut bool,
+) -> OrtStatusPtr {
     guard("MLUExecutionProvider IsConcurrentRunSupported", || {
         // SAFETY: ORT's out pointer. Every kernel call takes its own queue.
         unsafe { *out = true };

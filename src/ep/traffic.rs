@@ -35,7 +35,15 @@ pub fn traffic_json(t: &Traffic) -> serde_json::Value {
 
 /// Appends one node run's line (`why`: the reasons of a run-time fallback to the CPU;
 /// `failed`: the run ended in the node's error).
-pub fn record(op: &str, node: &str, backend: &str, why: Option<&str>, failed: bool, t: &Traffic, minimum: usize) {
+pub fn record(
+    op: &str,
+    node: &str,
+    backend: &str,
+    why: Option<&str>,
+    failed: bool,
+    t: &Traffic,
+    minimum: usize,
+) {
     let mut line = traffic_json(t);
     line["op"] = json!(op);
     line["node"] = json!(node);
@@ -56,7 +64,11 @@ pub fn append(line: &serde_json::Value) {
     let Some(path) = std::env::var_os("MLU_EP_TRAFFIC") else { return };
     let text = format!("{line}\n");
     let _one_writer = FILE.lock().unwrap_or_else(|e| e.into_inner());
-    let written = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(text.as_bytes()));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
     if let Err(e) = written {
         log::warn!("MLU_EP_TRAFFIC={}: {e}", path.to_string_lossy());
     }

@@ -50,18 +50,28 @@ fn answer<T>(read: Result<T>) -> Result<Option<T>> {
     }
 }
 
-fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrValue>> {
+fn from_kernel_info(
+    info: KernelInfo<'_>,
+    name: &CStr,
+    kind: AttrKind,
+) -> Result<Option<AttrValue>> {
     let (api, p, name) = (api(), info.ptr, name.as_ptr());
     match kind {
         AttrKind::Int => {
             let mut v = 0i64;
             // SAFETY: the info is live (Handle::from_raw's contract); valid out pointer.
-            answer(check(unsafe { (api.KernelInfoGetAttribute_int64)(p, name, &mut v) }).map(|()| AttrValue::Int(v)))
+            answer(
+                check(unsafe { (api.KernelInfoGetAttribute_int64)(p, name, &mut v) })
+                    .map(|()| AttrValue::Int(v)),
+            )
         }
         AttrKind::Float => {
             let mut v = 0f32;
             // SAFETY: as above.
-            answer(check(unsafe { (api.KernelInfoGetAttribute_float)(p, name, &mut v) }).map(|()| AttrValue::Float(v)))
+            answer(
+                check(unsafe { (api.KernelInfoGetAttribute_float)(p, name, &mut v) })
+                    .map(|()| AttrValue::Float(v)),
+            )
         }
         AttrKind::String => {
             let bytes = answer(read_bytes(|buf, size| {
@@ -73,15 +83,20 @@ fn from_kernel_info(info: KernelInfo<'_>, name: &CStr, kind: AttrKind) -> Result
         AttrKind::Ints => {
             let mut n = 0usize;
             // SAFETY: as above; a size query with a null buffer.
-            answer(check(unsafe { (api.KernelInfoGetAttributeArray_int64)(p, name, std::ptr::null_mut(), &mut n) }).and_then(
-                |()| {
+            answer(
+                check(unsafe {
+                    (api.KernelInfoGetAttributeArray_int64)(p, name, std::ptr::null_mut(), &mut n)
+                })
+                .and_then(|()| {
                     let mut v = vec![0i64; n];
                     // SAFETY: `v` holds `n` values, the size ORT reported.
-                    check(unsafe { (api.KernelInfoGetAttributeArray_int64)(p, name, v.as_mut_ptr(), &mut n) })?;
+                    check(unsafe {
+                        (api.KernelInfoGetAttributeArray_int64)(p, name, v.as_mut_ptr(), &mut n)
+                    })?;
                     v.truncate(n);
                     Ok(AttrValue::Ints(v))
-                },
-            ))
+                }),
+            )
         }
     }
 }
@@ -101,13 +116,24 @@ fn from_node(node: Node<'_>, name: &CStr, kind: AttrKind) -> Result<Option<AttrV
         return Err(Error::Runtime(format!("the node has {ty:?}")));
     }
     let bytes = read_op_attr(attr, ty)?;
-    let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect::<Vec<_>>();
+    let ints = || {
+        bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
+            .collect::<Vec<_>>()
+    };
     Ok(Some(match kind {
-        AttrKind::Int => AttrValue::Int(*ints().first().ok_or_else(|| Error::Runtime("empty int attribute".into()))?),
+        AttrKind::Int => AttrValue::Int(
+            *ints().first().ok_or_else(|| Error::Runtime("empty int attribute".into()))?,
+        ),
         AttrKind::Ints => AttrValue::Ints(ints()),
-        AttrKind::Float => {
-            AttrValue::Float(f32::from_ne_bytes(bytes.get(..4).ok_or_else(|| Error::Runtime("empty float attribute".into()))?.try_into().expect("4 bytes")))
-        }
+        AttrKind::Float => AttrValue::Float(f32::from_ne_bytes(
+            bytes
+                .get(..4)
+                .ok_or_else(|| Error::Runtime("empty float attribute".into()))?
+                .try_into()
+                .expect("4 bytes"),
+        )),
         AttrKind::String => AttrValue::String(attribute_text(bytes)?),
     }))
 }
@@ -140,12 +166,16 @@ fn read_op_attr(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; needed];
     let mut got = 0usize;
     // SAFETY: buf holds `needed` bytes.
-    match check(unsafe { (api.ReadOpAttr)(a, ty, buf.as_mut_ptr().cast::<c_void>(), needed, &mut got) }) {
+    match check(unsafe {
+        (api.ReadOpAttr)(a, ty, buf.as_mut_ptr().cast::<c_void>(), needed, &mut got)
+    }) {
         Ok(()) => {
             buf.truncate(got);
             Ok(buf)
         }
-        Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.is_some() => Ok(vec![0u8; needed]),
+        Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.is_some() => {
+            Ok(vec![0u8; needed])
+        }
         Err(e) => Err(e),
     }
 }
@@ -163,7 +193,10 @@ mod tests {
         assert!(kernel_info_lacks_it(&fail("No attribute with name:'stride'is defined.")));
         assert!(kernel_info_lacks_it(&fail("No attribute with this name is defined.")));
         assert!(!kernel_info_lacks_it(&fail("Attribute name and type don't match")));
-        let too_small = Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, message: "No attribute with name".into() };
+        let too_small = Error::Ort {
+            code: OrtErrorCode::ORT_INVALID_ARGUMENT,
+            message: "No attribute with name".into(),
+        };
         assert!(!kernel_info_lacks_it(&too_small), "only ORT_FAIL reports an absent attribute");
     }
 }

@@ -10,8 +10,8 @@ use crate::ops::{Kernel, OpEntry};
 use crate::schema::{self, Attrs, Schema};
 use ort_sys::{
     ONNXTensorElementDataType as Ty, OrtApi, OrtCustomOp, OrtCustomOpDomain,
-    OrtCustomOpInputOutputCharacteristic as Characteristic, OrtKernelContext, OrtKernelInfo, OrtMemType,
-    OrtStatusPtr,
+    OrtCustomOpInputOutputCharacteristic as Characteristic, OrtKernelContext, OrtKernelInfo,
+    OrtMemType, OrtStatusPtr,
 };
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::OnceLock;
@@ -66,7 +66,10 @@ unsafe extern "system" fn input_characteristic(op: *const OrtCustomOp, i: usize)
         _ => Characteristic::INPUT_OUTPUT_REQUIRED,
     }
 }
-unsafe extern "system" fn output_characteristic(op: *const OrtCustomOp, i: usize) -> Characteristic {
+unsafe extern "system" fn output_characteristic(
+    op: *const OrtCustomOp,
+    i: usize,
+) -> Characteristic {
     match this(op).schema.outputs.get(i) {
         Some(f) if f.optional => Characteristic::INPUT_OUTPUT_OPTIONAL,
         _ => Characteristic::INPUT_OUTPUT_REQUIRED,
@@ -99,8 +102,10 @@ unsafe extern "system" fn create_kernel(
     let info = unsafe { KernelInfo::from_raw(info) };
     guard(op.entry.name, || {
         let node = info.node_name();
-        let k = (op.entry.create)(&Attrs::new(op.schema, &info.attributes())).map_err(|e| e.at(op.entry.name, &node))?;
-        let boxed = Box::new(CustomKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
+        let k = (op.entry.create)(&Attrs::new(op.schema, &info.attributes()))
+            .map_err(|e| e.at(op.entry.name, &node))?;
+        let boxed =
+            Box::new(CustomKernel { op: op.entry.name, node, schema: op.schema, kernel: k });
         // SAFETY: `kernel` is ORT's out pointer; ORT hands the value back to compute and to
         // destroy, which frees it.
         unsafe { *kernel = Box::into_raw(boxed).cast() };
@@ -181,7 +186,9 @@ fn custom_ops() -> &'static [CustomOp] {
     OPS.get_or_init(|| {
         crate::ops::ALL
             .iter()
-            .flat_map(|e| crate::ops::schema(e.name).bindings().into_iter().map(move |b| custom_op(e, b)))
+            .flat_map(|e| {
+                crate::ops::schema(e.name).bindings().into_iter().map(move |b| custom_op(e, b))
+            })
             .collect()
     })
 }

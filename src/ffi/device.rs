@@ -6,8 +6,8 @@ use super::ep_abi::{OrtEpFactory, OrtMemoryDevice};
 use super::{api, check, checked, cstring, ep_api, read_string};
 use crate::error::Result;
 use ort_sys::{
-    OrtAllocatorType, OrtDeviceMemoryType, OrtEpDevice, OrtHardwareDevice, OrtHardwareDeviceType, OrtKeyValuePairs,
-    OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtSessionOptions,
+    OrtAllocatorType, OrtDeviceMemoryType, OrtEpDevice, OrtHardwareDevice, OrtHardwareDeviceType,
+    OrtKeyValuePairs, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtSessionOptions,
 };
 
 /// Key/value pairs for device and EP metadata, released on drop.
@@ -36,7 +36,12 @@ impl Drop for Pairs {
 
 /// A new NPU hardware device (ONNX Runtime's own discovery does not find MLU cards), kept
 /// by the caller until the factory is released.
-pub fn hardware_device(vendor_id: u32, device_id: u32, vendor: &str, metadata: &Pairs) -> Result<*mut OrtHardwareDevice> {
+pub fn hardware_device(
+    vendor_id: u32,
+    device_id: u32,
+    vendor: &str,
+    metadata: &Pairs,
+) -> Result<*mut OrtHardwareDevice> {
     let vendor = cstring(vendor);
     let mut hardware = std::ptr::null_mut();
     // SAFETY: valid strings and out pointer; ORT copies the metadata.
@@ -75,9 +80,13 @@ pub unsafe fn ep_device(
     let ep = ep_api();
     let mut device = std::ptr::null_mut();
     // SAFETY: caller contract; ORT copies the metadata.
-    checked("CreateEpDevice", unsafe { (ep.CreateEpDevice)(factory, hardware, metadata.0, std::ptr::null(), &mut device) })?;
+    checked("CreateEpDevice", unsafe {
+        (ep.CreateEpDevice)(factory, hardware, metadata.0, std::ptr::null(), &mut device)
+    })?;
     // SAFETY: device was just created; the memory info outlives it (caller contract).
-    if let Err(e) = checked("EpDevice_AddAllocatorInfo", unsafe { (ep.EpDevice_AddAllocatorInfo)(device, memory_info) }) {
+    if let Err(e) = checked("EpDevice_AddAllocatorInfo", unsafe {
+        (ep.EpDevice_AddAllocatorInfo)(device, memory_info)
+    }) {
         // SAFETY: not handed to ORT yet.
         unsafe { (ep.ReleaseEpDevice)(device) };
         return Err(e);
@@ -87,7 +96,12 @@ pub unsafe fn ep_device(
 
 /// The memory info `name` of an NPU (`vendor_id`, `device_id`) whose allocations are aligned
 /// to `alignment` bytes; ONNX Runtime does not copy it, so the caller keeps it alive.
-pub fn memory_info(name: &str, vendor_id: u32, device_id: u32, alignment: usize) -> Result<*mut OrtMemoryInfo> {
+pub fn memory_info(
+    name: &str,
+    vendor_id: u32,
+    device_id: u32,
+    alignment: usize,
+) -> Result<*mut OrtMemoryInfo> {
     let name = cstring(name);
     let mut info = std::ptr::null_mut();
     // SAFETY: name is a valid C string, `info` a valid out pointer.
@@ -113,7 +127,12 @@ pub fn memory_info(name: &str, vendor_id: u32, device_id: u32, alignment: usize)
 pub unsafe fn same_memory_device(a: *const OrtMemoryInfo, b: *const OrtMemoryInfo) -> bool {
     let ep = ep_api();
     // SAFETY: caller contract; the memory devices belong to the infos.
-    unsafe { (ep.MemoryDevice_AreEqual)((ep.MemoryInfo_GetMemoryDevice)(a), (ep.MemoryInfo_GetMemoryDevice)(b)) }
+    unsafe {
+        (ep.MemoryDevice_AreEqual)(
+            (ep.MemoryInfo_GetMemoryDevice)(a),
+            (ep.MemoryInfo_GetMemoryDevice)(b),
+        )
+    }
 }
 
 /// What a memory device is: its kind, memory type, vendor and device id.
@@ -145,7 +164,10 @@ impl MemoryDevice {
 ///
 /// # Safety
 /// `options` is null or live session options.
-pub unsafe fn session_entry(options: *const OrtSessionOptions, key: &str) -> Result<Option<String>> {
+pub unsafe fn session_entry(
+    options: *const OrtSessionOptions,
+    key: &str,
+) -> Result<Option<String>> {
     if options.is_null() {
         return Ok(None);
     }

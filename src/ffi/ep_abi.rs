@@ -9,12 +9,13 @@
 
 #![allow(non_snake_case, non_camel_case_types)]
 
-use ort_sys::{
-    ONNXTensorElementDataType, OrtAllocator, OrtCustomOpDomain, OrtDeviceMemoryType, OrtGraph, OrtHardwareDevice,
-    OrtHardwareDeviceType, OrtKernelContext, OrtKernelInfo, OrtKeyValuePairs, OrtLogger, OrtMemType, OrtMemoryInfo,
-    OrtMemoryInfoDeviceType, OrtNode, OrtRunOptions, OrtSessionOptions, OrtStatusPtr, OrtSyncStream, OrtValue,
-};
 use ort_sys::OrtEpDevice;
+use ort_sys::{
+    ONNXTensorElementDataType, OrtAllocator, OrtCustomOpDomain, OrtDeviceMemoryType, OrtGraph,
+    OrtHardwareDevice, OrtHardwareDeviceType, OrtKernelContext, OrtKernelInfo, OrtKeyValuePairs,
+    OrtLogger, OrtMemType, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtNode, OrtRunOptions,
+    OrtSessionOptions, OrtStatusPtr, OrtSyncStream, OrtValue,
+};
 use std::ffi::{c_char, c_int, c_void};
 
 macro_rules! opaque {
@@ -43,8 +44,11 @@ opaque!(
 /// A table slot this library never calls; declared only to keep the offsets right.
 pub type Unused = usize;
 
-pub type OrtKernelCreateFunc =
-    unsafe extern "system" fn(state: *mut c_void, info: *const OrtKernelInfo, kernel: *mut *mut OrtKernelImpl) -> OrtStatusPtr;
+pub type OrtKernelCreateFunc = unsafe extern "system" fn(
+    state: *mut c_void,
+    info: *const OrtKernelInfo,
+    kernel: *mut *mut OrtKernelImpl,
+) -> OrtStatusPtr;
 
 /// `OrtApi::GetEpApi()`: the 1.22..=1.24 members, in header order.
 #[repr(C)]
@@ -60,16 +64,25 @@ pub struct OrtEpApi {
     pub ReleaseEpDevice: unsafe extern "system" fn(device: *mut OrtEpDevice),
     // 1.23
     pub EpGraphSupportInfo_AddNodesToFuse: Unused,
-    pub EpGraphSupportInfo_AddSingleNode:
-        unsafe extern "system" fn(info: *mut OrtEpGraphSupportInfo, node: *const OrtNode) -> OrtStatusPtr,
+    pub EpGraphSupportInfo_AddSingleNode: unsafe extern "system" fn(
+        info: *mut OrtEpGraphSupportInfo,
+        node: *const OrtNode,
+    ) -> OrtStatusPtr,
     pub NodeComputeContext_NodeName: Unused,
-    pub EpDevice_AddAllocatorInfo:
-        unsafe extern "system" fn(device: *mut OrtEpDevice, memory_info: *const OrtMemoryInfo) -> OrtStatusPtr,
-    pub MemoryInfo_GetMemoryDevice: unsafe extern "system" fn(info: *const OrtMemoryInfo) -> *const OrtMemoryDevice,
-    pub Value_GetMemoryDevice: unsafe extern "system" fn(value: *const OrtValue) -> *const OrtMemoryDevice,
-    pub MemoryDevice_AreEqual: unsafe extern "system" fn(a: *const OrtMemoryDevice, b: *const OrtMemoryDevice) -> bool,
-    pub MemoryDevice_GetDeviceType: unsafe extern "system" fn(d: *const OrtMemoryDevice) -> OrtMemoryInfoDeviceType,
-    pub MemoryDevice_GetMemoryType: unsafe extern "system" fn(d: *const OrtMemoryDevice) -> OrtDeviceMemoryType,
+    pub EpDevice_AddAllocatorInfo: unsafe extern "system" fn(
+        device: *mut OrtEpDevice,
+        memory_info: *const OrtMemoryInfo,
+    ) -> OrtStatusPtr,
+    pub MemoryInfo_GetMemoryDevice:
+        unsafe extern "system" fn(info: *const OrtMemoryInfo) -> *const OrtMemoryDevice,
+    pub Value_GetMemoryDevice:
+        unsafe extern "system" fn(value: *const OrtValue) -> *const OrtMemoryDevice,
+    pub MemoryDevice_AreEqual:
+        unsafe extern "system" fn(a: *const OrtMemoryDevice, b: *const OrtMemoryDevice) -> bool,
+    pub MemoryDevice_GetDeviceType:
+        unsafe extern "system" fn(d: *const OrtMemoryDevice) -> OrtMemoryInfoDeviceType,
+    pub MemoryDevice_GetMemoryType:
+        unsafe extern "system" fn(d: *const OrtMemoryDevice) -> OrtDeviceMemoryType,
     pub MemoryDevice_GetVendorId: unsafe extern "system" fn(d: *const OrtMemoryDevice) -> u32,
     pub MemoryDevice_GetDeviceId: unsafe extern "system" fn(d: *const OrtMemoryDevice) -> u32,
     pub SyncStream_GetImpl: Unused,
@@ -85,7 +98,8 @@ pub struct OrtEpApi {
         device: *mut *mut OrtHardwareDevice,
     ) -> OrtStatusPtr,
     pub ReleaseHardwareDevice: unsafe extern "system" fn(device: *mut OrtHardwareDevice),
-    pub CreateKernelRegistry: unsafe extern "system" fn(registry: *mut *mut OrtKernelRegistry) -> OrtStatusPtr,
+    pub CreateKernelRegistry:
+        unsafe extern "system" fn(registry: *mut *mut OrtKernelRegistry) -> OrtStatusPtr,
     pub ReleaseKernelRegistry: unsafe extern "system" fn(registry: *mut OrtKernelRegistry),
     pub KernelRegistry_AddKernel: unsafe extern "system" fn(
         registry: *mut OrtKernelRegistry,
@@ -93,20 +107,36 @@ pub struct OrtEpApi {
         create: OrtKernelCreateFunc,
         state: *mut c_void,
     ) -> OrtStatusPtr,
-    pub CreateKernelDefBuilder: unsafe extern "system" fn(builder: *mut *mut OrtKernelDefBuilder) -> OrtStatusPtr,
+    pub CreateKernelDefBuilder:
+        unsafe extern "system" fn(builder: *mut *mut OrtKernelDefBuilder) -> OrtStatusPtr,
     pub ReleaseKernelDefBuilder: unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder),
-    pub KernelDefBuilder_SetOperatorType:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, op_type: *const c_char) -> OrtStatusPtr,
-    pub KernelDefBuilder_SetDomain:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, domain: *const c_char) -> OrtStatusPtr,
-    pub KernelDefBuilder_SetSinceVersion:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, start: c_int, end: c_int) -> OrtStatusPtr,
-    pub KernelDefBuilder_SetExecutionProvider:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, ep: *const c_char) -> OrtStatusPtr,
-    pub KernelDefBuilder_SetInputMemType:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, index: usize, mem: OrtMemType) -> OrtStatusPtr,
-    pub KernelDefBuilder_SetOutputMemType:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, index: usize, mem: OrtMemType) -> OrtStatusPtr,
+    pub KernelDefBuilder_SetOperatorType: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        op_type: *const c_char,
+    ) -> OrtStatusPtr,
+    pub KernelDefBuilder_SetDomain: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        domain: *const c_char,
+    ) -> OrtStatusPtr,
+    pub KernelDefBuilder_SetSinceVersion: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        start: c_int,
+        end: c_int,
+    ) -> OrtStatusPtr,
+    pub KernelDefBuilder_SetExecutionProvider: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        ep: *const c_char,
+    ) -> OrtStatusPtr,
+    pub KernelDefBuilder_SetInputMemType: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        index: usize,
+        mem: OrtMemType,
+    ) -> OrtStatusPtr,
+    pub KernelDefBuilder_SetOutputMemType: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        index: usize,
+        mem: OrtMemType,
+    ) -> OrtStatusPtr,
     pub KernelDefBuilder_AddTypeConstraint: unsafe extern "system" fn(
         builder: *mut OrtKernelDefBuilder,
         arg: *const c_char,
@@ -115,24 +145,32 @@ pub struct OrtEpApi {
     ) -> OrtStatusPtr,
     pub KernelDefBuilder_AddInputOutputAliases: Unused,
     pub KernelDefBuilder_AddInputOutputMutableAliases: Unused,
-    pub KernelDefBuilder_Build:
-        unsafe extern "system" fn(builder: *mut OrtKernelDefBuilder, def: *mut *mut OrtKernelDef) -> OrtStatusPtr,
+    pub KernelDefBuilder_Build: unsafe extern "system" fn(
+        builder: *mut OrtKernelDefBuilder,
+        def: *mut *mut OrtKernelDef,
+    ) -> OrtStatusPtr,
     pub ReleaseKernelDef: unsafe extern "system" fn(def: *mut OrtKernelDef),
-    pub KernelDef_GetOperatorType: unsafe extern "system" fn(def: *const OrtKernelDef) -> *const c_char,
+    pub KernelDef_GetOperatorType:
+        unsafe extern "system" fn(def: *const OrtKernelDef) -> *const c_char,
     pub KernelDef_GetDomain: Unused,
     pub KernelDef_GetSinceVersion: Unused,
     pub KernelDef_GetExecutionProvider: Unused,
     pub KernelDef_GetInputMemType: Unused,
     pub KernelDef_GetOutputMemType: Unused,
-    pub GetTensorDataType:
-        unsafe extern "system" fn(elem: ONNXTensorElementDataType, out: *mut *const OrtDataType) -> OrtStatusPtr,
+    pub GetTensorDataType: unsafe extern "system" fn(
+        elem: ONNXTensorElementDataType,
+        out: *mut *const OrtDataType,
+    ) -> OrtStatusPtr,
     pub EpGraphSupportInfo_LookUpKernel: unsafe extern "system" fn(
         info: *mut OrtEpGraphSupportInfo,
         node: *const OrtNode,
         def: *mut *const OrtKernelDef,
     ) -> OrtStatusPtr,
     pub SharedPrePackedWeightCache_StoreWeightData: Unused,
-    pub KernelInfo_GetEp: unsafe extern "system" fn(info: *const OrtKernelInfo, ep: *mut *const OrtEp) -> OrtStatusPtr,
+    pub KernelInfo_GetEp: unsafe extern "system" fn(
+        info: *const OrtKernelInfo,
+        ep: *mut *const OrtEp,
+    ) -> OrtStatusPtr,
 }
 
 /// The factory ONNX Runtime gets from `CreateEpFactories`: members up to 1.24.
@@ -176,9 +214,14 @@ pub struct OrtEpFactory {
             allocator: *mut *mut OrtAllocator,
         ) -> OrtStatusPtr,
     >,
-    pub ReleaseAllocator: Option<unsafe extern "system" fn(this: *mut OrtEpFactory, allocator: *mut OrtAllocator)>,
-    pub CreateDataTransfer:
-        Option<unsafe extern "system" fn(this: *mut OrtEpFactory, transfer: *mut *mut OrtDataTransferImpl) -> OrtStatusPtr>,
+    pub ReleaseAllocator:
+        Option<unsafe extern "system" fn(this: *mut OrtEpFactory, allocator: *mut OrtAllocator)>,
+    pub CreateDataTransfer: Option<
+        unsafe extern "system" fn(
+            this: *mut OrtEpFactory,
+            transfer: *mut *mut OrtDataTransferImpl,
+        ) -> OrtStatusPtr,
+    >,
     pub IsStreamAware: Option<unsafe extern "system" fn(this: *const OrtEpFactory) -> bool>,
     pub CreateSyncStreamForDevice: Option<
         unsafe extern "system" fn(
@@ -191,9 +234,15 @@ pub struct OrtEpFactory {
     // 1.24
     pub GetHardwareDeviceIncompatibilityDetails: Option<Unusedfn>,
     pub CreateExternalResourceImporterForDevice: Option<Unusedfn>,
-    pub GetNumCustomOpDomains: Option<unsafe extern "system" fn(this: *mut OrtEpFactory, count: *mut usize) -> OrtStatusPtr>,
+    pub GetNumCustomOpDomains: Option<
+        unsafe extern "system" fn(this: *mut OrtEpFactory, count: *mut usize) -> OrtStatusPtr,
+    >,
     pub GetCustomOpDomains: Option<
-        unsafe extern "system" fn(this: *mut OrtEpFactory, domains: *mut *mut OrtCustomOpDomain, count: usize) -> OrtStatusPtr,
+        unsafe extern "system" fn(
+            this: *mut OrtEpFactory,
+            domains: *mut *mut OrtCustomOpDomain,
+            count: usize,
+        ) -> OrtStatusPtr,
     >,
 }
 
@@ -208,23 +257,39 @@ pub struct OrtEp {
     pub GetName: Option<unsafe extern "system" fn(this: *const OrtEp) -> *const c_char>,
     // 1.23
     pub GetCapability: Option<
-        unsafe extern "system" fn(this: *mut OrtEp, graph: *const OrtGraph, info: *mut OrtEpGraphSupportInfo) -> OrtStatusPtr,
+        unsafe extern "system" fn(
+            this: *mut OrtEp,
+            graph: *const OrtGraph,
+            info: *mut OrtEpGraphSupportInfo,
+        ) -> OrtStatusPtr,
     >,
     pub Compile: Option<Unusedfn>,
     pub ReleaseNodeComputeInfos: Option<Unusedfn>,
     pub GetPreferredDataLayout: Option<Unusedfn>,
     pub ShouldConvertDataLayoutForOp: Option<Unusedfn>,
     pub SetDynamicOptions: Option<Unusedfn>,
-    pub OnRunStart: Option<unsafe extern "system" fn(this: *mut OrtEp, options: *const OrtRunOptions) -> OrtStatusPtr>,
-    pub OnRunEnd:
-        Option<unsafe extern "system" fn(this: *mut OrtEp, options: *const OrtRunOptions, sync: bool) -> OrtStatusPtr>,
+    pub OnRunStart: Option<
+        unsafe extern "system" fn(this: *mut OrtEp, options: *const OrtRunOptions) -> OrtStatusPtr,
+    >,
+    pub OnRunEnd: Option<
+        unsafe extern "system" fn(
+            this: *mut OrtEp,
+            options: *const OrtRunOptions,
+            sync: bool,
+        ) -> OrtStatusPtr,
+    >,
     pub CreateAllocator: Option<Unusedfn>,
     pub CreateSyncStreamForDevice: Option<Unusedfn>,
     pub GetCompiledModelCompatibilityInfo: Option<Unusedfn>,
     // 1.24
-    pub GetKernelRegistry:
-        Option<unsafe extern "system" fn(this: *mut OrtEp, registry: *mut *const OrtKernelRegistry) -> OrtStatusPtr>,
-    pub IsConcurrentRunSupported: Option<unsafe extern "system" fn(this: *mut OrtEp, supported: *mut bool) -> OrtStatusPtr>,
+    pub GetKernelRegistry: Option<
+        unsafe extern "system" fn(
+            this: *mut OrtEp,
+            registry: *mut *const OrtKernelRegistry,
+        ) -> OrtStatusPtr,
+    >,
+    pub IsConcurrentRunSupported:
+        Option<unsafe extern "system" fn(this: *mut OrtEp, supported: *mut bool) -> OrtStatusPtr>,
 }
 
 /// One kernel instance of a kernel-registry EP (1.24).
@@ -233,7 +298,12 @@ pub struct OrtKernelImpl {
     pub ort_version_supported: u32,
     /// Must be 0 (used internally by ONNX Runtime).
     pub flags: u32,
-    pub Compute: Option<unsafe extern "system" fn(this: *mut OrtKernelImpl, ctx: *mut OrtKernelContext) -> OrtStatusPtr>,
+    pub Compute: Option<
+        unsafe extern "system" fn(
+            this: *mut OrtKernelImpl,
+            ctx: *mut OrtKernelContext,
+        ) -> OrtStatusPtr,
+    >,
     pub Release: Option<unsafe extern "system" fn(this: *mut OrtKernelImpl)>,
     pub PrePackWeight: Option<Unusedfn>,
     pub SetSharedPrePackedWeight: Option<Unusedfn>,
@@ -245,7 +315,11 @@ pub struct OrtDataTransferImpl {
     pub ort_version_supported: u32,
     pub Release: Option<unsafe extern "system" fn(this: *mut OrtDataTransferImpl)>,
     pub CanCopy: Option<
-        unsafe extern "system" fn(this: *const OrtDataTransferImpl, src: *const OrtMemoryDevice, dst: *const OrtMemoryDevice) -> bool,
+        unsafe extern "system" fn(
+            this: *const OrtDataTransferImpl,
+            src: *const OrtMemoryDevice,
+            dst: *const OrtMemoryDevice,
+        ) -> bool,
     >,
     pub CopyTensors: Option<
         unsafe extern "system" fn(

@@ -54,7 +54,8 @@ impl<'a> Node<'a> {
     pub(super) fn attribute(self, name: &CStr) -> Result<Option<*const OrtOpAttr>> {
         let mut attr: *const OrtOpAttr = std::ptr::null();
         // SAFETY: the node is live; `name` is NUL-terminated; valid out pointer.
-        match check(unsafe { (api().Node_GetAttributeByName)(self.ptr, name.as_ptr(), &mut attr) }) {
+        match check(unsafe { (api().Node_GetAttributeByName)(self.ptr, name.as_ptr(), &mut attr) })
+        {
             Ok(()) => Ok((!attr.is_null()).then_some(attr)),
             Err(Error::Ort { code: OrtErrorCode::ORT_NOT_FOUND, .. }) => Ok(None),
             Err(e) => Err(e),

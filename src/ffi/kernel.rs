@@ -9,7 +9,9 @@ use super::ep_abi::{OrtEp, OrtMemoryDevice};
 use super::{Handle, api, check, checked, ep_api, read_string};
 use crate::error::{Error, Result};
 use crate::parallel::Parallel;
-use crate::tensor::{CardTensor, Data, DType, Inputs, OutData, OutputHost, OutputSpec, Outputs, TensorRef};
+use crate::tensor::{
+    CardTensor, DType, Data, Inputs, OutData, OutputHost, OutputSpec, Outputs, TensorRef,
+};
 use ort_sys::{ONNXTensorElementDataType as Ty, OrtKernelContext, OrtKernelInfo, OrtValue};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,10 +98,13 @@ impl<'a> KernelInfo<'a> {
 impl<'a> Value<'a> {
     /// The element type and the shape (which ONNX Runtime keeps as long as the value).
     pub fn type_and_shape(self) -> Result<(Ty, &'a [i64])> {
-        let (mut ty, mut dims, mut rank) = (Ty::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, std::ptr::null(), 0usize);
+        let (mut ty, mut dims, mut rank) =
+            (Ty::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, std::ptr::null(), 0usize);
         // SAFETY: the value is live (Handle::from_raw's contract); valid out pointers.
         checked("GetTensorElementTypeAndShapeDataReference", unsafe {
-            (api().GetTensorElementTypeAndShapeDataReference)(self.ptr, &mut ty, &mut dims, &mut rank)
+            (api().GetTensorElementTypeAndShapeDataReference)(
+                self.ptr, &mut ty, &mut dims, &mut rank,
+            )
         })?;
         // SAFETY: ORT returned `rank` dims at `dims`, valid while the value is.
         Ok((ty, unsafe { slice::<i64>(dims.cast(), rank) }))
@@ -110,14 +115,18 @@ impl<'a> Value<'a> {
         let mut data = std::ptr::null_mut();
         // SAFETY: the value is live; GetTensorMutableData only returns its buffer (inputs are
         // never written through it).
-        checked("GetTensorMutableData", unsafe { (api().GetTensorMutableData)(self.ptr, &mut data) })?;
+        checked("GetTensorMutableData", unsafe {
+            (api().GetTensorMutableData)(self.ptr, &mut data)
+        })?;
         Ok(data)
     }
 
     pub fn size_in_bytes(self) -> Result<usize> {
         let mut bytes = 0usize;
         // SAFETY: the value is live; valid out pointer.
-        checked("GetTensorSizeInBytes", unsafe { (api().GetTensorSizeInBytes)(self.ptr, &mut bytes) })?;
+        checked("GetTensorSizeInBytes", unsafe {
+            (api().GetTensorSizeInBytes)(self.ptr, &mut bytes)
+        })?;
         Ok(bytes)
     }
 
@@ -132,7 +141,9 @@ impl<'a> KernelContext<'a> {
     pub fn input_count(self) -> Result<usize> {
         let mut count = 0usize;
         // SAFETY: the context is live (Handle::from_raw's contract); valid out pointer.
-        checked("KernelContext_GetInputCount", unsafe { (api().KernelContext_GetInputCount)(self.ptr, &mut count) })?;
+        checked("KernelContext_GetInputCount", unsafe {
+            (api().KernelContext_GetInputCount)(self.ptr, &mut count)
+        })?;
         Ok(count)
     }
 
@@ -140,7 +151,9 @@ impl<'a> KernelContext<'a> {
     pub fn input(self, i: usize) -> Result<Option<Value<'a>>> {
         let mut value: *const OrtValue = std::ptr::null();
         // SAFETY: the context is live; `value` is a valid out pointer.
-        checked("KernelContext_GetInput", unsafe { (api().KernelContext_GetInput)(self.ptr, i, &mut value) })?;
+        checked("KernelContext_GetInput", unsafe {
+            (api().KernelContext_GetInput)(self.ptr, i, &mut value)
+        })?;
         // SAFETY: a non-null input is a live tensor of this compute call.
         Ok((!value.is_null()).then(|| unsafe { Value::from_raw(value) }))
     }
@@ -156,8 +169,9 @@ impl<'a> KernelContext<'a> {
                 None => None,
                 Some(v) => {
                     let (ty, shape) = v.type_and_shape()?;
-                    let dtype =
-                        dtype_of(ty).ok_or_else(|| Error::Runtime(format!("input {i} has unsupported element type {ty:?}")))?;
+                    let dtype = dtype_of(ty).ok_or_else(|| {
+                        Error::Runtime(format!("input {i} has unsupported element type {ty:?}"))
+                    })?;
                     Some(CardTensor { shape: shape.to_vec(), dtype, data: v.data()? })
                 }
             });
@@ -184,7 +198,13 @@ impl<'a> KernelContext<'a> {
     /// element). `name` names the output and `memory` its allocator (host or card) in the
     /// error for an output ONNX Runtime handed back without memory: the allocators log their
     /// own failures, but no logger may be installed, so the message says it.
-    pub fn allocate(self, i: usize, spec: &OutputSpec, name: &str, memory: &str) -> Result<*mut c_void> {
+    pub fn allocate(
+        self,
+        i: usize,
+        spec: &OutputSpec,
+        name: &str,
+        memory: &str,
+    ) -> Result<*mut c_void> {
         let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
         let mut value: *mut OrtValue = std::ptr::null_mut();
         // SAFETY: the context is live; dims has dims.len() values.
@@ -192,7 +212,11 @@ impl<'a> KernelContext<'a> {
             (api().KernelContext_GetOutput)(self.ptr, i, dims.as_ptr(), dims.len(), &mut value)
         })?;
         // SAFETY: a non-null output is the tensor just allocated for this compute call.
-        let data = if value.is_null() { std::ptr::null_mut() } else { unsafe { Value::from_raw(value) }.data()? };
+        let data = if value.is_null() {
+            std::ptr::null_mut()
+        } else {
+            unsafe { Value::from_raw(value) }.data()?
+        };
         if spec.numel() > 0 && data.is_null() {
             let bytes = spec.numel().saturating_mul(spec.dtype.size());
             return Err(Error::Runtime(format!(
@@ -212,8 +236,12 @@ impl<'a> KernelContext<'a> {
             views.push(match t {
                 None => None,
                 Some(CardTensor { shape, dtype, data }) => {
-                    let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?));
-                    let n = numel.ok_or_else(|| Error::Runtime(format!("input {i} has an invalid shape {shape:?}")))?;
+                    let numel = shape
+                        .iter()
+                        .try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?));
+                    let n = numel.ok_or_else(|| {
+                        Error::Runtime(format!("input {i} has an invalid shape {shape:?}"))
+                    })?;
                     // SAFETY: a host tensor holding `n` elements of the reported type, alive for
                     // the compute call ('a).
                     let data = unsafe {
@@ -300,7 +328,13 @@ impl Parallel for OrtPool {
         // SAFETY: ctx is the live context; `job` outlives the call, which returns only when
         // every iteration has run.
         let s = unsafe {
-            (api().KernelContext_ParallelFor)(self.ctx, trampoline, tasks, 0, &job as *const Job<'_> as *mut c_void)
+            (api().KernelContext_ParallelFor)(
+                self.ctx,
+                trampoline,
+                tasks,
+                0,
+                &job as *const Job<'_> as *mut c_void,
+            )
         };
         if let Err(m) = check(s) {
             // The pool refused the work before running it: run it here rather than lose it.

@@ -21,7 +21,9 @@ pub mod registry;
 
 use crate::error::{Error, Result};
 use ep_abi::OrtEpApi;
-use ort_sys::{OrtApi, OrtApiBase, OrtErrorCode, OrtLogger, OrtLoggingLevel, OrtStatus, OrtStatusPtr};
+use ort_sys::{
+    OrtApi, OrtApiBase, OrtErrorCode, OrtLogger, OrtLoggingLevel, OrtStatus, OrtStatusPtr,
+};
 use std::ffi::{CStr, CString, c_char};
 use std::marker::PhantomData;
 use std::sync::OnceLock;
@@ -78,7 +80,8 @@ pub unsafe fn init(base: *const OrtApiBase) -> Result<&'static OrtApi, OrtStatus
     let table = unsafe { (base.GetApi)(API_VERSION) };
     if table.is_null() {
         // SAFETY: GetVersionString returns a static NUL-terminated string.
-        let host = unsafe { CStr::from_ptr((base.GetVersionString)()) }.to_string_lossy().into_owned();
+        let host =
+            unsafe { CStr::from_ptr((base.GetVersionString)()) }.to_string_lossy().into_owned();
         let msg = format!(
             "libonnxruntime_ep_mlu needs ONNX Runtime >= 1.24 (C API version {API_VERSION}); this host is ONNX Runtime {host}"
         );
@@ -121,7 +124,10 @@ pub fn check(s: OrtStatusPtr) -> Result<()> {
     let status = s.0 as *const OrtStatus;
     // SAFETY: `s` is a status the API returned; it is read then released exactly once.
     let (code, message) = unsafe {
-        ((api.GetErrorCode)(status), CStr::from_ptr((api.GetErrorMessage)(status)).to_string_lossy().into_owned())
+        (
+            (api.GetErrorCode)(status),
+            CStr::from_ptr((api.GetErrorMessage)(status)).to_string_lossy().into_owned(),
+        )
     };
     // SAFETY: as above.
     unsafe { (api.ReleaseStatus)(s.0) };
@@ -140,7 +146,10 @@ pub fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> OrtStatusPtr {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => OrtStatusPtr(std::ptr::null_mut()),
         Ok(Err(e)) => status(e.code(), &e.to_string()),
-        Err(p) => status(OrtErrorCode::ORT_FAIL, &format!("{what}: internal error (panic): {}", panic_message(&p))),
+        Err(p) => status(
+            OrtErrorCode::ORT_FAIL,
+            &format!("{what}: internal error (panic): {}", panic_message(&p)),
+        ),
     }
 }
 
@@ -157,7 +166,9 @@ pub fn read_string(call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) ->
 }
 
 /// The bytes of a string read through the two-call pattern (terminating NUL included).
-pub fn read_bytes(mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr) -> Result<Vec<u8>> {
+pub fn read_bytes(
+    mut call: impl FnMut(*mut c_char, *mut usize) -> OrtStatusPtr,
+) -> Result<Vec<u8>> {
     let mut size = 0usize;
     check(call(std::ptr::null_mut(), &mut size))?;
     let mut buf = vec![0u8; size.max(1)];
@@ -173,7 +184,10 @@ pub fn attribute_text(mut bytes: Vec<u8>) -> Result<String> {
         bytes.pop();
     }
     if let Some(at) = bytes.iter().position(|&b| b == 0) {
-        return Err(Error::Runtime(format!("the string holds a NUL byte at offset {at} of {}", bytes.len())));
+        return Err(Error::Runtime(format!(
+            "the string holds a NUL byte at offset {at} of {}",
+            bytes.len()
+        )));
     }
     String::from_utf8(bytes).map_err(|e| Error::Runtime(format!("the string is not UTF-8: {e}")))
 }
@@ -257,14 +271,22 @@ impl Logger {
         // SAFETY: a live ORT logger (the contract of `Logger::new`); the strings are
         // NUL-terminated and outlive the call.
         let s = unsafe {
-            (api().Logger_LogMessage)(self.0, level, text.as_ptr(), c"onnxruntime-ep-mlu".as_ptr(), 0, c"MLUExecutionProvider".as_ptr())
+            (api().Logger_LogMessage)(
+                self.0,
+                level,
+                text.as_ptr(),
+                c"onnxruntime-ep-mlu".as_ptr(),
+                0,
+                c"MLUExecutionProvider".as_ptr(),
+            )
         };
         let _ = check(s);
     }
 }
 
 pub use ort_sys::OrtLoggingLevel::{
-    ORT_LOGGING_LEVEL_ERROR as ERROR, ORT_LOGGING_LEVEL_INFO as INFO, ORT_LOGGING_LEVEL_WARNING as WARNING,
+    ORT_LOGGING_LEVEL_ERROR as ERROR, ORT_LOGGING_LEVEL_INFO as INFO,
+    ORT_LOGGING_LEVEL_WARNING as WARNING,
 };
 
 /// ONNX Runtime's default logger while a factory holds it, else null. Held for reading
@@ -342,7 +364,12 @@ mod tests {
         assert_eq!(attribute_text(b"mean\0".to_vec()), Ok("mean".to_string()));
         assert_eq!(attribute_text(b"mean".to_vec()), Ok("mean".to_string()));
         assert_eq!(attribute_text(Vec::new()), Ok(String::new()));
-        assert!(attribute_text(b"mean\0junk\0".to_vec()).unwrap_err().to_string().contains("NUL byte at offset 4"));
+        assert!(
+            attribute_text(b"mean\0junk\0".to_vec())
+                .unwrap_err()
+                .to_string()
+                .contains("NUL byte at offset 4")
+        );
         assert!(attribute_text(b"mean\0\0".to_vec()).is_err());
         assert!(attribute_text(vec![0xff, 0]).unwrap_err().to_string().contains("UTF-8"));
     }
@@ -352,7 +379,10 @@ mod tests {
     static MESSAGE: Mutex<String> = Mutex::new(String::new());
     static mut V1_TABLE: MaybeUninit<OrtApi> = MaybeUninit::uninit();
 
-    unsafe extern "system" fn create_status(code: OrtErrorCode, msg: *const c_char) -> OrtStatusPtr {
+    unsafe extern "system" fn create_status(
+        code: OrtErrorCode,
+        msg: *const c_char,
+    ) -> OrtStatusPtr {
         // SAFETY: init passes a valid NUL-terminated message.
         let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
         *MESSAGE.lock().unwrap() = format!("{code:?}: {text}");
@@ -382,7 +412,11 @@ mod tests {
         assert!(matches!(result, Err(s) if !s.0.is_null()), "init must fail with a status");
         let msg = MESSAGE.lock().unwrap().clone();
         assert!(msg.starts_with("ORT_NOT_IMPLEMENTED"), "{msg}");
-        assert!(msg.contains("needs ONNX Runtime >= 1.24") && msg.contains("this host is ONNX Runtime 1.23.2"), "{msg}");
+        assert!(
+            msg.contains("needs ONNX Runtime >= 1.24")
+                && msg.contains("this host is ONNX Runtime 1.23.2"),
+            "{msg}"
+        );
         assert!(API.get().is_none(), "a refused host must not be remembered");
     }
 }

@@ -73,25 +73,44 @@ impl KernelRegistry {
         let mut def = std::ptr::null_mut();
         // SAFETY: the builder is live; the strings outlive the calls (ORT copies them).
         unsafe {
-            checked("SetOperatorType", (ep.KernelDefBuilder_SetOperatorType)(builder.0, op.as_ptr()))?;
+            checked(
+                "SetOperatorType",
+                (ep.KernelDefBuilder_SetOperatorType)(builder.0, op.as_ptr()),
+            )?;
             checked("SetDomain", (ep.KernelDefBuilder_SetDomain)(builder.0, domain.as_ptr()))?;
-            checked("SetSinceVersion", (ep.KernelDefBuilder_SetSinceVersion)(builder.0, schema::OPSET_VERSION, i32::MAX))?;
-            checked("SetExecutionProvider", (ep.KernelDefBuilder_SetExecutionProvider)(builder.0, ep_name.as_ptr()))?;
+            checked(
+                "SetSinceVersion",
+                (ep.KernelDefBuilder_SetSinceVersion)(builder.0, schema::OPSET_VERSION, i32::MAX),
+            )?;
+            checked(
+                "SetExecutionProvider",
+                (ep.KernelDefBuilder_SetExecutionProvider)(builder.0, ep_name.as_ptr()),
+            )?;
             match host {
                 HostSide::None => {}
                 HostSide::Input0 => checked(
                     "SetInputMemType",
-                    (ep.KernelDefBuilder_SetInputMemType)(builder.0, 0, OrtMemType::OrtMemTypeCPUInput),
+                    (ep.KernelDefBuilder_SetInputMemType)(
+                        builder.0,
+                        0,
+                        OrtMemType::OrtMemTypeCPUInput,
+                    ),
                 )?,
                 HostSide::Output0 => checked(
                     "SetOutputMemType",
-                    (ep.KernelDefBuilder_SetOutputMemType)(builder.0, 0, OrtMemType::OrtMemTypeCPUOutput),
+                    (ep.KernelDefBuilder_SetOutputMemType)(
+                        builder.0,
+                        0,
+                        OrtMemType::OrtMemTypeCPUOutput,
+                    ),
                 )?,
             }
             checked("KernelDefBuilder_Build", (ep.KernelDefBuilder_Build)(builder.0, &mut def))?;
         }
         // SAFETY: registry and def are live; `state` outlives the registry (caller contract).
-        let added = checked("KernelRegistry_AddKernel", unsafe { (ep.KernelRegistry_AddKernel)(self.0, def, create, state) });
+        let added = checked("KernelRegistry_AddKernel", unsafe {
+            (ep.KernelRegistry_AddKernel)(self.0, def, create, state)
+        });
         // SAFETY: the registry keeps its own reference to the definition.
         unsafe { (ep.ReleaseKernelDef)(def) };
         added

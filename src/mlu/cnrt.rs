@@ -5,7 +5,10 @@
 //! No MLU hardware is reachable from this project's machines: this path compiles and is
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
-use super::{Device, DeviceInfo, Direction, KERNEL_ENTRIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime, has_entry};
+use super::{
+    Device, DeviceInfo, Direction, KERNEL_ENTRIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime,
+    has_entry,
+};
 use crate::error::{Error, Result};
 use libloading::Library;
 use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
@@ -60,7 +63,9 @@ struct Cnrt {
 /// the host process at the first call (a failed lazy binding is fatal, not an error).
 fn open_global(path: impl AsRef<OsStr>) -> Result<Library> {
     // SAFETY: loading the vendor runtime runs its initialisers; that is its documented use.
-    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map(Library::from).map_err(|e| Error::Runtime(e.to_string()))
+    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
+        .map(Library::from)
+        .map_err(|e| Error::Runtime(e.to_string()))
 }
 
 /// Opens the kernel library, after the runtime: RTLD_NOW, so that a CNRT symbol it cannot
@@ -69,7 +74,9 @@ fn open_global(path: impl AsRef<OsStr>) -> Result<Library> {
 fn open_kernels(path: impl AsRef<OsStr>) -> Result<Library> {
     // SAFETY: the kernel library is our own cncc build of kernels/; it has no initialisers
     // beyond the toolkit's kernel registration.
-    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Library::from).map_err(|e| Error::Runtime(e.to_string()))
+    unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+        .map(Library::from)
+        .map_err(|e| Error::Runtime(e.to_string()))
 }
 
 fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T> {
@@ -100,7 +107,8 @@ impl Cnrt {
             return Ok(());
         }
         // SAFETY: cnrtGetErrorStr returns a static NUL-terminated string.
-        let msg = unsafe { CStr::from_ptr((self.get_error_str)(ret)) }.to_string_lossy().into_owned();
+        let msg =
+            unsafe { CStr::from_ptr((self.get_error_str)(ret)) }.to_string_lossy().into_owned();
         Err(Error::Runtime(format!("cnrt {what} failed ({ret}): {msg}")))
     }
 
@@ -116,18 +124,19 @@ impl Cnrt {
         // SAFETY: `value` is a valid out-pointer; `attr` is a cnrtDeviceAttr_t value and the
         // device an index that cnrtGetDeviceCount reported.
         self.check(name, unsafe { (self.get_attribute)(&mut value, attr, self.device) })?;
-        u32::try_from(value)
-            .ok()
-            .filter(|&v| v > 0)
-            .ok_or_else(|| Error::Runtime(format!("cnrtDeviceGetAttribute({name}) reports {value}")))
+        u32::try_from(value).ok().filter(|&v| v > 0).ok_or_else(|| {
+            Error::Runtime(format!("cnrtDeviceGetAttribute({name}) reports {value}"))
+        })
     }
 
     /// The card's topology as the runtime reports it. The launch policies (mlu::union1_tasks)
     /// get the real cluster count from here, no longer a fixed one cluster of four cores.
     fn info(&self) -> Result<DeviceInfo> {
         let clusters = self.attribute("cnrtAttrClusterCount", ATTR_CLUSTER_COUNT)?;
-        let cores_per_cluster = self.attribute("cnrtAttrMcorePerCluster", ATTR_MCORE_PER_CLUSTER)?;
-        let nram_bytes = u64::from(self.attribute("cnrtAttrNramSizePerMcore", ATTR_NRAM_SIZE_PER_MCORE)?);
+        let cores_per_cluster =
+            self.attribute("cnrtAttrMcorePerCluster", ATTR_MCORE_PER_CLUSTER)?;
+        let nram_bytes =
+            u64::from(self.attribute("cnrtAttrNramSizePerMcore", ATTR_NRAM_SIZE_PER_MCORE)?);
         // The kernels carve a fixed NRAM budget (kernels/common/kernel.h): a smaller core
         // would overrun it.
         if nram_bytes < NRAM_BUDGET as u64 + NRAM_RESERVED_BYTES {
@@ -159,7 +168,13 @@ impl Runtime for Cnrt {
         // SAFETY: forwarded contract.
         self.check("cnrtFree", unsafe { (self.free)(ptr) })
     }
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        dir: Direction,
+    ) -> Result<()> {
         self.bind()?;
         // cnrtMemTransDir_t: HostToDev 0, DevToDev 1, DevToHost 2.
         let kind = match dir {
@@ -248,7 +263,8 @@ pub fn devices() -> Result<Vec<Arc<Device>>> {
     let kernels_path = kernel_library_path().ok_or_else(|| {
         Error::Runtime("this build has no cncc-compiled kernels (build with NEUWARE_HOME set, or set MLU_EP_KERNEL_LIBRARY)".into())
     })?;
-    let klib = open_kernels(&kernels_path).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
+    let klib =
+        open_kernels(&kernels_path).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
     // Every launch entry resolves now, not at a node's first launch.
     for name in KERNEL_ENTRIES {
         has_entry(&klib, name).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
@@ -260,7 +276,9 @@ pub fn devices() -> Result<Vec<Arc<Device>>> {
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for d in 0..count as c_int {
-        let card = open_global(&runtime).and_then(|lib| Cnrt::new(lib, d)).and_then(|rt| rt.info().map(|info| (rt, info)));
+        let card = open_global(&runtime)
+            .and_then(|lib| Cnrt::new(lib, d))
+            .and_then(|rt| rt.info().map(|info| (rt, info)));
         match card {
             Ok((rt, info)) => out.push(Device::new(Box::new(rt), info, kernels)),
             Err(why) => failed.push(format!("MLU card {d}: {why}")),
@@ -288,7 +306,12 @@ mod tests {
         let c = dir.join(name).with_extension("c");
         std::fs::write(&c, source).unwrap();
         let lib = dir.join(name);
-        let out = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&c).output().expect("cc runs");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&c)
+            .output()
+            .expect("cc runs");
         assert!(out.status.success(), "cc {name}: {}", String::from_utf8_lossy(&out.stderr));
         lib
     }
@@ -297,9 +320,14 @@ mod tests {
     /// function, and a stand-in kernel library that calls it but is not linked against it.
     #[test]
     fn the_kernel_library_resolves_runtime_symbols_through_the_global_runtime() {
-        let dir = std::env::temp_dir().join(format!("mlu-ep-cnrt-load-order-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("mlu-ep-cnrt-load-order-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let runtime = shared_library(&dir, "libmluep_fake_cnrt.so", "int mluep_fake_cnrt_call(int x) { return x + 40; }\n");
+        let runtime = shared_library(
+            &dir,
+            "libmluep_fake_cnrt.so",
+            "int mluep_fake_cnrt_call(int x) { return x + 40; }\n",
+        );
         let kernels = shared_library(
             &dir,
             "libmluep_fake_kernels.so",
@@ -310,15 +338,20 @@ mod tests {
         // kernel library's reference unresolved, so its RTLD_NOW open fails.
         {
             // SAFETY: a library of this test with no initialisers.
-            let _local = unsafe { UnixLibrary::open(Some(&runtime), RTLD_NOW | RTLD_LOCAL) }.unwrap();
-            let err = open_kernels(&kernels).expect_err("an RTLD_LOCAL runtime does not serve the kernel library").to_string();
+            let _local =
+                unsafe { UnixLibrary::open(Some(&runtime), RTLD_NOW | RTLD_LOCAL) }.unwrap();
+            let err = open_kernels(&kernels)
+                .expect_err("an RTLD_LOCAL runtime does not serve the kernel library")
+                .to_string();
             assert!(err.contains("mluep_fake_cnrt_call"), "{err}");
         }
 
         let _runtime = open_global(&runtime).unwrap();
         let lib = open_kernels(&kernels).unwrap();
         // SAFETY: the symbol is the C function defined above with this signature.
-        let launch = unsafe { lib.get::<unsafe extern "C" fn(c_int) -> c_int>(b"mluep_fake_launch\0") }.unwrap();
+        let launch =
+            unsafe { lib.get::<unsafe extern "C" fn(c_int) -> c_int>(b"mluep_fake_launch\0") }
+                .unwrap();
         // SAFETY: a plain C function of an int.
         assert_eq!(unsafe { launch(1) }, 82);
         let _ = std::fs::remove_dir_all(&dir);
@@ -332,7 +365,10 @@ mod tests {
         assert_eq!(runtime_path_in(Some(home.as_os_str())), "libcnrt.so");
         assert_eq!(runtime_path_in(None), "libcnrt.so");
         std::fs::write(home.join("lib64/libcnrt.so"), b"").unwrap();
-        assert_eq!(runtime_path_in(Some(home.as_os_str())), home.join("lib64/libcnrt.so").as_os_str());
+        assert_eq!(
+            runtime_path_in(Some(home.as_os_str())),
+            home.join("lib64/libcnrt.so").as_os_str()
+        );
         let _ = std::fs::remove_dir_all(&home);
     }
 }

@@ -57,7 +57,13 @@ impl Runtime for Emulator {
         // SAFETY: forwarded contract (a live allocation of this runtime).
         check("free", unsafe { mlu_emu_free(ptr) })
     }
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        dir: Direction,
+    ) -> Result<()> {
         let kind = match dir {
             Direction::HostToDevice => 1,
             Direction::DeviceToHost => 2,
@@ -79,7 +85,11 @@ impl Runtime for Emulator {
     unsafe fn queue_sync(&self, q: QueuePtr) -> Result<()> {
         // SAFETY: forwarded contract (a live queue).
         let code = unsafe { mlu_emu_queue_sync(q) };
-        if code == 0 { Ok(()) } else { Err(Error::Runtime(format!("MLU emulator: {}", last_error()))) }
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(Error::Runtime(format!("MLU emulator: {}", last_error())))
+        }
     }
     unsafe fn queue_destroy(&self, q: QueuePtr) -> Result<()> {
         // SAFETY: forwarded contract (a live queue, not used afterwards).

@@ -12,8 +12,8 @@ pub mod cnrt;
 pub mod emulator;
 mod traffic;
 
-pub use traffic::Traffic;
 use traffic::Counters;
+pub use traffic::Traffic;
 
 use crate::error::{Error, Result};
 
@@ -65,7 +65,13 @@ pub trait Runtime: Send + Sync {
     unsafe fn free(&self, ptr: *mut c_void) -> Result<()>;
     /// # Safety
     /// Host pointers are valid for `bytes`; device pointers belong to this runtime.
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()>;
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        dir: Direction,
+    ) -> Result<()>;
     /// # Safety
     /// `dst` is a device pointer of this runtime, valid for `bytes`.
     unsafe fn memset(&self, dst: *mut c_void, value: u8, bytes: usize) -> Result<()>;
@@ -101,10 +107,16 @@ pub trait KernelTable: Sized {
 /// # Safety
 /// `F` is the symbol's C type (a function pointer type of its C signature), or a data pointer
 /// that is only compared.
-pub(crate) unsafe fn symbol<F: Copy>(lib: &libloading::Library, library: &str, name: &str) -> Result<F> {
+pub(crate) unsafe fn symbol<F: Copy>(
+    lib: &libloading::Library,
+    library: &str,
+    name: &str,
+) -> Result<F> {
     // SAFETY: the caller's contract: `F` is the symbol's type.
     let sym = unsafe { lib.get::<F>(name.as_bytes()) };
-    sym.map(|s| *s).map_err(|e| Error::Runtime(format!("{library} lacks {}: {e}", name.trim_end_matches('\0'))))
+    sym.map(|s| *s).map_err(|e| {
+        Error::Runtime(format!("{library} lacks {}: {e}", name.trim_end_matches('\0')))
+    })
 }
 
 /// The name the kernel library's errors give it.
@@ -189,7 +201,11 @@ impl Device {
     }
 
     /// As [`Self::alloc`], the buffer kept in `keep` (freed with it); its address.
-    pub fn alloc_kept(self: &Arc<Self>, bytes: usize, keep: &mut Vec<Buffer>) -> Result<*mut c_void> {
+    pub fn alloc_kept(
+        self: &Arc<Self>,
+        bytes: usize,
+        keep: &mut Vec<Buffer>,
+    ) -> Result<*mut c_void> {
         let buf = self.alloc(bytes)?;
         let ptr = buf.ptr();
         keep.push(buf);
@@ -200,7 +216,9 @@ impl Device {
         let buf = self.alloc(size_of_val(data))?;
         if buf.bytes > 0 {
             // SAFETY: `data` is valid for its byte size; `buf` is a fresh device buffer of it.
-            unsafe { self.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Direction::HostToDevice)? };
+            unsafe {
+                self.memcpy(buf.ptr, data.as_ptr().cast(), buf.bytes, Direction::HostToDevice)?
+            };
         }
         Ok(buf)
     }
@@ -216,7 +234,9 @@ impl Device {
         }
         if buf.bytes > 0 {
             // SAFETY: `out` is valid for `buf.bytes` bytes, `buf` is a live device buffer.
-            unsafe { self.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Direction::DeviceToHost)? };
+            unsafe {
+                self.memcpy(out.as_mut_ptr().cast(), buf.ptr, buf.bytes, Direction::DeviceToHost)?
+            };
         }
         Ok(())
     }
@@ -247,7 +267,13 @@ impl Device {
     ///
     /// # Safety
     /// Both pointers are valid for `bytes` bytes on the sides `dir` names.
-    pub unsafe fn copy_raw(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
+    pub unsafe fn copy_raw(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        dir: Direction,
+    ) -> Result<()> {
         if bytes > 0 {
             // SAFETY: forwarded contract.
             unsafe { self.memcpy(dst, src, bytes, dir)? };
@@ -264,7 +290,13 @@ impl Device {
     ///
     /// # Safety
     /// As [`Runtime::memcpy`].
-    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, dir: Direction) -> Result<()> {
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        dir: Direction,
+    ) -> Result<()> {
         let c = &self.counters;
         let counter = match dir {
             Direction::HostToDevice => &c.host_to_card,

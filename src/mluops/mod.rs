@@ -266,7 +266,11 @@ unsafe impl Send for Handle {}
 
 impl std::fmt::Debug for Library {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MLU-OPS {}.{}.{} ({})", self.version.0, self.version.1, self.version.2, self.path)
+        write!(
+            f,
+            "MLU-OPS {}.{}.{} ({})",
+            self.version.0, self.version.1, self.version.2, self.path
+        )
     }
 }
 
@@ -317,11 +321,20 @@ pub fn open(explicit: Option<&str>) -> Result<Arc<Library>> {
                 OLDEST.0, OLDEST.1, OLDEST.2, NEWEST.0, NEWEST.1
             )));
         }
-        let lib = Arc::new(Library { f, path: path.clone(), version, idle: Mutex::new(Vec::new()), _lib: lib });
+        let lib = Arc::new(Library {
+            f,
+            path: path.clone(),
+            version,
+            idle: Mutex::new(Vec::new()),
+            _lib: lib,
+        });
         open.insert(path, Arc::clone(&lib));
         return Ok(lib);
     }
-    Err(Error::Runtime(format!("no MLU-OPS library found (tried {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)", tried.join("; "))))
+    Err(Error::Runtime(format!(
+        "no MLU-OPS library found (tried {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)",
+        tried.join("; ")
+    )))
 }
 
 impl Library {
@@ -341,12 +354,20 @@ impl Library {
         let message = format!("MLU-OPS {call} returned {} ({s}){text}", status_name(s));
         // A scale limitation the binding does not model: the library refuses before it
         // enqueues anything (its parameter checks come first), so the next path runs the node.
-        if s == NOT_SUPPORTED { Err(Error::Declined(message)) } else { Err(Error::Runtime(message)) }
+        if s == NOT_SUPPORTED {
+            Err(Error::Declined(message))
+        } else {
+            Err(Error::Runtime(message))
+        }
     }
 
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be
     /// bound to the card: `mluOpCreate` takes the thread's current device).
-    pub fn with_handle<T>(&self, queue: &Queue, f: impl FnOnce(HandlePtr) -> Result<T>) -> Result<T> {
+    pub fn with_handle<T>(
+        &self,
+        queue: &Queue,
+        f: impl FnOnce(HandlePtr) -> Result<T>,
+    ) -> Result<T> {
         let card = queue.device().id;
         let idle = {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -362,7 +383,9 @@ impl Library {
             }
         };
         // SAFETY: a live handle of this library and the caller's live queue.
-        let result = self.check("mluOpSetQueue", unsafe { (self.f.mluOpSetQueue)(handle.0, queue.ptr()) }).and_then(|()| f(handle.0));
+        let result = self
+            .check("mluOpSetQueue", unsafe { (self.f.mluOpSetQueue)(handle.0, queue.ptr()) })
+            .and_then(|()| f(handle.0));
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).push((card, handle));
         result
     }
@@ -371,14 +394,22 @@ impl Library {
     pub fn tensor(&self, layout: Layout, dtype: DType, dims: &[usize]) -> Result<TensorDesc<'_>> {
         let dims: Vec<c_int> = dims
             .iter()
-            .map(|&d| c_int::try_from(d).map_err(|_| Error::Runtime(format!("MLU-OPS tensor dimension {d} exceeds int32"))))
+            .map(|&d| {
+                c_int::try_from(d).map_err(|_| {
+                    Error::Runtime(format!("MLU-OPS tensor dimension {d} exceeds int32"))
+                })
+            })
             .collect::<Result<_>>()?;
         let mut d = std::ptr::null_mut();
         // SAFETY: `d` is a valid out-pointer.
-        self.check("mluOpCreateTensorDescriptor", unsafe { (self.f.mluOpCreateTensorDescriptor)(&mut d) })?;
+        self.check("mluOpCreateTensorDescriptor", unsafe {
+            (self.f.mluOpCreateTensorDescriptor)(&mut d)
+        })?;
         let desc = TensorDesc { lib: self, ptr: d };
         // SAFETY: a descriptor just created; `dims` holds dims.len() ints.
-        let s = unsafe { (self.f.mluOpSetTensorDescriptor)(d, layout, dtype, dims.len() as c_int, dims.as_ptr()) };
+        let s = unsafe {
+            (self.f.mluOpSetTensorDescriptor)(d, layout, dtype, dims.len() as c_int, dims.as_ptr())
+        };
         self.check("mluOpSetTensorDescriptor", s)?;
         Ok(desc)
     }
@@ -387,7 +418,9 @@ impl Library {
     pub fn sparse_conv(&self, p: &SparseConvParams) -> Result<SparseConvDesc<'_>> {
         let mut d = std::ptr::null_mut();
         // SAFETY: `d` is a valid out-pointer.
-        self.check("mluOpCreateSparseConvolutionDescriptor", unsafe { (self.f.mluOpCreateSparseConvolutionDescriptor)(&mut d) })?;
+        self.check("mluOpCreateSparseConvolutionDescriptor", unsafe {
+            (self.f.mluOpCreateSparseConvolutionDescriptor)(&mut d)
+        })?;
         let desc = SparseConvDesc { lib: self, ptr: d };
         // SAFETY: a descriptor just created; every array holds the three ints of a 3-D
         // convolution.
@@ -466,8 +499,11 @@ impl SparseConvDesc<'_> {
     pub fn num_act_out(&self) -> Result<usize> {
         let mut n: c_int = -1;
         // SAFETY: a live descriptor and a valid out-pointer.
-        self.lib.check("mluOpGetSparseConvolutionNumActOut", unsafe { (self.lib.f.mluOpGetSparseConvolutionNumActOut)(self.ptr, &mut n) })?;
-        usize::try_from(n).map_err(|_| Error::Runtime(format!("MLU-OPS reported num_act_out = {n}")))
+        self.lib.check("mluOpGetSparseConvolutionNumActOut", unsafe {
+            (self.lib.f.mluOpGetSparseConvolutionNumActOut)(self.ptr, &mut n)
+        })?;
+        usize::try_from(n)
+            .map_err(|_| Error::Runtime(format!("MLU-OPS reported num_act_out = {n}")))
     }
 }
 

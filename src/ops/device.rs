@@ -22,12 +22,12 @@
 //! its site count). Scratch memory comes from [`DeviceOutputs::workspace`] and lives until
 //! the node's outputs are dropped, after that synchronisation.
 
-use super::rules::{Broken, Check, Rules, RowValues, SIZE_INPUT_BYTES, ValueRule};
+use super::rules::{Broken, Check, RowValues, Rules, SIZE_INPUT_BYTES, ValueRule};
 use super::{Kernel, OwnedOutputs};
 use crate::error::{Error, Result};
-use crate::mluops::Library;
 use crate::mlu::abi::{CheckKernels, IntBounds};
 use crate::mlu::{Buffer, Device, DeviceInfo, Direction, NRAM_BUDGET, Queue, TASK_UNION1};
+use crate::mluops::Library;
 use crate::parallel::Serial;
 use crate::schema::Attrs;
 use crate::tensor::{CardTensor, DType, Data, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
@@ -135,7 +135,14 @@ pub trait CardPath<O: Rules>: Send + Sync + 'static {
     type Fit;
     fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<Self::Fit>;
     /// Allocates the outputs and enqueues the backend's work for sizes that fit.
-    fn enqueue(&self, op: &O, dims: &O::Dims, fit: &Self::Fit, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+    fn enqueue(
+        &self,
+        op: &O,
+        dims: &O::Dims,
+        fit: &Self::Fit,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()>;
 }
 
 /// An operator with BANG kernels (the [`Bang`] path).
@@ -162,7 +169,13 @@ pub trait MluOperator: Rules {
 
     /// Allocates the outputs and enqueues the kernels with `launch`. Kernels that address
     /// memory with input values take `card.gate()`.
-    fn mlu_compute(&self, dims: &Self::Dims, launch: &Self::Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+    fn mlu_compute(
+        &self,
+        dims: &Self::Dims,
+        launch: &Self::Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()>;
 }
 
 /// An operator Cambricon's MLU-OPS library runs (the [`MluOps`] path).
@@ -178,7 +191,13 @@ pub trait MluOpsOperator: Rules {
     fn mluops_fits(&self, dims: &Self::Dims) -> Result<()>;
     /// Allocates the outputs and calls the library on the card's queue, after the value
     /// checks passed.
-    fn mluops_compute(&self, dims: &Self::Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()>;
+    fn mluops_compute(
+        &self,
+        dims: &Self::Dims,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()>;
 }
 
 /// Our BANG kernels.
@@ -197,7 +216,14 @@ impl<O: MluOperator> CardPath<O> for Bang {
     fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<O::Launch> {
         op.mlu_launch(info, dims)
     }
-    fn enqueue(&self, op: &O, dims: &O::Dims, launch: &O::Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn enqueue(
+        &self,
+        op: &O,
+        dims: &O::Dims,
+        launch: &O::Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         op.mlu_compute(dims, launch, card, outputs)
     }
 }
@@ -219,8 +245,16 @@ impl<O: MluOpsOperator> CardPath<O> for MluOps {
     fn fits(&self, op: &O, _: &DeviceInfo, dims: &O::Dims) -> Result<()> {
         op.mluops_fits(dims)
     }
-    fn enqueue(&self, op: &O, dims: &O::Dims, _: &(), card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
-        let lib = self.0.as_ref().map_err(|why| Error::Runtime(format!("no MLU-OPS library: {why}")))?;
+    fn enqueue(
+        &self,
+        op: &O,
+        dims: &O::Dims,
+        _: &(),
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        let lib =
+            self.0.as_ref().map_err(|why| Error::Runtime(format!("no MLU-OPS library: {why}")))?;
         card.device.bind_thread()?;
         op.mluops_compute(dims, lib, card, outputs)
     }
@@ -276,7 +310,10 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
         let dims = op.shape_rules(inputs)?;
         for i in 0..device_inputs.len() {
             if let Some(n) = inputs.numel(i).filter(|&n| n > i32::MAX as usize) {
-                return Err(Error::declined(format!("input '{}' has {n} elements, beyond int32 offsets", inputs.name(i))));
+                return Err(Error::declined(format!(
+                    "input '{}' has {n} elements, beyond int32 offsets",
+                    inputs.name(i)
+                )));
             }
         }
         let fit = self.path.fits(op, &device.info, &dims)?;
@@ -300,7 +337,9 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
                 let part = rule.elements(inputs.numel(rule.input).unwrap_or(0));
                 let data = match device_inputs.get(rule.input).copied() {
                     // SAFETY: `part` lies inside the input's elements, 4 bytes each.
-                    Some(p) if !p.is_null() => unsafe { p.cast::<u8>().add(part.start * 4) }.cast::<c_void>(),
+                    Some(p) if !p.is_null() => {
+                        unsafe { p.cast::<u8>().add(part.start * 4) }.cast::<c_void>()
+                    }
                     _ => std::ptr::null(),
                 };
                 // SAFETY: `records` holds one int32 per rule.
@@ -346,12 +385,18 @@ pub fn mluops<O: MluOpsOperator>(op: &Arc<O>, b: &CardBackends) -> (Backend, Box
 }
 
 /// Builds a node of `O` with the paths of `paths` the provider allows, in its order.
-pub fn card_node<O: Rules>(attrs: &Attrs<'_>, backends: &CardBackends, paths: &[PathOf<O>]) -> Result<CardNode> {
+pub fn card_node<O: Rules>(
+    attrs: &Attrs<'_>,
+    backends: &CardBackends,
+    paths: &[PathOf<O>],
+) -> Result<CardNode> {
     let op = Arc::new(O::from_attributes(attrs)?);
-    let mut all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p(&op, backends)).collect();
+    let mut all: Vec<(Backend, Box<dyn CardKernel>)> =
+        paths.iter().map(|p| p(&op, backends)).collect();
     // The provider's order; a backend the operator has no path for is skipped.
     all.sort_by_key(|(b, _)| backends.order.iter().position(|x| x == b).unwrap_or(usize::MAX));
-    let paths = all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)| k).collect();
+    let paths =
+        all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)| k).collect();
     let cpu: Arc<dyn Kernel> = op;
     Ok(CardNode { op: O::NAME, cpu, paths, size_inputs: O::SIZE_INPUTS })
 }
@@ -376,7 +421,8 @@ impl CardNode {
     ) -> Result<(Backend, Vec<String>)> {
         let mut why = Vec::new();
         for p in &self.paths {
-            let verdict = p.supported().and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
+            let verdict =
+                p.supported().and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
             match verdict {
                 Ok(()) => return Ok((p.backend(), why)),
                 Err(r) => why.push(format!("{}: {r}", p.backend().name())),
@@ -404,13 +450,18 @@ impl CardNode {
     ) -> (Option<Ran>, Result<()>) {
         let described: Vec<Option<(DType, Vec<i64>)>> =
             tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).collect();
-        let ptrs: Vec<*const c_void> =
-            tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cast_const())).collect();
+        let ptrs: Vec<*const c_void> = tensors
+            .iter()
+            .map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cast_const()))
+            .collect();
         let sizes = match read_sizes(device, self.size_inputs, &described, &ptrs) {
             Err(e) => return (None, Err(e)),
             Ok(Ok(sizes)) => sizes,
             Ok(Err(i)) => {
-                let why = format!("size input '{}' holds more than the {SIZE_INPUT_BYTES} bytes the card path reads", names[i]);
+                let why = format!(
+                    "size input '{}' holds more than the {SIZE_INPUT_BYTES} bytes the card path reads",
+                    names[i]
+                );
                 let result = self.run_on_host(device, names, tensors, outputs);
                 return (Some(Ran::Host(why)), result);
             }
@@ -426,7 +477,11 @@ impl CardNode {
                 result => return (Some(Ran::Card(p.backend(), declined)), result),
             }
         }
-        let why = if declined.is_empty() { "no card path supports this configuration".into() } else { reasons(&declined) };
+        let why = if declined.is_empty() {
+            "no card path supports this configuration".into()
+        } else {
+            reasons(&declined)
+        };
         let result = self.run_on_host(device, names, tensors, outputs);
         (Some(Ran::Host(why)), result)
     }
@@ -446,14 +501,23 @@ impl CardNode {
                 None => None,
                 Some(d) => {
                     let spec = d.spec()?;
-                    let mut data = OwnedData::poisoned(&spec, &format!("the host copy of input '{name}'"))?;
+                    let mut data =
+                        OwnedData::poisoned(&spec, &format!("the host copy of input '{name}'"))?;
                     // SAFETY: `data` holds spec.bytes() bytes; d.data is the card tensor of as many.
-                    unsafe { device.copy_raw(data.as_mut_ptr(), d.data, spec.bytes(), Direction::DeviceToHost)? };
+                    unsafe {
+                        device.copy_raw(
+                            data.as_mut_ptr(),
+                            d.data,
+                            spec.bytes(),
+                            Direction::DeviceToHost,
+                        )?
+                    };
                     Some(Tensor { shape: spec.shape, data })
                 }
             });
         }
-        let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
+        let refs: Vec<Option<TensorRef<'_>>> =
+            staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();
         let inputs = Inputs::new(names, refs)?;
         let mut host = OwnedOutputs::named(self.cpu_output_names());
         self.cpu.compute(&inputs, &mut host, &Serial)?;
@@ -492,8 +556,10 @@ fn launch_check(
     let task_first: *mut i32 = outputs.workspace(tasks as usize * 4)?.cast();
     let cols = rule.check.cols();
     // NRAM: the tasks' slots and one tile of rows, each rounded up to 64 bytes.
-    let tile_rows = ((NRAM_BUDGET - 2 * 64 - tasks as usize * 4) / (cols * 4)).min(i32::MAX as usize);
-    let (rows, cols, tile_rows) = (bounded("rows", numel / cols)?, bounded("cols", cols)?, bounded("tile_rows", tile_rows)?);
+    let tile_rows =
+        ((NRAM_BUDGET - 2 * 64 - tasks as usize * 4) / (cols * 4)).min(i32::MAX as usize);
+    let (rows, cols, tile_rows) =
+        (bounded("rows", numel / cols)?, bounded("cols", cols)?, bounded("tile_rows", tile_rows)?);
     let k = device.kernels::<CheckKernels>()?;
     match rule.check {
         Check::Int { bounds, .. } => {
@@ -502,7 +568,18 @@ fn launch_check(
             // null for none); `task_first` and `record` are card scratch of the sizes the
             // kernel writes; the launch only enqueues.
             queue.launch("mluops_check_int_rows", |q| unsafe {
-                (k.mluops_check_int_rows)(q, tasks, TASK_UNION1, data.cast(), rows, cols, &b, tile_rows, task_first, record)
+                (k.mluops_check_int_rows)(
+                    q,
+                    tasks,
+                    TASK_UNION1,
+                    data.cast(),
+                    rows,
+                    cols,
+                    &b,
+                    tile_rows,
+                    task_first,
+                    record,
+                )
             })
         }
         Check::GuardedFloat { col, above, below, .. } => {
@@ -510,7 +587,18 @@ fn launch_check(
             // SAFETY: as above, for float32 rows.
             queue.launch("mluops_check_float_rows", |q| unsafe {
                 (k.mluops_check_float_rows)(
-                    q, tasks, TASK_UNION1, data.cast(), rows, cols, col, above, below, tile_rows, task_first, record,
+                    q,
+                    tasks,
+                    TASK_UNION1,
+                    data.cast(),
+                    rows,
+                    cols,
+                    col,
+                    above,
+                    below,
+                    tile_rows,
+                    task_first,
+                    record,
                 )
             })
         }
@@ -530,8 +618,17 @@ fn read_records(
     }
     let mut found = crate::scratch::filled(rules.len(), -1i32, "the value checks' records")?;
     // SAFETY: `records` holds one int32 per rule, written by the check kernels.
-    unsafe { device.copy_raw(found.as_mut_ptr().cast(), records.cast(), found.len() * 4, Direction::DeviceToHost)? };
-    let Some((rule, row)) = found.iter().enumerate().find_map(|(k, &r)| usize::try_from(r).ok().map(|row| (k, row))) else {
+    unsafe {
+        device.copy_raw(
+            found.as_mut_ptr().cast(),
+            records.cast(),
+            found.len() * 4,
+            Direction::DeviceToHost,
+        )?
+    };
+    let Some((rule, row)) =
+        found.iter().enumerate().find_map(|(k, &r)| usize::try_from(r).ok().map(|row| (k, row)))
+    else {
         return Ok(None);
     };
     let cols = rules[rule].check.cols();
@@ -544,13 +641,17 @@ fn read_records(
         Check::Int { .. } => {
             let mut v = vec![0i32; cols];
             // SAFETY: `v` holds `cols` int32; `src` is that row in card memory.
-            unsafe { device.copy_raw(v.as_mut_ptr().cast(), src, cols * 4, Direction::DeviceToHost)? };
+            unsafe {
+                device.copy_raw(v.as_mut_ptr().cast(), src, cols * 4, Direction::DeviceToHost)?
+            };
             RowValues::I32(v)
         }
         Check::GuardedFloat { .. } => {
             let mut v = vec![0f32; cols];
             // SAFETY: as above, float32.
-            unsafe { device.copy_raw(v.as_mut_ptr().cast(), src, cols * 4, Direction::DeviceToHost)? };
+            unsafe {
+                device.copy_raw(v.as_mut_ptr().cast(), src, cols * 4, Direction::DeviceToHost)?
+            };
             RowValues::F32(v)
         }
     };
@@ -574,7 +675,10 @@ pub fn card_inputs<'a>(
                     Some(values) => values.as_data(),
                     None => Data::OnCard {
                         dtype: *dtype,
-                        len: shape.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?)).unwrap_or(usize::MAX),
+                        len: shape
+                            .iter()
+                            .try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?))
+                            .unwrap_or(usize::MAX),
                     },
                 };
                 TensorRef { shape: shape.clone(), data }
@@ -595,7 +699,9 @@ pub fn read_sizes(
     let mut sizes = vec![None; inputs.len()];
     for &i in which {
         let Some(Some((dtype, shape))) = inputs.get(i) else { continue };
-        let Ok(dims) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<Vec<_>, _>>() else {
+        let Ok(dims) =
+            shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<Vec<_>, _>>()
+        else {
             continue;
         };
         let spec = OutputSpec::new(*dtype, dims);
@@ -608,7 +714,14 @@ pub fn read_sizes(
             continue;
         }
         // SAFETY: `data` holds spec.bytes() bytes; the card tensor as many.
-        unsafe { device.copy_raw(data.as_mut_ptr(), device_inputs[i], spec.bytes(), Direction::DeviceToHost)? };
+        unsafe {
+            device.copy_raw(
+                data.as_mut_ptr(),
+                device_inputs[i],
+                spec.bytes(),
+                Direction::DeviceToHost,
+            )?
+        };
         sizes[i] = Some(data);
     }
     Ok(Ok(sizes))
@@ -637,7 +750,9 @@ pub fn int32_output(
     if let Some([Some(a), Some(b)]) = dims.map(|d| axes.map(|i| d.get(i).copied().flatten())) {
         let n = a.saturating_mul(b).saturating_mul(times);
         if n > i32::MAX as usize {
-            return Err(Error::declined(format!("the output's {what} = {n} elements exceed the MLU kernel's int32 offsets")));
+            return Err(Error::declined(format!(
+                "the output's {what} = {n} elements exceed the MLU kernel's int32 offsets"
+            )));
         }
     }
     Ok(())
@@ -647,7 +762,9 @@ pub fn int32_output(
 pub fn int32_inputs(shapes: &StaticShapes) -> Result<()> {
     for (i, s) in shapes.iter().enumerate() {
         if let Some(n) = s.as_deref().and_then(static_numel).filter(|&n| n > i32::MAX as usize) {
-            return Err(Error::declined(format!("input {i} has {n} elements, beyond the MLU kernels' int32 offsets")));
+            return Err(Error::declined(format!(
+                "input {i} has {n} elements, beyond the MLU kernels' int32 offsets"
+            )));
         }
     }
     Ok(())
@@ -655,7 +772,11 @@ pub fn int32_inputs(shapes: &StaticShapes) -> Result<()> {
 
 /// Host-tensor driver: uploads the inputs, runs `node` on `device` through the one node
 /// runner the provider uses ([`CardNode::run`]), downloads the outputs; and where it ran.
-pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Option<&Tensor>]) -> Result<(Vec<Tensor>, Ran)> {
+pub fn run_node_on_device(
+    device: &Arc<Device>,
+    node: &CardNode,
+    inputs: &[Option<&Tensor>],
+) -> Result<(Vec<Tensor>, Ran)> {
     let mut uploaded = Vec::new();
     for t in inputs {
         uploaded.push(match t {
@@ -706,7 +827,9 @@ pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Optio
     let ran = ran.ok_or_else(|| Error::Runtime(format!("{}: ran on no path", node.op)))?;
     let mut result = Vec::new();
     for (i, slot) in outs.bufs.into_iter().enumerate() {
-        let (spec, buf) = slot.ok_or_else(|| Error::Runtime(format!("{}: output {i} was never allocated", node.op)))?;
+        let (spec, buf) = slot.ok_or_else(|| {
+            Error::Runtime(format!("{}: output {i} was never allocated", node.op))
+        })?;
         let mut data = OwnedData::poisoned(&spec, &format!("host copy of output {i}"))?;
         match &mut data {
             OwnedData::F32(v) => device.download(&buf, v)?,
@@ -721,27 +844,39 @@ pub fn run_node_on_device(device: &Arc<Device>, node: &CardNode, inputs: &[Optio
 
 /// Runs `op` on our BANG kernels on `device` (the tests' driver): an error unless the node
 /// ran on the card.
-pub fn run_on_device<O: MluOperator + Clone>(device: &Arc<Device>, op: &O, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-    let backends = CardBackends { order: &[Backend::Bang], mluops: Err(Error::declined("not used")) };
+pub fn run_on_device<O: MluOperator + Clone>(
+    device: &Arc<Device>,
+    op: &O,
+    inputs: &[Option<&Tensor>],
+) -> Result<Vec<Tensor>> {
+    let backends =
+        CardBackends { order: &[Backend::Bang], mluops: Err(Error::declined("not used")) };
     let op = Arc::new(op.clone());
     let (_, path) = bang(&op, &backends);
     let cpu: Arc<dyn Kernel> = op;
     let node = CardNode { op: O::NAME, cpu, paths: vec![path], size_inputs: O::SIZE_INPUTS };
-    node.paths[0].supported().map_err(|why| Error::Runtime(format!("{}: not supported by the BANG kernels: {why}", O::NAME)))?;
+    node.paths[0].supported().map_err(|why| {
+        Error::Runtime(format!("{}: not supported by the BANG kernels: {why}", O::NAME))
+    })?;
     match run_node_on_device(device, &node, inputs)? {
         (outputs, Ran::Card(..)) => Ok(outputs),
-        (_, Ran::Host(why)) => Err(Error::Runtime(format!("{}: ran on the host, not the card: {why}", O::NAME))),
+        (_, Ran::Host(why)) => {
+            Err(Error::Runtime(format!("{}: ran on the host, not the card: {why}", O::NAME)))
+        }
     }
 }
 
 /// A run-time size narrowed to the kernels' int32, or the reason it cannot be (for a
 /// path's fit: the node then goes to the next path before anything is launched).
 pub fn narrow(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::declined(format!("MLU kernel argument {what} = {v} exceeds int32")))
+    i32::try_from(v)
+        .map_err(|_| Error::declined(format!("MLU kernel argument {what} = {v} exceeds int32")))
 }
 
 /// A size the checks before it have bounded, as the kernels' int32: beyond int32 is a bug
 /// (a runtime error), never a decline.
 pub fn bounded(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Runtime(format!("{what} = {v} beyond int32 after its limits were checked")))
+    i32::try_from(v).map_err(|_| {
+        Error::Runtime(format!("{what} = {v} beyond int32 after its limits were checked"))
+    })
 }

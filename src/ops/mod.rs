@@ -4,19 +4,21 @@
 //! `plan` (validate everything, compute output shapes; nothing is written) and `execute`.
 
 pub mod device;
-pub mod radix;
-pub mod rules;
 pub mod dynamic_scatter;
 pub mod psroipool;
+pub mod radix;
+pub mod rules;
 pub mod sparse_conv;
 pub mod three_interpolate;
 pub mod voxel_pooling;
 
 use crate::error::{Error, Result};
-use device::{CardBackends, CardNode, PathOf, bang, card_node, mluops};
 use crate::parallel::Parallel;
 use crate::schema::{AttrValue, Attrs, Schema};
-use crate::tensor::{Inputs, OutData, OutputHost, OutputSpec, Outputs, OwnedData, Tensor, TensorRef};
+use crate::tensor::{
+    Inputs, OutData, OutputHost, OutputSpec, Outputs, OwnedData, Tensor, TensorRef,
+};
+use device::{CardBackends, CardNode, PathOf, bang, card_node, mluops};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -34,11 +36,20 @@ pub trait Operator: Sized + Send + Sync + 'static {
     /// Checks the inputs against the contract and returns the output specs. Writes nothing.
     /// `par` is the node's thread pool, for operators whose output shapes take real work to
     /// find (GetIndicePairs' unique output sites).
-    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Self::Plan)>;
+    fn plan(
+        &self,
+        inputs: &Inputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<(Vec<OutputSpec>, Self::Plan)>;
 
     /// Fills the outputs allocated with the planned specs.
-    fn execute(&self, plan: Self::Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel)
-    -> Result<()>;
+    fn execute(
+        &self,
+        plan: Self::Plan,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()>;
 
     fn schema() -> &'static Schema {
         schema(Self::NAME)
@@ -47,11 +58,21 @@ pub trait Operator: Sized + Send + Sync + 'static {
 
 /// A type-erased configured node: what the ONNX Runtime glue holds per node.
 pub trait Kernel: Send + Sync {
-    fn compute(&self, inputs: &Inputs<'_>, host: &mut dyn OutputHost, par: &dyn Parallel) -> Result<()>;
+    fn compute(
+        &self,
+        inputs: &Inputs<'_>,
+        host: &mut dyn OutputHost,
+        par: &dyn Parallel,
+    ) -> Result<()>;
 }
 
 impl<O: Operator> Kernel for O {
-    fn compute(&self, inputs: &Inputs<'_>, host: &mut dyn OutputHost, par: &dyn Parallel) -> Result<()> {
+    fn compute(
+        &self,
+        inputs: &Inputs<'_>,
+        host: &mut dyn OutputHost,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let (specs, plan) = self.plan(inputs, par)?;
         let mut outputs = host.allocate(&specs)?;
         self.execute(plan, inputs, &mut outputs, par)
@@ -124,7 +145,10 @@ pub fn schemas() -> &'static [Schema] {
 
 /// The schema of operator `op_type` (one of [`ALL`]).
 pub fn schema(op_type: &str) -> &'static Schema {
-    schemas().iter().find(|s| s.op_type == op_type).unwrap_or_else(|| panic!("no schema for {op_type}"))
+    schemas()
+        .iter()
+        .find(|s| s.op_type == op_type)
+        .unwrap_or_else(|| panic!("no schema for {op_type}"))
 }
 
 /// Owned buffers for hosts outside ONNX Runtime. New buffers are poisoned (see
@@ -144,7 +168,10 @@ impl OutputHost for OwnedOutputs {
             self.data = Vec::new();
             for (i, spec) in specs.iter().enumerate() {
                 let name = self.names.get(i).map_or_else(|| i.to_string(), |n| format!("'{n}'"));
-                self.data.push(OwnedData::poisoned(spec, &format!("output {name} ({:?} {:?})", spec.dtype, spec.shape))?);
+                self.data.push(OwnedData::poisoned(
+                    spec,
+                    &format!("output {name} ({:?} {:?})", spec.dtype, spec.shape),
+                )?);
             }
             self.specs = specs.to_vec();
         }
@@ -157,7 +184,11 @@ impl OwnedOutputs {
         OwnedOutputs { names, ..Default::default() }
     }
     pub fn into_tensors(self) -> Vec<Tensor> {
-        self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.shape, data }).collect()
+        self.specs
+            .into_iter()
+            .zip(self.data)
+            .map(|(s, data)| Tensor { shape: s.shape, data })
+            .collect()
     }
 }
 
@@ -176,9 +207,18 @@ impl OutputHost for LineAlignedOutputs {
     fn allocate(&mut self, specs: &[OutputSpec]) -> Result<Outputs<'_>> {
         if self.owned.specs != specs {
             // 64 elements of at least a byte reach the next line from anywhere.
-            let padded: Vec<OutputSpec> = specs.iter().map(|s| OutputSpec::new(s.dtype, [s.numel().saturating_add(64)])).collect();
+            let padded: Vec<OutputSpec> = specs
+                .iter()
+                .map(|s| OutputSpec::new(s.dtype, [s.numel().saturating_add(64)]))
+                .collect();
             self.owned.allocate(&padded)?;
-            self.starts = self.owned.data.iter().zip(specs).map(|(d, s)| d.as_ptr().cast::<u8>().align_offset(64) / s.dtype.size()).collect();
+            self.starts = self
+                .owned
+                .data
+                .iter()
+                .zip(specs)
+                .map(|(d, s)| d.as_ptr().cast::<u8>().align_offset(64) / s.dtype.size())
+                .collect();
             self.owned.specs = specs.to_vec();
         }
         let parts = self.owned.data.iter_mut().zip(&self.starts).zip(specs).map(|((d, &at), s)| {
@@ -202,16 +242,18 @@ impl LineAlignedOutputs {
             v.truncate(len);
             v
         }
-        let parts = self.owned.data.into_iter().zip(self.starts).zip(self.owned.specs).map(|((d, at), s)| {
-            let len = s.numel();
-            let data = match d {
-                OwnedData::F32(v) => OwnedData::F32(cut(v, at, len)),
-                OwnedData::F16(v) => OwnedData::F16(cut(v, at, len)),
-                OwnedData::I32(v) => OwnedData::I32(cut(v, at, len)),
-                OwnedData::I64(v) => OwnedData::I64(cut(v, at, len)),
-            };
-            Tensor { shape: s.shape, data }
-        });
+        let parts = self.owned.data.into_iter().zip(self.starts).zip(self.owned.specs).map(
+            |((d, at), s)| {
+                let len = s.numel();
+                let data = match d {
+                    OwnedData::F32(v) => OwnedData::F32(cut(v, at, len)),
+                    OwnedData::F16(v) => OwnedData::F16(cut(v, at, len)),
+                    OwnedData::I32(v) => OwnedData::I32(cut(v, at, len)),
+                    OwnedData::I64(v) => OwnedData::I64(cut(v, at, len)),
+                };
+                Tensor { shape: s.shape, data }
+            },
+        );
         parts.collect()
     }
 }
@@ -222,7 +264,11 @@ pub fn descriptor<O: Operator>(attrs: &HashMap<String, AttrValue>) -> Result<O> 
 }
 
 /// Runs a configured operator on owned inputs (`None` = absent optional input).
-pub fn run<O: Operator>(op: &O, inputs: &[Option<&Tensor>], par: &dyn Parallel) -> Result<Vec<Tensor>> {
+pub fn run<O: Operator>(
+    op: &O,
+    inputs: &[Option<&Tensor>],
+    par: &dyn Parallel,
+) -> Result<Vec<Tensor>> {
     let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tensor::view)).collect();
     let inputs = Inputs::new(O::schema().input_names(), refs)?;
     let mut host = OwnedOutputs::named(O::schema().output_names());

@@ -27,7 +27,11 @@ digits_impl!(u128);
 const DIGIT_BITS: u32 = 11;
 
 /// Stable LSD radix sort of `v` by the low `bits` bits of `key` (the other bits zero).
-pub fn radix_sort<T: Copy, K: Digits>(v: &mut Vec<T>, bits: u32, key: impl Fn(&T) -> K) -> Result<()> {
+pub fn radix_sort<T: Copy, K: Digits>(
+    v: &mut Vec<T>,
+    bits: u32,
+    key: impl Fn(&T) -> K,
+) -> Result<()> {
     if bits == 0 {
         // Every key is 0: the order stays.
         return Ok(());
@@ -78,7 +82,9 @@ mod tests {
         for (len, bits) in [(5000, 16), (100, 16), (3000, 40), (2000, 0)] {
             let mask = if bits == 0 { 0 } else { (1u64 << bits) - 1 };
             // Few distinct keys at 16 bits, so equal keys must keep their order.
-            let mut v: Vec<(u64, u32)> = (0..len).map(|i| (next() & mask & if bits == 16 { 0xF0F } else { !0 }, i)).collect();
+            let mut v: Vec<(u64, u32)> = (0..len)
+                .map(|i| (next() & mask & if bits == 16 { 0xF0F } else { !0 }, i))
+                .collect();
             let mut want = v.clone();
             want.sort_by_key(|x| x.0);
             radix_sort(&mut v, bits as u32, |x| x.0).unwrap();

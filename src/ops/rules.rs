@@ -123,11 +123,20 @@ pub const SIZE_INPUT_BYTES: usize = 16 * 1024;
 
 /// The first row of `data` that breaks `check`, if any (the host's version of kernels/check).
 fn first_broken_int(data: &[i32], cols: usize, bounds: &[(i32, i32); 4]) -> Option<usize> {
-    data.chunks_exact(cols).position(|row| row.iter().zip(bounds).any(|(&v, &(lo, hi))| v < lo || v > hi))
+    data.chunks_exact(cols)
+        .position(|row| row.iter().zip(bounds).any(|(&v, &(lo, hi))| v < lo || v > hi))
 }
 
-pub(super) fn first_broken_float(data: &[f32], cols: usize, col: usize, above: f32, below: f32) -> Option<usize> {
-    data.chunks_exact(cols).position(|row| row.iter().all(|v| v.is_finite()) && !(row[col] > above && row[col] < below))
+pub(super) fn first_broken_float(
+    data: &[f32],
+    cols: usize,
+    col: usize,
+    above: f32,
+    below: f32,
+) -> Option<usize> {
+    data.chunks_exact(cols).position(|row| {
+        row.iter().all(|v| v.is_finite()) && !(row[col] > above && row[col] < below)
+    })
 }
 
 /// Checks the value rules on host data (the CPU path), in order; the first broken one is

@@ -15,8 +15,17 @@ use std::sync::{Arc, OnceLock};
 /// Runs `kernel`, operator `op`, on `tensors` into outputs that start on a 64-byte line, as
 /// onnxruntime's do (`ops::run`'s Vecs start wherever the allocator puts them), and returns
 /// its first output.
-pub fn run_line_aligned(kernel: &dyn Kernel, op: &str, tensors: &[Tensor], par: &dyn Parallel) -> Tensor {
-    let inputs = Inputs::new(ops::schema(op).input_names(), tensors.iter().map(|t| Some(t.view())).collect()).expect("inputs");
+pub fn run_line_aligned(
+    kernel: &dyn Kernel,
+    op: &str,
+    tensors: &[Tensor],
+    par: &dyn Parallel,
+) -> Tensor {
+    let inputs = Inputs::new(
+        ops::schema(op).input_names(),
+        tensors.iter().map(|t| Some(t.view())).collect(),
+    )
+    .expect("inputs");
     let mut host = LineAlignedOutputs::default();
     kernel.compute(&inputs, &mut host, par).expect("valid case runs");
     host.into_tensors().remove(0)
@@ -98,18 +107,34 @@ pub fn card() -> Arc<Device> {
     let card = CARD.get_or_init(|| {
         let chosen = std::env::var("MLU_EP_TEST_DEVICE").ok();
         let (card, what) = match chosen.as_deref() {
-            Some("emulated") => (Device::emulated().expect("the emulated card starts"), "the emulated card".to_string()),
+            Some("emulated") => (
+                Device::emulated().expect("the emulated card starts"),
+                "the emulated card".to_string(),
+            ),
             Some(i) => {
-                let i: usize = i.parse().unwrap_or_else(|_| panic!("MLU_EP_TEST_DEVICE={i}: not a card index or 'emulated'"));
-                let cards = cnrt::devices().unwrap_or_else(|why| panic!("MLU_EP_TEST_DEVICE={i}: no real card: {why}"));
+                let i: usize = i.parse().unwrap_or_else(|_| {
+                    panic!("MLU_EP_TEST_DEVICE={i}: not a card index or 'emulated'")
+                });
+                let cards = cnrt::devices()
+                    .unwrap_or_else(|why| panic!("MLU_EP_TEST_DEVICE={i}: no real card: {why}"));
                 let n = cards.len();
-                let card = cards.into_iter().nth(i).unwrap_or_else(|| panic!("MLU_EP_TEST_DEVICE={i}: the runtime lists {n} cards"));
+                let card = cards.into_iter().nth(i).unwrap_or_else(|| {
+                    panic!("MLU_EP_TEST_DEVICE={i}: the runtime lists {n} cards")
+                });
                 (card, format!("real card {i}"))
             }
             None => match cnrt::devices().map(|cards| cards.into_iter().next()) {
-                Ok(Some(card)) => (card, "real card 0 (MLU_EP_TEST_DEVICE selects another)".to_string()),
-                Ok(None) => (Device::emulated().expect("the emulated card starts"), "the emulated card (no usable real card)".into()),
-                Err(why) => (Device::emulated().expect("the emulated card starts"), format!("the emulated card ({why})")),
+                Ok(Some(card)) => {
+                    (card, "real card 0 (MLU_EP_TEST_DEVICE selects another)".to_string())
+                }
+                Ok(None) => (
+                    Device::emulated().expect("the emulated card starts"),
+                    "the emulated card (no usable real card)".into(),
+                ),
+                Err(why) => (
+                    Device::emulated().expect("the emulated card starts"),
+                    format!("the emulated card ({why})"),
+                ),
             },
         };
         eprintln!("kernel tests on {what}: {}", card.info.arch);
@@ -160,11 +185,17 @@ pub fn ort_dylib_path() -> PathBuf {
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|python| std::fs::read_dir(python.path().join("site-packages/onnxruntime/capi")).ok())
+        .filter_map(|python| {
+            std::fs::read_dir(python.path().join("site-packages/onnxruntime/capi")).ok()
+        })
         .flatten()
         .flatten()
         .map(|entry| entry.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so.")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+        })
         .collect();
     found.sort();
     found.pop().unwrap_or_else(|| {

@@ -16,7 +16,10 @@ pub struct Case {
 
 impl Case {
     pub fn tensors(&self) -> (Tensor, Tensor) {
-        (Tensor::f32([self.n, self.c], self.feats.clone()), Tensor::i32([self.n, self.d], self.coors.clone()))
+        (
+            Tensor::f32([self.n, self.c], self.feats.clone()),
+            Tensor::i32([self.n, self.d], self.coors.clone()),
+        )
     }
 }
 
@@ -68,7 +71,8 @@ pub fn reference(case: &Case) -> Reference {
         for ch in 0..c {
             let values: Vec<f32> = points.iter().map(|&i| case.feats[i * c + ch]).collect();
             let non_nan: Vec<f32> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-            r.max[v * c + ch] = non_nan.iter().copied().fold(f32::NEG_INFINITY, |a, x| if x > a { x } else { a });
+            r.max[v * c + ch] =
+                non_nan.iter().copied().fold(f32::NEG_INFINITY, |a, x| if x > a { x } else { a });
             let mut s32 = 0f32;
             let mut s64 = 0f64;
             for &x in &values {

@@ -68,8 +68,12 @@ impl Attrs {
                 m.insert(name.to_owned(), AttrValue::Ints(v.clone()));
             }
         }
-        let scalars =
-            [("batch_size", self.batch_size), ("subm", self.subm), ("transpose", self.transpose), ("inverse", self.inverse)];
+        let scalars = [
+            ("batch_size", self.batch_size),
+            ("subm", self.subm),
+            ("transpose", self.transpose),
+            ("inverse", self.inverse),
+        ];
         for (name, v) in scalars {
             if let Some(v) = v {
                 m.insert(name.to_owned(), AttrValue::Int(v));
@@ -165,7 +169,8 @@ pub fn resolve(a: &Attrs) -> Result<Conv, String> {
     if transpose && dilation.iter().any(|&d| d > 1) {
         return Err("transpose with dilation".into());
     }
-    let conv = Conv { batch, spatial, kernel, stride, padding, dilation, output_padding, subm, transpose };
+    let conv =
+        Conv { batch, spatial, kernel, stride, padding, dilation, output_padding, subm, transpose };
     for i in 0..3 {
         if subm {
             let plain = Conv { subm: false, ..conv.clone() };
@@ -249,17 +254,28 @@ pub type Site = (i32, i128, i128, i128);
 pub fn reference(c: &Conv, rows: &[[i32; 4]]) -> Rulebook {
     let l = rows.len();
     let kk = c.kernel;
-    let offsets: Vec<[i128; 3]> =
-        (0..kk[0]).flat_map(|z| (0..kk[1]).flat_map(move |y| (0..kk[2]).map(move |x| [z, y, x]))).collect();
+    let offsets: Vec<[i128; 3]> = (0..kk[0])
+        .flat_map(|z| (0..kk[1]).flat_map(move |y| (0..kk[2]).map(move |x| [z, y, x])))
+        .collect();
     let k = offsets.len();
     let site = |r: &[i32; 4], off: &[i128; 3]| -> Option<Site> {
-        Some((r[0], target(c, 0, r[1], off[0])?, target(c, 1, r[2], off[1])?, target(c, 2, r[3], off[2])?))
+        Some((
+            r[0],
+            target(c, 0, r[1], off[0])?,
+            target(c, 1, r[2], off[1])?,
+            target(c, 2, r[3], off[2])?,
+        ))
     };
     let (out_rows, out): (BTreeMap<Site, usize>, Vec<i32>) = if c.subm {
-        let m = rows.iter().enumerate().map(|(i, r)| ((r[0], r[1].into(), r[2].into(), r[3].into()), i)).collect();
+        let m = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| ((r[0], r[1].into(), r[2].into(), r[3].into()), i))
+            .collect();
         (m, rows.iter().flatten().copied().collect())
     } else {
-        let all: BTreeSet<Site> = rows.iter().flat_map(|r| offsets.iter().filter_map(|o| site(r, o))).collect();
+        let all: BTreeSet<Site> =
+            rows.iter().flat_map(|r| offsets.iter().filter_map(|o| site(r, o))).collect();
         let out = all.iter().flat_map(|s| [s.0, s.1 as i32, s.2 as i32, s.3 as i32]).collect();
         (all.into_iter().enumerate().map(|(i, s)| (s, i)).collect(), out)
     };

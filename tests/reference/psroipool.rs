@@ -22,7 +22,14 @@ impl Case {
 /// The bin of the contract: (hstart, hend, wstart, wend) clamped, or None when the roi has a
 /// non-finite value or its scaled start / bin size is not finite. float32, every operation
 /// rounded separately (Rust never fuses).
-pub fn reference_bin(a: Attrs, roi: &[f32], i: usize, j: usize, height: usize, width: usize) -> Option<[usize; 4]> {
+pub fn reference_bin(
+    a: Attrs,
+    roi: &[f32],
+    i: usize,
+    j: usize,
+    height: usize,
+    width: usize,
+) -> Option<[usize; 4]> {
     if !roi.iter().all(|v| v.is_finite()) {
         return None;
     }

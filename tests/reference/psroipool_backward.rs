@@ -28,7 +28,14 @@ impl Case {
 
 /// Bin edges of the contract, float32 with every operation rounded (Rust never fuses):
 /// returns None when the roi contributes nothing, else per bin (hstart, hend, wstart, wend).
-pub fn reference_bin(a: Attrs, roi: &[f32], i: usize, j: usize, height: usize, width: usize) -> Option<[usize; 4]> {
+pub fn reference_bin(
+    a: Attrs,
+    roi: &[f32],
+    i: usize,
+    j: usize,
+    height: usize,
+    width: usize,
+) -> Option<[usize; 4]> {
     if roi.iter().any(|v| !v.is_finite()) {
         return None;
     }
@@ -66,7 +73,9 @@ pub fn reference(case: &Case, a: Attrs) -> Vec<f64> {
         let roi = &case.rois[r * 5..r * 5 + 5];
         for i in 0..p {
             for j in 0..q {
-                let Some([hs, he, ws, we]) = reference_bin(a, roi, i, j, height, width) else { continue };
+                let Some([hs, he, ws, we]) = reference_bin(a, roi, i, j, height, width) else {
+                    continue;
+                };
                 if he <= hs || we <= ws {
                     continue;
                 }

@@ -52,7 +52,6 @@ impl Case {
     }
 }
 
-
 /// float64 reference: output[b, c, n] = sum over k of features[b, c, idx[k]] * w[k].
 pub fn reference64(case: &Case) -> Vec<f64> {
     let (b, c, m, n) = (case.b, case.c, case.m, case.n);
@@ -63,7 +62,8 @@ pub fn reference64(case: &Case) -> Vec<f64> {
                 let mut acc = 0f64;
                 for k in 0..3 {
                     let i = case.indices[(bi * n + ni) * 3 + k] as usize;
-                    acc += case.features[(bi * c + ci) * m + i] as f64 * case.weights[(bi * n + ni) * 3 + k] as f64;
+                    acc += case.features[(bi * c + ci) * m + i] as f64
+                        * case.weights[(bi * n + ni) * 3 + k] as f64;
                 }
                 out[(bi * c + ci) * n + ni] = acc;
             }
@@ -80,7 +80,9 @@ pub fn reference_bits(case: &Case) -> Vec<u32> {
     for bi in 0..b {
         for ci in 0..c {
             for ni in 0..n {
-                let f = |k: usize| case.features[(bi * c + ci) * m + case.indices[(bi * n + ni) * 3 + k] as usize];
+                let f = |k: usize| {
+                    case.features[(bi * c + ci) * m + case.indices[(bi * n + ni) * 3 + k] as usize]
+                };
                 let w = |k: usize| case.weights[(bi * n + ni) * 3 + k];
                 let p0 = f(0) * w(0);
                 let p1 = f(1) * w(1);

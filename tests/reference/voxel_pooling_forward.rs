@@ -14,7 +14,10 @@ pub struct Case {
 
 impl Case {
     pub fn tensors(&self) -> (Tensor, Tensor) {
-        (Tensor::i32([self.b, self.n, 3], self.geom.clone()), Tensor::f32([self.b, self.n, self.c], self.feats.clone()))
+        (
+            Tensor::i32([self.b, self.n, 3], self.geom.clone()),
+            Tensor::f32([self.b, self.n, self.c], self.feats.clone()),
+        )
     }
 }
 
@@ -27,7 +30,8 @@ pub fn reference(case: &Case, voxel_num: [i64; 3]) -> (Vec<f64>, Vec<i32>) {
     for bi in 0..b {
         for p in 0..n {
             let at = (bi * n + p) * 3;
-            let (x, y, z) = (case.geom[at] as i64, case.geom[at + 1] as i64, case.geom[at + 2] as i64);
+            let (x, y, z) =
+                (case.geom[at] as i64, case.geom[at + 1] as i64, case.geom[at + 2] as i64);
             let inside = (0..nx).contains(&x) && (0..ny).contains(&y) && (0..nz).contains(&z);
             if !inside {
                 continue;

@@ -21,15 +21,14 @@
 //! pays, which was the largest single cost at seed scale). Tasks own their scattered
 //! output rows through a CSR-ordered vector of row slices, so no unsafe code is needed.
 
-
 use super::Reduce;
+use crate::cache;
+use crate::error::{Error, Result};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
-use crate::cache;
-use crate::scratch;
-use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
+use crate::scratch;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 use std::ops::Range;
 
@@ -91,10 +90,22 @@ struct Views<'a> {
 fn dims(inputs: &Inputs<'_>) -> Result<Dims> {
     let gvf = inputs.shaped::<f32>(GRAD_VOXEL_FEATS, &[None, None], "[M, C]")?;
     let (m, c) = (gvf[0], gvf[1]);
-    let n = inputs.shaped::<f32>(FEATS, &[None, Some(c)], &format!("[N, C] with C = {c} (from grad_voxel_feats)"))?[0];
-    inputs.shaped::<f32>(VOXEL_FEATS, &[Some(m), Some(c)], &format!("[M, C] = [{m}, {c}] (the shape of grad_voxel_feats)"))?;
+    let n = inputs.shaped::<f32>(
+        FEATS,
+        &[None, Some(c)],
+        &format!("[N, C] with C = {c} (from grad_voxel_feats)"),
+    )?[0];
+    inputs.shaped::<f32>(
+        VOXEL_FEATS,
+        &[Some(m), Some(c)],
+        &format!("[M, C] = [{m}, {c}] (the shape of grad_voxel_feats)"),
+    )?;
     inputs.shaped::<i32>(MAP, &[Some(n)], &format!("[N] with N = {n} (from feats)"))?;
-    inputs.shaped::<i32>(COUNT, &[Some(m)], &format!("[M] with M = {m} (from grad_voxel_feats)"))?;
+    inputs.shaped::<i32>(
+        COUNT,
+        &[Some(m)],
+        &format!("[M] with M = {m} (from grad_voxel_feats)"),
+    )?;
     let v = if inputs.is_present(VOXEL_NUM) {
         inputs.shaped::<i32>(VOXEL_NUM, &[Some(1)], "[1]")?;
         let value = inputs.get::<i32>(VOXEL_NUM)?.data[0];
@@ -147,7 +158,12 @@ impl Rules for DynamicScatterBackward {
             RowValues::F32(_) => 0,
         };
         if value < -1 {
-            inputs.error(MAP, format!("point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)"))
+            inputs.error(
+                MAP,
+                format!(
+                    "point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)"
+                ),
+            )
         } else {
             inputs.error(
                 MAP,
@@ -164,7 +180,8 @@ fn scan_map(inputs: &Inputs<'_>, x: &Views<'_>, reduce: Reduce) -> Result<Option
     // The CSR is needed only when `max` has output to fill.
     let want_csr = reduce == Reduce::Max && n > 0 && c > 0;
     // Histogram in `offsets[row + 1]`.
-    let mut offsets = if want_csr { scratch::filled(v + 1, 0usize, "the voxel offsets")? } else { Vec::new() };
+    let mut offsets =
+        if want_csr { scratch::filled(v + 1, 0usize, "the voxel offsets")? } else { Vec::new() };
     for (i, &value) in x.map.iter().enumerate() {
         // Every value is in [-1, V) (the value rule, checked before).
         let Ok(row) = usize::try_from(value) else { continue };
@@ -212,7 +229,8 @@ fn scan_map(inputs: &Inputs<'_>, x: &Views<'_>, reduce: Reduce) -> Result<Option
 
 impl Operator for DynamicScatterBackward {
     const NAME: &'static str = "DynamicScatterBackward";
-    const SCHEMA: &'static str = include_str!("../../../schemas/dynamic_scatter/dynamic_scatter_backward.json");
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/dynamic_scatter/dynamic_scatter_backward.json");
     type Plan = Plan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
@@ -228,7 +246,13 @@ impl Operator for DynamicScatterBackward {
         Ok((vec![spec], Plan { dims: x.dims, csr }))
     }
 
-    fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        plan: Plan,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let x = views(inputs, dims(inputs)?)?;
         if x.dims != plan.dims {
             return Err(Error::Runtime(format!(
@@ -240,7 +264,10 @@ impl Operator for DynamicScatterBackward {
         }
         let out = outputs.take::<f32>(0)?;
         if out.len() != x.dims.n * x.dims.c {
-            return Err(Error::output("grad_feats", format!("buffer holds {} elements, expected N*C", out.len())));
+            return Err(Error::output(
+                "grad_feats",
+                format!("buffer holds {} elements, expected N*C", out.len()),
+            ));
         }
         if out.is_empty() {
             return Ok(());
@@ -316,7 +343,8 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) -> Result<
     // The output rows in CSR order: then the rows of a block of voxels form one contiguous
     // run of `slots`, which `for_each_part_mut` hands to one task, so each task owns its
     // (scattered) rows without any shared mutable state.
-    let mut slots: Vec<Option<&mut [f32]>> = scratch::with_capacity(total, "the output rows in voxel order")?;
+    let mut slots: Vec<Option<&mut [f32]>> =
+        scratch::with_capacity(total, "the output rows in voxel order")?;
     slots.resize_with(total, || None);
     for (row, &p) in out.chunks_exact_mut(c).zip(&csr.pos) {
         if let Some(slot) = slots.get_mut(p) {
@@ -335,7 +363,8 @@ fn max(x: &Views<'_>, csr: &Csr, out: &mut [f32], par: &dyn Parallel) -> Result<
         first_voxel.push(vx.max(first_voxel[t - 1]));
     }
     first_voxel.push(v);
-    let bounds: Vec<usize> = first_voxel.iter().map(|&vx| csr.offsets.get(vx).copied().unwrap_or(total)).collect();
+    let bounds: Vec<usize> =
+        first_voxel.iter().map(|&vx| csr.offsets.get(vx).copied().unwrap_or(total)).collect();
     for_each_part_mut(par, &mut slots, &bounds, |t, part| {
         voxel_block(x, csr, first_voxel[t]..first_voxel[t + 1], part, stream);
     });
@@ -348,9 +377,18 @@ const AHEAD: usize = 4;
 
 /// Writes the output rows of the points of `voxels`; `part` holds those rows in CSR order.
 /// `stream`: write them with non-temporal stores.
-fn voxel_block(x: &Views<'_>, csr: &Csr, voxels: Range<usize>, part: &mut [Option<&mut [f32]>], stream: bool) {
+fn voxel_block(
+    x: &Views<'_>,
+    csr: &Csr,
+    voxels: Range<usize>,
+    part: &mut [Option<&mut [f32]>],
+    stream: bool,
+) {
     let c = x.dims.c;
-    let (Some(&base), Some(&end)) = (csr.offsets.get(voxels.start), csr.offsets.get(voxels.end)) else { return };
+    let (Some(&base), Some(&end)) = (csr.offsets.get(voxels.start), csr.offsets.get(voxels.end))
+    else {
+        return;
+    };
     let feats_row = |p: usize| csr.order.get(p).and_then(|&i| row_of(x.feats, i, c));
     // Per channel, all ones once an earlier point of the current voxel took the gradient.
     let mut taken = vec![0u32; c];

@@ -8,14 +8,14 @@
 //! blocks of voxels (each task owns its voxels' output rows), so the result is the same
 //! bits whatever the thread count. No MLU kernel: the EP declines it.
 
+use super::Reduce;
+use crate::cache;
+use crate::error::{Error, Result};
 use crate::ops::Operator;
 use crate::ops::radix::radix_sort;
-use super::Reduce;
-use crate::error::{Error, Result};
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
 use crate::scratch::{self, FirstError};
-use crate::cache;
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 const FEATS: usize = 0;
@@ -49,7 +49,8 @@ impl Voxels {
 
 impl Operator for DynamicScatter {
     const NAME: &'static str = "DynamicScatter";
-    const SCHEMA: &'static str = include_str!("../../../schemas/dynamic_scatter/dynamic_scatter.json");
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/dynamic_scatter/dynamic_scatter.json");
     type Plan = Voxels;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
@@ -61,28 +62,52 @@ impl Operator for DynamicScatter {
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Voxels)> {
         let feats = inputs.get_shaped::<f32>(FEATS, &[None, None], "[N, C]")?;
         let (n, c) = (feats.shape[0], feats.shape[1]);
-        let coors = inputs.get_shaped::<i32>(COORS, &[Some(n), None], &format!("[N, D] (N = {n} of feats)"))?;
+        let coors = inputs.get_shaped::<i32>(
+            COORS,
+            &[Some(n), None],
+            &format!("[N, D] (N = {n} of feats)"),
+        )?;
         let d = coors.shape[1];
         if d == 0 {
-            return Err(inputs.error(COORS, "must have at least one coordinate column (D >= 1), got D = 0"));
+            return Err(
+                inputs.error(COORS, "must have at least one coordinate column (D >= 1), got D = 0")
+            );
         }
         // Point and voxel indices are int32 outputs.
-        crate::ops::check_i32_range(|| inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")), n)?;
+        crate::ops::check_i32_range(
+            || inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")),
+            n,
+        )?;
         let coors = coors.data;
         let row = |i: u32| &coors[i as usize * d..(i as usize + 1) * d];
-        let mut order = scratch::collect((0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)), "the valid points")?;
+        let mut order = scratch::collect(
+            (0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)),
+            "the valid points",
+        )?;
         // Each column packed in just the bits of its largest value, the first column highest:
         // keys then compare as the rows do.
         // D is bounded by the input's length only when some point is kept.
-        let mut widths = scratch::filled(if order.is_empty() { 0 } else { d }, 0u32, "the coordinate columns' widths")?;
+        let mut widths = scratch::filled(
+            if order.is_empty() { 0 } else { d },
+            0u32,
+            "the coordinate columns' widths",
+        )?;
         for &i in &order {
             for (w, &x) in widths.iter_mut().zip(row(i)) {
                 *w = (*w).max(u32::BITS - (x as u32).leading_zeros());
             }
         }
         if widths.iter().map(|&w| u64::from(w)).sum::<u64>() <= u64::from(u64::BITS) {
-            let pack = |i: u32| row(i).iter().zip(&widths).fold(0u64, |key, (&x, &w)| key.unbounded_shl(w) | x as u64);
-            let mut keyed = scratch::collect(order.iter().map(|&i| (pack(i), i)), "the sort keys of the valid points")?;
+            let pack = |i: u32| {
+                row(i)
+                    .iter()
+                    .zip(&widths)
+                    .fold(0u64, |key, (&x, &w)| key.unbounded_shl(w) | x as u64)
+            };
+            let mut keyed = scratch::collect(
+                order.iter().map(|&i| (pack(i), i)),
+                "the sort keys of the valid points",
+            )?;
             // Stable, on points in index order: (row, index) order.
             radix_sort(&mut keyed, widths.iter().sum(), |&(key, _)| key)?;
             order.iter_mut().zip(&keyed).for_each(|(o, &(_, i))| *o = i);
@@ -109,7 +134,13 @@ impl Operator for DynamicScatter {
         Ok((specs, Voxels { n, c, d, order, starts }))
     }
 
-    fn execute(&self, v: Voxels, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        v: Voxels,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let feats = inputs.get::<f32>(FEATS)?.data;
         let coors = inputs.get::<i32>(COORS)?.data;
         let voxel_feats = outputs.take::<f32>(0)?;
@@ -170,10 +201,20 @@ const AHEAD: usize = 4;
 
 /// Reduces the voxels `first..` whose output rows `part` holds, each voxel's points in
 /// ascending order. `stream`: write the rows with non-temporal stores.
-fn reduce_block(v: &Voxels, feats: &[f32], reduce: Reduce, first: usize, part: &mut [f32], stream: bool) -> Result<()> {
+fn reduce_block(
+    v: &Voxels,
+    feats: &[f32],
+    reduce: Reduce,
+    first: usize,
+    part: &mut [f32],
+    stream: bool,
+) -> Result<()> {
     let c = v.c;
     let feats_row = |i: u32| feats.get(i as usize * c..(i as usize + 1) * c);
-    let (Some(&base), Some(&end)) = (v.starts.get(first), v.starts.get(first + part.len() / c)) else { return Ok(()) };
+    let (Some(&base), Some(&end)) = (v.starts.get(first), v.starts.get(first + part.len() / c))
+    else {
+        return Ok(());
+    };
     let points = v.order.get(base..end).unwrap_or(&[]);
     let prefetch = |k: usize| {
         if let Some(row) = points.get(k).and_then(|&i| feats_row(i)) {
@@ -194,7 +235,9 @@ fn reduce_block(v: &Voxels, feats: &[f32], reduce: Reduce, first: usize, part: &
             match reduce {
                 // NaN never compares greater, so it never wins. A select, not a branch, so
                 // it vectorises.
-                Reduce::Max => acc.iter_mut().zip(f).for_each(|(o, &x)| *o = if x > *o { x } else { *o }),
+                Reduce::Max => {
+                    acc.iter_mut().zip(f).for_each(|(o, &x)| *o = if x > *o { x } else { *o })
+                }
                 Reduce::Sum | Reduce::Mean => acc.iter_mut().zip(f).for_each(|(o, &x)| *o += x),
             }
         }
@@ -220,9 +263,17 @@ mod tests {
         let n = coors.len() / d;
         let feats = Tensor::f32([n, 1], vec![0.0; n]);
         let coors = Tensor::i32([n, d], coors);
-        let inputs = Inputs::new(vec!["feats".into(), "coors".into()], vec![Some(feats.view()), Some(coors.view())]).unwrap();
+        let inputs = Inputs::new(
+            vec!["feats".into(), "coors".into()],
+            vec![Some(feats.view()), Some(coors.view())],
+        )
+        .unwrap();
         let attrs = HashMap::from([("reduce_type".to_owned(), AttrValue::String("max".into()))]);
-        let op = DynamicScatter::from_attributes(&Attrs::new(crate::ops::schema("DynamicScatter"), &attrs)).unwrap();
+        let op = DynamicScatter::from_attributes(&Attrs::new(
+            crate::ops::schema("DynamicScatter"),
+            &attrs,
+        ))
+        .unwrap();
         let (_, v) = op.plan(&inputs, &crate::parallel::Serial).unwrap();
         v.starts.windows(2).map(|w| v.order[w[0]..w[1]].to_vec()).collect()
     }
@@ -252,7 +303,8 @@ mod tests {
             for big in std::iter::once(None).chain(big.map(Some)) {
                 // More than 256 kept points, so the radix sort runs (not its small-input path).
                 let n = 2000;
-                let mut coors: Vec<i32> = (0..n * d).map(|_| values[(next() % values.len() as u64) as usize]).collect();
+                let mut coors: Vec<i32> =
+                    (0..n * d).map(|_| values[(next() % values.len() as u64) as usize]).collect();
                 if zero_first {
                     coors.chunks_exact_mut(d).for_each(|r| r[0] = 0);
                 }
@@ -262,7 +314,8 @@ mod tests {
                     coors[d * 11 + d - 1] = big;
                 }
                 let rows: Vec<&[i32]> = coors.chunks_exact(d).collect();
-                let mut want: Vec<u32> = (0..n as u32).filter(|&i| rows[i as usize].iter().all(|&x| x >= 0)).collect();
+                let mut want: Vec<u32> =
+                    (0..n as u32).filter(|&i| rows[i as usize].iter().all(|&x| x >= 0)).collect();
                 want.sort_by(|&a, &b| rows[a as usize].cmp(rows[b as usize]).then(a.cmp(&b)));
                 let mut grouped: Vec<Vec<u32>> = Vec::new();
                 for &i in &want {

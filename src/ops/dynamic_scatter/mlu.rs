@@ -51,7 +51,8 @@ impl Policy {
     /// does not fit in NRAM.
     fn tiles(c: usize) -> Option<(usize, usize, usize)> {
         let padded = c.next_multiple_of(32);
-        let tile_points = NRAM_BUDGET.saturating_sub(TILES_INDEX * 64 + 4 * padded) / (8 + 12 * padded);
+        let tile_points =
+            NRAM_BUDGET.saturating_sub(TILES_INDEX * 64 + 4 * padded) / (8 + 12 * padded);
         let tile_voxels = (NRAM_BUDGET - TILES_SCATTER * 64) / (8 * c.max(1));
         (tile_points > 0 && tile_voxels > 0).then_some((padded, tile_points, tile_voxels))
     }
@@ -63,24 +64,35 @@ impl MluOperator for DynamicScatterBackward {
     fn mlu_supported(&self) -> Result<()> {
         match self.reduce {
             Reduce::Max => Ok(()),
-            _ => Err(Error::declined("reduce_type mean/sum: the MLU kernels implement max only (as the seed design)")),
+            _ => Err(Error::declined(
+                "reduce_type mean/sum: the MLU kernels implement max only (as the seed design)",
+            )),
         }
     }
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> Result<()> {
+    fn mlu_supported_shapes(
+        &self,
+        _: &mlu::DeviceInfo,
+        shapes: &device::StaticShapes,
+    ) -> Result<()> {
         // feats [N, C]: one point's rows must fit a kernel1 tile.
         match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
-            Some(c) if c > 0 && Policy::tiles(c).is_none() => {
-                Err(Error::declined(format!("C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile")))
-            }
+            Some(c) if c > 0 && Policy::tiles(c).is_none() => Err(Error::declined(format!(
+                "C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile"
+            ))),
             _ => Ok(()),
         }
     }
 
     fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
-        let too_big = d.n >= i32::MAX as usize || d.n * d.c > i32::MAX as usize || d.v * d.c > i32::MAX as usize;
+        let too_big = d.n >= i32::MAX as usize
+            || d.n * d.c > i32::MAX as usize
+            || d.v * d.c > i32::MAX as usize;
         let policy = Policy::new(info, d.c).filter(|_| !too_big).ok_or_else(|| {
-            Error::declined(format!("N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows", d.n, d.v, d.c))
+            Error::declined(format!(
+                "N = {}, V = {}, C = {} exceed the MLU kernel's int32 offsets or NRAM rows",
+                d.n, d.v, d.c
+            ))
         })?;
         let n = device::narrow;
         Ok(Launch {
@@ -95,7 +107,13 @@ impl MluOperator for DynamicScatterBackward {
         })
     }
 
-    fn mlu_compute(&self, d: &Dims, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(
+        &self,
+        d: &Dims,
+        l: &Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N * C floats.
         unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
@@ -110,9 +128,24 @@ impl MluOperator for DynamicScatterBackward {
         // freed); the map is read only behind the value-check gate.
         card.queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
             (k.mluops_dynamic_scatter_backward_max)(
-                q, l.policy.task_dim, TASK_UNION1, l.points, l.voxels, l.channels, l.padded, l.tile_points,
-                l.tile_voxels, l.fill_tile,
-                card.input(0), card.input(1), card.input(2), card.input(3), reduce_from, out.cast(), gate, gates,
+                q,
+                l.policy.task_dim,
+                TASK_UNION1,
+                l.points,
+                l.voxels,
+                l.channels,
+                l.padded,
+                l.tile_points,
+                l.tile_voxels,
+                l.fill_tile,
+                card.input(0),
+                card.input(1),
+                card.input(2),
+                card.input(3),
+                reduce_from,
+                out.cast(),
+                gate,
+                gates,
             )
         })
     }

@@ -17,22 +17,38 @@ impl MluOpsOperator for DynamicScatterBackward {
     fn mluops_supported(&self) -> Result<()> {
         match self.reduce {
             Reduce::Max => Ok(()),
-            _ => Err(Error::declined("reduce_type mean/sum: mluOpDynamicPointToVoxelBackward implements max only")),
+            _ => Err(Error::declined(
+                "reduce_type mean/sum: mluOpDynamicPointToVoxelBackward implements max only",
+            )),
         }
     }
 
     fn mluops_fits(&self, d: &Dims) -> Result<()> {
         if d.n < d.m {
-            return Err(Error::declined(format!("N = {} points < M = {} voxels: MLU-OPS requires N >= M", d.n, d.m)));
+            return Err(Error::declined(format!(
+                "N = {} points < M = {} voxels: MLU-OPS requires N >= M",
+                d.n, d.m
+            )));
         }
         Ok(())
     }
 
-    fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        d: &Dims,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         // The library's NRAM bound, 5N + 20C + 4 bytes (BAD_PARAM beyond it), on this card.
-        let nram = usize::try_from(card.device.info.nram_bytes).unwrap_or(usize::MAX).saturating_sub(NRAM_KEPT);
+        let nram = usize::try_from(card.device.info.nram_bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(NRAM_KEPT);
         if d.n.saturating_mul(5).saturating_add(d.c.saturating_mul(20)).saturating_add(4) > nram {
-            return Err(Error::Declined(format!("N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}", d.n, d.c)));
+            return Err(Error::Declined(format!(
+                "N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}",
+                d.n, d.c
+            )));
         }
         let out = outputs.allocate(0, &OutputSpec::new(tensor::DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N*C floats.
@@ -43,9 +59,17 @@ impl MluOpsOperator for DynamicScatterBackward {
         // voxel_num: the optional input, or V = M written to the card.
         let voxel_num: *const c_void = if card.input::<c_void>(5).is_null() {
             let v: *mut i32 = outputs.workspace(4)?.cast();
-            let value = [i32::try_from(d.v).map_err(|_| Error::Declined(format!("V = {} beyond int32", d.v)))?];
+            let value = [i32::try_from(d.v)
+                .map_err(|_| Error::Declined(format!("V = {} beyond int32", d.v)))?];
             // SAFETY: `v` was just allocated for one int32.
-            unsafe { card.device.copy_raw(v.cast(), value.as_ptr().cast(), 4, crate::mlu::Direction::HostToDevice)? };
+            unsafe {
+                card.device.copy_raw(
+                    v.cast(),
+                    value.as_ptr().cast(),
+                    4,
+                    crate::mlu::Direction::HostToDevice,
+                )?
+            };
             v.cast_const().cast()
         } else {
             card.input::<c_void>(5)
@@ -62,7 +86,9 @@ impl MluOpsOperator for DynamicScatterBackward {
             let mut size = 0usize;
             // SAFETY: descriptors of the node's tensors and a valid out-pointer.
             let s = unsafe {
-                (lib.f.mluOpGetDynamicPointToVoxelBackwardWorkspaceSize)(h, max, gv.ptr, f.ptr, vf.ptr, map.ptr, count.ptr, num.ptr, &mut size)
+                (lib.f.mluOpGetDynamicPointToVoxelBackwardWorkspaceSize)(
+                    h, max, gv.ptr, f.ptr, vf.ptr, map.ptr, count.ptr, num.ptr, &mut size,
+                )
             };
             lib.check("mluOpGetDynamicPointToVoxelBackwardWorkspaceSize", s)?;
             let workspace = outputs.workspace(size)?;
@@ -70,8 +96,24 @@ impl MluOpsOperator for DynamicScatterBackward {
             // workspace of the size the library asked for.
             let s = unsafe {
                 (lib.f.mluOpDynamicPointToVoxelBackward)(
-                    h, max, gv.ptr, card.input(0), f.ptr, card.input(1), vf.ptr, card.input(2), map.ptr, card.input(3),
-                    count.ptr, card.input(4), num.ptr, voxel_num, workspace, size, gf.ptr, out,
+                    h,
+                    max,
+                    gv.ptr,
+                    card.input(0),
+                    f.ptr,
+                    card.input(1),
+                    vf.ptr,
+                    card.input(2),
+                    map.ptr,
+                    card.input(3),
+                    count.ptr,
+                    card.input(4),
+                    num.ptr,
+                    voxel_num,
+                    workspace,
+                    size,
+                    gf.ptr,
+                    out,
                 )
             };
             lib.check("mluOpDynamicPointToVoxelBackward", s)

@@ -37,7 +37,10 @@ impl Reduce {
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         let s = attrs.string("reduce_type")?;
         Reduce::parse(&s).ok_or_else(|| {
-            Error::attribute("reduce_type", format!("must be one of \"max\", \"mean\", \"sum\", got {s:?}"))
+            Error::attribute(
+                "reduce_type",
+                format!("must be one of \"max\", \"mean\", \"sum\", got {s:?}"),
+            )
         })
     }
 }

@@ -11,7 +11,6 @@
 //! ph + pw edge computations, not ph * pw * output_dim. The inner loop runs over o for one
 //! pixel, i.e. inside one pixel's channel vector (cache-resident).
 
-
 use crate::error::{Error, Result};
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
@@ -62,9 +61,17 @@ impl Span {
 }
 
 impl PsRoiPoolBackward {
-    pub fn new(pooled_height: i64, pooled_width: i64, spatial_scale: f32, output_dim: i64) -> Result<Self> {
+    pub fn new(
+        pooled_height: i64,
+        pooled_width: i64,
+        spatial_scale: f32,
+        output_dim: i64,
+    ) -> Result<Self> {
         if pooled_height < 1 {
-            return Err(Error::attribute("pooled_height", format!("must be >= 1, got {pooled_height}")));
+            return Err(Error::attribute(
+                "pooled_height",
+                format!("must be >= 1, got {pooled_height}"),
+            ));
         }
         if pooled_width != pooled_height {
             return Err(Error::attribute(
@@ -76,7 +83,10 @@ impl PsRoiPoolBackward {
             return Err(Error::attribute("output_dim", format!("must be >= 1, got {output_dim}")));
         }
         if !(spatial_scale.is_finite() && spatial_scale > 0.0) {
-            return Err(Error::attribute("spatial_scale", format!("must be finite and > 0, got {spatial_scale}")));
+            return Err(Error::attribute(
+                "spatial_scale",
+                format!("must be finite and > 0, got {spatial_scale}"),
+            ));
         }
         let too_big = || {
             Error::attribute(
@@ -88,7 +98,8 @@ impl PsRoiPoolBackward {
         };
         let pooled = usize::try_from(pooled_height).map_err(|_| too_big())?;
         let od = usize::try_from(output_dim).map_err(|_| too_big())?;
-        let channels = pooled.checked_mul(pooled).and_then(|n| n.checked_mul(od)).ok_or_else(too_big)?;
+        let channels =
+            pooled.checked_mul(pooled).and_then(|n| n.checked_mul(od)).ok_or_else(too_big)?;
         Ok(PsRoiPoolBackward { pooled, spatial_scale, output_dim: od, channels })
     }
 
@@ -101,7 +112,14 @@ impl PsRoiPoolBackward {
     /// Row and column spans of every bin of one roi, or `None` when the roi contributes
     /// nothing (non-finite start or bin size). Float32, each operation rounded (Rust never
     /// fuses), floor/ceil, then clamped to the map before conversion.
-    pub(super) fn roi_spans(&self, roi: &[f32], height: usize, width: usize, rows: &mut [Span], cols: &mut [Span]) -> Option<()> {
+    pub(super) fn roi_spans(
+        &self,
+        roi: &[f32],
+        height: usize,
+        width: usize,
+        rows: &mut [Span],
+        cols: &mut [Span],
+    ) -> Option<()> {
         let scale = self.spatial_scale;
         // f32::round rounds half away from zero.
         let start_w = roi[1].round() * scale;
@@ -190,9 +208,18 @@ fn batch_bounds(batches: usize) -> (f32, f32) {
     if batches == 0 { (-1.0, -1.0) } else { (-1.0, Check::float_below(batches)) }
 }
 
-pub(super) fn batch_error(inputs: &Inputs<'_>, index: usize, k: usize, roi: &[f32], batches: usize) -> Error {
+pub(super) fn batch_error(
+    inputs: &Inputs<'_>,
+    index: usize,
+    k: usize,
+    roi: &[f32],
+    batches: usize,
+) -> Error {
     let id = roi.first().copied().unwrap_or(f32::NAN);
-    inputs.error(index, format!("roi {k}: batch_id {id} (truncated {}) outside [0, {batches})", id.trunc()))
+    inputs.error(
+        index,
+        format!("roi {k}: batch_id {id} (truncated {}) outside [0, {batches})", id.trunc()),
+    )
 }
 
 impl PsRoiPoolBackward {
@@ -207,19 +234,32 @@ impl Rules for PsRoiPoolBackward {
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<PsRoiPlan> {
         let (p, od) = (Some(self.pooled), Some(self.output_dim));
-        let top = inputs.shaped::<f32>(0, &[None, p, p, od], "[R, pooled_height, pooled_width, output_dim]")?;
+        let top = inputs.shaped::<f32>(
+            0,
+            &[None, p, p, od],
+            "[R, pooled_height, pooled_width, output_dim]",
+        )?;
         let r = top[0];
         inputs.shaped::<f32>(1, &[Some(r), Some(5)], "[R, 5] (R of top_grad)")?;
-        inputs.shaped::<i32>(2, &[Some(r), p, p, od], "[R, pooled_height, pooled_width, output_dim] (R of top_grad)")?;
+        inputs.shaped::<i32>(
+            2,
+            &[Some(r), p, p, od],
+            "[R, pooled_height, pooled_width, output_dim] (R of top_grad)",
+        )?;
         let shape = inputs.shape_of::<i64>(BOTTOM_SHAPE)?;
         if inputs.numel(BOTTOM_SHAPE) != Some(4) {
             return Err(inputs.error(
                 BOTTOM_SHAPE,
-                format!("must hold 4 values (batches, height, width, channels), got shape {shape:?}"),
+                format!(
+                    "must hold 4 values (batches, height, width, channels), got shape {shape:?}"
+                ),
             ));
         }
         if shape.len() != 1 {
-            return Err(inputs.error(BOTTOM_SHAPE, format!("must be a 1-D tensor of 4 values, got shape {shape:?}")));
+            return Err(inputs.error(
+                BOTTOM_SHAPE,
+                format!("must be a 1-D tensor of 4 values, got shape {shape:?}"),
+            ));
         }
         let values = inputs.get::<i64>(BOTTOM_SHAPE)?.data;
         let &[batches, height, width, channels] = values else {
@@ -229,7 +269,9 @@ impl Rules for PsRoiPoolBackward {
             .iter()
             .map(|&d| usize::try_from(d))
             .collect::<std::result::Result<_, _>>()
-            .map_err(|_| inputs.error(BOTTOM_SHAPE, format!("values must be >= 0, got {values:?}")))?;
+            .map_err(|_| {
+                inputs.error(BOTTOM_SHAPE, format!("values must be >= 0, got {values:?}"))
+            })?;
         if dims[3] != self.channels {
             return Err(inputs.error(
                 BOTTOM_SHAPE,
@@ -267,7 +309,9 @@ impl Rules for PsRoiPoolBackward {
                     self.channels
                 ),
             ),
-            (values, rule) => Error::Runtime(format!("PsRoiPoolBackward: value rule {rule} reported {values:?}")),
+            (values, rule) => {
+                Error::Runtime(format!("PsRoiPoolBackward: value rule {rule} reported {values:?}"))
+            }
         }
     }
 }
@@ -286,7 +330,11 @@ impl crate::ops::Operator for PsRoiPoolBackward {
         )
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, PsRoiPlan)> {
+    fn plan(
+        &self,
+        inputs: &Inputs<'_>,
+        _par: &dyn Parallel,
+    ) -> Result<(Vec<OutputSpec>, PsRoiPlan)> {
         let plan = self.shape_rules(inputs)?;
         check_values(self, inputs, &plan)?;
         Ok((vec![self.output_spec(&plan)], plan))
@@ -326,8 +374,13 @@ impl crate::ops::Operator for PsRoiPoolBackward {
         let mut batch_start = scratch::filled(batches + 1, 0usize, "the batches' first rois")?;
         for (r, roi) in rois.chunks_exact(5).enumerate() {
             let Some(b) = Self::finite_batch(roi) else { continue };
-            let spans =
-                self.roi_spans(roi, height, width, &mut rows[r * p..(r + 1) * p], &mut cols[r * p..(r + 1) * p]);
+            let spans = self.roi_spans(
+                roi,
+                height,
+                width,
+                &mut rows[r * p..(r + 1) * p],
+                &mut cols[r * p..(r + 1) * p],
+            );
             // plan checked 0 <= b < batches for every finite roi.
             if spans.is_some() && b >= 0.0 && (b as usize) < batches {
                 batch_of[r] = b as usize;
@@ -373,7 +426,10 @@ impl crate::ops::Operator for PsRoiPoolBackward {
         let total: f64 = weights.iter().sum();
         let tasks = pieces((total / GRAIN).ceil() as usize, 1).min(MAX_TASKS).min(total_rows);
         // The weights are whole numbers below 2^53, exact in f64 and u64.
-        let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), tasks).iter().map(|&g| g * row_len).collect();
+        let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), tasks)
+            .iter()
+            .map(|&g| g * row_len)
+            .collect();
 
         let ctx = Ctx {
             op: self,
@@ -441,7 +497,8 @@ impl Ctx<'_> {
                             let row = &mut part[row_off..row_off + self.row_len];
                             // Two pixels per sweep over o share the loads of c and v; each
                             // pixel still receives its values in o order.
-                            let mut pixels = row[cs.start * channels..cs.end * channels].chunks_exact_mut(channels);
+                            let mut pixels = row[cs.start * channels..cs.end * channels]
+                                .chunks_exact_mut(channels);
                             while let Some(first) = pixels.next() {
                                 match pixels.next() {
                                     Some(second) => {
@@ -511,19 +568,37 @@ mod tests {
         for limit in [0usize, 1, 2, 13, 14, 15, 1 << 23, 1 << 24, (1 << 24) + 1] {
             let l = limit as f32;
             for d in [-1.0f32, -0.5, 0.0, 0.25, 1.0] {
-                values.extend([l + d, f32::from_bits((l + d).to_bits().wrapping_add(1)), f32::from_bits((l + d).to_bits().wrapping_sub(1))]);
+                values.extend([
+                    l + d,
+                    f32::from_bits((l + d).to_bits().wrapping_add(1)),
+                    f32::from_bits((l + d).to_bits().wrapping_sub(1)),
+                ]);
             }
         }
         // Random bit patterns, and random values in the usual range.
         let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
         for k in 0..200_000 {
             let bits = (next() >> 32) as u32;
-            values.push(if k % 2 == 0 { f32::from_bits(bits) } else { (bits as f32 / u32::MAX as f32) * 40.0 - 10.0 });
+            values.push(if k % 2 == 0 {
+                f32::from_bits(bits)
+            } else {
+                (bits as f32 / u32::MAX as f32) * 40.0 - 10.0
+            });
         }
         for &v in &values {
             for limit in [0usize, 1, 14, 360, (1 << 24) - 1, 1 << 24, (1 << 24) + 1, usize::MAX] {
-                assert_eq!(floor_clamped(v, limit), reference(v.floor(), limit), "floor {v:e} ({:#x}) limit {limit}", v.to_bits());
-                assert_eq!(ceil_clamped(v, limit), reference(v.ceil(), limit), "ceil {v:e} ({:#x}) limit {limit}", v.to_bits());
+                assert_eq!(
+                    floor_clamped(v, limit),
+                    reference(v.floor(), limit),
+                    "floor {v:e} ({:#x}) limit {limit}",
+                    v.to_bits()
+                );
+                assert_eq!(
+                    ceil_clamped(v, limit),
+                    reference(v.ceil(), limit),
+                    "ceil {v:e} ({:#x}) limit {limit}",
+                    v.to_bits()
+                );
             }
         }
     }

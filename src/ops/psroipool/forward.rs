@@ -12,10 +12,10 @@
 //! scratch copy. The sums and their order are the same either way, so is the result.
 //! On the card: MLU-OPS only (mluops.rs).
 
-use crate::ops::Operator;
 use super::backward::{PsRoiPoolBackward, Span, batch_error, batch_rule};
-use crate::ops::rules::{Broken, Rules, RowValues, ValueRule, check_values};
 use crate::error::{Error, Result};
+use crate::ops::Operator;
+use crate::ops::rules::{Broken, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, for_each_chunk_mut};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -48,20 +48,33 @@ impl PsRoiPool {
         if d.pooled * d.pooled < LINE {
             return false;
         }
-        let (mut rows, mut cols) = (vec![Span::default(); d.pooled], vec![Span::default(); d.pooled]);
+        let (mut rows, mut cols) =
+            (vec![Span::default(); d.pooled], vec![Span::default(); d.pooled]);
         let mut visits = 0usize;
         for roi in rois.chunks_exact(5) {
-            if PsRoiPoolBackward::finite_batch(roi).is_some() && d.roi_spans(roi, height, width, &mut rows, &mut cols).is_some() {
-                let (h, w) = (rows.iter().map(|s| s.len()).sum::<usize>(), cols.iter().map(|s| s.len()).sum::<usize>());
+            if PsRoiPoolBackward::finite_batch(roi).is_some()
+                && d.roi_spans(roi, height, width, &mut rows, &mut cols).is_some()
+            {
+                let (h, w) = (
+                    rows.iter().map(|s| s.len()).sum::<usize>(),
+                    cols.iter().map(|s| s.len()).sum::<usize>(),
+                );
                 visits = visits.saturating_add(h.saturating_mul(w));
             }
         }
         let od = d.output_dim;
-        visits.saturating_mul(od) > visits.saturating_mul(od.div_ceil(LINE)).saturating_add(input_len / LINE * 2)
+        visits.saturating_mul(od)
+            > visits.saturating_mul(od.div_ceil(LINE)).saturating_add(input_len / LINE * 2)
     }
 
-    pub fn new(pooled_height: i64, pooled_width: i64, spatial_scale: f32, output_dim: i64) -> Result<Self> {
-        PsRoiPoolBackward::new(pooled_height, pooled_width, spatial_scale, output_dim).map(PsRoiPool)
+    pub fn new(
+        pooled_height: i64,
+        pooled_width: i64,
+        spatial_scale: f32,
+        output_dim: i64,
+    ) -> Result<Self> {
+        PsRoiPoolBackward::new(pooled_height, pooled_width, spatial_scale, output_dim)
+            .map(PsRoiPool)
     }
 }
 
@@ -79,7 +92,11 @@ impl Rules for PsRoiPool {
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Plan> {
         let d = &self.0;
-        let input = inputs.shaped::<f32>(0, &[None, None, None, None], "[batches, height, width, channels]")?;
+        let input = inputs.shaped::<f32>(
+            0,
+            &[None, None, None, None],
+            "[batches, height, width, channels]",
+        )?;
         let [batches, height, width, channels] = input[..] else { unreachable!("rank checked") };
         if channels != d.channels {
             return Err(inputs.error(
@@ -91,9 +108,13 @@ impl Rules for PsRoiPool {
             ));
         }
         let r = inputs.shaped::<f32>(1, &[None, Some(5)], "[R, 5]")?[0];
-        let numel = r.checked_mul(d.channels).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
+        let numel =
+            r.checked_mul(d.channels).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
         if numel.is_none() {
-            return Err(Error::output("output", format!("[R, ph, pw, output_dim] with R = {r} is too large")));
+            return Err(Error::output(
+                "output",
+                format!("[R, ph, pw, output_dim] with R = {r} is too large"),
+            ));
         }
         Ok(Plan { rois: r, batches, height, width })
     }
@@ -105,7 +126,9 @@ impl Rules for PsRoiPool {
     fn describe(&self, inputs: &Inputs<'_>, plan: &Plan, broken: &Broken) -> Error {
         match &broken.values {
             RowValues::F32(roi) => batch_error(inputs, 1, broken.row, roi, plan.batches),
-            values => Error::Runtime(format!("PsRoiPool: value rule {} reported {values:?}", broken.rule)),
+            values => {
+                Error::Runtime(format!("PsRoiPool: value rule {} reported {values:?}", broken.rule))
+            }
         }
     }
 }
@@ -125,7 +148,13 @@ impl Operator for PsRoiPool {
         Ok((self.output_specs(&plan).to_vec(), plan))
     }
 
-    fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        plan: Plan,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let d = &self.0;
         let input = inputs.get::<f32>(0)?.data;
         let rois = inputs.get::<f32>(1)?.data;
@@ -134,12 +163,16 @@ impl Operator for PsRoiPool {
         let Plan { rois: r_count, height, width, .. } = plan;
         let (p, od, channels) = (d.pooled, d.output_dim, d.channels);
         let per_roi = p * p * od;
-        if out.len() != r_count * per_roi || mapping.len() != out.len() || rois.len() != r_count * 5 {
+        if out.len() != r_count * per_roi || mapping.len() != out.len() || rois.len() != r_count * 5
+        {
             return Err(Error::Runtime("PsRoiPool: buffers do not match the plan".into()));
         }
         // mapping_channel[r, i, j, o] = (o*p + i)*p + j < channels for every roi.
         if channels > i32::MAX as usize {
-            return Err(Error::input("input", format!("channels = {channels} does not fit int32 mapping_channel")));
+            return Err(Error::input(
+                "input",
+                format!("channels = {channels} does not fit int32 mapping_channel"),
+            ));
         }
         // Every roi's block is the same: computed once (the divisions cost more than the
         // pooling at small bins), then copied.

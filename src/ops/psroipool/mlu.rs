@@ -34,7 +34,11 @@ impl Policy {
         let task_dim = mlu::union1_tasks(info, bins);
         let per_task = bins.div_ceil(task_dim as usize).max(1);
         if output_dim * 12 + span <= room {
-            Policy { task_dim, bins_per_load: (room / (output_dim * 12 + span)).min(per_task), deal: output_dim }
+            Policy {
+                task_dim,
+                bins_per_load: (room / (output_dim * 12 + span)).min(per_task),
+                deal: output_dim,
+            }
         } else {
             Policy { task_dim, bins_per_load: 1, deal: (room - span) / 12 / 32 * 32 }
         }
@@ -51,14 +55,25 @@ impl PsRoiPoolBackward {
         let mut rows = scratch::filled(p, Span::default(), "a roi's row spans")?;
         let mut cols = scratch::filled(p, Span::default(), "a roi's column spans")?;
         for (roi, bins) in rois.chunks_exact(5).zip(spans.chunks_exact_mut(p * p * SPAN_INTS)) {
-            let contributes = Self::finite_batch(roi)
-                .filter(|_| self.roi_spans(roi, plan.height, plan.width, &mut rows, &mut cols).is_some());
+            let contributes = Self::finite_batch(roi).filter(|_| {
+                self.roi_spans(roi, plan.height, plan.width, &mut rows, &mut cols).is_some()
+            });
             // A batch outside [0, batches) closes the value-check gate: the kernel never
             // reads it. Spans lie in [0, height] / [0, width], below 2^31 (mlu_launch).
             let batch = contributes.map_or(-1, |b| b as i32);
             for (k, bin) in bins.chunks_exact_mut(SPAN_INTS).enumerate() {
-                let (r, c) = if batch < 0 { (Span::default(), Span::default()) } else { (rows[k / p], cols[k % p]) };
-                bin.copy_from_slice(&[batch, r.start as i32, r.end as i32, c.start as i32, c.end as i32]);
+                let (r, c) = if batch < 0 {
+                    (Span::default(), Span::default())
+                } else {
+                    (rows[k / p], cols[k % p])
+                };
+                bin.copy_from_slice(&[
+                    batch,
+                    r.start as i32,
+                    r.end as i32,
+                    c.start as i32,
+                    c.end as i32,
+                ]);
             }
         }
         Ok(spans)
@@ -105,7 +120,13 @@ impl MluOperator for PsRoiPoolBackward {
         })
     }
 
-    fn mlu_compute(&self, plan: &PsRoiPlan, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(
+        &self,
+        plan: &PsRoiPlan,
+        l: &Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let spec = self.output_spec(plan);
         let out = outputs.allocate(0, &spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
@@ -116,19 +137,48 @@ impl MluOperator for PsRoiPoolBackward {
         }
         let mut rois = scratch::filled(plan.rois * 5, 0f32, "the host copy of rois")?;
         // SAFETY: `rois` holds R*5 floats; input 1 is the [R, 5] rois on the card.
-        unsafe { card.device.copy_raw(rois.as_mut_ptr().cast(), card.input::<c_void>(1), rois.len() * 4, Direction::DeviceToHost)? };
+        unsafe {
+            card.device.copy_raw(
+                rois.as_mut_ptr().cast(),
+                card.input::<c_void>(1),
+                rois.len() * 4,
+                Direction::DeviceToHost,
+            )?
+        };
         let spans = self.bin_spans(&rois, plan)?;
         let spans_card = outputs.workspace(spans.len() * 4)?;
         // SAFETY: `spans_card` holds as many int32 of card memory as `spans` on the host.
-        unsafe { card.device.copy_raw(spans_card, spans.as_ptr().cast(), spans.len() * 4, Direction::HostToDevice)? };
+        unsafe {
+            card.device.copy_raw(
+                spans_card,
+                spans.as_ptr().cast(),
+                spans.len() * 4,
+                Direction::HostToDevice,
+            )?
+        };
         let (gate, gates) = card.gate();
         let k = card.device.kernels::<super::abi::PsroipoolKernels>()?;
         // SAFETY: device buffers of the validated shapes; the batch ids and channels are
         // used only behind the value-check gate; the launch only enqueues.
         card.queue.launch("mluops_psroipool_backward", |q| unsafe {
             (k.mluops_psroipool_backward)(
-                q, l.policy.task_dim, TASK_UNION1, l.rois, l.pooled, l.output_dim, l.height, l.width, l.channels,
-                l.bins_per_load, l.deal, card.input(0), spans_card.cast_const().cast(), card.input(2), out.cast(), gate, gates,
+                q,
+                l.policy.task_dim,
+                TASK_UNION1,
+                l.rois,
+                l.pooled,
+                l.output_dim,
+                l.height,
+                l.width,
+                l.channels,
+                l.bins_per_load,
+                l.deal,
+                card.input(0),
+                spans_card.cast_const().cast(),
+                card.input(2),
+                out.cast(),
+                gate,
+                gates,
             )
         })
     }

@@ -43,7 +43,9 @@ enum LibraryRoi {
 impl PsRoiPoolBackward {
     fn library_roi(&self, roi: &[f32]) -> LibraryRoi {
         let r = [roi[0], roi[1].round(), roi[2].round(), roi[3].round(), roi[4].round()];
-        let Some([start_w, start_h, bin_w, bin_h]) = self.library_bins(&r) else { return LibraryRoi::Nothing };
+        let Some([start_w, start_h, bin_w, bin_h]) = self.library_bins(&r) else {
+            return LibraryRoi::Nothing;
+        };
         if !roi.iter().all(|v| v.is_finite()) {
             return LibraryRoi::Nothing;
         }
@@ -91,7 +93,14 @@ impl PsRoiPoolBackward {
     ) -> Result<*mut c_void> {
         let mut host = scratch::filled(rois * 5, 0f32, "the host copy of rois")?;
         // SAFETY: `host` holds R*5 floats; input `index` is the [R, 5] rois on the card.
-        unsafe { card.device.copy_raw(host.as_mut_ptr().cast(), card.input::<c_void>(index), rois * 20, Direction::DeviceToHost)? };
+        unsafe {
+            card.device.copy_raw(
+                host.as_mut_ptr().cast(),
+                card.input::<c_void>(index),
+                rois * 20,
+                Direction::DeviceToHost,
+            )?
+        };
         for row in host.chunks_exact_mut(5) {
             let adapted = match self.library_roi(row) {
                 LibraryRoi::Rounded(r) => r,
@@ -111,14 +120,23 @@ impl PsRoiPoolBackward {
         }
         let prepared = outputs.workspace(rois * 20)?;
         // SAFETY: `prepared` holds R*5 floats of card memory; `host` as many on the host.
-        unsafe { card.device.copy_raw(prepared, host.as_ptr().cast(), rois * 20, Direction::HostToDevice)? };
+        unsafe {
+            card.device.copy_raw(
+                prepared,
+                host.as_ptr().cast(),
+                rois * 20,
+                Direction::HostToDevice,
+            )?
+        };
         Ok(prepared)
     }
 
     /// The library's int arguments.
     fn int_arguments(&self) -> Result<()> {
         if self.pooled > i32::MAX as usize || self.output_dim > i32::MAX as usize {
-            return Err(Error::declined("pooled sizes or output_dim beyond the library's int arguments"));
+            return Err(Error::declined(
+                "pooled sizes or output_dim beyond the library's int arguments",
+            ));
         }
         Ok(())
     }
@@ -126,11 +144,20 @@ impl PsRoiPoolBackward {
 
 /// The library's tensors stay below 2^31 bytes: the map [batches, height, width, channels]
 /// and the pooled side [R, channels].
-fn byte_limits(batches: usize, height: usize, width: usize, channels: usize, rois: usize) -> Result<()> {
-    let map = [batches, height, width, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
+fn byte_limits(
+    batches: usize,
+    height: usize,
+    width: usize,
+    channels: usize,
+    rois: usize,
+) -> Result<()> {
+    let map =
+        [batches, height, width, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
     let pooled = [rois, channels, 4].iter().fold(1usize, |a, &d| a.saturating_mul(d));
     if map > MAX_BYTES || pooled > MAX_BYTES {
-        return Err(Error::declined("a tensor of 2^31 bytes or more: MLU-OPS's PsRoiPool takes less"));
+        return Err(Error::declined(
+            "a tensor of 2^31 bytes or more: MLU-OPS's PsRoiPool takes less",
+        ));
     }
     Ok(())
 }
@@ -144,7 +171,13 @@ impl MluOpsOperator for PsRoiPoolBackward {
         byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
     }
 
-    fn mluops_compute(&self, plan: &PsRoiPlan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        plan: &PsRoiPlan,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let spec = self.output_spec(plan);
         let out = outputs.allocate(0, &spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
@@ -159,14 +192,29 @@ impl MluOpsOperator for PsRoiPoolBackward {
         let top = lib.tensor(Layout::Nhwc, DType::Float, &[r, p, p, o])?;
         let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
         let map = lib.tensor(Layout::Nhwc, DType::Int32, &[r, p, p, o])?;
-        let bottom = lib.tensor(Layout::Nhwc, DType::Float, &[plan.batches, plan.height, plan.width, self.channels])?;
+        let bottom = lib.tensor(
+            Layout::Nhwc,
+            DType::Float,
+            &[plan.batches, plan.height, plan.width, self.channels],
+        )?;
         lib.with_handle(card.queue, |h| {
             // SAFETY: descriptors of the node's tensors; card memory of those sizes; the int
             // arguments bounded by mluops_supported.
             let s = unsafe {
                 (lib.f.mluOpPsRoiPoolBackward)(
-                    h, p as i32, p as i32, self.spatial_scale, o as i32, top.ptr, card.input::<c_void>(0), rois_d.ptr,
-                    prepared.cast_const(), map.ptr, card.input::<c_void>(2), bottom.ptr, out,
+                    h,
+                    p as i32,
+                    p as i32,
+                    self.spatial_scale,
+                    o as i32,
+                    top.ptr,
+                    card.input::<c_void>(0),
+                    rois_d.ptr,
+                    prepared.cast_const(),
+                    map.ptr,
+                    card.input::<c_void>(2),
+                    bottom.ptr,
+                    out,
                 )
             };
             lib.check("mluOpPsRoiPoolBackward", s)
@@ -188,11 +236,19 @@ impl MluOpsOperator for PsRoiPool {
         byte_limits(plan.batches, plan.height, plan.width, self.0.channels, plan.rois)
     }
 
-    fn mluops_compute(&self, plan: &Plan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        plan: &Plan,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         // The forward kernel's output channels per NRAM pass, FLOOR_ALIGN(NRAM / ((2 + 2 *
         // CEIL_ALIGN(ph * pw, 64)) * 4), 64), divides output_dim (psroipool_block.mlu:199-203
         // at v1.4.0; its NRAM is the card's less 128 KiB): 0 there is a division by zero.
-        let nram = usize::try_from(card.device.info.nram_bytes).unwrap_or(usize::MAX).saturating_sub(NRAM_KEPT);
+        let nram = usize::try_from(card.device.info.nram_bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(NRAM_KEPT);
         let bins = (self.0.pooled * self.0.pooled).div_ceil(64) * 64;
         if nram / ((2 + 2 * bins) * 4) < 64 {
             return Err(Error::Declined(format!(
@@ -211,7 +267,11 @@ impl MluOpsOperator for PsRoiPool {
         let r = plan.rois;
         let prepared = d.prepare_rois(r, 1, d.empty_roi(), card, outputs)?;
         let (p, o) = (d.pooled, d.output_dim);
-        let input = lib.tensor(Layout::Nhwc, DType::Float, &[plan.batches, plan.height, plan.width, d.channels])?;
+        let input = lib.tensor(
+            Layout::Nhwc,
+            DType::Float,
+            &[plan.batches, plan.height, plan.width, d.channels],
+        )?;
         let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
         let out_d = lib.tensor(Layout::Nhwc, DType::Float, &[r, p, p, o])?;
         let map_d = lib.tensor(Layout::Nhwc, DType::Int32, &[r, p, p, o])?;
@@ -220,8 +280,20 @@ impl MluOpsOperator for PsRoiPool {
             // arguments bounded by mluops_supported (group_size is pooled: R-FCN's bins).
             let s = unsafe {
                 (lib.f.mluOpPsRoiPoolForward)(
-                    h, p as i32, p as i32, d.spatial_scale, p as i32, o as i32, input.ptr, card.input::<c_void>(0), rois_d.ptr,
-                    prepared.cast_const(), out_d.ptr, out, map_d.ptr, mapping,
+                    h,
+                    p as i32,
+                    p as i32,
+                    d.spatial_scale,
+                    p as i32,
+                    o as i32,
+                    input.ptr,
+                    card.input::<c_void>(0),
+                    rois_d.ptr,
+                    prepared.cast_const(),
+                    out_d.ptr,
+                    out,
+                    map_d.ptr,
+                    mapping,
                 )
             };
             lib.check("mluOpPsRoiPoolForward", s)

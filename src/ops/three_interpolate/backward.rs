@@ -11,14 +11,13 @@
 //! loop, in float32; float16 inputs are widened on load and rounded once on store. An output
 //! of `cache::STREAM_MIN_BYTES` or more is written with non-temporal stores.
 
-
-use super::real::as_f32s;
 use super::lanes::{LaneKernel, Task, Transpose, lane_rows, line_aligned_rows, split};
+use super::real::as_f32s;
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
-use crate::ops::Operator;
-use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::cache;
 use crate::error::{Error, Result};
+use crate::ops::Operator;
+use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
@@ -79,7 +78,10 @@ impl ThreeInterpolateBackward {
         let numel = b.checked_mul(c).and_then(|x| x.checked_mul(m));
         let bytes = numel.and_then(|x| x.checked_mul(T::DTYPE.size()));
         if bytes.is_none_or(|x| x > isize::MAX as usize) {
-            return Err(Error::output("grad_features", format!("[B, C, m] = [{b}, {c}, {m}] is too large")));
+            return Err(Error::output(
+                "grad_features",
+                format!("[B, C, m] = [{b}, {c}, {m}] is too large"),
+            ));
         }
         Ok(Dims { b, c, n, m, dtype: T::DTYPE })
     }
@@ -87,12 +89,14 @@ impl ThreeInterpolateBackward {
 
 impl Operator for ThreeInterpolateBackward {
     const NAME: &'static str = "ThreeInterpolateBackward";
-    const SCHEMA: &'static str = include_str!("../../../schemas/three_interpolate/three_interpolate_backward.json");
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/three_interpolate/three_interpolate_backward.json");
     type Plan = Dims;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         let m = attrs.int("m")?;
-        let m = usize::try_from(m).map_err(|_| Error::attribute("m", format!("must be >= 0, got {m}")))?;
+        let m = usize::try_from(m)
+            .map_err(|_| Error::attribute("m", format!("must be >= 0, got {m}")))?;
         Ok(ThreeInterpolateBackward { m })
     }
 
@@ -102,10 +106,19 @@ impl Operator for ThreeInterpolateBackward {
         Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])], d))
     }
 
-    fn execute(&self, plan: Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        plan: Dims,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let d = self.dims(inputs)?;
         if d != plan {
-            return Err(Error::Runtime(format!("{}: inputs changed between plan and execute", Self::NAME)));
+            return Err(Error::Runtime(format!(
+                "{}: inputs changed between plan and execute",
+                Self::NAME
+            )));
         }
         match d.dtype {
             DType::F16 => run::<f16>(self, &d, inputs, outputs, par),
@@ -113,7 +126,6 @@ impl Operator for ThreeInterpolateBackward {
         }
     }
 }
-
 
 impl Rules for ThreeInterpolateBackward {
     type Dims = Dims;
@@ -131,21 +143,30 @@ impl Rules for ThreeInterpolateBackward {
     }
 }
 
-
-
-fn run<T: Real>(op: &ThreeInterpolateBackward, d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+fn run<T: Real>(
+    op: &ThreeInterpolateBackward,
+    d: &Dims,
+    inputs: &Inputs<'_>,
+    outputs: &mut Outputs<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
     let go = inputs.get::<T>(GRAD_OUTPUT)?.data;
     let indices = inputs.get::<i32>(INDICES)?.data;
     let weights = inputs.get::<T>(WEIGHTS)?.data;
     let out = outputs.take::<T>(0)?;
     if out.len() != d.b * d.c * d.m {
-        return Err(Error::output("grad_features", format!("buffer holds {} elements, expected B*C*m", out.len())));
+        return Err(Error::output(
+            "grad_features",
+            format!("buffer holds {} elements, expected B*C*m", out.len()),
+        ));
     }
     if out.is_empty() {
         return Ok(());
     }
     match d.c {
-        c if c >= LANES && d.m * LANES * 4 <= ACC_BYTES => split::<_, T, LANES>(op, d, go, indices, weights, out, par),
+        c if c >= LANES && d.m * LANES * 4 <= ACC_BYTES => {
+            split::<_, T, LANES>(op, d, go, indices, weights, out, par)
+        }
         c if c >= 8 => split::<_, T, 8>(op, d, go, indices, weights, out, par),
         c if c >= FEW_LANES => split::<_, T, FEW_LANES>(op, d, go, indices, weights, out, par),
         _ => split::<_, T, 1>(op, d, go, indices, weights, out, par),
@@ -165,7 +186,12 @@ impl LaneKernel for ThreeInterpolateBackward {
     /// Fills `part`, the output rows of batch `b` and `channels`, from that batch's indices and
     /// weights.
     #[inline(always)]
-    fn fill<T: Real, const L: usize>(&self, task: &Task<'_, T>, part: &mut [T], tr: impl Transpose) -> Result<()> {
+    fn fill<T: Real, const L: usize>(
+        &self,
+        task: &Task<'_, T>,
+        part: &mut [T],
+        tr: impl Transpose,
+    ) -> Result<()> {
         let Task { d, input: go, b, ref channels, idx, w } = *task;
         let (n, m) = (d.n, d.m);
         let mut widened = Vec::new();
@@ -252,17 +278,30 @@ mod tests {
         let w: Vec<f32> = (0..d.n * 3).map(|_| (next() % 1001) as f32 * 1e-3).collect();
         let mut base = vec![f32::NAN; d.c * d.m];
         let mut avx2_out = vec![f32::NAN; d.c * d.m];
-        op.fill::<f32, LANES>(&Task::one_batch(&d, &go, &idx, &w), &mut base, ScalarTranspose).unwrap();
+        op.fill::<f32, LANES>(&Task::one_batch(&d, &go, &idx, &w), &mut base, ScalarTranspose)
+            .unwrap();
         // SAFETY (each call below): an `Avx2` exists only when the CPU supports AVX2.
-        unsafe { fill_avx2::<_, f32, LANES>(&op, &Task::one_batch(&d, &go, &idx, &w), &mut avx2_out, avx2).unwrap() };
+        unsafe {
+            fill_avx2::<_, f32, LANES>(
+                &op,
+                &Task::one_batch(&d, &go, &idx, &w),
+                &mut avx2_out,
+                avx2,
+            )
+            .unwrap()
+        };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&base), bits(&avx2_out));
         // 8 lanes (large M, or C < 16) and 4: the same sums in the same order, so the same bits.
         let mut eight = vec![f32::NAN; d.c * d.m];
-        unsafe { fill_avx2::<_, f32, 8>(&op, &Task::one_batch(&d, &go, &idx, &w), &mut eight, avx2).unwrap() };
+        unsafe {
+            fill_avx2::<_, f32, 8>(&op, &Task::one_batch(&d, &go, &idx, &w), &mut eight, avx2)
+                .unwrap()
+        };
         assert_eq!(bits(&base), bits(&eight));
         let mut four = vec![f32::NAN; d.c * d.m];
-        op.fill::<f32, FEW_LANES>(&Task::one_batch(&d, &go, &idx, &w), &mut four, ScalarTranspose).unwrap();
+        op.fill::<f32, FEW_LANES>(&Task::one_batch(&d, &go, &idx, &w), &mut four, ScalarTranspose)
+            .unwrap();
         assert_eq!(bits(&base), bits(&four));
         // float16: widened tiles, same rule.
         let d16 = Dims { dtype: DType::F16, ..d };
@@ -270,8 +309,21 @@ mod tests {
         let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
         let mut base16 = vec![f16::NAN; d.c * d.m];
         let mut avx2_16 = vec![f16::NAN; d.c * d.m];
-        op.fill::<f16, LANES>(&Task::one_batch(&d16, &go16, &idx, &w16), &mut base16, ScalarTranspose).unwrap();
-        unsafe { fill_avx2::<_, f16, LANES>(&op, &Task::one_batch(&d16, &go16, &idx, &w16), &mut avx2_16, avx2).unwrap() };
+        op.fill::<f16, LANES>(
+            &Task::one_batch(&d16, &go16, &idx, &w16),
+            &mut base16,
+            ScalarTranspose,
+        )
+        .unwrap();
+        unsafe {
+            fill_avx2::<_, f16, LANES>(
+                &op,
+                &Task::one_batch(&d16, &go16, &idx, &w16),
+                &mut avx2_16,
+                avx2,
+            )
+            .unwrap()
+        };
         let bits16 = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits16(&base16), bits16(&avx2_16));
         assert!(base16.iter().all(|x| x.is_finite()));

@@ -11,12 +11,12 @@
 //! block. Every output is `(f[i0] * w0 + f[i1] * w1) + f[i2] * w2` in float32;
 //! float16 is widened on load and rounded once on store. On the card: MLU-OPS only (mluops.rs).
 
-use crate::ops::Operator;
-use super::real::as_f32s;
 use super::lanes::{LaneKernel, Task, Transpose, lane_rows, line_aligned_rows, split};
+use super::real::as_f32s;
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
-use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::error::{Error, Result};
+use crate::ops::Operator;
+use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
@@ -46,18 +46,38 @@ impl ThreeInterpolate {
     }
 
     fn dims_of<T: Element>(inputs: &Inputs<'_>) -> Result<Dims> {
-        let &[b, c, m] = inputs.shaped::<T>(FEATURES, &[None, None, None], "[B, C, M]")? else { unreachable!("rank checked") };
+        let &[b, c, m] = inputs.shaped::<T>(FEATURES, &[None, None, None], "[B, C, M]")? else {
+            unreachable!("rank checked")
+        };
         if let Some(w) = inputs.dtype(WEIGHTS).filter(|&w| w != T::DTYPE) {
             return Err(inputs.error(
                 WEIGHTS,
-                format!("dtype {} differs from features' {}: both must be the same T", w.onnx_name(), T::DTYPE.onnx_name()),
+                format!(
+                    "dtype {} differs from features' {}: both must be the same T",
+                    w.onnx_name(),
+                    T::DTYPE.onnx_name()
+                ),
             ));
         }
-        let n = inputs.shaped::<i32>(INDICES, &[Some(b), None, Some(3)], &format!("[B, N, 3] (B = {b} of features)"))?[1];
-        inputs.shaped::<T>(WEIGHTS, &[Some(b), Some(n), Some(3)], &format!("[B, N, 3] = [{b}, {n}, 3] (as indices)"))?;
-        let bytes = b.checked_mul(c).and_then(|x| x.checked_mul(n)).and_then(|x| x.checked_mul(T::DTYPE.size()));
+        let n = inputs.shaped::<i32>(
+            INDICES,
+            &[Some(b), None, Some(3)],
+            &format!("[B, N, 3] (B = {b} of features)"),
+        )?[1];
+        inputs.shaped::<T>(
+            WEIGHTS,
+            &[Some(b), Some(n), Some(3)],
+            &format!("[B, N, 3] = [{b}, {n}, 3] (as indices)"),
+        )?;
+        let bytes = b
+            .checked_mul(c)
+            .and_then(|x| x.checked_mul(n))
+            .and_then(|x| x.checked_mul(T::DTYPE.size()));
         if bytes.is_none_or(|x| x > isize::MAX as usize) {
-            return Err(Error::output("output", format!("[B, C, N] = [{b}, {c}, {n}] is too large")));
+            return Err(Error::output(
+                "output",
+                format!("[B, C, N] = [{b}, {c}, {n}] is too large"),
+            ));
         }
         Ok(Dims { b, c, m, n, dtype: T::DTYPE })
     }
@@ -65,7 +85,8 @@ impl ThreeInterpolate {
 
 impl Operator for ThreeInterpolate {
     const NAME: &'static str = "ThreeInterpolate";
-    const SCHEMA: &'static str = include_str!("../../../schemas/three_interpolate/three_interpolate.json");
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/three_interpolate/three_interpolate.json");
     type Plan = Dims;
 
     fn from_attributes(_: &Attrs<'_>) -> Result<Self> {
@@ -78,9 +99,18 @@ impl Operator for ThreeInterpolate {
         Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.n])], d))
     }
 
-    fn execute(&self, plan: Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        plan: Dims,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         if Self::dims(inputs)? != plan {
-            return Err(Error::Runtime(format!("{}: inputs changed between plan and execute", Self::NAME)));
+            return Err(Error::Runtime(format!(
+                "{}: inputs changed between plan and execute",
+                Self::NAME
+            )));
         }
         match plan.dtype {
             DType::F16 => run::<f16>(&plan, inputs, outputs, par),
@@ -105,21 +135,33 @@ impl Rules for ThreeInterpolate {
     }
 }
 
-fn run<T: Real>(d: &Dims, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+fn run<T: Real>(
+    d: &Dims,
+    inputs: &Inputs<'_>,
+    outputs: &mut Outputs<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
     let features = inputs.get::<T>(FEATURES)?.data;
     let indices = inputs.get::<i32>(INDICES)?.data;
     let weights = inputs.get::<T>(WEIGHTS)?.data;
     let out = outputs.take::<T>(0)?;
     if out.len() != d.b * d.c * d.n {
-        return Err(Error::output("output", format!("buffer holds {} elements, expected B*C*N", out.len())));
+        return Err(Error::output(
+            "output",
+            format!("buffer holds {} elements, expected B*C*N", out.len()),
+        ));
     }
     if out.is_empty() {
         return Ok(());
     }
     match d.c {
-        c if c >= LANES => split::<_, T, LANES>(&ThreeInterpolate, d, features, indices, weights, out, par),
+        c if c >= LANES => {
+            split::<_, T, LANES>(&ThreeInterpolate, d, features, indices, weights, out, par)
+        }
         c if c >= 8 => split::<_, T, 8>(&ThreeInterpolate, d, features, indices, weights, out, par),
-        c if c >= FEW_LANES => split::<_, T, FEW_LANES>(&ThreeInterpolate, d, features, indices, weights, out, par),
+        c if c >= FEW_LANES => {
+            split::<_, T, FEW_LANES>(&ThreeInterpolate, d, features, indices, weights, out, par)
+        }
         _ => split::<_, T, 1>(&ThreeInterpolate, d, features, indices, weights, out, par),
     }
 }
@@ -138,7 +180,12 @@ impl LaneKernel for ThreeInterpolate {
     /// source rows as a [m][lane] table, each point's three table rows weighted and summed into
     /// a [n][lane] tile, which is written back to the rows.
     #[inline(always)]
-    fn fill<T: Real, const L: usize>(&self, task: &Task<'_, T>, part: &mut [T], tr: impl Transpose) -> Result<()> {
+    fn fill<T: Real, const L: usize>(
+        &self,
+        task: &Task<'_, T>,
+        part: &mut [T],
+        tr: impl Transpose,
+    ) -> Result<()> {
         let Task { d, input: features, b, ref channels, idx, w } = *task;
         let (n, m) = (d.n, d.m);
         let mut widened = Vec::new();
@@ -178,7 +225,6 @@ impl LaneKernel for ThreeInterpolate {
     }
 }
 
-
 /// `tile[n] = table[i0] * w0 + table[i1] * w1 + table[i2] * w2`, left to right, for each
 /// point's indices and weights. Inlined so the AVX2 build vectorises it with 8-wide registers.
 #[inline(always)]
@@ -188,7 +234,10 @@ fn interpolate<const L: usize>(table: &[[f32; L]], idx: &[i32], w: &[f32], tile:
         // a panic. The rows by reference: copied out of an Option, as before, the kernel ran
         // 13-15% more instructions (callgrind, AVX2 build).
         let row = |k: usize| table.get(js[k] as u32 as usize);
-        let (Some(a), Some(b), Some(c)) = (row(0), row(1), row(2)) else { *t = [0.0; L]; continue };
+        let (Some(a), Some(b), Some(c)) = (row(0), row(1), row(2)) else {
+            *t = [0.0; L];
+            continue;
+        };
         let mut o = [0f32; L];
         for (l, x) in o.iter_mut().enumerate() {
             // Separate multiplies and adds (no FMA): the contract's rounding.
@@ -198,13 +247,12 @@ fn interpolate<const L: usize>(table: &[[f32; L]], idx: &[i32], w: &[f32], tile:
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::three_interpolate::lanes::ScalarTranspose;
     #[cfg(target_arch = "x86_64")]
     use crate::ops::three_interpolate::lanes::{Avx2, Avx512, fill_avx2, fill_avx512};
-    use crate::ops::three_interpolate::lanes::ScalarTranspose;
 
     /// The plain formula, in the contract's order, on widened values.
     fn plain(d: &Dims, f: &[f32], idx: &[i32], w: &[f32]) -> Vec<f32> {
@@ -231,15 +279,28 @@ mod tests {
             let want: Vec<u32> = plain(&d, &f, &idx, &w).iter().map(|x| x.to_bits()).collect();
             let f16s: Vec<f16> = f.iter().map(|&x| f16::from_f32(x)).collect();
             let w16: Vec<f16> = w.iter().map(|&x| f16::from_f32(x)).collect();
-            let want16: Vec<u16> = plain(&d, &f16s.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), &idx, &w16.iter().map(|x| x.to_f32()).collect::<Vec<_>>())
-                .iter()
-                .map(|&x| f16::from_f32(x).to_bits())
-                .collect();
+            let want16: Vec<u16> = plain(
+                &d,
+                &f16s.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                &idx,
+                &w16.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            )
+            .iter()
+            .map(|&x| f16::from_f32(x).to_bits())
+            .collect();
             let check = |run: &dyn Fn(&mut [f32], &mut [f16])| {
                 let (mut o32, mut o16) = (vec![f32::NAN; c * n], vec![f16::NAN; c * n]);
                 run(&mut o32, &mut o16);
-                assert_eq!(o32.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want, "C {c} N {n} M {m}");
-                assert_eq!(o16.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want16, "float16, C {c} N {n} M {m}");
+                assert_eq!(
+                    o32.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    want,
+                    "C {c} N {n} M {m}"
+                );
+                assert_eq!(
+                    o16.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    want16,
+                    "float16, C {c} N {n} M {m}"
+                );
             };
             let d16 = Dims { dtype: DType::F16, ..d };
             macro_rules! lanes {

@@ -31,7 +31,12 @@ pub(super) trait LaneKernel: Sync {
         cache::worth_streaming(d.b * d.c * self.row(d) * size_of::<T>())
     }
     /// Fills `part`, the output rows of the task's batch and channels.
-    fn fill<T: Real, const L: usize>(&self, task: &Task<'_, T>, part: &mut [T], tr: impl Transpose) -> Result<()>;
+    fn fill<T: Real, const L: usize>(
+        &self,
+        task: &Task<'_, T>,
+        part: &mut [T],
+        tr: impl Transpose,
+    ) -> Result<()>;
 }
 
 /// What one task reads: `input` (channel-major [B, C, ..]), batch `b`'s indices and weights
@@ -71,8 +76,10 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
     // Channels per task: whole lane blocks, enough of them to reach GRAIN units of work.
     let channels = (GRAIN.div_ceil(L.saturating_mul(kernel.work(d)).max(1)) * L).min(d.c).max(1);
     let per_batch = d.c.div_ceil(channels);
-    let mut bounds =
-        scratch::collect((0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * channels) * row)), "the task bounds")?;
+    let mut bounds = scratch::collect(
+        (0..d.b).flat_map(|b| (0..per_batch).map(move |t| (b * d.c + t * channels) * row)),
+        "the task bounds",
+    )?;
     scratch::push(&mut bounds, out.len(), "the task bounds")?;
     // The build, chosen once for all tasks.
     #[cfg(target_arch = "x86_64")]
@@ -81,7 +88,9 @@ pub(super) fn split<K: LaneKernel, T: Real, const L: usize>(
     for_each_part_mut(par, out, &bounds, |task, part| {
         let (b, first) = (task / per_batch, (task % per_batch) * channels);
         let span = 3 * d.n;
-        let (Some(idx), Some(w)) = (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span)) else {
+        let (Some(idx), Some(w)) =
+            (indices.get(b * span..(b + 1) * span), weights.get(b * span..(b + 1) * span))
+        else {
             return;
         };
         let task = Task { d, input, b, channels: first..first + part.len() / row, idx, w };
@@ -146,7 +155,13 @@ pub(super) trait Transpose: Copy {
     /// part of a large output; the SIMD builds then write whole 8-row groups whose rows all
     /// start on a cache line with non-temporal stores, up to the last whole 32 points
     /// ([`fill_avx2`] and [`fill_avx512`] fence them).
-    fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool);
+    fn untranspose<T: Real, const L: usize>(
+        self,
+        tile: &[[f32; L]],
+        nt: usize,
+        rows: &mut [&mut [T]],
+        stream: bool,
+    );
 }
 
 /// The portable layout changes: one element at a time.
@@ -158,16 +173,30 @@ impl Transpose for ScalarTranspose {
         scalar_transpose(rows, 0..nt, tile, 0);
     }
     /// Plain stores only: only the SIMD builds stream.
-    fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], _stream: bool) {
+    fn untranspose<T: Real, const L: usize>(
+        self,
+        tile: &[[f32; L]],
+        nt: usize,
+        rows: &mut [&mut [T]],
+        _stream: bool,
+    ) {
         scalar_untranspose(tile, 0..nt, rows, 0);
     }
 }
 
 /// `tile[p][lane0 + r] = rows[r][p]` for p in `points`.
 #[inline(always)]
-fn scalar_transpose<T: Real, const L: usize>(rows: &[&[T]], points: std::ops::Range<usize>, tile: &mut [[f32; L]], lane0: usize) {
+fn scalar_transpose<T: Real, const L: usize>(
+    rows: &[&[T]],
+    points: std::ops::Range<usize>,
+    tile: &mut [[f32; L]],
+    lane0: usize,
+) {
     for (r, src) in rows.iter().enumerate() {
-        let (Some(src), Some(tile)) = (src.get(points.clone()), tile.get_mut(points.clone())) else { continue };
+        let (Some(src), Some(tile)) = (src.get(points.clone()), tile.get_mut(points.clone()))
+        else {
+            continue;
+        };
         for (t, &g) in tile.iter_mut().zip(src) {
             if let Some(x) = t.get_mut(lane0 + r) {
                 *x = g.to_f32();
@@ -178,9 +207,17 @@ fn scalar_transpose<T: Real, const L: usize>(rows: &[&[T]], points: std::ops::Ra
 
 /// `rows[r][p] = tile[p][lane0 + r]` for p in `points`.
 #[inline(always)]
-fn scalar_untranspose<T: Real, const L: usize>(tile: &[[f32; L]], points: std::ops::Range<usize>, rows: &mut [&mut [T]], lane0: usize) {
+fn scalar_untranspose<T: Real, const L: usize>(
+    tile: &[[f32; L]],
+    points: std::ops::Range<usize>,
+    rows: &mut [&mut [T]],
+    lane0: usize,
+) {
     for (r, dst) in rows.iter_mut().enumerate() {
-        let (Some(dst), Some(tile)) = (dst.get_mut(points.clone()), tile.get(points.clone())) else { continue };
+        let (Some(dst), Some(tile)) = (dst.get_mut(points.clone()), tile.get(points.clone()))
+        else {
+            continue;
+        };
         for (d, t) in dst.iter_mut().zip(tile) {
             if let Some(&x) = t.get(lane0 + r) {
                 *d = T::from_f32(x);
@@ -220,7 +257,9 @@ impl From<Avx512> for Avx2 {
 impl Avx512 {
     pub(super) fn detect() -> Option<Self> {
         let avx2 = Avx2::detect()?;
-        (std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl")).then_some(Avx512(avx2))
+        (std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl"))
+        .then_some(Avx512(avx2))
     }
 }
 
@@ -236,7 +275,11 @@ impl Transpose for Avx2 {
             match <&[&[T]; 8]>::try_from(group) {
                 // Only when every row holds `full` points, the tile `full` rows and its rows
                 // 8 lanes from lane0 on.
-                Ok(group) if lane0 + 8 <= L && tile.len() >= full && group.iter().all(|r| r.len() >= full) => {
+                Ok(group)
+                    if lane0 + 8 <= L
+                        && tile.len() >= full
+                        && group.iter().all(|r| r.len() >= full) =>
+                {
                     // SAFETY: `self` exists only when the CPU supports AVX2 and F16C; the
                     // bounds the function requires were checked just above.
                     unsafe { transpose_blocks(group, full, tile, lane0) };
@@ -249,12 +292,22 @@ impl Transpose for Avx2 {
     }
 
     #[inline(always)]
-    fn untranspose<T: Real, const L: usize>(self, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool) {
+    fn untranspose<T: Real, const L: usize>(
+        self,
+        tile: &[[f32; L]],
+        nt: usize,
+        rows: &mut [&mut [T]],
+        stream: bool,
+    ) {
         let full = nt - nt % 8;
         let mut lane0 = 0;
         for group in rows.chunks_mut(8) {
             match <&mut [&mut [T]; 8]>::try_from(&mut *group) {
-                Ok(whole) if lane0 + 8 <= L && tile.len() >= full && whole.iter().all(|r| r.len() >= full) => {
+                Ok(whole)
+                    if lane0 + 8 <= L
+                        && tile.len() >= full
+                        && whole.iter().all(|r| r.len() >= full) =>
+                {
                     // SAFETY: as in `transpose`, the CPU's features and the bounds just checked.
                     unsafe { untranspose_blocks(tile, full, whole, lane0, stream) };
                     scalar_untranspose(tile, full..nt, whole, lane0);
@@ -308,7 +361,12 @@ unsafe fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::_
 /// at least `full` rows, and `lane0 + 8 <= L`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn transpose_blocks<T: Real, const L: usize>(rows: &[&[T]; 8], full: usize, tile: &mut [[f32; L]], lane0: usize) {
+unsafe fn transpose_blocks<T: Real, const L: usize>(
+    rows: &[&[T]; 8],
+    full: usize,
+    tile: &mut [[f32; L]],
+    lane0: usize,
+) {
     use std::arch::x86_64::_mm256_storeu_ps;
     let src = rows.map(<[T]>::as_ptr);
     let dst = tile.as_mut_ptr().cast::<f32>();
@@ -340,11 +398,21 @@ const STREAM_POINTS: usize = 32;
 /// As [`transpose_blocks`], with the rows written.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn untranspose_blocks<T: Real, const L: usize>(tile: &[[f32; L]], full: usize, rows: &mut [&mut [T]; 8], lane0: usize, stream: bool) {
+unsafe fn untranspose_blocks<T: Real, const L: usize>(
+    tile: &[[f32; L]],
+    full: usize,
+    rows: &mut [&mut [T]; 8],
+    lane0: usize,
+    stream: bool,
+) {
     use std::arch::x86_64::_mm256_setzero_ps;
     let src = tile.as_ptr().cast::<f32>();
     let dst = rows.each_mut().map(|r| r.as_mut_ptr());
-    let streamed = if stream && dst.iter().all(|row| row.cast::<u8>().align_offset(64) == 0) { full - full % STREAM_POINTS } else { 0 };
+    let streamed = if stream && dst.iter().all(|row| row.cast::<u8>().align_offset(64) == 0) {
+        full - full % STREAM_POINTS
+    } else {
+        0
+    };
     for p0 in (0..streamed).step_by(STREAM_POINTS) {
         // SAFETY (this block): AVX2, F16C and the bounds are the caller's guarantee: the
         // loads read tile[p0 + q][lane0..lane0 + 8] with p0 + q < streamed <= full, the stores
@@ -383,7 +451,11 @@ unsafe fn untranspose_blocks<T: Real, const L: usize>(tile: &[[f32; L]], full: u
 /// `lane0 + 8 <= L`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn tile_points<const L: usize>(src: *const f32, p0: usize, lane0: usize) -> [std::arch::x86_64::__m256; 8] {
+unsafe fn tile_points<const L: usize>(
+    src: *const f32,
+    p0: usize,
+    lane0: usize,
+) -> [std::arch::x86_64::__m256; 8] {
     use std::arch::x86_64::{_mm256_loadu_ps, _mm256_setzero_ps};
     // SAFETY: AVX and the 8 rows are the caller's guarantee.
     unsafe {
@@ -397,7 +469,13 @@ unsafe fn tile_points<const L: usize>(src: *const f32, p0: usize, lane0: usize) 
 
 /// Rows `first..first + lanes` of `part` (rows of `row` values), each cut to `cols`: the
 /// output rows a tile is written back to. Lanes past `lanes` stay empty.
-pub(super) fn lane_rows<T, const L: usize>(part: &mut [T], row: usize, first: usize, lanes: usize, cols: Range<usize>) -> [&mut [T]; L] {
+pub(super) fn lane_rows<T, const L: usize>(
+    part: &mut [T],
+    row: usize,
+    first: usize,
+    lanes: usize,
+    cols: Range<usize>,
+) -> [&mut [T]; L] {
     let mut dst: [&mut [T]; L] = std::array::from_fn(|_| <&mut [T]>::default());
     if row == 0 {
         return dst;
@@ -413,7 +491,10 @@ pub(super) fn lane_rows<T, const L: usize>(part: &mut [T], row: usize, first: us
 /// `rows` zeroed rows of L floats carved out of `buf`, starting on a 64-byte boundary: a
 /// row's vector loads and stores then never straddle two cache lines (a heap block is only
 /// 16-byte aligned, which would split every other 32-byte access of a 64-byte row).
-pub(super) fn line_aligned_rows<const L: usize>(buf: &mut Vec<f32>, rows: usize) -> Result<&mut [[f32; L]]> {
+pub(super) fn line_aligned_rows<const L: usize>(
+    buf: &mut Vec<f32>,
+    rows: usize,
+) -> Result<&mut [[f32; L]]> {
     const LINE_FLOATS: usize = 64 / size_of::<f32>();
     *buf = scratch::filled(rows * L + LINE_FLOATS, 0.0, "the lane tiles of a task")?;
     let skip = buf.as_ptr().align_offset(64).min(LINE_FLOATS);
@@ -429,14 +510,22 @@ mod tests {
     /// Has `write` fill L rows of nt values in a poisoned buffer (rows `gap` values apart, from
     /// `first` values past a line), and returns the rows with the 32 values
     /// before them and the gaps, as float32s.
-    fn untranspose_into<T: Real, const L: usize>(nt: usize, first: usize, write: impl Fn(&mut [&mut [T]])) -> Vec<f32> {
+    fn untranspose_into<T: Real, const L: usize>(
+        nt: usize,
+        first: usize,
+        write: impl Fn(&mut [&mut [T]]),
+    ) -> Vec<f32> {
         let gap = nt.next_multiple_of(32) + 32;
         let mut buf = vec![T::from_f32(-3.0); 96 + L * gap];
         // 32 values are 64 or 128 bytes: `line` starts on a line.
         let line = buf.as_ptr().align_offset(64) + 32;
-        let mut rows: Vec<&mut [T]> = buf[line + first..].chunks_mut(gap).take(L).map(|r| &mut r[..nt]).collect();
+        let mut rows: Vec<&mut [T]> =
+            buf[line + first..].chunks_mut(gap).take(L).map(|r| &mut r[..nt]).collect();
         if first == 0 {
-            assert!(rows.iter().all(|r| r.as_ptr().cast::<u8>().align_offset(64) == 0), "the streamed case's rows start on a line");
+            assert!(
+                rows.iter().all(|r| r.as_ptr().cast::<u8>().align_offset(64) == 0),
+                "the streamed case's rows start on a line"
+            );
         }
         write(&mut rows);
         buf[line - 32..line + L * gap].iter().map(|x| x.to_f32()).collect()
@@ -446,7 +535,13 @@ mod tests {
     /// AVX2 and F16C (called from a test function without them, its intrinsics would be
     /// calls), then fenced as `fill_avx2` fences it.
     #[target_feature(enable = "avx2,f16c")]
-    fn untranspose_avx2<T: Real, const L: usize>(avx2: Avx2, tile: &[[f32; L]], nt: usize, rows: &mut [&mut [T]], stream: bool) {
+    fn untranspose_avx2<T: Real, const L: usize>(
+        avx2: Avx2,
+        tile: &[[f32; L]],
+        nt: usize,
+        rows: &mut [&mut [T]],
+        stream: bool,
+    ) {
         avx2.untranspose(tile, nt, rows, stream);
         cache::stream_fence();
     }
@@ -454,14 +549,25 @@ mod tests {
     fn check<T: Real, const L: usize>(avx2: Avx2) {
         let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
         for nt in [8, 31, 32, 64, 75, 128] {
-            let tile: Vec<[f32; L]> = (0..nt).map(|_| std::array::from_fn(|_| (next() % 10007) as f32 * 1.7e-4)).collect();
+            let tile: Vec<[f32; L]> = (0..nt)
+                .map(|_| std::array::from_fn(|_| (next() % 10007) as f32 * 1.7e-4))
+                .collect();
             for first in [0, 1] {
-                let want = untranspose_into::<T, L>(nt, first, |rows| ScalarTranspose.untranspose(&tile, nt, rows, false));
+                let want = untranspose_into::<T, L>(nt, first, |rows| {
+                    ScalarTranspose.untranspose(&tile, nt, rows, false)
+                });
                 for stream in [false, true] {
                     // SAFETY: an `Avx2` exists only when the CPU supports AVX2 and F16C.
-                    let got = untranspose_into::<T, L>(nt, first, |rows| unsafe { untranspose_avx2(avx2, &tile, nt, rows, stream) });
+                    let got = untranspose_into::<T, L>(nt, first, |rows| unsafe {
+                        untranspose_avx2(avx2, &tile, nt, rows, stream)
+                    });
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{} L {L} nt {nt} first {first} stream {stream}", std::any::type_name::<T>());
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{} L {L} nt {nt} first {first} stream {stream}",
+                        std::any::type_name::<T>()
+                    );
                 }
             }
         }

@@ -37,7 +37,8 @@ impl Policy {
         // accT + acc in float32 (+ the float16 copy) and the product row.
         let fixed = 8 * mo * co + if half { 2 * mo * co } else { 0 } + 4 * co + TILES * 64;
         // Per point of the N tile: indices, weights (+ widened), grad_output (+ widened), transposed.
-        let per_n = if half { 12 + 6 + 12 + 2 * co + 4 * co + 4 * co } else { 12 + 12 + 4 * co + 4 * co };
+        let per_n =
+            if half { 12 + 6 + 12 + 2 * co + 4 * co + 4 * co } else { 12 + 12 + 4 * co + 4 * co };
         let fit = (NRAM_BUDGET - fixed) / per_n / NO_STEP * NO_STEP;
         let no = fit.min(d.n.next_multiple_of(NO_STEP)).max(NO_STEP);
         let units = d.b * d.m.div_ceil(mo);
@@ -55,14 +56,19 @@ pub struct Launch {
 impl MluOperator for ThreeInterpolateBackward {
     type Launch = Launch;
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> Result<()> {
+    fn mlu_supported_shapes(
+        &self,
+        _: &mlu::DeviceInfo,
+        shapes: &device::StaticShapes,
+    ) -> Result<()> {
         // grad_output [B, C, N] -> output B * C * m.
         device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
     fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
         // The kernel's offsets are int32 products of these sizes.
-        if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize) {
+        if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize)
+        {
             return Err(Error::declined(format!(
                 "[B, C, N] = [{}, {}, {}], M = {}: too large for the MLU kernel's int32 offsets",
                 d.b, d.c, d.n, d.m
@@ -73,7 +79,9 @@ impl MluOperator for ThreeInterpolateBackward {
         // tiles are copied with GDRAM row strides of N and M elements (three_interpolate.mlu).
         // Larger shapes run on CPU.
         let elem = d.dtype.size();
-        if let Some((name, v)) = [("N", d.n), ("M", d.m)].into_iter().find(|&(_, v)| v * elem > i32::MAX as usize) {
+        if let Some((name, v)) =
+            [("N", d.n), ("M", d.m)].into_iter().find(|&(_, v)| v * elem > i32::MAX as usize)
+        {
             return Err(Error::declined(format!(
                 "{name} = {v}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides",
                 v * elem
@@ -81,12 +89,26 @@ impl MluOperator for ThreeInterpolateBackward {
         }
         let p = Policy::new(info, d);
         let n = device::narrow;
-        let sizes = [n("B", d.b)?, n("C", d.c)?, n("N", d.n)?, n("M", d.m)?, n("Mo", p.mo)?, n("No", p.no)?, n("Co", p.co)?];
+        let sizes = [
+            n("B", d.b)?,
+            n("C", d.c)?,
+            n("N", d.n)?,
+            n("M", d.m)?,
+            n("Mo", p.mo)?,
+            n("No", p.no)?,
+            n("Co", p.co)?,
+        ];
         Ok(Launch { task_dim: p.task_dim, sizes })
     }
 
     // Out-of-range indices need no gate: the kernel adds only indices inside its M tile.
-    fn mlu_compute(&self, d: &Dims, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(
+        &self,
+        d: &Dims,
+        l: &Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.m]))?;
         if d.b * d.c * d.m == 0 {
             return Ok(());
@@ -98,11 +120,37 @@ impl MluOperator for ThreeInterpolateBackward {
         card.queue.launch("mluops_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {
                 (k.mluops_three_interpolate_backward_f16)(
-                    q, l.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                    q,
+                    l.task_dim,
+                    TASK_UNION1,
+                    b,
+                    c,
+                    n,
+                    m,
+                    mo,
+                    no,
+                    co,
+                    go.cast(),
+                    idx,
+                    w.cast(),
+                    out.cast(),
                 )
             } else {
                 (k.mluops_three_interpolate_backward_f32)(
-                    q, l.task_dim, TASK_UNION1, b, c, n, m, mo, no, co, go.cast(), idx, w.cast(), out.cast(),
+                    q,
+                    l.task_dim,
+                    TASK_UNION1,
+                    b,
+                    c,
+                    n,
+                    m,
+                    mo,
+                    no,
+                    co,
+                    go.cast(),
+                    idx,
+                    w.cast(),
+                    out.cast(),
                 )
             }
         })
@@ -120,9 +168,17 @@ mod tests {
     fn byte_strides_of_2_31_or_more_are_declined() {
         let op = ThreeInterpolateBackward { m: 16 };
         let info = mlu::emulator::info().expect("the emulated card's description");
-        let fits = |n: usize, m: usize, dtype| op.mlu_launch(&info, &Dims { b: 1, c: 1, n, m, dtype }).map(|_| ());
-        for (n, m, dtype) in [(1usize << 29, 16, DType::F32), (16, 1 << 29, DType::F32), (16, 1 << 30, DType::F16)] {
-            assert_eq!(fits(n - usize::from(n > 16), m - usize::from(m > 16), dtype), Ok(()), "{n} {m} {dtype:?}");
+        let fits = |n: usize, m: usize, dtype| {
+            op.mlu_launch(&info, &Dims { b: 1, c: 1, n, m, dtype }).map(|_| ())
+        };
+        for (n, m, dtype) in
+            [(1usize << 29, 16, DType::F32), (16, 1 << 29, DType::F32), (16, 1 << 30, DType::F16)]
+        {
+            assert_eq!(
+                fits(n - usize::from(n > 16), m - usize::from(m > 16), dtype),
+                Ok(()),
+                "{n} {m} {dtype:?}"
+            );
             let err = fits(n, m, dtype).expect_err("a row stride of 2^31 bytes").to_string();
             assert!(err.contains("2147483648 bytes"), "{n} {m} {dtype:?}: {err}");
         }

@@ -15,11 +15,19 @@ use std::ffi::c_void;
 fn fits(d: &Dims, name: &str) -> Result<()> {
     let (b, c, m, n) = (d.b, d.c, d.m, d.n);
     if d.dtype == DType::F16 {
-        return Err(Error::declined(format!("float16: mluOpThreeInterpolate{name} computes in float16, the contract in float32")));
+        return Err(Error::declined(format!(
+            "float16: mluOpThreeInterpolate{name} computes in float16, the contract in float32"
+        )));
     }
-    let sizes = [b.saturating_mul(c).saturating_mul(n), b.saturating_mul(c).saturating_mul(m), b.saturating_mul(n).saturating_mul(3)];
+    let sizes = [
+        b.saturating_mul(c).saturating_mul(n),
+        b.saturating_mul(c).saturating_mul(m),
+        b.saturating_mul(n).saturating_mul(3),
+    ];
     if sizes.iter().any(|&v| v > i32::MAX as usize) {
-        return Err(Error::declined(format!("[B, C, N] = [{b}, {c}, {n}], M = {m}: MLU-OPS takes tensors below 2^31 elements")));
+        return Err(Error::declined(format!(
+            "[B, C, N] = [{b}, {c}, {n}], M = {m}: MLU-OPS takes tensors below 2^31 elements"
+        )));
     }
     Ok(())
 }
@@ -40,7 +48,15 @@ type Call = unsafe extern "C" fn(
 
 /// Calls `name` (`call` of `lib.f`) with the node's inputs 0-2, the first [B, C, `first`] and
 /// the output [B, C, `last`] at `out`.
-fn call(lib: &Library, card: &Card<'_>, name: &str, call: fn(&Functions) -> Call, d: &Dims, [first, last]: [usize; 2], out: *mut c_void) -> Result<()> {
+fn call(
+    lib: &Library,
+    card: &Card<'_>,
+    name: &str,
+    call: fn(&Functions) -> Call,
+    d: &Dims,
+    [first, last]: [usize; 2],
+    out: *mut c_void,
+) -> Result<()> {
     let t = mluops::DType::Float;
     let x = lib.tensor(Layout::Array, t, &[d.b, d.c, first])?;
     let idx = lib.tensor(Layout::Array, mluops::DType::Int32, &[d.b, d.n, 3])?;
@@ -49,7 +65,17 @@ fn call(lib: &Library, card: &Card<'_>, name: &str, call: fn(&Functions) -> Call
     lib.with_handle(card.queue, |h| {
         // SAFETY: descriptors of the node's tensors; card memory of those sizes.
         let s = unsafe {
-            call(&lib.f)(h, x.ptr, card.input::<c_void>(0), idx.ptr, card.input::<c_void>(1), w.ptr, card.input::<c_void>(2), y.ptr, out)
+            call(&lib.f)(
+                h,
+                x.ptr,
+                card.input::<c_void>(0),
+                idx.ptr,
+                card.input::<c_void>(1),
+                w.ptr,
+                card.input::<c_void>(2),
+                y.ptr,
+                out,
+            )
         };
         lib.check(name, s)
     })
@@ -64,7 +90,13 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         fits(d, "Backward")
     }
 
-    fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        d: &Dims,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.m]))?;
         if d.b * d.c * d.m == 0 {
             return Ok(());
@@ -76,7 +108,15 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         if d.n == 0 {
             return Ok(());
         }
-        call(lib, card, "mluOpThreeInterpolateBackward", |f| f.mluOpThreeInterpolateBackward, d, [d.n, d.m], out)
+        call(
+            lib,
+            card,
+            "mluOpThreeInterpolateBackward",
+            |f| f.mluOpThreeInterpolateBackward,
+            d,
+            [d.n, d.m],
+            out,
+        )
     }
 }
 
@@ -89,13 +129,27 @@ impl MluOpsOperator for ThreeInterpolate {
         fits(d, "Forward")
     }
 
-    fn mluops_compute(&self, d: &Dims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        d: &Dims,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.n]))?;
         // An empty output is BAD_PARAM there and nothing to write here; M = 0 with N > 0 is
         // a broken value rule, reported before this runs.
         if d.b * d.c * d.n == 0 {
             return Ok(());
         }
-        call(lib, card, "mluOpThreeInterpolateForward", |f| f.mluOpThreeInterpolateForward, d, [d.m, d.n], out)
+        call(
+            lib,
+            card,
+            "mluOpThreeInterpolateForward",
+            |f| f.mluOpThreeInterpolateForward,
+            d,
+            [d.m, d.n],
+            out,
+        )
     }
 }

@@ -7,8 +7,8 @@ pub mod mlu;
 pub mod mluops;
 
 crate::mlu::kernel_abi!("three_interpolate");
-mod real;
 mod lanes;
+mod real;
 
 use real::Real;
 
@@ -37,9 +37,10 @@ const INDICES: usize = 1;
 fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
     match inputs.dtype(i) {
         Some(t @ (DType::F32 | DType::F16)) => Ok(t),
-        Some(other) => {
-            Err(inputs.error(i, format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name())))
-        }
+        Some(other) => Err(inputs.error(
+            i,
+            format!("expected dtype tensor(float) or tensor(float16), got {}", other.onnx_name()),
+        )),
         None => Err(inputs.error(i, "required input is missing")),
     }
 }
@@ -58,5 +59,8 @@ fn indices_error(inputs: &Inputs<'_>, n: usize, m: usize, m_name: &str, broken: 
         RowValues::I32(v) => v.first().map_or(String::new(), i32::to_string),
         RowValues::F32(v) => format!("{v:?}"),
     };
-    inputs.error(INDICES, format!("indices[{b}, {n}, {k}] = {value} is outside [0, {m_name}) with {m_name} = {m}"))
+    inputs.error(
+        INDICES,
+        format!("indices[{b}, {n}, {k}] = {value} is outside [0, {m_name}) with {m_name} = {m}"),
+    )
 }

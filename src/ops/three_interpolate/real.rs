@@ -117,19 +117,29 @@ impl Real for f16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn store8(p: *mut f16, v: std::arch::x86_64::__m256) {
-        use std::arch::x86_64::{__m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph};
+        use std::arch::x86_64::{
+            __m128i, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph,
+        };
         // SAFETY: F16C with AVX state and 16 writable bytes at `p` (8 values, unaligned
         // store) are the caller's guarantee.
-        unsafe { _mm_storeu_si128(p.cast::<__m128i>(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
+        unsafe {
+            _mm_storeu_si128(p.cast::<__m128i>(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn stream16(p: *mut f16, lo: std::arch::x86_64::__m256, hi: std::arch::x86_64::__m256) {
-        use std::arch::x86_64::{__m256i, _MM_FROUND_TO_NEAREST_INT, _mm256_cvtps_ph, _mm256_set_m128i, _mm256_stream_si256};
+        use std::arch::x86_64::{
+            __m256i, _MM_FROUND_TO_NEAREST_INT, _mm256_cvtps_ph, _mm256_set_m128i,
+            _mm256_stream_si256,
+        };
         // SAFETY: F16C with AVX state and 32 writable bytes at a 32-byte aligned `p` are the
         // caller's guarantee.
         unsafe {
-            let halves = _mm256_set_m128i(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo));
+            let halves = _mm256_set_m128i(
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi),
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo),
+            );
             _mm256_stream_si256(p.cast::<__m256i>(), halves)
         }
     }
@@ -157,7 +167,12 @@ unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
     by_eights(src, dst, f16::to_f32, |s, d| {
         // SAFETY: F16C (with AVX state) is the caller's guarantee; the load reads the 16
         // bytes of `s` (8 f16 values, unaligned load), the store writes the 8 floats of `d`.
-        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>()))) }
+        unsafe {
+            _mm256_storeu_ps(
+                d.as_mut_ptr(),
+                _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast::<__m128i>())),
+            )
+        }
     });
 }
 
@@ -167,7 +182,12 @@ unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
 /// unwritten).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn by_eights<S: Copy, D>(src: &[S], dst: &mut [D], one: impl Fn(S) -> D, eight: impl Fn(&[S], &mut [D])) {
+fn by_eights<S: Copy, D>(
+    src: &[S],
+    dst: &mut [D],
+    one: impl Fn(S) -> D,
+    eight: impl Fn(&[S], &mut [D]),
+) {
     assert_eq!(src.len(), dst.len(), "float16 conversion between slices of different lengths");
     let mut d8 = dst.chunks_exact_mut(8);
     let mut s8 = src.chunks_exact(8);
@@ -201,10 +221,23 @@ mod tests {
             assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
         }
         let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
-        let mut values: Vec<f32> = (0..100_000).map(|_| f32::from_bits((next() >> 32) as u32)).collect();
+        let mut values: Vec<f32> =
+            (0..100_000).map(|_| f32::from_bits((next() >> 32) as u32)).collect();
         // Halfway between neighbouring float16 values, around the subnormal and overflow edges.
-        values.extend((0..=u16::MAX).map(|b| f32::from_bits(f16::from_bits(b).to_f32().to_bits() + (1 << 12))));
-        values.extend([65504.0, 65519.99, 65520.0, 1e-8, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001)]);
+        values.extend(
+            (0..=u16::MAX)
+                .map(|b| f32::from_bits(f16::from_bits(b).to_f32().to_bits() + (1 << 12))),
+        );
+        values.extend([
+            65504.0,
+            65519.99,
+            65520.0,
+            1e-8,
+            -0.0,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7F80_0001),
+        ]);
         for len in [values.len(), values.len() - 5, 3] {
             let mut got = vec![f16::ZERO; len];
             by_eights(&values[..len], &mut got, <f16 as Real>::from_f32, |s, d| {
@@ -212,7 +245,8 @@ mod tests {
                 // of `s`, the store writes the 8 values of `d`.
                 unsafe { <f16 as Real>::store8(d.as_mut_ptr(), <f32 as Real>::load8(s.as_ptr())) }
             });
-            let want: Vec<u16> = values[..len].iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+            let want: Vec<u16> =
+                values[..len].iter().map(|&x| f16::from_f32(x).to_bits()).collect();
             assert_eq!(got.iter().map(|h| h.to_bits()).collect::<Vec<_>>(), want);
         }
     }

@@ -29,7 +29,6 @@
 //! 2. output and scratch grid rows (parallel over cell ranges): zero, then add the rows of
 //!    the chunk's in-range points; then the scratch grids into the output.
 
-
 use crate::error::{Error, Result};
 use crate::ops::rules::Rules;
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
@@ -78,14 +77,16 @@ impl VoxelPoolingForward {
     pub fn new(voxel_num: [i64; 3]) -> Result<Self> {
         let mut dims = [0usize; 3];
         for (d, &v) in dims.iter_mut().zip(&voxel_num) {
-            *d = usize::try_from(v)
-                .ok()
-                .filter(|&v| v > 0)
-                .ok_or_else(|| Error::attribute("voxel_num", format!("each value must be > 0, got {voxel_num:?}")))?;
+            *d = usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| {
+                Error::attribute("voxel_num", format!("each value must be > 0, got {voxel_num:?}"))
+            })?;
         }
         let [nx, ny, nz] = dims;
         let cells = ny.checked_mul(nx).ok_or_else(|| {
-            Error::attribute("voxel_num", format!("num_voxel_y * num_voxel_x overflows: {voxel_num:?}"))
+            Error::attribute(
+                "voxel_num",
+                format!("num_voxel_y * num_voxel_x overflows: {voxel_num:?}"),
+            )
         })?;
         Ok(VoxelPoolingForward { nx, ny, nz, cells })
     }
@@ -93,7 +94,8 @@ impl VoxelPoolingForward {
     /// Index of the cell (y * nx + x) of a point inside the grid, `None` outside.
     #[inline]
     fn cell_of(&self, p: &[i32]) -> Option<(usize, usize)> {
-        let (x, y, z) = (usize::try_from(p[0]).ok()?, usize::try_from(p[1]).ok()?, usize::try_from(p[2]).ok()?);
+        let (x, y, z) =
+            (usize::try_from(p[0]).ok()?, usize::try_from(p[1]).ok()?, usize::try_from(p[2]).ok()?);
         (x < self.nx && y < self.ny && z < self.nz).then_some((y, x))
     }
 }
@@ -105,7 +107,11 @@ impl Rules for VoxelPoolingForward {
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<VoxelPlan> {
         let geom = inputs.shaped::<i32>(0, &[None, None, Some(3)], "[B, N, 3]")?;
         let (batches, points) = (geom[0], geom[1]);
-        let feats = inputs.shaped::<f32>(1, &[Some(batches), Some(points), None], "[B, N, C] (B, N of geom_xyz)")?;
+        let feats = inputs.shaped::<f32>(
+            1,
+            &[Some(batches), Some(points), None],
+            "[B, N, C] (B, N of geom_xyz)",
+        )?;
         let channels = feats[2];
         let out_len = batches
             .checked_mul(self.cells)
@@ -114,13 +120,21 @@ impl Rules for VoxelPoolingForward {
         if out_len.is_none() {
             return Err(Error::output(
                 "output_features",
-                format!("size B * ny * nx * C = {batches} * {} * {} * {channels} overflows", self.ny, self.nx),
+                format!(
+                    "size B * ny * nx * C = {batches} * {} * {} * {channels} overflows",
+                    self.ny, self.nx
+                ),
             ));
         }
         // pos_memo stores the batch index as int32.
         if points > 0 {
             crate::ops::check_i32_range(
-                || Error::output("pos_memo", format!("batch index up to {batches} does not fit int32")),
+                || {
+                    Error::output(
+                        "pos_memo",
+                        format!("batch index up to {batches} does not fit int32"),
+                    )
+                },
                 batches,
             )?;
         }
@@ -139,14 +153,19 @@ impl VoxelPoolingForward {
 
 impl crate::ops::Operator for VoxelPoolingForward {
     const NAME: &'static str = "VoxelPoolingForward";
-    const SCHEMA: &'static str = include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
     type Plan = VoxelPlan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         Self::new(attrs.ints_n::<3>("voxel_num")?)
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
+    fn plan(
+        &self,
+        inputs: &Inputs<'_>,
+        _par: &dyn Parallel,
+    ) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
         let plan = self.shape_rules(inputs)?;
         Ok((self.output_specs(&plan), plan))
     }
@@ -168,7 +187,9 @@ impl crate::ops::Operator for VoxelPoolingForward {
             || out.len() != batches * self.cells * channels
             || pos_memo.len() != batches * points * 3
         {
-            return Err(Error::Runtime("VoxelPoolingForward: buffers do not match the plan".into()));
+            return Err(Error::Runtime(
+                "VoxelPoolingForward: buffers do not match the plan".into(),
+            ));
         }
         self.write_pos_memo(geom, points, pos_memo, par);
         if !out.is_empty() {
@@ -180,7 +201,13 @@ impl crate::ops::Operator for VoxelPoolingForward {
 
 impl VoxelPoolingForward {
     /// Pass 1: pos_memo for every point, in parallel chunks.
-    fn write_pos_memo(&self, geom: &[i32], points: usize, pos_memo: &mut [i32], par: &dyn Parallel) {
+    fn write_pos_memo(
+        &self,
+        geom: &[i32],
+        points: usize,
+        pos_memo: &mut [i32],
+        par: &dyn Parallel,
+    ) {
         if points == 0 {
             return;
         }
@@ -212,14 +239,25 @@ impl VoxelPoolingForward {
     /// points in order and adds the rows of those in its range. A cell's value is thus
     /// (0 + its chunk-0 points in point order) + (0 + its chunk-1 points ...) + ..., the
     /// same bits whatever the cell ranges, the thread count or the machine.
-    fn sum_cells(&self, pos_memo: &[i32], feats: &[f32], points: usize, channels: usize, out: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    fn sum_cells(
+        &self,
+        pos_memo: &[i32],
+        feats: &[f32],
+        points: usize,
+        channels: usize,
+        out: &mut [f32],
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let (cells, batches) = (self.cells, out.len() / (self.cells * channels));
         let chunks = self.point_chunks(batches, points, channels);
         // Cell ranges per grid: enough tasks to occupy the machine's cores. Each task scans
         // its chunk's pos_memo, and more tasks make each one's feature reads sparser, so no
         // more than that (and coarse).
         let work = (points.div_ceil(chunks) + cells) * channels;
-        let ranges = cores().div_ceil(batches * chunks).min(MAX_TASKS_PER_BATCH).min(pieces(work, SUM_GRAIN));
+        let ranges = cores()
+            .div_ceil(batches * chunks)
+            .min(MAX_TASKS_PER_BATCH)
+            .min(pieces(work, SUM_GRAIN));
         self.sum_grids(pos_memo, feats, points, channels, out, [chunks, ranges], par)
     }
 
@@ -240,12 +278,24 @@ impl VoxelPoolingForward {
         let chunks = chunks.clamp(1, points.max(1));
         let chunk_len = points.div_ceil(chunks);
         let ranges = ranges.clamp(1, cells);
-        let cuts: Vec<Vec<usize>> =
-            if ranges == 1 { vec![vec![0, cells]; batches] } else { self.balanced_cuts(pos_memo, points, batches, ranges, par)? };
-        let mut scratch = scratch::filled((chunks - 1) * batches * grid, 0f32, "the grids of the extra point chunks")?;
+        let cuts: Vec<Vec<usize>> = if ranges == 1 {
+            vec![vec![0, cells]; batches]
+        } else {
+            self.balanced_cuts(pos_memo, points, batches, ranges, par)?
+        };
+        let mut scratch = scratch::filled(
+            (chunks - 1) * batches * grid,
+            0f32,
+            "the grids of the extra point chunks",
+        )?;
         // (batch, chunk, grid) of every grid: the output's, then the scratch grids.
         let grids = out.chunks_mut(grid).enumerate().map(|(b, g)| (b, 0, g));
-        let grids = grids.chain(scratch.chunks_mut(grid).enumerate().map(|(i, g)| (i / (chunks - 1).max(1), 1 + i % (chunks - 1).max(1), g)));
+        let grids = grids.chain(
+            scratch
+                .chunks_mut(grid)
+                .enumerate()
+                .map(|(i, g)| (i / (chunks - 1).max(1), 1 + i % (chunks - 1).max(1), g)),
+        );
         let mut parts = Vec::new();
         for (b, chunk, mut rest) in grids {
             for w in cuts[b].windows(2) {
@@ -259,7 +309,12 @@ impl VoxelPoolingForward {
         for_each_chunk_mut(par, &mut parts, 1, |_, part| {
             if let [part] = part {
                 let b = part.batch;
-                self.add_points(part, &pos_memo[b * points * 3..(b + 1) * points * 3], &feats[b * points * channels..(b + 1) * points * channels], channels);
+                self.add_points(
+                    part,
+                    &pos_memo[b * points * 3..(b + 1) * points * 3],
+                    &feats[b * points * channels..(b + 1) * points * channels],
+                    channels,
+                );
             }
         });
         if chunks > 1 {
@@ -288,8 +343,13 @@ impl VoxelPoolingForward {
     /// most MAX_SCRATCH_BYTES. From the shapes alone, so the result never depends on the
     /// machine.
     fn point_chunks(&self, batches: usize, points: usize, channels: usize) -> usize {
-        let chunks = MIN_GRIDS.div_ceil(batches.max(1)).min((points.saturating_mul(channels) / MIN_CHUNK_ELEMS).max(1));
-        let scratch = (chunks - 1).saturating_mul(batches).saturating_mul(self.cells).saturating_mul(channels);
+        let chunks = MIN_GRIDS
+            .div_ceil(batches.max(1))
+            .min((points.saturating_mul(channels) / MIN_CHUNK_ELEMS).max(1));
+        let scratch = (chunks - 1)
+            .saturating_mul(batches)
+            .saturating_mul(self.cells)
+            .saturating_mul(channels);
         if scratch.saturating_mul(size_of::<f32>()) > MAX_SCRATCH_BYTES { 1 } else { chunks }
     }
 
@@ -313,14 +373,20 @@ impl VoxelPoolingForward {
             // feature row (streamed, so it does not evict the grid) and its output row,
             // whose cell is random in a grid larger than L2. Without this each point
             // waits for both rows' latency.
-            if let Some(cell) = (i + PREFETCH_AHEAD < end).then(|| cell_of(i + PREFETCH_AHEAD)).flatten() {
+            if let Some(cell) =
+                (i + PREFETCH_AHEAD < end).then(|| cell_of(i + PREFETCH_AHEAD)).flatten()
+            {
                 let ahead = (i + PREFETCH_AHEAD) * channels;
                 crate::cache::prefetch_stream(feats.get(ahead..).unwrap_or(&[]), channels);
-                crate::cache::prefetch_read(rows.get(cell * channels..(cell + 1) * channels).unwrap_or(&[]));
+                crate::cache::prefetch_read(
+                    rows.get(cell * channels..(cell + 1) * channels).unwrap_or(&[]),
+                );
             }
             let Some(cell) = cell_of(i) else { continue };
-            let (Some(row), Some(f)) = (rows.get_mut(cell * channels..(cell + 1) * channels), feats.get(i * channels..(i + 1) * channels))
-            else {
+            let (Some(row), Some(f)) = (
+                rows.get_mut(cell * channels..(cell + 1) * channels),
+                feats.get(i * channels..(i + 1) * channels),
+            ) else {
                 continue;
             };
             for (o, &x) in row.iter_mut().zip(f) {
@@ -352,7 +418,10 @@ impl VoxelPoolingForward {
                 }
             }
         });
-        Ok(counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().map(|&n| u64::from(n) + 1), per_batch)).collect())
+        Ok(counts
+            .chunks_exact(cells)
+            .map(|counts| balanced_cuts(counts.iter().map(|&n| u64::from(n) + 1), per_batch))
+            .collect())
     }
 }
 
@@ -406,7 +475,8 @@ mod tests {
                         if m[0] >= 0 {
                             let cell = m[1] as usize * op.nx + m[2] as usize;
                             for c in 0..channels {
-                                partial[cell * channels + c] += feats[(b * points + i) * channels + c];
+                                partial[cell * channels + c] +=
+                                    feats[(b * points + i) * channels + c];
                             }
                         }
                     }
@@ -420,7 +490,8 @@ mod tests {
             for ranges in [1, 2, 3, 7, 20, 1000] {
                 for par in [&Serial as &dyn Parallel, &Threads(2), &Threads(5)] {
                     let mut out = vec![f32::NAN; batches * op.cells * channels];
-                    op.sum_grids(&memo, &feats, points, channels, &mut out, [chunks, ranges], par).unwrap();
+                    op.sum_grids(&memo, &feats, points, channels, &mut out, [chunks, ranges], par)
+                        .unwrap();
                     let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
                     assert_eq!(want, bits, "chunks {chunks}, ranges {ranges}");
                 }

@@ -46,13 +46,22 @@ impl MluOperator for VoxelPoolingForward {
 
     fn mlu_supported(&self) -> Result<()> {
         // The kernel takes the grid as int32 values.
-        match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
-            Some((axis, n)) => Err(Error::declined(format!("num_voxel_{axis} = {n} exceeds the MLU kernel's int32 grid sizes"))),
+        match [("x", self.nx), ("y", self.ny), ("z", self.nz)]
+            .into_iter()
+            .find(|&(_, n)| n > i32::MAX as usize)
+        {
+            Some((axis, n)) => Err(Error::declined(format!(
+                "num_voxel_{axis} = {n} exceeds the MLU kernel's int32 grid sizes"
+            ))),
             None => Ok(()),
         }
     }
 
-    fn mlu_supported_shapes(&self, _: &mlu::DeviceInfo, shapes: &device::StaticShapes) -> Result<()> {
+    fn mlu_supported_shapes(
+        &self,
+        _: &mlu::DeviceInfo,
+        shapes: &device::StaticShapes,
+    ) -> Result<()> {
         // features [B, N, C] -> output B * ny * nx * C.
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
@@ -61,7 +70,8 @@ impl MluOperator for VoxelPoolingForward {
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
-        if cells > i32::MAX as usize || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
+        if cells > i32::MAX as usize
+            || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
             || coords > i32::MAX as usize
         {
             return Err(Error::declined(format!(
@@ -83,7 +93,13 @@ impl MluOperator for VoxelPoolingForward {
         Ok(Launch { task_dim: p.task_dim, sizes })
     }
 
-    fn mlu_compute(&self, plan: &VoxelPlan, l: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mlu_compute(
+        &self,
+        plan: &VoxelPlan,
+        l: &Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let specs = self.output_specs(plan);
         let out = outputs.allocate(0, &specs[0])?;
         let pos = outputs.allocate(1, &specs[1])?;
@@ -99,8 +115,21 @@ impl MluOperator for VoxelPoolingForward {
         // the shape rules, outputs allocated above); the launch only enqueues.
         card.queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
             (k.mluops_voxel_pooling_forward)(
-                q, l.task_dim, TASK_UNION1, batches, points, channels, nx, ny, nz, tile_points, tile_channels, geom,
-                feats, out.cast(), pos.cast(),
+                q,
+                l.task_dim,
+                TASK_UNION1,
+                batches,
+                points,
+                channels,
+                nx,
+                ny,
+                nz,
+                tile_points,
+                tile_channels,
+                geom,
+                feats,
+                out.cast(),
+                pos.cast(),
             )
         })
     }

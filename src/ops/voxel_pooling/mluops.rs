@@ -7,8 +7,13 @@ use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
 
 impl MluOpsOperator for VoxelPoolingForward {
     fn mluops_supported(&self) -> Result<()> {
-        match [("x", self.nx), ("y", self.ny), ("z", self.nz)].into_iter().find(|&(_, n)| n > i32::MAX as usize) {
-            Some((axis, n)) => Err(Error::declined(format!("num_voxel_{axis} = {n} exceeds the library's int arguments"))),
+        match [("x", self.nx), ("y", self.ny), ("z", self.nz)]
+            .into_iter()
+            .find(|&(_, n)| n > i32::MAX as usize)
+        {
+            Some((axis, n)) => Err(Error::declined(format!(
+                "num_voxel_{axis} = {n} exceeds the library's int arguments"
+            ))),
             None => Ok(()),
         }
     }
@@ -23,12 +28,20 @@ impl MluOpsOperator for VoxelPoolingForward {
         }
         let out = plan.batches.saturating_mul(self.cells).saturating_mul(plan.channels);
         if out > i32::MAX as usize {
-            return Err(Error::declined(format!("output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements")));
+            return Err(Error::declined(format!(
+                "output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements"
+            )));
         }
         Ok(())
     }
 
-    fn mluops_compute(&self, plan: &VoxelPlan, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        plan: &VoxelPlan,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let specs = self.output_specs(plan);
         let out = outputs.allocate(0, &specs[0])?;
         let pos = outputs.allocate(1, &specs[1])?;
@@ -43,9 +56,21 @@ impl MluOpsOperator for VoxelPoolingForward {
             // SAFETY: descriptors of the node's tensors; card memory of those sizes.
             let s = unsafe {
                 (lib.f.mluOpVoxelPoolingForward)(
-                    h, int(b), int(n), int(c), int(self.nx), int(self.ny), int(self.nz),
-                    geom.ptr, card.input::<i32>(0).cast(), feats.ptr, card.input::<f32>(1).cast(),
-                    out_d.ptr, out, pos_d.ptr, pos,
+                    h,
+                    int(b),
+                    int(n),
+                    int(c),
+                    int(self.nx),
+                    int(self.ny),
+                    int(self.nz),
+                    geom.ptr,
+                    card.input::<i32>(0).cast(),
+                    feats.ptr,
+                    card.input::<f32>(1).cast(),
+                    out_d.ptr,
+                    out,
+                    pos_d.ptr,
+                    pos,
                 )
             };
             lib.check("mluOpVoxelPoolingForward", s)

@@ -112,7 +112,10 @@ impl<K: Key> SortedSites<K> {
     /// Second step (after [`Self::prefetch_entry`]): reads the table entry and hints the CPU
     /// to fetch the first key of `key`'s prefix.
     pub(super) fn prefetch_keys(&self, key: K) {
-        let first = self.starts.get(key.digit(self.shift, usize::MAX)).and_then(|&lo| self.keys.get(lo as usize));
+        let first = self
+            .starts
+            .get(key.digit(self.shift, usize::MAX))
+            .and_then(|&lo| self.keys.get(lo as usize));
         if let Some(first) = first {
             crate::cache::prefetch_item(first);
         }
@@ -148,17 +151,23 @@ impl DenseSites {
     /// An empty grid of `dims`, when its bitmap has at most `max_words` words.
     pub(super) fn new(dims: [u64; 4], max_words: usize) -> Result<Option<Self>> {
         let volume = dims.iter().try_fold(1u64, |v, &d| v.checked_mul(d));
-        let Some(words) = volume.map(|v| v.div_ceil(64)).and_then(|w| usize::try_from(w).ok()).filter(|&w| w <= max_words) else {
+        let Some(words) = volume
+            .map(|v| v.div_ceil(64))
+            .and_then(|w| usize::try_from(w).ok())
+            .filter(|&w| w <= max_words)
+        else {
             return Ok(None);
         };
-        let words = scratch::collect((0..words).map(|_| AtomicU64::new(0)), "the output grid's bitmap")?;
+        let words =
+            scratch::collect((0..words).map(|_| AtomicU64::new(0)), "the output grid's bitmap")?;
         Ok(Some(DenseSites { dims, words, ranks: Vec::new(), count: 0 }))
     }
 
     /// Marks site (b, z, y, x) (each within the grid) and returns its index.
     pub(super) fn mark(&self, c: [u32; 4]) -> u64 {
         let [_, d, h, w] = self.dims;
-        let i = ((u64::from(c[0]) * d + u64::from(c[1])) * h + u64::from(c[2])) * w + u64::from(c[3]);
+        let i =
+            ((u64::from(c[0]) * d + u64::from(c[1])) * h + u64::from(c[2])) * w + u64::from(c[3]);
         let bit = 1u64 << (i % 64);
         if let Some(word) = usize::try_from(i / 64).ok().and_then(|w| self.words.get(w))
             && word.load(Ordering::Relaxed) & bit == 0
@@ -211,17 +220,24 @@ impl DenseSites {
     /// parts of about `grain` sites, each starting at a word.
     pub(super) fn write(&self, out: &mut [i32], grain: usize, par: &dyn Parallel) -> Result<()> {
         if out.len() != 4 * self.count {
-            return Err(Error::Runtime(format!("GetIndicePairs: {} output-site values for {} sites", out.len(), self.count)));
+            return Err(Error::Runtime(format!(
+                "GetIndicePairs: {} output-site values for {} sites",
+                out.len(),
+                self.count
+            )));
         }
         let before = |w: usize| self.ranks.get(w).map_or(self.count, |&r| r as usize);
         // Parts of whole words weighted by their sites (the ranks' differences).
         let sites = (0..self.words.len()).map(|w| (before(w + 1) - before(w)) as u64);
         let cuts = balanced_cuts(sites, pieces(self.count, grain));
-        let bounds = scratch::collect(cuts.iter().map(|&w| 4 * before(w)), "the output sites' parts")?;
+        let bounds =
+            scratch::collect(cuts.iter().map(|&w| 4 * before(w)), "the output sites' parts")?;
         let [_, d, h, w] = self.dims;
         for_each_part_mut(par, out, &bounds, |t, part| {
             let mut rows = part.chunks_exact_mut(4);
-            for (j, word) in self.words.get(cuts[t]..cuts[t + 1]).unwrap_or_default().iter().enumerate() {
+            for (j, word) in
+                self.words.get(cuts[t]..cuts[t + 1]).unwrap_or_default().iter().enumerate()
+            {
                 let mut bits = word.load(Ordering::Relaxed);
                 while bits != 0 {
                     let i = (cuts[t] + j) as u64 * 64 + u64::from(bits.trailing_zeros());

@@ -11,11 +11,10 @@
 use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
 use crate::tensor::{DType, Data, Inputs, OutputSpec, TensorRef};
 use std::ffi::c_void;
-
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
 const TILES: usize = 4;
@@ -41,7 +40,9 @@ impl Policy {
 impl GetIndicePairs {
     /// Bits of the output site bitmap: batch_size * Do * Ho * Wo.
     fn sites(&self) -> Option<usize> {
-        self.output_space.iter().try_fold(self.batch as usize, |acc, &o| acc.checked_mul(o as usize))
+        self.output_space
+            .iter()
+            .try_fold(self.batch as usize, |acc, &o| acc.checked_mul(o as usize))
     }
 
     fn geometry(&self) -> Option<GipGeometry> {
@@ -85,7 +86,9 @@ impl MluOperator for GetIndicePairs {
 
     fn mlu_supported(&self) -> Result<()> {
         if self.transpose {
-            return Err(Error::declined("transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)"));
+            return Err(Error::declined(
+                "transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)",
+            ));
         }
         if self.geometry().is_none() {
             return Err(Error::declined("a padding, stride, dilation or size beyond int32"));
@@ -117,7 +120,11 @@ impl MluOperator for GetIndicePairs {
         // BANG's __memcpy takes int byte strides: expand stores its K rows of a tile with a
         // GDRAM row stride of L int32 (sparse_conv.mlu).
         if d.l * 4 > i32::MAX as usize {
-            return Err(Error::declined(format!("L = {}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides", d.l, d.l * 4)));
+            return Err(Error::declined(format!(
+                "L = {}: its row stride of {} bytes exceeds the MLU copies' int32 byte strides",
+                d.l,
+                d.l * 4
+            )));
         }
         let (Some(geometry), Some(sites)) = (self.geometry(), self.sites()) else {
             return Err(Error::declined("a geometry or site count beyond int32"));
@@ -126,7 +133,9 @@ impl MluOperator for GetIndicePairs {
         // out_indices, whose rows are at most min(sites, K * L).
         let expanded = d.k.saturating_mul(d.l);
         let out_rows = if self.sub_m { d.l } else { sites.min(expanded) };
-        if expanded.saturating_mul(2) > i32::MAX as usize || out_rows.saturating_mul(4) > i32::MAX as usize {
+        if expanded.saturating_mul(2) > i32::MAX as usize
+            || out_rows.saturating_mul(4) > i32::MAX as usize
+        {
             return Err(Error::declined(format!(
                 "K = {}, L = {}: indice_pairs [K, 2, L] or out_indices (up to {out_rows} rows of 4) exceed the MLU kernels' int32 offsets",
                 d.k, d.l
@@ -146,8 +155,23 @@ impl MluOperator for GetIndicePairs {
         })
     }
 
-    fn mlu_compute(&self, d: &GipDims, launch: &Launch, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
-        let Launch { policy: p, geometry, words: nwords, rows, kernel_volume: kv, expanded, tile_rows, tile } = *launch;
+    fn mlu_compute(
+        &self,
+        d: &GipDims,
+        launch: &Launch,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
+        let Launch {
+            policy: p,
+            geometry,
+            words: nwords,
+            rows,
+            kernel_volume: kv,
+            expanded,
+            tile_rows,
+            tile,
+        } = *launch;
         let (l, k) = (d.l, d.k);
         let device = card.device;
         // Non-negative: narrowed from a word count.
@@ -168,7 +192,11 @@ impl MluOperator for GetIndicePairs {
         let rank_tasks = device.info.cores_per_cluster;
         let core_totals = ints(outputs, rank_tasks as usize)?;
         let total = ints(outputs, 1)?;
-        let (site, perm) = if self.sub_m { (ints(outputs, l)?, ints(outputs, l)?) } else { (std::ptr::null_mut(), std::ptr::null_mut()) };
+        let (site, perm) = if self.sub_m {
+            (ints(outputs, l)?, ints(outputs, l)?)
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
         let kernels = device.kernels::<SparseConvKernels>()?;
         let (queue, indices) = (card.queue, card.input::<i32>(INDICES));
         let (gate, gates) = card.gate();
@@ -178,7 +206,17 @@ impl MluOperator for GetIndicePairs {
         // later kernels read what expand wrote, each bounds-checked against the bitmap.
         queue.launch("mluops_get_indice_pairs_expand", |q| unsafe {
             (kernels.mluops_get_indice_pairs_expand)(
-                q, p.task_dim, TASK_UNION1, &geometry, rows, tile_rows, indices, expand, site, gate, gates,
+                q,
+                p.task_dim,
+                TASK_UNION1,
+                &geometry,
+                rows,
+                tile_rows,
+                indices,
+                expand,
+                site,
+                gate,
+                gates,
             )
         })?;
         // Subm marks the rows' own sites, the default mode every expanded one.
@@ -186,13 +224,28 @@ impl MluOperator for GetIndicePairs {
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
             (kernels.mluops_get_indice_pairs_mark)(
-                q, p.task_dim, TASK_UNION1, count, nwords, tile, marked.cast_const(), bitmap,
+                q,
+                p.task_dim,
+                TASK_UNION1,
+                count,
+                nwords,
+                tile,
+                marked.cast_const(),
+                bitmap,
             )
         })?;
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
             (kernels.mluops_get_indice_pairs_rank)(
-                q, rank_tasks, TASK_UNION1, nwords, tile, bitmap, word_rank, core_totals, total,
+                q,
+                rank_tasks,
+                TASK_UNION1,
+                nwords,
+                tile,
+                bitmap,
+                word_rank,
+                core_totals,
+                total,
             )
         })?;
         // The one wait before the end: out_indices' size is the site count. The value
@@ -201,9 +254,17 @@ impl MluOperator for GetIndicePairs {
         card.verify()?;
         let mut count = [0i32];
         // SAFETY: `total` holds one int32 the rank kernel wrote; `count` has room for it.
-        unsafe { device.copy_raw(count.as_mut_ptr().cast(), total.cast_const().cast(), 4, Direction::DeviceToHost)? };
-        let num_out = usize::try_from(count[0])
-            .map_err(|_| Error::Runtime(format!("GetIndicePairs on the MLU: negative site count {}", count[0])))?;
+        unsafe {
+            device.copy_raw(
+                count.as_mut_ptr().cast(),
+                total.cast_const().cast(),
+                4,
+                Direction::DeviceToHost,
+            )?
+        };
+        let num_out = usize::try_from(count[0]).map_err(|_| {
+            Error::Runtime(format!("GetIndicePairs on the MLU: negative site count {}", count[0]))
+        })?;
         if self.sub_m && num_out != l {
             return Err(self.duplicate_sites(card, l, num_out));
         }
@@ -215,15 +276,36 @@ impl MluOperator for GetIndicePairs {
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_out", |q| unsafe {
             (kernels.mluops_get_indice_pairs_out)(
-                q, p.task_dim, TASK_UNION1, &geometry, rows, nwords, tile, bitmap, word_rank, site,
-                if self.sub_m { std::ptr::null_mut() } else { out.cast() }, perm,
+                q,
+                p.task_dim,
+                TASK_UNION1,
+                &geometry,
+                rows,
+                nwords,
+                tile,
+                bitmap,
+                word_rank,
+                site,
+                if self.sub_m { std::ptr::null_mut() } else { out.cast() },
+                perm,
             )
         })?;
         // SAFETY: as above.
         queue.launch("mluops_get_indice_pairs_pairs", |q| unsafe {
             (kernels.mluops_get_indice_pairs_pairs)(
-                q, mlu::union1_tasks(&device.info, k), TASK_UNION1, kv, rows, geometry.subm, tile, expand,
-                bitmap, word_rank, perm, pairs.cast(), num.cast(),
+                q,
+                mlu::union1_tasks(&device.info, k),
+                TASK_UNION1,
+                kv,
+                rows,
+                geometry.subm,
+                tile,
+                expand,
+                bitmap,
+                word_rank,
+                perm,
+                pairs.cast(),
+                num.cast(),
             )
         })?;
         Ok(())
@@ -236,15 +318,29 @@ impl GetIndicePairs {
     /// here, `indices` comes to the host.
     fn duplicate_sites(&self, card: &Card<'_>, l: usize, num_out: usize) -> Error {
         let fallback = || {
-            Error::input("indices", format!("{num_out} distinct sites among {l} rows: duplicate input sites are not allowed in subm mode"))
+            Error::input(
+                "indices",
+                format!(
+                    "{num_out} distinct sites among {l} rows: duplicate input sites are not allowed in subm mode"
+                ),
+            )
         };
-        let Ok(mut host) = crate::scratch::filled(l * 4, 0i32, "the host copy of indices") else { return fallback() };
+        let Ok(mut host) = crate::scratch::filled(l * 4, 0i32, "the host copy of indices") else {
+            return fallback();
+        };
         // SAFETY: `host` holds L*4 int32, the card's `indices` as many.
         let copied = unsafe {
-            card.device.copy_raw(host.as_mut_ptr().cast(), card.input::<c_void>(INDICES), l * 16, Direction::DeviceToHost)
+            card.device.copy_raw(
+                host.as_mut_ptr().cast(),
+                card.input::<c_void>(INDICES),
+                l * 16,
+                Direction::DeviceToHost,
+            )
         };
         let tensor = TensorRef { shape: vec![l as i64, 4], data: Data::I32(&host) };
-        let Ok(inputs) = copied.and_then(|()| Inputs::new(vec!["indices".into()], vec![Some(tensor)])) else {
+        let Ok(inputs) =
+            copied.and_then(|()| Inputs::new(vec!["indices".into()], vec![Some(tensor)]))
+        else {
             return fallback();
         };
         match self.validate(&inputs) {
@@ -280,7 +376,11 @@ mod tests {
         let op = crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid");
         let info = crate::mlu::emulator::info().expect("the emulated card's description");
         assert!(op.mlu_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
-        let err = op.mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 }).err().expect("a stride of 2^31 bytes").to_string();
+        let err = op
+            .mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 })
+            .err()
+            .expect("a stride of 2^31 bytes")
+            .to_string();
         assert!(err.contains("2147483648 bytes"), "{err}");
     }
 
@@ -297,7 +397,8 @@ mod tests {
             ]
             .into_iter()
             .collect();
-            crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid: the output is 4 x 4 x 4")
+            crate::ops::descriptor::<GetIndicePairs>(&attrs)
+                .expect("valid: the output is 4 x 4 x 4")
         };
         assert_eq!(op((1 << 30) - 1).output_space, [4, 4, 4]);
         assert!(op((1 << 30) - 1).mlu_supported().is_ok());

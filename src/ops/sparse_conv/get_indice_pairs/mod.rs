@@ -43,8 +43,8 @@
 //! (plus the bitmap: at most 3 bytes per pair the rows can emit, or 48 KB) or O(L) beyond
 //! the outputs.
 
-use crate::ops::Operator;
 use crate::error::{Error, Result};
+use crate::ops::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;
@@ -106,7 +106,10 @@ fn attr_err(name: &str, rule: impl Into<String>) -> Error {
 /// Checks every value of a per-axis attribute against `ok` ("expected `what`").
 fn each_axis(name: &str, v: &[i64; DIM_NB], what: &str, ok: impl Fn(i64) -> bool) -> Result<()> {
     match (0..DIM_NB).find(|&a| !ok(v[a])) {
-        Some(a) => Err(attr_err(name, format!("expected every value {what}, got {} on axis {} in {v:?}", v[a], AXIS[a]))),
+        Some(a) => Err(attr_err(
+            name,
+            format!("expected every value {what}, got {} on axis {} in {v:?}", v[a], AXIS[a]),
+        )),
         None => Ok(()),
     }
 }
@@ -139,7 +142,8 @@ impl GetIndicePairs {
         );
         let (out, formula, blame) = if self.transpose {
             let out = (i - 1) * s - 2 * p + d * (k - 1) + op + 1;
-            let f = format!("transpose ({i} - 1) * {s} - 2 * {p} + {d} * ({k} - 1) + {op} + 1 = {out}");
+            let f =
+                format!("transpose ({i} - 1) * {s} - 2 * {p} + {d} * ({k} - 1) + {op} + 1 = {out}");
             (out, f, "padding")
         } else {
             // Floor division: a negative numerator means the dilated kernel does not fit
@@ -206,7 +210,6 @@ impl GetIndicePairs {
         }
         Ok((d.l, d.k, max))
     }
-
 }
 
 /// The sizes GetIndicePairs' shape rules find: L input rows, K kernel offsets.
@@ -228,7 +231,10 @@ impl Rules for GetIndicePairs {
         if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
             return Err(Error::output(
                 "indice_pairs",
-                format!("K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})", i32::MAX),
+                format!(
+                    "K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})",
+                    i32::MAX
+                ),
             ));
         }
         Ok(GipDims { l, k })
@@ -244,10 +250,15 @@ impl Rules for GetIndicePairs {
     fn describe(&self, inputs: &Inputs<'_>, _: &GipDims, broken: &Broken) -> Error {
         let r = broken.row;
         let RowValues::I32(row) = &broken.values else {
-            return inputs.error(INDICES, format!("row {r} = {:?} breaks the coordinate rule", broken.values));
+            return inputs.error(
+                INDICES,
+                format!("row {r} = {:?} breaks the coordinate rule", broken.values),
+            );
         };
         let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
-        let f = (0..4).find(|&f| row.get(f).is_some_and(|&v| v < 0 || i64::from(v) >= limits[f])).unwrap_or(0);
+        let f = (0..4)
+            .find(|&f| row.get(f).is_some_and(|&v| v < 0 || i64::from(v) >= limits[f]))
+            .unwrap_or(0);
         let v = row.get(f).copied().unwrap_or(0);
         let what = match f {
             0 => format!("batch {v} is outside [0, batch_size = {})", self.batch),
@@ -264,7 +275,8 @@ impl Rules for GetIndicePairs {
 
 impl Operator for GetIndicePairs {
     const NAME: &'static str = "GetIndicePairs";
-    const SCHEMA: &'static str = include_str!("../../../../schemas/sparse_conv/get_indice_pairs.json");
+    const SCHEMA: &'static str =
+        include_str!("../../../../schemas/sparse_conv/get_indice_pairs.json");
     type Plan = Plan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
@@ -281,7 +293,9 @@ impl Operator for GetIndicePairs {
             let shown = volume.map_or_else(|| "more than i64::MAX".to_owned(), |v| v.to_string());
             return Err(attr_err(
                 "kernel_size",
-                format!("expected K = kd * kh * kw <= {MAX_KERNEL_VOLUME}, got {filter_space:?}: K = {shown}"),
+                format!(
+                    "expected K = kd * kh * kw <= {MAX_KERNEL_VOLUME}, got {filter_space:?}: K = {shown}"
+                ),
             ));
         }
         let stride = attrs.ints_n::<DIM_NB>("stride")?;
@@ -298,7 +312,9 @@ impl Operator for GetIndicePairs {
         if inverse != 0 {
             return Err(attr_err(
                 "inverse",
-                format!("expected 0 (an inverse convolution reuses the forward pairs), got {inverse}"),
+                format!(
+                    "expected 0 (an inverse convolution reuses the forward pairs), got {inverse}"
+                ),
             ));
         }
         if let Some(a) = (0..DIM_NB).find(|&a| stride[a] > 1 && dilation[a] > 1) {
@@ -311,7 +327,10 @@ impl Operator for GetIndicePairs {
             ));
         }
         if sub_m && transpose {
-            return Err(attr_err("transpose", "expected 0 when subm = 1 (a submanifold convolution has no transposed form), got 1"));
+            return Err(attr_err(
+                "transpose",
+                "expected 0 when subm = 1 (a submanifold convolution has no transposed form), got 1",
+            ));
         }
         if let Some(a) = (0..DIM_NB).find(|&a| transpose && dilation[a] > 1) {
             return Err(attr_err(
@@ -403,9 +422,16 @@ impl Operator for GetIndicePairs {
         Ok((specs, Plan { l, k, num_out, book }))
     }
 
-    fn execute(&self, plan: Plan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        plan: Plan,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let Plan { l, k, num_out, book } = plan;
-        let indices = inputs.get_shaped::<i32>(INDICES, &[Some(l), Some(4)], "[L, 4] as planned")?;
+        let indices =
+            inputs.get_shaped::<i32>(INDICES, &[Some(l), Some(4)], "[L, 4] as planned")?;
         let pairs = outputs.take::<i32>(0)?;
         let out = outputs.take::<i32>(1)?;
         let num = outputs.take::<i32>(2)?;

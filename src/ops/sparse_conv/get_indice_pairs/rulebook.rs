@@ -3,8 +3,8 @@
 //! as `indice_pairs`.
 
 use super::keys::{DenseSites, Key, Layout, SortedSites};
-use crate::ops::radix::radix_sort;
 use super::*;
+use crate::ops::radix::radix_sort;
 
 // ---------------------------------------------------------------------------------------
 // Per-axis output coordinates
@@ -23,13 +23,8 @@ pub(super) enum AxisMap {
 
 impl AxisMap {
     pub(super) fn new(op: &GetIndicePairs, a: usize) -> Self {
-        let (k, s, p, d, out) = (
-            op.filter_space[a],
-            op.stride[a],
-            op.pad[a],
-            op.dilation[a],
-            op.output_space[a],
-        );
+        let (k, s, p, d, out) =
+            (op.filter_space[a], op.stride[a], op.pad[a], op.dilation[a], op.output_space[a]);
         if op.transpose {
             return AxisMap::Transpose {
                 s: s.into(),
@@ -169,7 +164,12 @@ pub(super) struct SubmBook<K> {
 }
 
 impl GetIndicePairs {
-    pub(super) fn conv_book<K: Key>(&self, data: &[i32], max_batch: u32, par: &dyn Parallel) -> Result<ConvBook<K>> {
+    pub(super) fn conv_book<K: Key>(
+        &self,
+        data: &[i32],
+        max_batch: u32,
+        par: &dyn Parallel,
+    ) -> Result<ConvBook<K>> {
         // A bitmap of the output grid (8 bytes per word, and 4 of rank) of at most a quarter
         // word per pair the rows can emit (3 bytes; an emitted pair takes 8-24): its memory
         // and its scans stay within the pairs' own. A row reaches at most k outputs per axis
@@ -181,7 +181,14 @@ impl GetIndicePairs {
             })
             .fold(1usize, usize::saturating_mul);
         let dense_words = (data.len() / 4).saturating_mul(per_row) / 4;
-        self.conv_book_in(data, max_batch, par, EMIT_ROWS, SORT_KEYS, dense_words.max(DENSE_MIN_WORDS))
+        self.conv_book_in(
+            data,
+            max_batch,
+            par,
+            EMIT_ROWS,
+            SORT_KEYS,
+            dense_words.max(DENSE_MIN_WORDS),
+        )
     }
 
     /// The conv rulebook, built in parallel: blocks of `emit_rows` input rows emit their
@@ -204,7 +211,8 @@ impl GetIndicePairs {
         let dims = [u64::from(max_batch) + 1, o[0] as u64, o[1] as u64, o[2] as u64];
         let dense = DenseSites::new(dims, dense_words)?;
         // Output coordinates are < output_space <= i32::MAX.
-        let layout = Layout::new([max_batch, (o[0] - 1) as u32, (o[1] - 1) as u32, (o[2] - 1) as u32]);
+        let layout =
+            Layout::new([max_batch, (o[0] - 1) as u32, (o[1] - 1) as u32, (o[2] - 1) as u32]);
         let maps: [AxisMap; DIM_NB] = std::array::from_fn(|a| AxisMap::new(self, a));
         let kernel_volume = self.kernel_volume();
         let (kh, kw) = (self.filter_space[1] as usize, self.filter_space[2] as usize);
@@ -239,7 +247,9 @@ impl GetIndicePairs {
                                 Some(grid) => K::from(grid.mark(site)),
                                 None => {
                                     let key = K::pack(&layout, site);
-                                    if let Some(n) = e.starts.get_mut(key.digit(shift, prefix_mask) + 1) {
+                                    if let Some(n) =
+                                        e.starts.get_mut(key.digit(shift, prefix_mask) + 1)
+                                    {
                                         *n += 1;
                                     }
                                     key
@@ -279,7 +289,8 @@ impl GetIndicePairs {
         let block_len = (data.len() / 4).div_ceil(blocks.len()) * 4;
         let errors = FirstError::default();
         for_each_chunk_mut(par, &mut blocks, 1, |b, slot| {
-            if let (Some(e), Some(rows)) = (slot.first_mut(), data.chunks(block_len.max(4)).nth(b)) {
+            if let (Some(e), Some(rows)) = (slot.first_mut(), data.chunks(block_len.max(4)).nth(b))
+            {
                 errors.record(emit(b * block_len / 4, rows).map(|emitted| *e = emitted));
             }
         });
@@ -296,14 +307,23 @@ impl GetIndicePairs {
                 *c += w[1] - w[0];
             }
         }
-        let cuts = balanced_cuts(counts.iter().map(|&c| c as u64), pieces(counts.iter().sum(), sort_keys));
+        let cuts =
+            balanced_cuts(counts.iter().map(|&c| c as u64), pieces(counts.iter().sum(), sort_keys));
         let mut ranges: Vec<Vec<K>> = vec![Vec::new(); cuts.len() - 1];
         let errors = FirstError::default();
         for_each_chunk_mut(par, &mut ranges, 1, |t, slot| {
-            let (Some(out), Some(&lo), Some(&hi)) = (slot.first_mut(), cuts.get(t), cuts.get(t + 1)) else { return };
+            let (Some(out), Some(&lo), Some(&hi)) =
+                (slot.first_mut(), cuts.get(t), cuts.get(t + 1))
+            else {
+                return;
+            };
             errors.record((|| {
                 let mut keys = Vec::new();
-                scratch::reserve(&mut keys, counts.get(lo..hi).map_or(0, |c| c.iter().sum()), "the output sites' keys")?;
+                scratch::reserve(
+                    &mut keys,
+                    counts.get(lo..hi).map_or(0, |c| c.iter().sum()),
+                    "the output sites' keys",
+                )?;
                 for e in &blocks {
                     keys.extend_from_slice(e.keys_under(lo..hi));
                 }
@@ -325,10 +345,17 @@ impl GetIndicePairs {
         Ok(ConvBook { sites: Sites::Sorted(SortedSites::new(sites, layout.bits)?), layout, blocks })
     }
 
-    pub(super) fn subm_book<K: Key>(&self, inputs: &Inputs<'_>, data: &[i32], max: [u32; 4]) -> Result<SubmBook<K>> {
+    pub(super) fn subm_book<K: Key>(
+        &self,
+        inputs: &Inputs<'_>,
+        data: &[i32],
+        max: [u32; 4],
+    ) -> Result<SubmBook<K>> {
         let layout = Layout::new(max);
         let mut sites = scratch::collect(
-            rows4(data).enumerate().map(|(r, row)| (K::pack(&layout, row.map(|v| v as u32)), r as u32)),
+            rows4(data)
+                .enumerate()
+                .map(|(r, row)| (K::pack(&layout, row.map(|v| v as u32)), r as u32)),
             "the sorted input sites",
         )?;
         // Stable: equal sites keep ascending rows, so a duplicate is reported by its rows.
@@ -346,7 +373,8 @@ impl GetIndicePairs {
         let taps: [Vec<Option<i64>>; DIM_NB] = std::array::from_fn(|a| {
             (0..self.filter_space[a])
                 .map(|kk| {
-                    let shift = i128::from(self.pad[a]) - i128::from(kk) * i128::from(self.dilation[a]);
+                    let shift =
+                        i128::from(self.pad[a]) - i128::from(kk) * i128::from(self.dilation[a]);
                     (shift.abs() <= i128::from(max3[a])).then_some(shift as i64)
                 })
                 .collect()
@@ -371,7 +399,9 @@ pub(super) fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32
     for e in &book.blocks {
         let (Some(rows), Some(keys)) = (e.rows.get(k), e.keys.get(k)) else { return false };
         let (Some(ins), Some(outs)) = (ins.get_mut(n..), outs.get_mut(n..)) else { return false };
-        for (p, ((i, o), (&r, &key))) in ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)).enumerate() {
+        for (p, ((i, o), (&r, &key))) in
+            ins.iter_mut().zip(outs.iter_mut()).zip(rows.iter().zip(keys)).enumerate()
+        {
             // The keys come in row order, so lookups land anywhere in the sites: fetch the
             // table entry LOOKUP_AHEAD * 2 pairs ahead and the keys it points to LOOKUP_AHEAD.
             if let Some(&ahead) = keys.get(p + 2 * LOOKUP_AHEAD) {
@@ -407,14 +437,20 @@ pub(super) fn conv_offset<K: Key>(book: &ConvBook<K>, k: usize, chunk: &mut [i32
 /// carries between key fields), so each search pointer only moves forward: a merge join,
 /// O(L + pairs) for all kw offsets together. (With dilation > 1 on x, one pointer per x
 /// tap.)
-pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: impl FnMut(usize, usize, i32)) {
+pub(super) fn subm_line<K: Key>(
+    book: &SubmBook<K>,
+    dz: i64,
+    dy: i64,
+    mut set: impl FnMut(usize, usize, i32),
+) {
     let (sites, layout, max) = (&book.sites, &book.layout, book.max);
     let x_mask = layout.x_mask();
     let x_of = |key: K| key.digit(0, x_mask as usize) as i64;
     // The key (x = 0) of the target line of a site or line (b, z, y, _), when in range.
     let target = |c: [u32; 4]| {
         let (tz, ty) = (i64::from(c[1]) + dz, i64::from(c[2]) + dy);
-        ((0..=max[0]).contains(&tz) && (0..=max[1]).contains(&ty)).then(|| K::pack(layout, [c[0], tz as u32, ty as u32, 0]))
+        ((0..=max[0]).contains(&tz) && (0..=max[1]).contains(&ty))
+            .then(|| K::pack(layout, [c[0], tz as u32, ty as u32, 0]))
     };
     match book.x_window {
         Some(p) => {
@@ -429,7 +465,8 @@ pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: i
                 }
                 let Some(goal) = target_line else { continue };
                 // x values in [0, max[2]] fit the x mask.
-                let (start, end) = (goal.with_x((x - p).max(0) as u32), goal.with_x((x + p).min(max[2]) as u32));
+                let (start, end) =
+                    (goal.with_x((x - p).max(0) as u32), goal.with_x((x + p).min(max[2]) as u32));
                 while sites.get(j).is_some_and(|s| s.0 < start) {
                     j += 1;
                 }
@@ -440,7 +477,8 @@ pub(super) fn subm_line<K: Key>(book: &SubmBook<K>, dz: i64, dy: i64, mut set: i
             }
         }
         None => {
-            let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
+            let x_taps: Vec<(usize, i64)> =
+                book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).collect();
             let mut ptrs = vec![0usize; x_taps.len()];
             for &(key, row) in sites {
                 let c = key.unpack(layout);
@@ -481,7 +519,14 @@ pub(super) fn compact(ins: &mut [i32], outs: &mut [i32]) -> usize {
     n
 }
 
-pub(super) fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mut [i32], num: &mut [i32], l: usize, par: &dyn Parallel) -> Result<()> {
+pub(super) fn write_conv<K: Key>(
+    book: &ConvBook<K>,
+    pairs: &mut [i32],
+    out: &mut [i32],
+    num: &mut [i32],
+    l: usize,
+    par: &dyn Parallel,
+) -> Result<()> {
     let missing = AtomicBool::new(false);
     for_each_chunk_mut(par, pairs, 2 * l, |k, chunk| {
         if !conv_offset(book, k, chunk) {
@@ -489,7 +534,9 @@ pub(super) fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mu
         }
     });
     if missing.load(Ordering::Relaxed) {
-        return Err(Error::Runtime("GetIndicePairs: an output site is missing from its own rulebook".into()));
+        return Err(Error::Runtime(
+            "GetIndicePairs: an output site is missing from its own rulebook".into(),
+        ));
     }
     for (k, n) in num.iter_mut().enumerate() {
         // At most L per offset (conv_offset checked it).
@@ -510,14 +557,22 @@ pub(super) fn write_conv<K: Key>(book: &ConvBook<K>, pairs: &mut [i32], out: &mu
     Ok(())
 }
 
-pub(super) fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mut [i32], l: usize, par: &dyn Parallel) {
+pub(super) fn write_subm<K: Key>(
+    book: &SubmBook<K>,
+    pairs: &mut [i32],
+    num: &mut [i32],
+    l: usize,
+    par: &dyn Parallel,
+) {
     let (kh, kw) = (book.taps[1].len(), book.taps[2].len());
     let counts: Vec<AtomicUsize> = (0..num.len()).map(|_| AtomicUsize::new(0)).collect();
     // One task per (kz, ky): its kw offsets are consecutive [2, L] blocks of indice_pairs.
     for_each_chunk_mut(par, pairs, kw * 2 * l, |t, chunk| {
         let (kz, ky) = (t / kh, t % kh);
-        let shifts = (book.taps[0].get(kz).copied().flatten(), book.taps[1].get(ky).copied().flatten());
-        let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();
+        let shifts =
+            (book.taps[0].get(kz).copied().flatten(), book.taps[1].get(ky).copied().flatten());
+        let mut halves: Vec<(&mut [i32], &mut [i32])> =
+            chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();
         // Scatter straight into the output rows (one slot per input row), then compact each
         // in place: no scratch memory.
         for (_, outs) in halves.iter_mut() {
@@ -541,4 +596,3 @@ pub(super) fn write_subm<K: Key>(book: &SubmBook<K>, pairs: &mut [i32], num: &mu
         *n = c.load(Ordering::Relaxed) as i32;
     }
 }
-

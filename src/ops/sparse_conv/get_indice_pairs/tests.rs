@@ -69,7 +69,11 @@ fn seed_configurations() {
 
 #[test]
 fn transpose_output_size() {
-    let m = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[2, 2, 2])), ("output_padding", ints(&[1, 0, 0]))]);
+    let m = with(&[
+        ("transpose", AttrValue::Int(1)),
+        ("stride", ints(&[2, 2, 2])),
+        ("output_padding", ints(&[1, 0, 0])),
+    ]);
     let op = descriptor::<GetIndicePairs>(&m).expect("valid");
     // (in - 1) * 2 + 2 + op + 1
     assert_eq!(op.output_space, [12, 13, 15]);
@@ -104,7 +108,10 @@ fn wrong_lengths_and_flags() {
 fn kernel_volume_limit() {
     let ok = with(&[("spatial_shape", ints(&[16, 16, 16])), ("kernel_size", ints(&[16, 16, 16]))]);
     assert!(descriptor::<GetIndicePairs>(&ok).is_ok());
-    let (name, rule) = fails(&with(&[("spatial_shape", ints(&[1, 17, 241])), ("kernel_size", ints(&[1, 17, 241]))]));
+    let (name, rule) = fails(&with(&[
+        ("spatial_shape", ints(&[1, 17, 241])),
+        ("kernel_size", ints(&[1, 17, 241])),
+    ]));
     assert_eq!(name, "kernel_size");
     assert!(rule.contains("4097"), "{rule}");
     // Product overflowing i64.
@@ -114,10 +121,16 @@ fn kernel_volume_limit() {
 
 #[test]
 fn stride_with_dilation_on_one_axis() {
-    let (name, rule) = fails(&with(&[("stride", ints(&[1, 2, 1])), ("dilation", ints(&[1, 2, 1]))]));
+    let (name, rule) =
+        fails(&with(&[("stride", ints(&[1, 2, 1])), ("dilation", ints(&[1, 2, 1]))]));
     assert_eq!(name, "dilation");
     assert!(rule.contains("stride 2 together with dilation 2 on axis 1"), "{rule}");
-    let ok = with(&[("spatial_shape", ints(&[4, 5, 3])), ("kernel_size", ints(&[1, 3, 1])), ("stride", ints(&[2, 1, 1])), ("dilation", ints(&[1, 2, 1]))]);
+    let ok = with(&[
+        ("spatial_shape", ints(&[4, 5, 3])),
+        ("kernel_size", ints(&[1, 3, 1])),
+        ("stride", ints(&[2, 1, 1])),
+        ("dilation", ints(&[1, 2, 1])),
+    ]);
     assert_eq!(descriptor::<GetIndicePairs>(&ok).expect("valid").output_space, [2, 1, 3]);
 }
 
@@ -127,23 +140,42 @@ fn output_size_rules() {
     assert_eq!(name, "kernel_size");
     assert!(rule.contains("axis 1") && rule.contains("= 0"), "{rule}");
     // Floor, not truncation: (2 - 2 - 1) / 2 + 1 would be 1 with truncation.
-    let (name, _) = fails(&with(&[("spatial_shape", ints(&[5, 2, 7])), ("stride", ints(&[2, 2, 2]))]));
+    let (name, _) =
+        fails(&with(&[("spatial_shape", ints(&[5, 2, 7])), ("stride", ints(&[2, 2, 2]))]));
     assert_eq!(name, "kernel_size");
-    let m = with(&[("spatial_shape", ints(&[1, 1, 1])), ("kernel_size", ints(&[1, 1, 1])), ("padding", ints(&[1, 0, 0])), ("transpose", AttrValue::Int(1))]);
+    let m = with(&[
+        ("spatial_shape", ints(&[1, 1, 1])),
+        ("kernel_size", ints(&[1, 1, 1])),
+        ("padding", ints(&[1, 0, 0])),
+        ("transpose", AttrValue::Int(1)),
+    ]);
     assert_eq!(fails(&m).0, "padding");
     // Huge attributes: no overflow, a clear error or a valid size.
-    let m = with(&[("spatial_shape", ints(&[i64::MAX, 5, 5])), ("padding", ints(&[i64::MAX, 0, 0]))]);
+    let m =
+        with(&[("spatial_shape", ints(&[i64::MAX, 5, 5])), ("padding", ints(&[i64::MAX, 0, 0]))]);
     let (name, rule) = fails(&m);
     assert_eq!(name, "spatial_shape");
     assert!(rule.contains("2147483647"), "{rule}");
-    let m = with(&[("spatial_shape", ints(&[i64::MAX, 5, 5])), ("padding", ints(&[i64::MAX, 0, 0])), ("stride", ints(&[i64::MAX, 1, 1]))]);
+    let m = with(&[
+        ("spatial_shape", ints(&[i64::MAX, 5, 5])),
+        ("padding", ints(&[i64::MAX, 0, 0])),
+        ("stride", ints(&[i64::MAX, 1, 1])),
+    ]);
     assert_eq!(descriptor::<GetIndicePairs>(&m).expect("valid").output_space, [3, 3, 3]);
-    let m = with(&[("transpose", AttrValue::Int(1)), ("stride", ints(&[i64::MAX, 1, 1])), ("spatial_shape", ints(&[i64::MAX, 5, 5]))]);
+    let m = with(&[
+        ("transpose", AttrValue::Int(1)),
+        ("stride", ints(&[i64::MAX, 1, 1])),
+        ("spatial_shape", ints(&[i64::MAX, 5, 5])),
+    ]);
     assert_eq!(fails(&m).0, "spatial_shape");
     let m = with(&[("spatial_shape", ints(&[1 << 31, 5, 5])), ("kernel_size", ints(&[1, 1, 1]))]);
     assert_eq!(fails(&m).0, "spatial_shape");
-    let m = with(&[("spatial_shape", ints(&[(1 << 31) - 1, 5, 5])), ("kernel_size", ints(&[1, 1, 1]))]);
-    assert_eq!(descriptor::<GetIndicePairs>(&m).expect("valid").output_space[0], i64::from(i32::MAX));
+    let m =
+        with(&[("spatial_shape", ints(&[(1 << 31) - 1, 5, 5])), ("kernel_size", ints(&[1, 1, 1]))]);
+    assert_eq!(
+        descriptor::<GetIndicePairs>(&m).expect("valid").output_space[0],
+        i64::from(i32::MAX)
+    );
 }
 
 #[test]
@@ -161,8 +193,17 @@ fn subm_rules() {
     assert_eq!(name, "padding");
     assert!(rule.contains("axis 1") && rule.contains("= 1"), "{rule}");
     assert_eq!(fails(&subm(&[("dilation", ints(&[2, 2, 2]))])).0, "padding");
-    assert!(descriptor::<GetIndicePairs>(&subm(&[("dilation", ints(&[2, 2, 2])), ("padding", ints(&[2, 2, 2]))])).is_ok());
-    assert_eq!(fails(&subm(&[("kernel_size", ints(&[2, 2, 2])), ("padding", ints(&[0, 0, 0]))])).0, "kernel_size");
+    assert!(
+        descriptor::<GetIndicePairs>(&subm(&[
+            ("dilation", ints(&[2, 2, 2])),
+            ("padding", ints(&[2, 2, 2]))
+        ]))
+        .is_ok()
+    );
+    assert_eq!(
+        fails(&subm(&[("kernel_size", ints(&[2, 2, 2])), ("padding", ints(&[0, 0, 0]))])).0,
+        "kernel_size"
+    );
     assert_eq!(fails(&subm(&[("transpose", AttrValue::Int(1))])).0, "transpose");
     // output_padding is checked but unused outside transpose.
     assert!(descriptor::<GetIndicePairs>(&subm(&[("output_padding", ints(&[3, 3, 3]))])).is_ok());
@@ -170,7 +211,8 @@ fn subm_rules() {
 
 #[test]
 fn transpose_rejects_dilation() {
-    let (name, rule) = fails(&with(&[("transpose", AttrValue::Int(1)), ("dilation", ints(&[1, 1, 2]))]));
+    let (name, rule) =
+        fails(&with(&[("transpose", AttrValue::Int(1)), ("dilation", ints(&[1, 1, 2]))]));
     assert_eq!(name, "dilation");
     assert!(rule.contains("transpose"), "{rule}");
 }
@@ -198,14 +240,21 @@ fn keys_keep_lexicographic_order() {
 #[test]
 fn sorted_sites_find_exactly_the_present_keys() {
     let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
-    for (n, bits, spread) in [(1000, 40, 40), (300_000, 40, 40), (300_000, 40, 22), (300_000, 18, 18), (0, 30, 30)] {
+    for (n, bits, spread) in
+        [(1000, 40, 40), (300_000, 40, 40), (300_000, 40, 22), (300_000, 18, 18), (0, 30, 30)]
+    {
         let mask = (1u64 << spread) - 1;
         let mut keys: Vec<u64> = (0..n).map(|_| next() & mask & !1).collect();
         keys.sort_unstable();
         keys.dedup();
         let sites = SortedSites::new(keys.clone(), bits).unwrap();
         // One table entry per key at most (beyond the 16-bit minimum): the memory bound.
-        assert!(sites.starts.len() - 1 <= keys.len().max(1 << 16), "{} entries for {} keys", sites.starts.len(), keys.len());
+        assert!(
+            sites.starts.len() - 1 <= keys.len().max(1 << 16),
+            "{} entries for {} keys",
+            sites.starts.len(),
+            keys.len()
+        );
         for (p, &k) in keys.iter().enumerate() {
             assert_eq!(sites.find(k), Some(p), "key {k:#x} of {n}, {bits} bits");
             // Present keys are even, so k + 1 is absent.
@@ -215,9 +264,14 @@ fn sorted_sites_find_exactly_the_present_keys() {
 }
 
 /// What a conv book writes: indice_pairs, out_indices, indice_num.
-fn written<K: Key>(op: &GetIndicePairs, book: &ConvBook<K>, l: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
+fn written<K: Key>(
+    op: &GetIndicePairs,
+    book: &ConvBook<K>,
+    l: usize,
+) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
     let k = op.kernel_volume();
-    let (mut pairs, mut out, mut num) = (vec![0i32; k * 2 * l], vec![0i32; book.sites.len() * 4], vec![0i32; k]);
+    let (mut pairs, mut out, mut num) =
+        (vec![0i32; k * 2 * l], vec![0i32; book.sites.len() * 4], vec![0i32; k]);
     write_conv(book, &mut pairs, &mut out, &mut num, l, &crate::parallel::Serial).unwrap();
     (pairs, out, num)
 }
@@ -239,16 +293,29 @@ fn conv_book_is_the_same_for_any_block_and_range_size_sorted_or_dense() {
         let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
         let whole = op.conv_book_in::<u64>(&data, 1, &Serial, usize::MAX, usize::MAX, 0).unwrap();
         assert_eq!(whole.blocks.len(), 1);
-        let Sites::Sorted(sorted) = &whole.sites else { panic!("no bitmap allowed, yet one was made") };
+        let Sites::Sorted(sorted) = &whole.sites else {
+            panic!("no bitmap allowed, yet one was made")
+        };
         assert!(sorted.keys.windows(2).all(|w| w[0] < w[1]));
         let want = written(&op, &whole, l);
         assert!(want.1.chunks_exact(4).all(|c| c[0] < 2), "batches 0 and 1 only");
         for (emit_rows, sort_keys) in [(1, 1), (7, 3), (64, 50), (699, 1000)] {
             for threads in 1..=3 {
                 for dense_words in [0, usize::MAX] {
-                    let book = op.conv_book_in::<u64>(&data, 1, &Threads(threads), emit_rows, sort_keys, dense_words).unwrap();
+                    let book = op
+                        .conv_book_in::<u64>(
+                            &data,
+                            1,
+                            &Threads(threads),
+                            emit_rows,
+                            sort_keys,
+                            dense_words,
+                        )
+                        .unwrap();
                     assert_eq!(matches!(book.sites, Sites::Dense(_)), dense_words > 0);
-                    let what = format!("blocks of {emit_rows}, ranges of {sort_keys}, {threads} threads, dense {dense_words}");
+                    let what = format!(
+                        "blocks of {emit_rows}, ranges of {sort_keys}, {threads} threads, dense {dense_words}"
+                    );
                     assert_eq!(written(&op, &book, l), want, "{what}");
                     if let Sites::Dense(grid) = &book.sites {
                         // The sites written in parts of one site or more, in parallel.
@@ -271,11 +338,21 @@ fn conv_book_is_the_same_for_any_block_and_range_size_sorted_or_dense() {
 /// into a big kernel with a big stride (at most one output per row).
 #[test]
 fn conv_book_takes_the_bitmap_only_for_a_grid_small_against_the_pairs() {
-    let rows = |n: i32, span: i32| (0..n).flat_map(move |i| [0, i % 41, (i * 7) % span, (i * 13) % span]).collect::<Vec<i32>>();
+    let rows = |n: i32, span: i32| {
+        (0..n).flat_map(move |i| [0, i % 41, (i * 7) % span, (i * 13) % span]).collect::<Vec<i32>>()
+    };
     let book = |spatial: [i64; 3], kernel: [i64; 3], stride: [i64; 3], data: &[i32]| {
-        let attrs = with(&[("spatial_shape", ints(&spatial)), ("kernel_size", ints(&kernel)), ("stride", ints(&stride)), ("padding", ints(&[0, 0, 0]))]);
+        let attrs = with(&[
+            ("spatial_shape", ints(&spatial)),
+            ("kernel_size", ints(&kernel)),
+            ("stride", ints(&stride)),
+            ("padding", ints(&[0, 0, 0])),
+        ]);
         let op = descriptor::<GetIndicePairs>(&attrs).unwrap();
-        matches!(op.conv_book::<u64>(data, 0, &crate::parallel::Serial).unwrap().sites, Sites::Dense(_))
+        matches!(
+            op.conv_book::<u64>(data, 0, &crate::parallel::Serial).unwrap().sites,
+            Sites::Dense(_)
+        )
     };
     assert!(book([41, 128, 128], [3, 3, 3], [2, 2, 2], &rows(2000, 128)));
     assert!(!book([41, 1440, 1440], [3, 3, 3], [2, 2, 2], &rows(2000, 1440)));
@@ -292,7 +369,9 @@ fn the_output_grid_is_a_bitmap_only_within_its_bound() {
     let data = [0, 1, 2, 3, 1, 4, 5, 6];
     let o = op.output_space.map(|v| v as usize);
     let words = (2 * o[0] * o[1] * o[2]).div_ceil(64);
-    let book = |max_words| op.conv_book_in::<u64>(&data, 1, &crate::parallel::Serial, 1, 1, max_words).unwrap();
+    let book = |max_words| {
+        op.conv_book_in::<u64>(&data, 1, &crate::parallel::Serial, 1, 1, max_words).unwrap()
+    };
     assert!(matches!(book(words).sites, Sites::Dense(_)));
     assert!(matches!(book(words - 1).sites, Sites::Sorted(_)));
     assert_eq!(written(&op, &book(words), 2), written(&op, &book(words - 1), 2));
@@ -303,7 +382,8 @@ fn the_output_grid_is_a_bitmap_only_within_its_bound() {
 fn wide_key_conv_book_is_the_same_for_any_cut() {
     use crate::parallel::{Serial, Threads};
     let big = 1i64 << 22;
-    let op = descriptor::<GetIndicePairs>(&with(&[("spatial_shape", ints(&[big, big, big]))])).unwrap();
+    let op =
+        descriptor::<GetIndicePairs>(&with(&[("spatial_shape", ints(&[big, big, big]))])).unwrap();
     let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
     let mut below = move |n: i64| (next() % n as u64) as i32;
     // Clusters, so that neighbouring sites share output sites.
@@ -316,14 +396,23 @@ fn wide_key_conv_book_is_the_same_for_any_cut() {
     let layout = Layout::new([1, big as u32 - 3, big as u32 - 3, big as u32 - 3]);
     assert!(layout.bits > u64::BITS);
     // (A grid of 2^67 sites is never a bitmap.)
-    let whole = op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX, usize::MAX).unwrap();
+    let whole =
+        op.conv_book_in::<u128>(&data, 1, &Serial, usize::MAX, usize::MAX, usize::MAX).unwrap();
     for (emit_rows, sort_keys) in [(1, 1), (13, 40)] {
-        let book = op.conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys, usize::MAX).unwrap();
-        let (Sites::Sorted(a), Sites::Sorted(b)) = (&book.sites, &whole.sites) else { panic!("a bitmap of 2^67 sites") };
+        let book = op
+            .conv_book_in::<u128>(&data, 1, &Threads(2), emit_rows, sort_keys, usize::MAX)
+            .unwrap();
+        let (Sites::Sorted(a), Sites::Sorted(b)) = (&book.sites, &whole.sites) else {
+            panic!("a bitmap of 2^67 sites")
+        };
         assert_eq!(a.keys, b.keys);
         for k in 0..op.kernel_volume() {
-            let rows = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.rows[k].clone()).collect::<Vec<_>>();
-            let keys = |b: &ConvBook<u128>| b.blocks.iter().flat_map(|e| e.keys[k].clone()).collect::<Vec<_>>();
+            let rows = |b: &ConvBook<u128>| {
+                b.blocks.iter().flat_map(|e| e.rows[k].clone()).collect::<Vec<_>>()
+            };
+            let keys = |b: &ConvBook<u128>| {
+                b.blocks.iter().flat_map(|e| e.keys[k].clone()).collect::<Vec<_>>()
+            };
             assert_eq!(rows(&book), rows(&whole));
             assert_eq!(keys(&book), keys(&whole));
         }

@@ -39,9 +39,20 @@ impl Fused {
     /// the output rows are distinct (a strictly ascending offset), so groups are not
     /// checked. (A group holding one row twice would lose one of its two sums: a wrong
     /// result, but every access stays within the asserted rows.)
-    pub(super) fn accumulate(self, cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32]) {
+    pub(super) fn accumulate(
+        self,
+        cin: usize,
+        chunk: Chunk<'_>,
+        features: &[f32],
+        w: &[f32],
+        block: &mut [f32],
+    ) {
         let (cout, Chunk { srcs, dsts, base, .. }) = (self.cout, chunk);
-        assert!(w.len() == cin * cout && srcs.len() == dsts.len() && cout.is_multiple_of(16 * self.vectors));
+        assert!(
+            w.len() == cin * cout
+                && srcs.len() == dsts.len()
+                && cout.is_multiple_of(16 * self.vectors)
+        );
         let (l, rows) = (features.len() / cin.max(1), block.len() / cout);
         // SAFETY: `self` exists only on a CPU with AVX-512F.
         assert!(unsafe { all_below(srcs, 0, l) } || cin == 0);
@@ -57,7 +68,9 @@ impl Fused {
                 2 => unsafe { fused_groups::<2, 8>(cin, chunk, features, w, block, at) },
                 4 => unsafe { fused_groups::<4, 4>(cin, chunk, features, w, block, at) },
                 // `detect` makes only these three.
-                v => unreachable!("IndiceConv's fused path has no kernel for {v} vectors per block"),
+                v => {
+                    unreachable!("IndiceConv's fused path has no kernel for {v} vectors per block")
+                }
             }
         }
     }
@@ -99,13 +112,23 @@ pub(super) struct Columns {
 /// cin <= features.len() and every (d - base + 1) * cout <= block.len().
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, chunk: Chunk<'_>, features: &[f32], w: &[f32], block: &mut [f32], at: Columns) {
+pub(super) unsafe fn fused_groups<const Z: usize, const P: usize>(
+    cin: usize,
+    chunk: Chunk<'_>,
+    features: &[f32],
+    w: &[f32],
+    block: &mut [f32],
+    at: Columns,
+) {
     let Chunk { srcs, dsts, base, distinct } = chunk;
     let (x, out) = (features.as_ptr(), block.as_mut_ptr());
     let mut j = 0;
     while j < srcs.len() {
         let mut n = P.min(srcs.len() - j).next_power_of_two();
-        while n > 1 && !(j + n <= srcs.len() && (distinct || (1..n).all(|a| !dsts[j..j + a].contains(&dsts[j + a])))) {
+        while n > 1
+            && !(j + n <= srcs.len()
+                && (distinct || (1..n).all(|a| !dsts[j..j + a].contains(&dsts[j + a]))))
+        {
             n /= 2;
         }
         // SAFETY: the caller's bounds hold for every pair, and j + n <= srcs.len().
@@ -128,11 +151,28 @@ pub(super) unsafe fn fused_groups<const Z: usize, const P: usize>(cin: usize, ch
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, srcs: &[i32], dsts: &[i32], base: i32, x: *const f32, out: *mut f32, w: &[f32], at: Columns) {
+pub(super) unsafe fn fused_pairs<const Z: usize, const N: usize>(
+    cin: usize,
+    srcs: &[i32],
+    dsts: &[i32],
+    base: i32,
+    x: *const f32,
+    out: *mut f32,
+    w: &[f32],
+    at: Columns,
+) {
     // SAFETY: the caller's bounds hold for these N pairs and this block of columns.
     unsafe {
-        let rows = std::array::from_fn(|p| out.add(dsts[p].wrapping_sub(base) as u32 as usize * at.cout + at.col));
-        fused_group::<Z, N>(cin, std::array::from_fn(|p| x.add(srcs[p] as u32 as usize * cin)), rows, w.as_ptr().add(at.col), at.cout)
+        let rows = std::array::from_fn(|p| {
+            out.add(dsts[p].wrapping_sub(base) as u32 as usize * at.cout + at.col)
+        });
+        fused_group::<Z, N>(
+            cin,
+            std::array::from_fn(|p| x.add(srcs[p] as u32 as usize * cin)),
+            rows,
+            w.as_ptr().add(at.col),
+            at.cout,
+        )
     }
 }
 
@@ -144,11 +184,18 @@ pub(super) unsafe fn fused_pairs<const Z: usize, const N: usize>(cin: usize, src
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(super) unsafe fn fused_group<const Z: usize, const P: usize>(cin: usize, x: [*const f32; P], out: [*mut f32; P], w: *const f32, stride: usize) {
+pub(super) unsafe fn fused_group<const Z: usize, const P: usize>(
+    cin: usize,
+    x: [*const f32; P],
+    out: [*mut f32; P],
+    w: *const f32,
+    stride: usize,
+) {
     use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
     // SAFETY: every pointer stays within the rows the caller vouches for.
     unsafe {
-        let mut acc: [[_; Z]; P] = std::array::from_fn(|p| std::array::from_fn(|z| _mm512_loadu_ps(out[p].add(16 * z))));
+        let mut acc: [[_; Z]; P] =
+            std::array::from_fn(|p| std::array::from_fn(|z| _mm512_loadu_ps(out[p].add(16 * z))));
         for i in 0..cin {
             let wi: [_; Z] = std::array::from_fn(|z| _mm512_loadu_ps(w.add(i * stride + 16 * z)));
             for (row, xp) in acc.iter_mut().zip(x) {
@@ -165,4 +212,3 @@ pub(super) unsafe fn fused_group<const Z: usize, const P: usize>(cin: usize, x: 
         }
     }
 }
-

@@ -47,4 +47,3 @@ pub(super) fn copy_row(dst: &mut [f32], src: &[f32]) {
         *d = s;
     }
 }
-

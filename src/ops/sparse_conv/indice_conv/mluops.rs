@@ -21,9 +21,9 @@
 use super::{BIAS, ConvDims, FEATURES, FILTERS, IndiceConv, PAIRS};
 use crate::error::{Error, Result};
 use crate::mlu::{Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::scratch;
 use crate::tensor::{self, OutputSpec};
 use std::ffi::c_void;
@@ -35,13 +35,26 @@ const STREAM_TILE: usize = 16 * 1024;
 
 impl IndiceConv {
     /// Declines the node unless every offset's first indice_num[k] destinations are distinct.
-    fn distinct_destinations(&self, d: &ConvDims, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn distinct_destinations(
+        &self,
+        d: &ConvDims,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let device = card.device;
-        let active = scratch::collect(d.counts.iter().copied().enumerate().filter(|&(_, n)| n > 0), "the active offsets")?;
+        let active = scratch::collect(
+            d.counts.iter().copied().enumerate().filter(|&(_, n)| n > 0),
+            "the active offsets",
+        )?;
         let words = d.rows.div_ceil(32);
-        let ints = |outputs: &mut dyn DeviceOutputs, n: usize| -> Result<*mut i32> { Ok(outputs.workspace(n * 4)?.cast()) };
+        let ints = |outputs: &mut dyn DeviceOutputs, n: usize| -> Result<*mut i32> {
+            Ok(outputs.workspace(n * 4)?.cast())
+        };
         let bitmaps = ints(outputs, active.len() * words).map_err(|e| {
-            Error::Declined(format!("the destination bitmaps ({} offsets x {words} words) do not fit on the card: {e}", active.len()))
+            Error::Declined(format!(
+                "the destination bitmaps ({} offsets x {words} words) do not fit on the card: {e}",
+                active.len()
+            ))
         })?;
         // SAFETY: `bitmaps` was just allocated for that many int32.
         unsafe { device.zero_raw(bitmaps.cast(), active.len() * words * 4)? };
@@ -60,20 +73,48 @@ impl IndiceConv {
             // rulebook, its first n checked to lie in [0, num_out) before this runs; bitmap a
             // holds `words` int32, totals one per active offset; the launches only enqueue and
             // the node's driver synchronises the queue before the workspace is freed.
-            let (dst, bitmap, total) = unsafe { (pairs.add((k * 2 + 1) * d.p), bitmaps.add(a * words), totals.add(a)) };
+            let (dst, bitmap, total) =
+                unsafe { (pairs.add((k * 2 + 1) * d.p), bitmaps.add(a * words), totals.add(a)) };
             // SAFETY: as above.
             card.queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
-                (kernels.mluops_get_indice_pairs_mark)(q, device.info.cores(), TASK_UNION1, count, nwords, tile, dst, bitmap)
+                (kernels.mluops_get_indice_pairs_mark)(
+                    q,
+                    device.info.cores(),
+                    TASK_UNION1,
+                    count,
+                    nwords,
+                    tile,
+                    dst,
+                    bitmap,
+                )
             })?;
             // SAFETY: as above.
             card.queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
-                (kernels.mluops_get_indice_pairs_rank)(q, rank_tasks, TASK_UNION1, nwords, tile, bitmap, word_rank, core_totals, total)
+                (kernels.mluops_get_indice_pairs_rank)(
+                    q,
+                    rank_tasks,
+                    TASK_UNION1,
+                    nwords,
+                    tile,
+                    bitmap,
+                    word_rank,
+                    core_totals,
+                    total,
+                )
             })?;
         }
         card.queue.sync()?;
-        let mut found = scratch::filled(active.len(), 0i32, "the distinct destinations per offset")?;
+        let mut found =
+            scratch::filled(active.len(), 0i32, "the distinct destinations per offset")?;
         // SAFETY: `totals` holds one int32 per active offset, written by the rank kernels.
-        unsafe { device.copy_raw(found.as_mut_ptr().cast(), totals.cast_const().cast(), found.len() * 4, Direction::DeviceToHost)? };
+        unsafe {
+            device.copy_raw(
+                found.as_mut_ptr().cast(),
+                totals.cast_const().cast(),
+                found.len() * 4,
+                Direction::DeviceToHost,
+            )?
+        };
         match active.iter().zip(&found).find(|((_, n), f)| usize::try_from(**f).ok() != Some(*n)) {
             None => Ok(()),
             Some(((k, n), f)) => Err(Error::Declined(format!(
@@ -91,14 +132,24 @@ impl IndiceConv {
         let i = device::bounded;
         // NRAM: the bias and a tile of rows, each rounded up to 64 bytes (mluops_fits bounds Cout).
         let tile_rows = ((NRAM_BUDGET - 2 * 64 - d.cout * 4) / (d.cout * 4)).min(i32::MAX as usize);
-        let (rows, cols, tile_rows) = (i("num_out", d.rows)?, i("Cout", d.cout)?, i("tile_rows", tile_rows)?);
+        let (rows, cols, tile_rows) =
+            (i("num_out", d.rows)?, i("Cout", d.cout)?, i("tile_rows", tile_rows)?);
         let device = card.device;
         let kernels = device.kernels::<SparseConvKernels>()?;
         let bias = card.input::<f32>(BIAS);
         // SAFETY: `bias` is the [Cout] input and `out` the [num_out, Cout] output in card
         // memory; the launch only enqueues.
         card.queue.launch("mluops_indice_conv_bias", |q| unsafe {
-            (kernels.mluops_indice_conv_bias)(q, device.info.cores(), TASK_UNION1, rows, cols, tile_rows, bias, out.cast())
+            (kernels.mluops_indice_conv_bias)(
+                q,
+                device.info.cores(),
+                TASK_UNION1,
+                rows,
+                cols,
+                tile_rows,
+                bias,
+                out.cast(),
+            )
         })
     }
 }
@@ -106,28 +157,47 @@ impl IndiceConv {
 impl MluOpsOperator for IndiceConv {
     fn mluops_supported(&self) -> Result<()> {
         if self.inverse {
-            return Err(Error::declined("inverse = 1: mluOpIndiceConvolutionForward does not support it"));
+            return Err(Error::declined(
+                "inverse = 1: mluOpIndiceConvolutionForward does not support it",
+            ));
         }
         Ok(())
     }
 
     fn mluops_supported_shapes(&self, shapes: &StaticShapes) -> Result<()> {
-        let dim = |input: usize, axis: usize| shapes.get(input).and_then(|s| s.as_ref()).and_then(|s| s.get(axis).copied().flatten());
+        let dim = |input: usize, axis: usize| {
+            shapes.get(input).and_then(|s| s.as_ref()).and_then(|s| s.get(axis).copied().flatten())
+        };
         match (dim(FEATURES, 0), dim(PAIRS, 2)) {
-            (Some(l), Some(p)) if l != p => Err(Error::declined(format!("indice_pairs' P = {p} != features' L = {l}: MLU-OPS requires them equal"))),
-            (_, Some(p)) if p > MAX_P => Err(Error::declined(format!("indice_pairs' P = {p} beyond MLU-OPS's {MAX_P}"))),
+            (Some(l), Some(p)) if l != p => Err(Error::declined(format!(
+                "indice_pairs' P = {p} != features' L = {l}: MLU-OPS requires them equal"
+            ))),
+            (_, Some(p)) if p > MAX_P => {
+                Err(Error::declined(format!("indice_pairs' P = {p} beyond MLU-OPS's {MAX_P}")))
+            }
             _ => Ok(()),
         }
     }
 
     fn mluops_fits(&self, d: &ConvDims) -> Result<()> {
         if d.p != d.l {
-            return Err(Error::declined(format!("indice_pairs' P = {} != features' L = {}: MLU-OPS requires them equal", d.p, d.l)));
+            return Err(Error::declined(format!(
+                "indice_pairs' P = {} != features' L = {}: MLU-OPS requires them equal",
+                d.p, d.l
+            )));
         }
         if d.p > MAX_P {
-            return Err(Error::declined(format!("indice_pairs' P = {} beyond MLU-OPS's {MAX_P}", d.p)));
+            return Err(Error::declined(format!(
+                "indice_pairs' P = {} beyond MLU-OPS's {MAX_P}",
+                d.p
+            )));
         }
-        let sizes = [d.l.saturating_mul(d.cin), d.k.saturating_mul(d.cin).saturating_mul(d.cout), d.k.saturating_mul(2 * d.p), d.rows.saturating_mul(d.cout)];
+        let sizes = [
+            d.l.saturating_mul(d.cin),
+            d.k.saturating_mul(d.cin).saturating_mul(d.cout),
+            d.k.saturating_mul(2 * d.p),
+            d.rows.saturating_mul(d.cout),
+        ];
         if sizes.iter().any(|&n| n > i32::MAX as usize) {
             return Err(Error::declined("a tensor of 2^31 elements or more: MLU-OPS takes less"));
         }
@@ -135,15 +205,26 @@ impl MluOpsOperator for IndiceConv {
         // are sized in int (indice_convolution_forward.cpp:194-206 at v1.4.0).
         let most = d.counts.iter().copied().max().unwrap_or(0);
         if most.saturating_mul(d.cin.max(d.cout)).saturating_mul(4) > i32::MAX as usize {
-            return Err(Error::declined(format!("max indice_num = {most} x Cin/Cout: beyond the library's int workspace arithmetic")));
+            return Err(Error::declined(format!(
+                "max indice_num = {most} x Cin/Cout: beyond the library's int workspace arithmetic"
+            )));
         }
         if d.bias && 2 * 64 + 2 * d.cout * 4 > NRAM_BUDGET {
-            return Err(Error::declined(format!("Cout = {}: the bias step holds the bias and a row in NRAM", d.cout)));
+            return Err(Error::declined(format!(
+                "Cout = {}: the bias step holds the bias and a row in NRAM",
+                d.cout
+            )));
         }
         Ok(())
     }
 
-    fn mluops_compute(&self, d: &ConvDims, lib: &Library, card: &Card<'_>, outputs: &mut dyn DeviceOutputs) -> Result<()> {
+    fn mluops_compute(
+        &self,
+        d: &ConvDims,
+        lib: &Library,
+        card: &Card<'_>,
+        outputs: &mut dyn DeviceOutputs,
+    ) -> Result<()> {
         let spec = OutputSpec::new(tensor::DType::F32, [d.rows, d.cout]);
         if spec.numel() == 0 {
             outputs.allocate(0, &spec)?;
@@ -159,7 +240,8 @@ impl MluOpsOperator for IndiceConv {
         }
         self.distinct_destinations(d, card, outputs)?;
         let out = outputs.allocate(0, &spec)?;
-        let counts = scratch::collect(d.counts.iter().map(|&n| n as i64), "indice_num for MLU-OPS")?;
+        let counts =
+            scratch::collect(d.counts.iter().map(|&n| n as i64), "indice_num for MLU-OPS")?;
         let features = lib.tensor(Layout::Array, DType::Float, &[d.l, d.cin])?;
         let filters = lib.tensor(Layout::Array, DType::Float, &[d.k, 1, 1, d.cin, d.cout])?;
         let pairs = lib.tensor(Layout::Array, DType::Int32, &[d.k, 2, d.p])?;
@@ -170,7 +252,16 @@ impl MluOpsOperator for IndiceConv {
             // SAFETY: live descriptors, `counts` holds K int64 on the host, a valid out-pointer.
             let s = unsafe {
                 (lib.f.mluOpGetIndiceConvolutionForwardWorkspaceSize)(
-                    h, features.ptr, filters.ptr, pairs.ptr, out_d.ptr, counts.as_ptr(), num_out, 0, 0, &mut size,
+                    h,
+                    features.ptr,
+                    filters.ptr,
+                    pairs.ptr,
+                    out_d.ptr,
+                    counts.as_ptr(),
+                    num_out,
+                    0,
+                    0,
+                    &mut size,
                 )
             };
             lib.check("mluOpGetIndiceConvolutionForwardWorkspaceSize", s)?;
@@ -180,8 +271,21 @@ impl MluOpsOperator for IndiceConv {
             // indice_num[k] pairs of each offset were checked in range and distinct.
             let s = unsafe {
                 (lib.f.mluOpIndiceConvolutionForward)(
-                    h, features.ptr, card.input::<c_void>(FEATURES), filters.ptr, card.input::<c_void>(FILTERS), pairs.ptr,
-                    card.input::<c_void>(PAIRS), counts.as_ptr(), num_out, 0, 0, workspace, size, out_d.ptr, out,
+                    h,
+                    features.ptr,
+                    card.input::<c_void>(FEATURES),
+                    filters.ptr,
+                    card.input::<c_void>(FILTERS),
+                    pairs.ptr,
+                    card.input::<c_void>(PAIRS),
+                    counts.as_ptr(),
+                    num_out,
+                    0,
+                    0,
+                    workspace,
+                    size,
+                    out_d.ptr,
+                    out,
                 )
             };
             lib.check("mluOpIndiceConvolutionForward", s)

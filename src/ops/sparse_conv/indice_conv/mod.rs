@@ -51,18 +51,18 @@ mod rulebook;
 
 #[cfg(target_arch = "x86_64")]
 use fused::*;
-pub use gemm::gemm_rows;
 use gemm::copy_row;
-use rulebook::*;
+pub use gemm::gemm_rows;
 pub use rulebook::tile_shift;
+use rulebook::*;
 
-use crate::ops::Operator;
-use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule};
 use crate::cache;
 use crate::error::{Error, Result};
+use crate::ops::Operator;
+use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
-use crate::scratch::{self, FirstError};
 use crate::schema::Attrs;
+use crate::scratch::{self, FirstError};
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 
 pub(super) const FEATURES: usize = 0;
@@ -124,26 +124,46 @@ impl Rules for IndiceConv {
 
     /// Shapes, dtypes and indice_num (read on the host on both paths).
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<ConvDims> {
-        let &[l, cin] = inputs.shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")? else { unreachable!("rank checked") };
-        let filters = inputs.shaped::<f32>(FILTERS, &[None, Some(cin), None], &format!("[K, Cin, Cout] (Cin = {cin} of features)"))?;
+        let &[l, cin] = inputs.shaped::<f32>(FEATURES, &[None, None], "[L, Cin]")? else {
+            unreachable!("rank checked")
+        };
+        let filters = inputs.shaped::<f32>(
+            FILTERS,
+            &[None, Some(cin), None],
+            &format!("[K, Cin, Cout] (Cin = {cin} of features)"),
+        )?;
         let (k_count, cout) = (filters[0], filters[2]);
-        let p = inputs.shaped::<i32>(PAIRS, &[Some(k_count), Some(2), None], &format!("[K, 2, P] (K = {k_count} of filters)"))?[2];
-        let num = inputs.get_shaped::<i32>(NUM, &[Some(k_count)], &format!("[K] (K = {k_count} of filters)"))?;
+        let p = inputs.shaped::<i32>(
+            PAIRS,
+            &[Some(k_count), Some(2), None],
+            &format!("[K, 2, P] (K = {k_count} of filters)"),
+        )?[2];
+        let num = inputs.get_shaped::<i32>(
+            NUM,
+            &[Some(k_count)],
+            &format!("[K] (K = {k_count} of filters)"),
+        )?;
         let out_indices = inputs.shape_of::<i32>(OUT_INDICES)?;
         if out_indices.len() != 2 {
-            return Err(inputs.error(OUT_INDICES, format!("expected shape [num_out, D], got {out_indices:?}")));
+            return Err(inputs
+                .error(OUT_INDICES, format!("expected shape [num_out, D], got {out_indices:?}")));
         }
         let rows = out_indices[0];
         let bias = inputs.dtype(BIAS).is_some();
         if bias {
             let shape = inputs.shape_of::<f32>(BIAS)?;
             if shape != [cout] {
-                return Err(inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {shape:?}")));
+                return Err(
+                    inputs.error(BIAS, format!("expected shape [Cout] = [{cout}], got {shape:?}"))
+                );
             }
         }
         let numel = rows.checked_mul(cout).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
         if numel.is_none() {
-            return Err(Error::output("output", format!("[num_out, Cout] = [{rows}, {cout}] is too large")));
+            return Err(Error::output(
+                "output",
+                format!("[num_out, Cout] = [{rows}, {cout}] is too large"),
+            ));
         }
         let mut counts = scratch::with_capacity(k_count, "indice_num")?;
         for (k, &n) in num.data.iter().enumerate() {
@@ -153,7 +173,10 @@ impl Rules for IndiceConv {
             counts.push(n);
         }
         if l > u32::MAX as usize || rows > u32::MAX as usize || k_count > u32::MAX as usize {
-            return Err(inputs.error(FEATURES, format!("L = {l}, num_out = {rows} or K = {k_count} is too large")));
+            return Err(inputs.error(
+                FEATURES,
+                format!("L = {l}, num_out = {rows} or K = {k_count} is too large"),
+            ));
         }
         Ok(ConvDims { l, cin, k: k_count, cout, p, rows, counts, bias })
     }
@@ -167,7 +190,12 @@ impl Rules for IndiceConv {
         for (k, &n) in d.counts.iter().enumerate().filter(|(_, n)| **n > 0) {
             for (slot, limit) in slots.into_iter().zip(limits) {
                 let (lo, hi) = Check::half_open(0, limit);
-                rules.push(ValueRule::part(PAIRS, (k * 2 + slot) * d.p, n, Check::int_range(lo, hi)));
+                rules.push(ValueRule::part(
+                    PAIRS,
+                    (k * 2 + slot) * d.p,
+                    n,
+                    Check::int_range(lo, hi),
+                ));
             }
         }
         rules
@@ -180,9 +208,20 @@ impl Rules for IndiceConv {
                 let (k, slot) = (first / (2 * d.p), first / d.p % 2);
                 let source = slot == self.slots()[0];
                 let limit = if source { d.l } else { d.rows };
-                pair_error(inputs, k, slot, broken.row, v.first().copied().unwrap_or(0), limit, source)
+                pair_error(
+                    inputs,
+                    k,
+                    slot,
+                    broken.row,
+                    v.first().copied().unwrap_or(0),
+                    limit,
+                    source,
+                )
             }
-            (_, values) => Error::Runtime(format!("IndiceConv: value rule {} reported {values:?}", broken.rule)),
+            (_, values) => Error::Runtime(format!(
+                "IndiceConv: value rule {} reported {values:?}",
+                broken.rule
+            )),
         }
     }
 }
@@ -213,9 +252,14 @@ impl Operator for IndiceConv {
         match in_place(pairs.data, counts, p, slots, [l, rows], shift, par)? {
             InPlace::Found(reads, starts) => {
                 let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-                return Ok((specs, ConvPlan { dims, shift, book: Book::InPlace { reads, starts } }));
+                return Ok((
+                    specs,
+                    ConvPlan { dims, shift, book: Book::InPlace { reads, starts } },
+                ));
             }
-            InPlace::OutOfRange => return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows])),
+            InPlace::OutOfRange => {
+                return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
+            }
             InPlace::Unordered => {}
         }
         // Pieces of the (k, j) sequence: piece q covers flat positions [q*len, (q+1)*len).
@@ -241,7 +285,8 @@ impl Operator for IndiceConv {
         for_each_chunk_mut(par, &mut books, 1, |q, slot| {
             let (lo, hi) = (q * piece_len, ((q + 1) * piece_len).min(total));
             errors.record((|| {
-                let mut starts = scratch::filled(tiles + 1, 0usize, "IndiceConv's grouped rulebook")?;
+                let mut starts =
+                    scratch::filled(tiles + 1, 0usize, "IndiceConv's grouped rulebook")?;
                 for (_, src, dst) in runs(lo, hi) {
                     // Unsigned maxima (vectorised): a negative index reads as >= 2^31.
                     let max = |v: &[i32]| v.iter().fold(0u32, |m, &x| m.max(x as u32)) as usize;
@@ -270,7 +315,11 @@ impl Operator for IndiceConv {
                     starts[t + 1] += starts[t];
                 }
                 let mut cursor = starts.clone();
-                let mut grouped = scratch::filled(hi.saturating_sub(lo), Pair::default(), "IndiceConv's grouped rulebook")?;
+                let mut grouped = scratch::filled(
+                    hi.saturating_sub(lo),
+                    Pair::default(),
+                    "IndiceConv's grouped rulebook",
+                )?;
                 let mask = (1u32 << shift) - 1;
                 for (k, src, dst) in runs(lo, hi) {
                     // The current tile's cursor lives in a register while its run lasts.
@@ -303,14 +352,23 @@ impl Operator for IndiceConv {
         Ok((specs, ConvPlan { dims, shift, book: Book::Grouped(books) }))
     }
 
-    fn execute(&self, r: ConvPlan, inputs: &Inputs<'_>, outputs: &mut Outputs<'_>, par: &dyn Parallel) -> Result<()> {
+    fn execute(
+        &self,
+        r: ConvPlan,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let features = inputs.get::<f32>(FEATURES)?.data;
         let filters = inputs.get::<f32>(FILTERS)?.data;
         let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
         let pairs = inputs.get::<i32>(PAIRS)?.data;
         let out = outputs.take::<f32>(0)?;
         let (cin, cout) = (r.dims.cin, r.dims.cout);
-        if out.len() != r.dims.rows * cout || features.len() != r.dims.l * cin || filters.len() % (cin * cout).max(1) != 0 {
+        if out.len() != r.dims.rows * cout
+            || features.len() != r.dims.l * cin
+            || filters.len() % (cin * cout).max(1) != 0
+        {
             return Err(Error::Runtime("IndiceConv: buffers do not match the plan".into()));
         }
         if out.is_empty() {
@@ -320,10 +378,18 @@ impl Operator for IndiceConv {
         let tiles = r.tiles();
         // Tasks of whole tiles, about GRAIN multiply-adds each (any split gives the same bits).
         // (Saturating: with no pairs, Cin and Cout are bounded by no tensor's size.)
-        let weight = |t: usize| r.tile_len(t).saturating_mul(cin.saturating_mul(cout)).saturating_add(tile_rows.saturating_mul(cout)) as u64;
+        let weight = |t: usize| {
+            r.tile_len(t)
+                .saturating_mul(cin.saturating_mul(cout))
+                .saturating_add(tile_rows.saturating_mul(cout)) as u64
+        };
         let work = (0..tiles).map(weight).fold(0u64, u64::saturating_add);
-        let cuts = balanced_cuts((0..tiles).map(weight), pieces(usize::try_from(work).unwrap_or(usize::MAX), GRAIN));
-        let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.dims.rows) * cout).collect();
+        let cuts = balanced_cuts(
+            (0..tiles).map(weight),
+            pieces(usize::try_from(work).unwrap_or(usize::MAX), GRAIN),
+        );
+        let bounds: Vec<usize> =
+            cuts.iter().map(|&t| (t * tile_rows).min(r.dims.rows) * cout).collect();
         #[cfg(target_arch = "x86_64")]
         let fused = Fused::detect(cout);
         #[cfg(not(target_arch = "x86_64"))]
@@ -334,7 +400,8 @@ impl Operator for IndiceConv {
         let aligned: Vec<f32>;
         let filters = match fused {
             Some(_) if filters.as_ptr().align_offset(64) != 0 => {
-                let mut copy = scratch::filled(filters.len() + 15, 0f32, "IndiceConv's aligned filters")?;
+                let mut copy =
+                    scratch::filled(filters.len() + 15, 0f32, "IndiceConv's aligned filters")?;
                 // (At most 15 floats; align_offset may decline, and then the copy is as is.)
                 let at = copy.as_ptr().align_offset(64).min(15);
                 copy[at..at + filters.len()].copy_from_slice(filters);
@@ -346,7 +413,9 @@ impl Operator for IndiceConv {
         let chunk_rows = match fused {
             // Prefetched source rows must still be in L1 when the fused kernel reads them.
             Some(_) => FUSED_CHUNK_ROWS,
-            None => (CHUNK_BYTES / cin.saturating_add(cout).saturating_mul(size_of::<f32>())).max(1),
+            None => {
+                (CHUNK_BYTES / cin.saturating_add(cout).saturating_mul(size_of::<f32>())).max(1)
+            }
         };
         let (shift, mask) = (r.shift, (1u32 << r.shift) - 1);
         let errors = FirstError::default();
@@ -357,15 +426,21 @@ impl Operator for IndiceConv {
                 let rows = if work { chunk_rows } else { 0 };
                 // The fused path has no gathered or product block.
                 let blocks = if fused.is_some() { 0 } else { rows };
-                let mut gathered = scratch::filled(blocks * cin, 0f32, "IndiceConv's gathered rows")?;
-                let mut product = scratch::filled(blocks * cout, 0f32, "IndiceConv's product rows")?;
+                let mut gathered =
+                    scratch::filled(blocks * cin, 0f32, "IndiceConv's gathered rows")?;
+                let mut product =
+                    scratch::filled(blocks * cout, 0f32, "IndiceConv's product rows")?;
                 // Index buffers only for grouped pairs (in-place chunks are the rulebook's).
                 let indexed = if matches!(r.book, Book::Grouped(_)) { rows } else { 0 };
                 let mut srcs = scratch::filled(indexed, 0i32, "IndiceConv's chunk")?;
                 let mut dsts = scratch::filled(indexed, 0i32, "IndiceConv's chunk")?;
-                for (t, block) in (cuts[task]..cuts[task + 1]).zip(part.chunks_mut(tile_rows.saturating_mul(cout))) {
+                for (t, block) in (cuts[task]..cuts[task + 1])
+                    .zip(part.chunks_mut(tile_rows.saturating_mul(cout)))
+                {
                     match bias {
-                        Some(bias) => block.chunks_exact_mut(cout).for_each(|row| copy_row(row, bias)),
+                        Some(bias) => {
+                            block.chunks_exact_mut(cout).for_each(|row| copy_row(row, bias))
+                        }
                         None => block.fill(0.0),
                     }
                     if cin == 0 {
@@ -375,43 +450,61 @@ impl Operator for IndiceConv {
                     // rows and output rows (minus `base`, within the tile). Its source rows
                     // are gathered (unless they are consecutive rows) and multiplied by
                     // filters[k]; the product rows are added to their output rows in order.
-                    let mut flush = |k: usize, srcs: &[i32], dsts: &[i32], base: i32, distinct: bool| {
-                        let m = srcs.len();
-                        let (s0, w) = (srcs[0] as usize, &filters[k * cin * cout..(k + 1) * cin * cout]);
-                        #[cfg(not(target_arch = "x86_64"))]
-                        let _ = distinct; // only the fused path uses it
-                        #[cfg(target_arch = "x86_64")]
-                        if let Some(fused) = fused {
-                            fused.accumulate(cin, Chunk { srcs, dsts, base, distinct }, features, w, block);
-                            return;
-                        }
-                        let lhs = if srcs.iter().enumerate().all(|(i, &s)| s as usize == s0 + i) {
-                            &features[s0 * cin..(s0 + m) * cin]
-                        } else {
-                            for (row, &s) in gathered.chunks_exact_mut(cin).zip(srcs) {
-                                let s = s as usize;
-                                copy_row(row, &features[s * cin..(s + 1) * cin]);
+                    let mut flush =
+                        |k: usize, srcs: &[i32], dsts: &[i32], base: i32, distinct: bool| {
+                            let m = srcs.len();
+                            let (s0, w) =
+                                (srcs[0] as usize, &filters[k * cin * cout..(k + 1) * cin * cout]);
+                            #[cfg(not(target_arch = "x86_64"))]
+                            let _ = distinct; // only the fused path uses it
+                            #[cfg(target_arch = "x86_64")]
+                            if let Some(fused) = fused {
+                                fused.accumulate(
+                                    cin,
+                                    Chunk { srcs, dsts, base, distinct },
+                                    features,
+                                    w,
+                                    block,
+                                );
+                                return;
                             }
-                            &gathered[..m * cin]
+                            let lhs = if srcs.iter().enumerate().all(|(i, &s)| s as usize == s0 + i)
+                            {
+                                &features[s0 * cin..(s0 + m) * cin]
+                            } else {
+                                for (row, &s) in gathered.chunks_exact_mut(cin).zip(srcs) {
+                                    let s = s as usize;
+                                    copy_row(row, &features[s * cin..(s + 1) * cin]);
+                                }
+                                &gathered[..m * cin]
+                            };
+                            gemm_rows(m, cin, cout, lhs, w, &mut product[..m * cout]);
+                            for (&d, prod) in dsts.iter().zip(product.chunks_exact(cout)) {
+                                let d = d.wrapping_sub(base) as usize;
+                                for (o, &v) in block[d * cout..(d + 1) * cout].iter_mut().zip(prod)
+                                {
+                                    *o += v;
+                                }
+                            }
                         };
-                        gemm_rows(m, cin, cout, lhs, w, &mut product[..m * cout]);
-                        for (&d, prod) in dsts.iter().zip(product.chunks_exact(cout)) {
-                            let d = d.wrapping_sub(base) as usize;
-                            for (o, &v) in block[d * cout..(d + 1) * cout].iter_mut().zip(prod) {
-                                *o += v;
-                            }
-                        }
-                    };
                     match &r.book {
                         Book::InPlace { reads, starts } => {
                             // A tile holding a destination starts below 2^31.
                             let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
                                 let js = ConvPlan::in_place(starts, tiles, k, t);
-                                let (src, dst) = offset_pairs(pairs, &r.dims.counts, r.dims.p, self.slots(), k, how);
+                                let (src, dst) = offset_pairs(
+                                    pairs,
+                                    &r.dims.counts,
+                                    r.dims.p,
+                                    self.slots(),
+                                    k,
+                                    how,
+                                );
                                 let (src, dst) = (&src[js.clone()], &dst[js]);
                                 // (Validated: sources in [0, L), destinations in this tile.)
-                                for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows)) {
+                                for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows))
+                                {
                                     // A mirrored offset's sources are in the sites' order, not
                                     // the tile's: prefetched. (An own offset's, in a submanifold
                                     // rulebook over sorted sites, ascend with their destinations:
@@ -429,7 +522,9 @@ impl Operator for IndiceConv {
                         }
                         Book::Grouped(pieces) => {
                             let (mut m, mut chunk_k) = (0usize, 0usize);
-                            for pair in pieces.iter().flat_map(|p| &p.pairs[p.starts[t]..p.starts[t + 1]]) {
+                            for pair in
+                                pieces.iter().flat_map(|p| &p.pairs[p.starts[t]..p.starts[t + 1]])
+                            {
                                 let k = (pair.kd >> shift) as usize;
                                 if m == chunk_rows || (m > 0 && k != chunk_k) {
                                     flush(chunk_k, &srcs[..m], &dsts[..m], 0, false);
@@ -457,7 +552,14 @@ impl Operator for IndiceConv {
 
 /// The error of the first pair out of range, in (k, slot, j) order: for each k, its source
 /// slot, then its destination slot (the order of the value rules).
-fn first_bad_pair(inputs: &Inputs<'_>, data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2]) -> Error {
+fn first_bad_pair(
+    inputs: &Inputs<'_>,
+    data: &[i32],
+    counts: &[usize],
+    p: usize,
+    slots: [usize; 2],
+    limits: [usize; 2],
+) -> Error {
     for (k, &n) in counts.iter().enumerate() {
         let base = k * 2 * p;
         for ((slot, limit), source) in slots.into_iter().zip(limits).zip([true, false]) {
@@ -472,7 +574,15 @@ fn first_bad_pair(inputs: &Inputs<'_>, data: &[i32], counts: &[usize], p: usize,
 
 /// indice_pairs[k, slot, j] = `value` outside [0, `limit`), in the contract's words; `source`
 /// when the slot holds the pairs' sources (features rows), else their destinations.
-fn pair_error(inputs: &Inputs<'_>, k: usize, slot: usize, j: usize, value: i32, limit: usize, source: bool) -> Error {
+fn pair_error(
+    inputs: &Inputs<'_>,
+    k: usize,
+    slot: usize,
+    j: usize,
+    value: i32,
+    limit: usize,
+    source: bool,
+) -> Error {
     let row = if slot == 0 { "input row (slot 0)" } else { "output row (slot 1)" };
     let what = if source { "L (features' rows)" } else { "num_out (out_indices' rows)" };
     inputs.error(PAIRS, format!("indice_pairs[{k}, {slot}, {j}] = {value} ({row}) is outside [0, {limit}) with {limit} = {what}"))
@@ -488,7 +598,9 @@ mod tests {
         let pad = |v: &[i32]| (0..4).map(|j| v.get(j).copied().unwrap_or(-1)).collect::<Vec<_>>();
         let data: Vec<i32> = offsets.iter().flat_map(|&(a, b)| [pad(a), pad(b)].concat()).collect();
         let counts: Vec<usize> = offsets.iter().map(|o| o.0.len()).collect();
-        match in_place(&data, &counts, 4, slots, [4, 4], 4, &crate::parallel::Serial).expect("no allocation fails") {
+        match in_place(&data, &counts, 4, slots, [4, 4], 4, &crate::parallel::Serial)
+            .expect("no allocation fails")
+        {
             InPlace::Found(reads, starts) => {
                 // One tile: each offset's range is all of its pairs.
                 assert_eq!(starts, counts.iter().flat_map(|&n| [0, n]).collect::<Vec<_>>());
@@ -500,9 +612,21 @@ mod tests {
     }
 
     /// [`reads_of`] for K = 3: offsets 0 and 2 of two pairs, offset 1 of four.
-    fn reads(k0: [[i32; 2]; 2], k1: [[i32; 4]; 2], k2: [[i32; 2]; 2], counts: [usize; 3], slots: [usize; 2]) -> Option<Vec<Read>> {
-        let (k0, k2) = ([&k0[0][..counts[0]], &k0[1][..counts[0]]], [&k2[0][..counts[2]], &k2[1][..counts[2]]]);
-        reads_of(&[(k0[0], k0[1]), (&k1[0][..counts[1]], &k1[1][..counts[1]]), (k2[0], k2[1])], slots)
+    fn reads(
+        k0: [[i32; 2]; 2],
+        k1: [[i32; 4]; 2],
+        k2: [[i32; 2]; 2],
+        counts: [usize; 3],
+        slots: [usize; 2],
+    ) -> Option<Vec<Read>> {
+        let (k0, k2) = (
+            [&k0[0][..counts[0]], &k0[1][..counts[0]]],
+            [&k2[0][..counts[2]], &k2[1][..counts[2]]],
+        );
+        reads_of(
+            &[(k0[0], k0[1]), (&k1[0][..counts[1]], &k1[1][..counts[1]]), (k2[0], k2[1])],
+            slots,
+        )
     }
 
     #[test]
@@ -515,7 +639,10 @@ mod tests {
         assert_eq!(reads(k0, k1, k2, [2, 4, 2], [0, 1]), Some(vec![Mirror, Own, Mirror]));
         // Inverse (slots swapped): the destinations ([1, 2] and [0, 2]) ascend themselves.
         assert_eq!(reads(k0, k1, k2, [2, 4, 2], [1, 0]), Some(vec![Own, Own, Own]));
-        assert_eq!(reads([[2, 0], [1, 2]], k1, [[2, 1], [0, 2]], [2, 4, 2], [1, 0]), Some(vec![Mirror, Own, Mirror]));
+        assert_eq!(
+            reads([[2, 0], [1, 2]], k1, [[2, 1], [0, 2]], [2, 4, 2], [1, 0]),
+            Some(vec![Mirror, Own, Mirror])
+        );
         // The mirror differs by one pair, or holds one pair more: grouped instead.
         assert_eq!(reads(k0, k1, [[0, 2], [3, 1]], [2, 4, 2], [0, 1]), None);
         assert_eq!(reads(k0, k1, [[0, 3], [2, 1]], [2, 4, 2], [0, 1]), None);
@@ -524,7 +651,10 @@ mod tests {
         // whose own destinations ascend.
         assert_eq!(reads([[1, 1], [1, 1]], k1, [[0, 1], [0, 1]], [2, 4, 2], [0, 1]), None);
         // The mirror holds these pairs and one more (its own check then fails too).
-        assert_eq!(reads_of(&[(&[1, 2], &[2, 0]), (&k1[0], &k1[1]), (&[0, 2, 3], &[2, 1, 3])], [0, 1]), None);
+        assert_eq!(
+            reads_of(&[(&[1, 2], &[2, 0]), (&k1[0], &k1[1]), (&[0, 2, 3], &[2, 1, 3])], [0, 1]),
+            None
+        );
         // A mirror pair out of range: grouped (whose checks name it).
         assert_eq!(reads(k0, k1, [[0, 2], [2, 4]], [2, 4, 2], [0, 1]), None);
         // Out of range in an offset read directly.
@@ -541,12 +671,16 @@ mod tests {
         // others. Untagged entries would let offset 1 through.
         type Offset<'a> = (&'a [i32], &'a [i32]);
         let (a, b): Offset = (&[1, 2], &[2, 0]);
-        let (empty, seven, eight): (Offset, Offset, Offset) = ((&[], &[]), (&[1, 3], &[1, 3]), (&[0, 2], &[2, 1]));
+        let (empty, seven, eight): (Offset, Offset, Offset) =
+            ((&[], &[]), (&[1, 3], &[1, 3]), (&[0, 2], &[2, 1]));
         let offsets = [(a, b), (a, b), empty, empty, empty, empty, empty, seven, eight];
         assert_eq!(reads_of(&offsets, [0, 1]), None);
         // With offset 1 emptied (and its mirror, 7) the rest is read in place.
         let offsets = [(a, b), empty, empty, empty, empty, empty, empty, empty, eight];
-        assert_eq!(reads_of(&offsets, [0, 1]), Some([vec![Read::Mirror], vec![Read::Own; 7], vec![Read::Mirror]].concat()));
+        assert_eq!(
+            reads_of(&offsets, [0, 1]),
+            Some([vec![Read::Mirror], vec![Read::Own; 7], vec![Read::Mirror]].concat())
+        );
     }
 
     #[test]

@@ -46,13 +46,20 @@ impl ConvPlan {
     }
 
     /// Tile t's pairs of offset k read in place: the range of j.
-    pub(super) fn in_place(starts: &[usize], tiles: usize, k: usize, t: usize) -> std::ops::Range<usize> {
+    pub(super) fn in_place(
+        starts: &[usize],
+        tiles: usize,
+        k: usize,
+        t: usize,
+    ) -> std::ops::Range<usize> {
         starts[k * (tiles + 1) + t]..starts[k * (tiles + 1) + t + 1]
     }
 
     pub(super) fn tile_len(&self, t: usize) -> usize {
         match &self.book {
-            Book::InPlace { reads, starts, .. } => (0..reads.len()).map(|k| Self::in_place(starts, self.tiles(), k, t).len()).sum(),
+            Book::InPlace { reads, starts, .. } => {
+                (0..reads.len()).map(|k| Self::in_place(starts, self.tiles(), k, t).len()).sum()
+            }
             Book::Grouped(pieces) => pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum(),
         }
     }
@@ -78,7 +85,9 @@ pub(super) fn tile_shift_unbounded(rows: usize, cout: usize, total: usize, activ
         let w = (rows as u128 * (TILE_PAIRS_PER_OFFSET * active) as u128).div_ceil(total as u128);
         usize::try_from(w).unwrap_or(usize::MAX)
     };
-    let rows_per_tile = want.clamp(MIN_TILE_ROWS, cap).min(rows.checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_TILE_ROWS));
+    let rows_per_tile = want
+        .clamp(MIN_TILE_ROWS, cap)
+        .min(rows.checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_TILE_ROWS));
     // Largest power of two not above it.
     usize::BITS - 1 - rows_per_tile.leading_zeros()
 }
@@ -108,7 +117,14 @@ pub(super) enum InPlace {
 }
 
 /// The pairs of offset k as (sources, destinations), read as `how` says.
-pub(super) fn offset_pairs<'a>(data: &'a [i32], counts: &[usize], p: usize, slots: [usize; 2], k: usize, how: Read) -> (&'a [i32], &'a [i32]) {
+pub(super) fn offset_pairs<'a>(
+    data: &'a [i32],
+    counts: &[usize],
+    p: usize,
+    slots: [usize; 2],
+    k: usize,
+    how: Read,
+) -> (&'a [i32], &'a [i32]) {
     let (from, [s, d]) = match how {
         Read::Mirror => (counts.len() - 1 - k, [slots[1], slots[0]]),
         Read::Own => (k, slots),
@@ -139,7 +155,13 @@ pub(super) fn ascending_end(keys: &[i32], values: &[i32]) -> Option<usize> {
 /// the mirror's are written to `table` (one entry per output row, allocated on first use)
 /// by destination, tagged with k so that a stale entry of another offset never matches,
 /// and each of these is looked up.
-pub(super) fn mirror_matches(table: &mut Vec<u64>, rows: usize, k: usize, mirror: [&[i32]; 2], these: [&[i32]; 2]) -> Result<bool> {
+pub(super) fn mirror_matches(
+    table: &mut Vec<u64>,
+    rows: usize,
+    k: usize,
+    mirror: [&[i32]; 2],
+    these: [&[i32]; 2],
+) -> Result<bool> {
     if table.is_empty() {
         *table = scratch::filled(rows, u64::MAX, "IndiceConv's mirror check")?;
     }
@@ -165,7 +187,15 @@ pub(super) fn mirror_matches(table: &mut Vec<u64>, rows: usize, k: usize, mirror
 /// How each offset can be read in place, checking the pairs' ranges on the way, and the
 /// tile starts: one pass over each offset's pairs (a mirrored offset: three, one of them
 /// reading a table of the output rows at random), offsets in parallel.
-pub(super) fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 2], limits: [usize; 2], shift: u32, par: &dyn Parallel) -> Result<InPlace> {
+pub(super) fn in_place(
+    data: &[i32],
+    counts: &[usize],
+    p: usize,
+    slots: [usize; 2],
+    limits: [usize; 2],
+    shift: u32,
+    par: &dyn Parallel,
+) -> Result<InPlace> {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let [l, rows] = limits;
     let tiles = rows.div_ceil(1 << shift);
@@ -180,7 +210,9 @@ pub(super) fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 
     // A few offsets per task, which share one table for the mirror checks.
     let per_task = counts.len().div_ceil(MAX_PLAN_PIECES).max(1);
     // Strictly ascending destinations are in range when the first and last are.
-    let in_rows = |d: &[i32]| d.first().is_none_or(|&d| d >= 0) && d.last().is_none_or(|&d| (d as usize) < rows);
+    let in_rows = |d: &[i32]| {
+        d.first().is_none_or(|&d| d >= 0) && d.last().is_none_or(|&d| (d as usize) < rows)
+    };
     for_each_chunk_mut(par, &mut reads, per_task, |task, reads| {
         let mut table: Vec<u64> = Vec::new();
         for (i, read) in reads.iter_mut().enumerate() {
@@ -238,4 +270,3 @@ pub(super) fn in_place(data: &[i32], counts: &[usize], p: usize, slots: [usize; 
     });
     Ok(InPlace::Found(reads, starts))
 }
-
