@@ -56,6 +56,8 @@ export MLU_EP_TEST_DEVICE=emulated
 stage "format: cargo fmt --check (rustfmt.toml), the crate and the fuzz targets"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
+stage "lints: cargo clippy on every target, warnings are errors (Cargo.toml [lints])"
+cargo clippy --quiet --all-targets -- -D warnings
 stage "build (release library for the Python tests)"
 cargo build --release --lib --example mluops_emulated
 export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"

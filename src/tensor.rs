@@ -444,15 +444,13 @@ pub struct CardTensor {
 
 impl CardTensor {
     /// Its element type and dimensions as an output spec (an error for a negative dimension).
-    pub fn spec(&self) -> crate::error::Result<OutputSpec> {
+    pub fn spec(&self) -> Result<OutputSpec> {
         let dims = self
             .shape
             .iter()
             .map(|&x| usize::try_from(x))
             .collect::<std::result::Result<Vec<usize>, _>>()
-            .map_err(|_| {
-                crate::error::Error::Runtime(format!("negative dimension in {:?}", self.shape))
-            })?;
+            .map_err(|_| Error::Runtime(format!("negative dimension in {:?}", self.shape)))?;
         Ok(OutputSpec::new(self.dtype, dims))
     }
 }

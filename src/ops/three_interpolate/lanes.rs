@@ -188,7 +188,7 @@ impl Transpose for ScalarTranspose {
 #[inline(always)]
 fn scalar_transpose<T: Real, const L: usize>(
     rows: &[&[T]],
-    points: std::ops::Range<usize>,
+    points: Range<usize>,
     tile: &mut [[f32; L]],
     lane0: usize,
 ) {
@@ -209,7 +209,7 @@ fn scalar_transpose<T: Real, const L: usize>(
 #[inline(always)]
 fn scalar_untranspose<T: Real, const L: usize>(
     tile: &[[f32; L]],
-    points: std::ops::Range<usize>,
+    points: Range<usize>,
     rows: &mut [&mut [T]],
     lane0: usize,
 ) {
