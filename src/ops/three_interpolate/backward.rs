@@ -14,6 +14,7 @@
 use super::lanes::{LaneKernel, Task, Transpose, lane_rows, line_aligned_rows, split};
 use super::real::as_f32s;
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
+use super::{INDICES, WEIGHTS};
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::ops::Operator;
@@ -24,8 +25,6 @@ use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
 
 const GRAD_OUTPUT: usize = 0;
-const INDICES: usize = 1;
-const WEIGHTS: usize = 2;
 
 /// Channels accumulated together (one 64-byte accumulator row per source point).
 const LANES: usize = 16;

@@ -14,6 +14,7 @@
 use super::lanes::{LaneKernel, Task, Transpose, lane_rows, line_aligned_rows, split};
 use super::real::as_f32s;
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
+use super::{INDICES, WEIGHTS};
 use crate::error::{Error, Result};
 use crate::ops::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
@@ -23,8 +24,6 @@ use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
 use half::f16;
 
 const FEATURES: usize = 0;
-const INDICES: usize = 1;
-const WEIGHTS: usize = 2;
 /// Channels computed together (one 64-byte table row per source point).
 const LANES: usize = 16;
 /// Lanes for 4 <= C < 8, and 1 below that.

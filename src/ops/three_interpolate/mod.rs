@@ -30,8 +30,9 @@ pub struct Dims {
     dtype: DType,
 }
 
-/// The input `indices` of both operators.
+/// The inputs `indices` and `weights`, at the same place in both operators.
 const INDICES: usize = 1;
+const WEIGHTS: usize = 2;
 
 /// The element type T of input `i`: float32 or float16, else the contract error.
 fn float_dtype(inputs: &Inputs<'_>, i: usize) -> Result<DType> {
