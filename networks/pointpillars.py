@@ -245,7 +245,7 @@ def case(scale: str, seed: int) -> Case:
         [
             Graph("forward", fwd, {"points": points}, peer_forward, "torch (dynamic_scatter as torch.unique + scatter_reduce)"),
             Graph("detections", det_model, {"points": points}, peer_detections, "torch (the same decoding)",
-                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR}}),
+                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR, "top_k": NMS_PRE}}),
             Graph("gradient", grad_model, {"points": points, "grad_canvas": grad_canvas}, peer_gradient,
                   "torch autograd", tolerances={"grad_pfn_weight": GRAD_PFN_WEIGHT_TOL}),
         ],
