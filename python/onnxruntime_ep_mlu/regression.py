@@ -128,6 +128,8 @@ def accumulating_metrics(actual: np.ndarray, reference: np.ndarray) -> tuple[flo
     all-zero reference admits only an all-zero result (both 0, else inf)."""
     a = np.asarray(actual, dtype=np.float64).ravel()
     b = np.asarray(reference, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"accumulating_metrics: {a.size} elements against a reference of {b.size}")
     err = a - b
     den1, den2 = np.abs(b).sum(), (b * b).sum()
     if den1 == 0:
@@ -234,8 +236,8 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
 #:   of a group, an unmatched reference box and an unmatched box of ours may be a swap inside
 #:   the reference's tie group at the cut: each scored within ``tie`` of the reference's
 #:   lowest kept score of the group, as many of ours as of the reference's, label by label,
-#:   and fewer than the reference's boxes of that label and score (a tie the reference
-#:   shows: a lone lowest box replaced by another is a moved box, even if it was a tie).
+#:   and only where the reference kept two or more boxes of that label and score (a tie the
+#:   reference shows: its lone lowest box replaced by another is a moved box).
 #: - ``threshold`` (boxes kept when score > threshold): a box of one side scored within
 #:   ``tie`` above it, which the other side's rounding put at or below it; never when a box
 #:   of the same label is unmatched at the threshold on the other side too (a moved box).
@@ -285,8 +287,8 @@ def compare_detections(value: np.ndarray, golden: np.ndarray, tol: dict) -> tupl
                 v = lone_v & (value[:, 8] == label)
                 group = (golden[:, 8] == label) & (np.abs(golden[:, 7] - cut) <= tie)
                 tied = (np.abs(golden[g, 7] - cut) <= tie).all() and (np.abs(value[v, 7] - cut) <= tie).all()
-                # A tie the reference shows: a kept member of its group beside each swapped one.
-                if g.sum() == v.sum() and tied and g.sum() < group.sum():
+                # A tie the reference shows: two or more kept boxes of the label at the cut score.
+                if g.sum() == v.sum() and tied and group.sum() >= 2:
                     lone_g &= ~g
                     lone_v &= ~v
                     swapped += int(g.sum())
