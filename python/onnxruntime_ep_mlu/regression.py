@@ -252,7 +252,7 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
 #:   reference shows: its lone lowest box replaced by another is a moved box).
 #: - ``threshold`` (boxes kept when score > threshold): a box of one side scored within
 #:   ``tie`` above it, which the other side's rounding put at or below it; never when a box
-#:   of the same label is unmatched at the threshold on the other side too (a moved box).
+#:   is unmatched at the threshold on the other side too (a moved or relabelled box).
 #:
 #: Nothing else is excused: no box at another side's lowest score, no box near a twin, no
 #: box of ours for a reference box missing elsewhere.
@@ -305,15 +305,12 @@ def compare_detections(value: np.ndarray, golden: np.ndarray, tol: dict) -> tupl
                     lone_v &= ~v
                     swapped += int(g.sum())
     if "threshold" in tol:
-        for label in set(golden[lone_g, 8]) | set(value[lone_v, 8]):
-            g = lone_g & (golden[:, 8] == label) & (golden[:, 7] > tol["threshold"])
-            g &= golden[:, 7] - tol["threshold"] <= tie
-            v = lone_v & (value[:, 8] == label) & (value[:, 7] > tol["threshold"])
-            v &= value[:, 7] - tol["threshold"] <= tie
-            if g.any() != v.any():  # one side only: a crossing, not a moved box
-                lone_g &= ~g
-                lone_v &= ~v
-                at_threshold += int(g.sum() + v.sum())
+        g = lone_g & (golden[:, 7] > tol["threshold"]) & (golden[:, 7] - tol["threshold"] <= tie)
+        v = lone_v & (value[:, 7] > tol["threshold"]) & (value[:, 7] - tol["threshold"] <= tie)
+        if g.any() != v.any():  # one side only: a crossing; on both, a moved (or relabelled) box
+            lone_g &= ~g
+            lone_v &= ~v
+            at_threshold = int(g.sum() + v.sum())
     unmatched = int(lone_g.sum() + lone_v.sum())
     excused = f"{swapped} swapped per side in a tie at the top-K cut, {at_threshold} at the threshold"
     if not pairs:

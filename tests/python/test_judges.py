@@ -63,9 +63,11 @@ def test_a_box_dropped_beside_a_near_equal_kept_one_fails(k):
     ref = boxes()
     ref[11, 7] = ref[10, 7] - 5e-5  # within the old score bound of a kept box of another label
     ref[13, 7] = ref[11, 7] - 5e-5  # and of its own
-    dropped = np.delete(ref, 11, 0)
-    assert ratio(dropped, ref, cuts(k)) == INF
-    assert ratio(np.delete(ref, 39, 0), ref, cuts(k)) == INF  # the lowest box, no tie at any cut
+    assert ratio(np.delete(ref, 11, 0), ref, cuts(k)) == INF
+    # The lowest box, beside a kept one within 1e-4 (the old comparison's "boundary").
+    ref[38, 7] = ref[39, 7] + 5e-5
+    assert ratio(np.delete(ref, 39, 0), ref, cuts(k)) == INF
+    assert ratio(ref, np.delete(ref, 39, 0), cuts(k)) == INF
 
 
 @pytest.mark.parametrize("k", [None, 40])
@@ -83,6 +85,8 @@ def test_a_box_at_the_threshold_moved_70_m_fails():
     ref[39, 7] = np.float32(THR) + np.float32(2e-7)
     moved = ref.copy()
     moved[39, 0] += 70.0
+    assert ratio(moved, ref, cuts()) == INF
+    moved[39, 8] = 1 - moved[39, 8]  # and relabelled
     assert ratio(moved, ref, cuts()) == INF
     # Dropped, or kept only by us, it is a rounding across the threshold; farther above, not.
     assert ratio(ref[:-1], ref, cuts()) < 1.0
