@@ -28,7 +28,7 @@ from torch import nn
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import DETECTIONS
 
-from .centerhead import BN_EPS, SCORE_THR, CenterHead, conv_bn
+from .centerhead import BN_EPS, CUTS, CenterHead, conv_bn
 from .common import Case, Graph, export, numpy_out, seed_batchnorms, tensor
 
 BEV = (128, 128, 1)  # nx, ny, nz
@@ -229,6 +229,6 @@ def case(scale: str, seed: int) -> Case:
             Graph("forward", model, {"img_feats": img, "geom_xyz": geom}, peer, "torch (index_add voxel pooling)"),
             Graph("detections", det_model, {"img_feats": img, "cam_params": cams, "geom_xyz": geom}, peer_detections,
                   "torch (the same modules, index_add voxel pooling)",
-                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR, "tie_radius": 2.4}}),
+                  tolerances={"detections": {**DETECTIONS, **CUTS}}),
         ],
     )

@@ -21,6 +21,13 @@ from torch import nn
 BN_EPS = 1e-3
 TASKS = (1, 2, 2, 1, 2, 2)
 TOP_K, SCORE_THR = 500, 0.1
+#: The cuts of the decoding, for regression.compare_detections: the top TOP_K per task (each
+#: task's labels share one), then the score threshold.
+CUTS = {
+    "top_k": TOP_K,
+    "top_k_labels": [list(range(sum(TASKS[:i]), sum(TASKS[: i + 1]))) for i in range(len(TASKS))],
+    "threshold": SCORE_THR,
+}
 
 
 def conv_bn(cin, cout, k=3, stride=1):

@@ -195,8 +195,10 @@ class PillarGradient(nn.Module):
 #: scale) of terms up to hundreds that cancel, summed in another order by torch's autograd:
 #: measured max |a-b| = 1.9e-4 x max|peer| at the ci scale (2026-05), against <= 1.8e-6 for
 #: every other float output of the networks. Per element 2e-3 (10x); diff1/diff2 as the
-#: contract's.
-GRAD_PFN_WEIGHT_TOL = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3, "max_rel": 2e-3}
+#: contract's. The contract's per-element rule measures 1.4e-3 x (|b_i| + rms) here (ci,
+#: 2026-12; <= 4.5e-6 for every other output): the cancelling terms, not the result's rms,
+#: set this sum's rounding. elem_rel 1e-2 (7x).
+GRAD_PFN_WEIGHT_TOL = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3, "max_rel": 2e-3, "elem_rel": 1e-2}
 
 
 def case(scale: str, seed: int) -> Case:
@@ -245,7 +247,7 @@ def case(scale: str, seed: int) -> Case:
         [
             Graph("forward", fwd, {"points": points}, peer_forward, "torch (dynamic_scatter as torch.unique + scatter_reduce)"),
             Graph("detections", det_model, {"points": points}, peer_detections, "torch (the same decoding)",
-                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR}}),
+                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR, "top_k": NMS_PRE}}),
             Graph("gradient", grad_model, {"points": points, "grad_canvas": grad_canvas}, peer_gradient,
                   "torch autograd", tolerances={"grad_pfn_weight": GRAD_PFN_WEIGHT_TOL}),
         ],

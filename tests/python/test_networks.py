@@ -43,54 +43,6 @@ def test_a_peer_that_disagrees_fails_the_graph(bev_case, mlu_lib):
     assert all("BAD" in r for r in rows), rows
 
 
-def test_detections_match_box_by_box_and_fail_on_a_moved_or_missing_box():
-    from onnxruntime_ep_mlu.regression import DETECTIONS, compare_detections
-
-    rng = np.random.default_rng(1)
-    ref = np.concatenate([rng.uniform(0, 50, (40, 3)), rng.uniform(1, 4, (40, 3)), rng.uniform(-3, 3, (40, 1)),
-                          np.linspace(0.9, 0.2, 40)[:, None], rng.integers(0, 2, (40, 1))], 1).astype(np.float32)
-    shuffled = ref[rng.permutation(40)]
-    assert compare_detections(shuffled, ref, DETECTIONS)[0] == 0.0
-    # A half-turn of yaw less a rounding is near, not a turn away.
-    turned = ref.copy()
-    turned[0, 6] = ref[0, 6] + 2 * np.pi - 1e-5
-    assert compare_detections(turned, ref, DETECTIONS)[0] < 1.0
-    for col, delta in ((0, 0.01), (4, 0.01), (6, 0.01), (7, 0.001)):
-        moved = ref.copy()
-        moved[3, col] += delta
-        ratio, text = compare_detections(moved, ref, DETECTIONS)
-        assert ratio > 1.0, (col, text)
-    relabelled = ref.copy()
-    relabelled[3, 8] = 1 - relabelled[3, 8]
-    assert compare_detections(relabelled, ref, DETECTIONS)[0] == float("inf")
-    # Missing the reference's best box fails, and so does missing its lowest-scored ones;
-    # a box within the score bound of the other side's lowest kept one, or of the named
-    # threshold, is at a boundary.
-    assert compare_detections(ref[1:], ref, DETECTIONS)[0] == float("inf")
-    assert compare_detections(ref[:-3], ref, DETECTIONS)[0] == float("inf")
-    tie = ref.copy()
-    tie[-1, 7] = tie[-2, 7] - 5e-5
-    ratio, text = compare_detections(tie[:-1], tie, DETECTIONS)
-    assert ratio < 1.0 and "1 at a boundary" in text, text
-    assert compare_detections(ref[:-1], ref, {**DETECTIONS, "threshold": 0.2})[0] < 1.0
-    # A moved box is never excused by its own displaced partner: the lowest-scored box, or
-    # the only box of its label, moved 3 m fails.
-    lowest = ref.copy()
-    lowest[-1, 1] += 3.0
-    assert compare_detections(lowest, ref, DETECTIONS)[0] == float("inf")
-    alone = np.concatenate([ref, [[5, 5, 0, 1, 1, 1, 0, 0.5, 7]]]).astype(np.float32)
-    alone_moved = alone.copy()
-    alone_moved[-1, 0] += 3.0
-    assert compare_detections(alone_moved, alone, DETECTIONS)[0] == float("inf")
-    assert compare_detections(ref[:, :8], ref, DETECTIONS)[0] == float("inf")
-    # Two peaks of equal height 0.6 m apart: a rounding keeps one on one side. A tie only
-    # within tie_radius and the score bound.
-    twins = np.concatenate([ref, ref[10:11] + np.array([0.6, 0, 0, 0, 0, 0, 0, 2e-5, 0], np.float32)])
-    assert compare_detections(ref, twins, DETECTIONS)[0] == float("inf")
-    assert compare_detections(ref, twins, {**DETECTIONS, "tie_radius": 1.0})[0] < 1.0
-    assert compare_detections(ref, twins, {**DETECTIONS, "tie_radius": 0.5})[0] == float("inf")
-
-
 def test_sparse_coordinates_compare_as_sets_and_nothing_looser():
     rng = np.random.default_rng(0)
     sites = rng.integers(0, 50, (200, 4)).astype(np.int32)
