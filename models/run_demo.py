@@ -76,9 +76,9 @@ def run(title, make_session, model, data, on_card: bool):
         gc.collect()  # the session's end writes the provider's session line
         lines = placement.read_report(report)
     if on_card:
-        counts = placement.counts(lines)
-        wrong = placement.judge(counts, placement.Expectation(), warned)
-        print(f"placement over both runs: {placement.summary(counts, warned)}: {'OK' if not wrong else 'FAIL ' + '; '.join(wrong)}")
+        counts = placement.counts(lines, warned)
+        wrong = placement.judge(counts)
+        print(f"placement over both runs: {placement.summary(counts)}: {'OK' if not wrong else 'FAIL ' + '; '.join(wrong)}")
         failed += bool(wrong)
     print()
     return failed

@@ -111,9 +111,9 @@ def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbo
         declined = sorted({op for p, _, dom, op in placed if dom == "mluops" and p != EP})
         claimed = sorted({op for p, _, dom, op in placed if dom == "mluops" and p == EP})
         row["notes"].append(f"on MLU: {', '.join(claimed) or 'none'}; mluops on CPU: {', '.join(declined) or 'none'}")
-        counts = placement.counts(lines)
-        wrong = placement.judge(counts, placement.Expectation(), warned)
-        row["notes"].append(f"{placement.summary(counts, warned)} over {repeat + 1} runs")
+        counts = placement.counts(lines, warned)
+        wrong = placement.judge(counts)
+        row["notes"].append(f"{placement.summary(counts)} over {repeat + 1} runs")
 
     worst, worst_desc, failed = -1.0, "", [f"placement: {w}" for w in wrong]
     for out_name, value in zip(out_names, outs):

@@ -72,62 +72,63 @@ def read_report(path: str | os.PathLike) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def counts(lines: list[dict]) -> dict:
-    """``{"card_runs": {backend: n}, "run_time_declines": {backend: n}, "cpu_fallbacks": n,
-    "source": ...}`` of a report: the provider's own counts when it has exactly one session
-    line, else (a session still open) the sum of its node lines. Raises ValueError on a
-    report of several sessions (the runs of one judgement share one session)."""
+def counts(lines: list[dict], warnings: list[str] | None = None) -> dict:
+    """The counts of a report, flat (one int each, for result rows): ``card_runs`` (node runs
+    on a card backend) and per backend (``mluops``, ``bang``), ``cpu_fallbacks``,
+    ``run_time_declines`` (to the next backend), and with ``warnings`` (:func:`ort_warnings`)
+    ``warnings`` and ``run_time_warnings`` (else -1). From the provider's own counts when the
+    report has exactly one session line, else (a session still open) from its node lines.
+    Raises ValueError on a report of several sessions (one judgement is of one session)."""
     sessions = [x for x in lines if "session" in x]
     if len(sessions) > 1:
         raise ValueError(f"the traffic report holds {len(sessions)} sessions' lines, not one")
     if sessions:
         s = sessions[0]
-        return {"card_runs": dict(s["card_runs"]), "run_time_declines": dict(s["run_time_declines"]),
-                "cpu_fallbacks": int(s["cpu_fallbacks"]), "source": "session line"}
-    out = {"card_runs": dict.fromkeys(BACKENDS, 0), "run_time_declines": dict.fromkeys(BACKENDS, 0), "cpu_fallbacks": 0,
-           "source": "node lines"}
-    for x in lines:
-        if "op" not in x:
-            continue
-        if x["backend"] == "cpu":
-            out["cpu_fallbacks"] += 1
-            continue
-        out["card_runs"][x["backend"]] += 1
-        for b in _DECLINER.findall(x.get("why", "")):
-            out["run_time_declines"][b] += 1
+        per, fallbacks, declines = dict(s["card_runs"]), int(s["cpu_fallbacks"]), sum(s["run_time_declines"].values())
+    else:
+        per, fallbacks, declines = dict.fromkeys(BACKENDS, 0), 0, 0
+        for x in lines:
+            if "op" not in x:
+                continue
+            if x["backend"] == "cpu":
+                fallbacks += 1
+                continue
+            per[x["backend"]] += 1
+            declines += len(_DECLINER.findall(x.get("why", "")))
+    out = {"card_runs": sum(per.values()), **{b: int(per.get(b, 0)) for b in BACKENDS}, "cpu_fallbacks": fallbacks,
+           "run_time_declines": declines, "warnings": -1, "run_time_warnings": -1}
+    if warnings is not None:
+        out["warnings"] = len(warnings)
+        out["run_time_warnings"] = sum(bool(_RUN_TIME.search(w)) for w in warnings)
     return out
 
 
-def judge(c: dict, expect: Expectation = Expectation(), warnings: list[str] | None = None) -> list[str]:
+def judge(c: dict, expect: Expectation = Expectation()) -> list[str]:
     """Why an MLU run with counts ``c`` (:func:`counts`) fails ``expect``; empty when it
-    passes. ``warnings``: ONNX Runtime's warnings of the run (:func:`ort_warnings`), whose
-    run-time ones must be one per fallback and decline the report counts."""
+    passes. When ``c`` counts ONNX Runtime's warnings, its run-time ones must be one per
+    fallback and decline the report counts (the provider warns for each)."""
     failures = []
-    runs = sum(c["card_runs"].values())
-    if expect.off_card and runs:
-        failures.append(f"{runs} node run(s) on the card where nothing is expected ({expect.off_card})")
-    if not expect.off_card and not runs:
+    if expect.off_card and c["card_runs"]:
+        failures.append(f"{c['card_runs']} node run(s) on the card where nothing is expected ({expect.off_card})")
+    if not expect.off_card and not c["card_runs"]:
         failures.append("no node ran on the card")
-    declines = sum(c["run_time_declines"].values())
     if c["cpu_fallbacks"] != expect.cpu_fallbacks:
         failures.append(f"{c['cpu_fallbacks']} run-time CPU fallback(s), expected {expect.cpu_fallbacks}")
-    if declines != expect.run_time_declines:
-        failures.append(f"{declines} run-time decline(s) to the next backend, expected {expect.run_time_declines}")
-    if warnings is not None:
-        run_time = sum(bool(_RUN_TIME.search(w)) for w in warnings)
-        if run_time != c["cpu_fallbacks"] + declines:
-            failures.append(f"{run_time} run-time warning(s) from ONNX Runtime's log against {c['cpu_fallbacks']} "
-                            f"fallback(s) and {declines} decline(s) in the traffic report")
+    if c["run_time_declines"] != expect.run_time_declines:
+        failures.append(f"{c['run_time_declines']} run-time decline(s) to the next backend, expected "
+                        f"{expect.run_time_declines}")
+    if c["run_time_warnings"] >= 0 and c["run_time_warnings"] != c["cpu_fallbacks"] + c["run_time_declines"]:
+        failures.append(f"{c['run_time_warnings']} run-time warning(s) in ONNX Runtime's log against "
+                        f"{c['cpu_fallbacks']} fallback(s) and {c['run_time_declines']} decline(s) in the traffic report")
     return failures
 
 
-def summary(c: dict, warnings: list[str] | None = None) -> str:
+def summary(c: dict) -> str:
     """One phrase of the counts: the card runs per backend, fallbacks, declines, warnings."""
-    runs = ", ".join(f"{n} on {b}" for b, n in c["card_runs"].items())
-    text = (f"card runs {runs}; {c['cpu_fallbacks']} CPU fallbacks, {sum(c['run_time_declines'].values())} "
-            "run-time declines")
-    if warnings is not None:
-        text += f"; {len(warnings)} ONNX Runtime warnings ({sum(bool(_RUN_TIME.search(w)) for w in warnings)} at run time)"
+    text = (f"card runs {c['card_runs']} ({', '.join(f'{c[b]} {b}' for b in BACKENDS)}), {c['cpu_fallbacks']} CPU "
+            f"fallbacks, {c['run_time_declines']} run-time declines")
+    if c["warnings"] >= 0:
+        text += f", {c['warnings']} ONNX Runtime warnings ({c['run_time_warnings']} at run time)"
     return text
 
 

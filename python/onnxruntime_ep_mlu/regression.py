@@ -63,6 +63,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -77,6 +78,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import placement
 from . import (
     EP_NAME,
     RECORD_ASSIGNMENT,
@@ -115,10 +117,15 @@ __all__ = [
 DEFAULT_FLOAT = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3, "max_rel": 3e-5}
 EXACT = {"class": "exact"}
 PATHS = ("cpu", "mlu")
+#: A result row's fields; the MLU path's card_runs .. run_time_warnings are
+#: onnxruntime_ep_mlu.placement's counts of the frame's timed run (-1 on the CPU path), and
+#: binding_check says that run used MLU-OPS on the emulated card, whose libmluops is the
+#: emulated one: our own CPU kernels (placement.EMULATED_MLUOPS).
 RESULT_FIELDS = (
     "model", "frame", "path", "ok", "ratio", "golden_ratio", "cpu_ratio", "worst", "ref", "seconds", "on_mlu", "start",
-    "end", "worker", "error",
+    "end", "worker", "error", "card_runs", "cpu_fallbacks", "run_time_declines", "run_time_warnings", "binding_check",
 )
+_NO_COUNTS = {"card_runs": -1, "cpu_fallbacks": -1, "run_time_declines": -1, "run_time_warnings": -1}
 
 
 # ============================================================================ comparison
@@ -618,7 +625,9 @@ class FrameChecker:
 
     def _options(self):
         so = self._ort.SessionOptions()
-        so.log_severity_level = 3
+        # Warnings logged: placement.ort_warnings counts a frame's (the run-time fallback's
+        # is one); a session's placement notes are printed when it is created.
+        so.log_severity_level = 2
         if self.threads:
             so.intra_op_num_threads = self.threads
         return so
@@ -666,11 +675,21 @@ class FrameChecker:
         if not entry.warm:  # first run of a session: allocations, thread pool start-up; untimed
             entry.sess.run(None, feeds)
             entry.warm = True
-        start = time.time()
-        t0 = time.perf_counter()
-        outs = entry.sess.run(None, feeds)
-        seconds, end = time.perf_counter() - t0, time.time()
-        return dict(zip([o.name for o in entry.sess.get_outputs()], outs)), seconds, start, end, entry.on_mlu
+        # On the MLU the provider's traffic report and ONNX Runtime's warnings of the timed run
+        # give where its nodes ran (the report's lines are written outside the timed span's
+        # kernels; the session's own line comes only when it ends, so the node lines count).
+        mlu = path == "mlu"
+        with (
+            placement.traffic_report() if mlu else contextlib.nullcontext() as report,
+            placement.ort_warnings() if mlu else contextlib.nullcontext() as warned,
+        ):
+            start = time.time()
+            t0 = time.perf_counter()
+            outs = entry.sess.run(None, feeds)
+            seconds, end = time.perf_counter() - t0, time.time()
+            lines = placement.read_report(report) if mlu else None
+        counts = placement.counts(lines, warned) if mlu else _NO_COUNTS
+        return dict(zip([o.name for o in entry.sess.get_outputs()], outs)), seconds, start, end, entry.on_mlu, counts
 
     def check(self, row: dict) -> list[dict]:
         """One result per path for one frame (dataset row)."""
@@ -693,7 +712,7 @@ class FrameChecker:
             if path not in self.paths and (path != "cpu" or "mlu" not in self.paths):
                 continue
             try:
-                outs, seconds, start, end, on_mlu = self._run(model, path, feeds)
+                outs, seconds, start, end, on_mlu, counts = self._run(model, path, feeds)
             except Exception as e:  # noqa: BLE001
                 if path in self.paths:
                     results.append(dict(base_result, **_failed(path, e)))
@@ -725,6 +744,8 @@ class FrameChecker:
             absent = sorted(set(goldens) - set(outs))
             if absent:
                 failed.append(f"goldens without a model output: {absent}")
+            if path == "mlu":
+                failed += [f"placement: {w}" for w in placement.judge(counts)]
             ratio = max(worst, 0.0)
             if failed and ratio <= 1:  # a failure that is no output's difference (absent outputs)
                 ratio = math.inf
@@ -743,6 +764,9 @@ class FrameChecker:
                     start=start,
                     end=end,
                     error="; ".join(f"also {f}" for f in failed if not worst_desc.startswith(f)),
+                    **{k: counts[k] for k in _NO_COUNTS},
+                    # The emulated card runs no real libmluops (it computes on host memory).
+                    binding_check=bool(self.emulate and path == "mlu" and counts["mluops"] > 0),
                 )
             )
         return results
@@ -788,6 +812,8 @@ def _failed(path: str, e: BaseException) -> dict:
         "start": math.nan,
         "end": math.nan,
         "error": f"{type(e).__name__}: {msg}",
+        **_NO_COUNTS,
+        "binding_check": False,
     }
 
 
@@ -883,7 +909,10 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
     each path must have reported exactly once (a lost or doubled frame fails the run).
 
     Columns: the nodes ONNX Runtime assigned to the MLUExecutionProvider in the session
-    (from its assignment record; 0 on the CPU path); frames and failed frames; the worst
+    (from its assignment record; 0 on the CPU path); the node runs on the card per frame
+    (fewest-most, from the provider's traffic report); frames and failed frames, an MLU
+    frame failing too when :func:`onnxruntime_ep_mlu.placement.judge` rejects its counts (no
+    node ran on the card, a run-time CPU fallback or decline); the worst
     error / tolerance against the goldens and against the CPU path (over the frames that
     have that reference; <= 1 passes); the median run time and the frames per second of one
     worker's busy time; the worst output and its frame."""
@@ -897,13 +926,15 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
     ):
         groups.setdefault((r["model"], r["path"]), []).append(r)
     header = (
-        f"{'model':<13} {'path':<4} {'on MLU':>6} {'frames':>6} {'failed':>6} {'vs golden':>9} {'vs cpu':>8} "
+        f"{'model':<13} {'path':<4} {'on MLU':>6} {'card runs':>9} {'frames':>6} {'failed':>6} {'vs golden':>9} {'vs cpu':>8} "
         f"{'ms/frame':>9} {'frames/s':>9}  worst output (error against its tolerance)"
     )
     lines = [header, "-" * len(header)]
     all_ok = True
     for (model, path), rs in groups.items():
-        bad = [r for r in rs if not r["ok"]]
+        # An MLU frame's placement is judged here too, whatever produced the rows.
+        misplaced = {id(r): placement.judge(r) for r in rs if path == "mlu" and r["card_runs"] >= 0}
+        bad = [r for r in rs if not r["ok"] or misplaced.get(id(r))]
         all_ok &= not bad
         secs = [r["seconds"] for r in rs if not math.isnan(r["seconds"])]
         ms = f"{statistics.median(secs) * 1e3:.1f}" if secs else "-"
@@ -911,12 +942,17 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
         worst = max(rs, key=lambda r: r["ratio"])
         nodes = sorted({r["on_mlu"] for r in rs if r["on_mlu"] >= 0})
         on_mlu = "/".join(map(str, nodes)) or "-"
+        runs = sorted({r["card_runs"] for r in rs if r["card_runs"] >= 0})
+        card = f"{runs[0]}-{runs[-1]}" if len(runs) > 1 else (str(runs[0]) if runs else "-")
         lines.append(
-            f"{model:<13} {path:<4} {on_mlu:>6} {len(rs):>6} {len(bad):>6} {_worst(r['golden_ratio'] for r in rs):>9} "
+            f"{model:<13} {path:<4} {on_mlu:>6} {card:>9} {len(rs):>6} {len(bad):>6} {_worst(r['golden_ratio'] for r in rs):>9} "
             f"{_worst(r['cpu_ratio'] for r in rs):>8} {ms:>9} {fps:>9}  {worst['worst']} [{worst['frame']}]"
         )
+        if any(r["binding_check"] for r in rs):
+            lines.append(f"{'':<13} {'':<4} MLU-OPS ran nodes: {placement.EMULATED_MLUOPS}")
         for r in bad[:5]:
-            lines.append(f"{'':<13} {'':<4} FAIL {r['frame']} on {r['worker']}: {r['worst']} {r['error']}".rstrip())
+            wrong = "; ".join(f"placement: {w}" for w in misplaced.get(id(r), []) if f"placement: {w}" not in r["error"])
+            lines.append(f"{'':<13} {'':<4} FAIL {r['frame']} on {r['worker']}: {r['worst']} {r['error']} {wrong}".rstrip())
         if len(bad) > 5:
             lines.append(f"{'':<13} {'':<4} ... and {len(bad) - 5} more failed frames")
     if expected_frames is not None:
