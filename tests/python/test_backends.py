@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO, emulated_mluops, library_path
 
 sys.path.insert(0, str(REPO / "python"))
+from onnxruntime_ep_mlu import placement  # noqa: E402
 from onnxruntime_ep_mlu.placement import EMULATED_MLUOPS  # noqa: E402
 
 ZOO = REPO / "models"
@@ -187,6 +188,7 @@ def test_a_run_time_fallback_is_logged_and_counted(tmp_path):
     session = [json.loads(x) for x in traffic.read_text().splitlines() if "session" in x]
     assert len(session) == 1 and session[0]["cpu_fallbacks"] == 1 and session[0]["card_runs"] == {"mluops": 0, "bang": 0}, session
     assert session[0]["claimed"]["mluops"] == 1 and session[0]["traffic"]["d2h"] > 0, session
+    assert_node_lines_count_as_the_session(traffic)
 
 
 def test_a_run_time_decline_to_the_next_backend_is_logged_and_counted(tmp_path):
@@ -201,6 +203,16 @@ def test_a_run_time_decline_to_the_next_backend_is_logged_and_counted(tmp_path):
     s = session[0]
     assert s["cpu_fallbacks"] == 0 and s["card_runs"] == {"mluops": 0, "bang": 1}, s
     assert s["run_time_declines"] == {"mluops": 1, "bang": 0} and s["claimed"]["mluops"] == 1, s
+    assert_node_lines_count_as_the_session(traffic)
+
+
+def assert_node_lines_count_as_the_session(traffic: Path):
+    """placement.counts of the report's node lines alone (what a runner reads while its
+    session is open) equals that of its session line."""
+    lines = [json.loads(x) for x in traffic.read_text().splitlines()]
+    by_nodes = placement.counts([x for x in lines if "op" in x])
+    by_session = placement.counts(lines)
+    assert by_nodes == by_session, (by_nodes, by_session, lines)
 
 
 def test_the_librarys_log_records_reach_onnxruntimes_logger(tmp_path):
