@@ -44,8 +44,13 @@ would turn a frame that kills its worker every time into a hang); then the run f
 Ray is an optional extra (``pip install './python[ray]'``); nothing else in the package
 imports it.
 
+An MLU frame also fails when its timed run put no node on the card or had a run-time CPU
+fallback or decline (:mod:`onnxruntime_ep_mlu.placement`: the provider's traffic report and
+ONNX Runtime's warnings of that run; the sessions log at warning level).
+
 The per-frame results are gathered into one table: per model and path, the nodes on the
-MLU, the frames, the failed frames, the worst error / tolerance against the goldens and
+MLU, the node runs on the card per frame, the frames, the failed frames (placement
+included), the worst error / tolerance against the goldens and
 against the CPU path, the median run time, the frames per second of one worker's busy
 time, and the worst output; then the end-to-end figures (a frame counts once, for all its
 paths): the wall time, and the frames per second over the window from the first frame's
