@@ -125,7 +125,7 @@ def judge(c: dict, expect: Expectation = Expectation()) -> list[str]:
 
 def summary(c: dict) -> str:
     """One phrase of the counts: the card runs per backend, fallbacks, declines, warnings."""
-    text = (f"card runs {c['card_runs']} ({', '.join(f'{c[b]} {b}' for b in BACKENDS)}), {c['cpu_fallbacks']} CPU "
+    text = (f"card runs {c['card_runs']} ({', '.join(f'{c[b]} on {b}' for b in BACKENDS)}), {c['cpu_fallbacks']} CPU "
             f"fallbacks, {c['run_time_declines']} run-time declines")
     if c["warnings"] >= 0:
         text += f", {c['warnings']} ONNX Runtime warnings ({c['run_time_warnings']} at run time)"
