@@ -5,8 +5,8 @@
 //! each provider, when its session ends, one `session` line with its counts (nodes claimed
 //! per backend, declined with each reason, runs per backend, run-time declines, CPU
 //! fallbacks; the node line of a fallback, or of a card run after run-time declines, has
-//! their reasons as `why`) and every host<->card byte of the
-//! session, the copies ONNX Runtime inserts around CPU nodes included. The counters are per
+//! their reasons as `why`) and every host<->card byte of the session, the copies ONNX
+//! Runtime inserts around CPU nodes included. The counters are per
 //! card: nodes that run at the same time on one card share them, so the per-node lines are
 //! exact for one node at a time (`models/run_zoo.py --traffic` runs sessions that way).
 
