@@ -46,7 +46,9 @@ imports it.
 
 An MLU frame also fails when its timed run put no node on the card or had a run-time CPU
 fallback or decline (:mod:`onnxruntime_ep_mlu.placement`: the provider's traffic report and
-ONNX Runtime's warnings of that run; the sessions log at warning level).
+ONNX Runtime's warnings of that run; the sessions log at warning level). A model of a frame
+folder that legitimately puts nothing on the card says why in ``<dir>/<model>/expect.json``,
+``{"off_card": "<why>"}``; its MLU frames then fail when a node does run on the card.
 
 The per-frame results are gathered into one table: per model and path, the nodes on the
 MLU, the node runs on the card per frame, the frames, the failed frames (placement
@@ -125,10 +127,12 @@ PATHS = ("cpu", "mlu")
 #: A result row's fields; the MLU path's card_runs .. run_time_warnings are
 #: onnxruntime_ep_mlu.placement's counts of the frame's timed run (-1 on the CPU path), and
 #: binding_check says that run used MLU-OPS on the emulated card, whose libmluops is the
-#: emulated one: our own CPU kernels (placement.EMULATED_MLUOPS).
+#: emulated one: our own CPU kernels (placement.EMULATED_MLUOPS); off_card: why the model
+#: expects no node on the card ("" when it expects some).
 RESULT_FIELDS = (
     "model", "frame", "path", "ok", "ratio", "golden_ratio", "cpu_ratio", "worst", "ref", "seconds", "on_mlu", "start",
     "end", "worker", "error", "card_runs", "cpu_fallbacks", "run_time_declines", "run_time_warnings", "binding_check",
+    "off_card",
 )
 _NO_COUNTS = {"card_runs": -1, "cpu_fallbacks": -1, "run_time_declines": -1, "run_time_warnings": -1}
 
@@ -470,8 +474,23 @@ def load_dataset_models(frames_dir: str | os.PathLike, zoo_json=None, names: lis
                 raise ValueError(f"{sub / 'tolerances.json'} is not JSON: {e}") from None
         else:
             tolerances = zoo.get(name, {}).get("outputs", {})
-        out[name] = {"onnx": onnx_bytes, "tolerances": tolerances, "base": None}
+        out[name] = {"onnx": onnx_bytes, "tolerances": tolerances, "base": None, "off_card": _off_card(sub / "expect.json")}
     return out
+
+
+def _off_card(path: Path) -> str:
+    """Why a folder's model puts no node on the card, from its ``expect.json`` (``{"off_card":
+    "<why>"}``); "" (nodes on the card expected) without one."""
+    if not path.is_file():
+        return ""
+    try:
+        expect = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    if not isinstance(expect, dict) or set(expect) != {"off_card"} or not isinstance(expect["off_card"], str) \
+            or not expect["off_card"].strip():
+        raise ValueError(f"{path} must be {{\"off_card\": \"<why no node of the model runs on the card>\"}}, got {expect!r}")
+    return expect["off_card"]
 
 
 def generated_frames(models: dict[str, dict], count: int, seed: int = 0, reference=None) -> list[dict]:
@@ -710,6 +729,7 @@ class FrameChecker:
         except Exception as e:  # noqa: BLE001 -- a bad frame is a failed row per path
             return [dict(base_result, **_failed(p, e)) for p in self.paths]
         tolerances = self.models[model].get("tolerances") or {}
+        expect = placement.Expectation(off_card=self.models[model].get("off_card", ""))
         results, cpu_outs = [], None
         # The CPU path first: it is the reference of the outputs without a golden.
         order = ["cpu"] + [p for p in self.paths if p != "cpu"]
@@ -750,7 +770,7 @@ class FrameChecker:
             if absent:
                 failed.append(f"goldens without a model output: {absent}")
             if path == "mlu":
-                failed += [f"placement: {w}" for w in placement.judge(counts)]
+                failed += [f"placement: {w}" for w in placement.judge(counts, expect)]
             ratio = max(worst, 0.0)
             if failed and ratio <= 1:  # a failure that is no output's difference (absent outputs)
                 ratio = math.inf
@@ -772,6 +792,7 @@ class FrameChecker:
                     **{k: counts[k] for k in _NO_COUNTS},
                     # The emulated card runs no real libmluops (it computes on host memory).
                     binding_check=bool(self.emulate and path == "mlu" and counts["mluops"] > 0),
+                    off_card=expect.off_card,
                 )
             )
         return results
@@ -792,7 +813,8 @@ class FrameChecker:
         rows = []
         for i in range(n):
             rows += self.check({k: batch[k][i] for k in ("model", "frame", "seed", "index", "payload")})
-        return {f: np.array([r[f] for r in rows], dtype=object if f in ("worst", "error", "ref") else None) for f in RESULT_FIELDS}
+        return {f: np.array([r[f] for r in rows], dtype=object if f in ("worst", "error", "ref", "off_card") else None)
+                for f in RESULT_FIELDS}
 
     def check_rows(self, rows: list[dict]) -> list[dict]:
         """Plain entry (in-process runs, Ray tasks): every frame of ``rows``."""
@@ -819,6 +841,7 @@ def _failed(path: str, e: BaseException) -> dict:
         "error": f"{type(e).__name__}: {msg}",
         **_NO_COUNTS,
         "binding_check": False,
+        "off_card": "",
     }
 
 
@@ -938,7 +961,8 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
     all_ok = True
     for (model, path), rs in groups.items():
         # An MLU frame's placement is judged here too, whatever produced the rows.
-        misplaced = {id(r): placement.judge(r) for r in rs if path == "mlu" and r["card_runs"] >= 0}
+        misplaced = {id(r): placement.judge(r, placement.Expectation(off_card=r["off_card"]))
+                     for r in rs if path == "mlu" and r["card_runs"] >= 0}
         bad = [r for r in rs if not r["ok"] or misplaced.get(id(r))]
         all_ok &= not bad
         secs = [r["seconds"] for r in rs if not math.isnan(r["seconds"])]
@@ -953,6 +977,9 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
             f"{model:<13} {path:<4} {on_mlu:>6} {card:>9} {len(rs):>6} {len(bad):>6} {_worst(r['golden_ratio'] for r in rs):>9} "
             f"{_worst(r['cpu_ratio'] for r in rs):>8} {ms:>9} {fps:>9}  {worst['worst']} [{worst['frame']}]"
         )
+        expected = sorted({r["off_card"] for r in rs if path == "mlu" and r["off_card"]})
+        for why in expected:
+            lines.append(f"{'':<13} {'':<4} {placement.Expectation(off_card=why).describe()}")
         if any(r["binding_check"] for r in rs):
             lines.append(f"{'':<13} {'':<4} MLU-OPS ran nodes: {placement.EMULATED_MLUOPS}")
         for r in bad[:5]:

@@ -120,7 +120,8 @@ def test_networks_run_fails(line, why, mlu_lib, monkeypatch):
 def result_row(**counts) -> dict:
     row = {"model": "m", "frame": "f0", "path": "mlu", "ok": True, "ratio": 0.0, "golden_ratio": 0.0, "cpu_ratio": math.nan,
            "worst": "-", "ref": "golden", "seconds": 0.01, "on_mlu": 1, "start": 0.0, "end": 0.01, "worker": "w", "error": "",
-           "card_runs": 1, "cpu_fallbacks": 0, "run_time_declines": 0, "run_time_warnings": 0, "binding_check": False}
+           "card_runs": 1, "cpu_fallbacks": 0, "run_time_declines": 0, "run_time_warnings": 0, "binding_check": False,
+           "off_card": ""}
     return {**row, **counts}
 
 
@@ -139,3 +140,24 @@ def test_regression_summarize_fails(counts, why):
 def test_regression_summarize_says_when_mluops_is_the_emulated_one():
     table, ok, _ = regression.summarize([result_row(binding_check=True)], {}, {"m": ["f0"]})
     assert ok and placement.EMULATED_MLUOPS in table, table
+
+
+def test_regression_summarize_holds_a_model_to_its_off_card_expectation():
+    why = "DynamicScatter only"
+    table, ok, _ = regression.summarize([result_row(card_runs=0, off_card=why)], {}, {"m": ["f0"]})
+    assert ok and f"expected: nothing on the card ({why})" in table, table
+    table, ok, _ = regression.summarize([result_row(card_runs=1, off_card=why)], {}, {"m": ["f0"]})
+    assert not ok and f"1 node run(s) on the card where nothing is expected ({why})" in table, table
+
+
+@pytest.mark.parametrize("text", ['{"off_card": ""}', '{"off_card": "x", "cpu_fallbacks": 1}', '["x"]', "{"])
+def test_a_wrong_expect_json_is_named(text, tmp_path):
+    sub = tmp_path / "m"
+    sub.mkdir()
+    (sub / "model.onnx").write_bytes(b"")
+    (sub / "tolerances.json").write_text("{}")
+    (sub / "expect.json").write_text(text)
+    with pytest.raises(ValueError, match="expect.json"):
+        regression.load_dataset_models(tmp_path)
+    (sub / "expect.json").write_text('{"off_card": "DynamicScatter only"}')
+    assert regression.load_dataset_models(tmp_path)["m"]["off_card"] == "DynamicScatter only"
