@@ -6,7 +6,9 @@ its golden (models/<name>.npz, computed by make_zoo_goldens.py with independent 
 never by onnxruntime or this library) under its tolerance in models/zoo.json, and one line per
 model and provider is printed: nodes on the MLU / nodes ORT assigned (from the session's
 assignment record; the model's own node count in parentheses, ORT fuses or folds some), the
-worst output against its tolerance, and the run time.
+worst output against its tolerance, and the run time. An MLU row also reads the provider's
+traffic report and ONNX Runtime's warnings of its runs (onnxruntime_ep_mlu.placement) and
+fails when no node ran on the card or a run-time CPU fallback or decline happened.
 
 The EP declines the nodes no card backend of it runs (the forward partners DynamicScatter
 and IndiceConv; ThreeInterpolate and PsRoiPool too without an MLU-OPS library;
@@ -24,12 +26,14 @@ counted), launches and queue synchronisations, against the least the operator mu
 inputs' and outputs' bytes). The last line is
 `traffic: <nodes> nodes, max card->host per node <B> bytes, worst GDRAM/minimum <R>x`.
 The library defaults to $MLU_EP_LIB, else target/release/libonnxruntime_ep_mlu.so. Exits
-non-zero when any output of any model fails its tolerance or any session fails.
+non-zero when any output of any model fails its tolerance (onnxruntime_ep_mlu.regression's
+compare), an MLU row's placement fails, or any session fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -44,42 +48,11 @@ import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "tests", "python"))
-from reference import accumulating_metrics, elementwise_errors
+sys.path.insert(0, os.path.join(REPO, "python"))
+from onnxruntime_ep_mlu import placement  # noqa: E402
+from onnxruntime_ep_mlu.regression import compare  # noqa: E402
 
 EP = "MLUExecutionProvider"
-
-
-def compare(value: np.ndarray, golden: np.ndarray, tol: dict) -> tuple[float, str]:
-    """(error / tolerance, description): <= 1 passes. exact: 0 or inf by mismatch count."""
-    if value.shape != golden.shape:
-        return math.inf, f"shape {list(value.shape)} != golden {list(golden.shape)}"
-    if value.dtype != golden.dtype:
-        return math.inf, f"dtype {value.dtype} != golden {golden.dtype}"
-    if tol["class"] == "exact":
-        if np.issubdtype(value.dtype, np.floating):
-            same = (value == golden) | (np.isnan(value) & np.isnan(golden))
-        else:
-            same = value == golden
-        bad = int(value.size - np.count_nonzero(same))
-        if bad == 0:
-            return 0.0, "exact"
-        first = np.unravel_index(int(np.argmin(same.ravel())), value.shape) if value.ndim else ()
-        where = tuple(int(i) for i in first)
-        return (
-            math.inf,
-            f"{bad} of {value.size} differ (first at {list(where)}: {value[where]!s} vs golden {golden[where]!s})",
-        )
-    d1, d2 = accumulating_metrics(value, golden)
-    # Per element too: diff1/diff2 over a whole tensor let a few wrong elements through.
-    max_abs, max_rel = elementwise_errors(value, golden)
-    ratio = max(d1 / tol["diff1"], d2 / tol["diff2"], max_rel / tol["max_rel"])
-    if math.isnan(ratio):
-        ratio = math.inf
-    return ratio, (
-        f"diff1 {d1:.1e} diff2 {d2:.1e} (<= {tol['diff1']:.0e}), max abs {max_abs:.1e} = {max_rel:.1e} x scale "
-        f"(<= {tol['max_rel']:.0e})"
-    )
 
 
 def assignment(sess) -> list[tuple[str, str, str, str]]:
@@ -91,9 +64,11 @@ def assignment(sess) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def options() -> ort.SessionOptions:
+def options(warnings: bool = False) -> ort.SessionOptions:
+    """``warnings``: log ONNX Runtime's warnings (an MLU session's, which placement.ort_warnings
+    counts: the run-time fallback's is one); else errors only."""
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 2 if warnings else 3
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     return so
 
@@ -101,47 +76,58 @@ def options() -> ort.SessionOptions:
 def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbose):
     """Runs one model on one provider; returns a result row (dict)."""
     row = {"model": name, "provider": provider, "ok": False, "nodes": "-", "worst": "-", "ms": math.nan, "notes": []}
-    try:
-        t0 = time.perf_counter()
-        sess = make_session()
-        row["create_ms"] = (time.perf_counter() - t0) * 1e3
-        feeds = {i.name: data["in." + i.name] for i in sess.get_inputs()}
-        outs = sess.run(None, feeds)  # first run: allocations, thread pool warm-up
-        times = []
-        for _ in range(repeat):
+    # On the MLU: the provider's traffic report and ONNX Runtime's warnings of every run, read
+    # when the session has ended (placement.judge).
+    with placement.traffic_report() as report, placement.ort_warnings() as warned:
+        try:
             t0 = time.perf_counter()
-            outs = sess.run(None, feeds)
-            times.append((time.perf_counter() - t0) * 1e3)
-        row["ms"] = statistics.median(times)
-    except Exception as e:  # noqa: BLE001 -- a failing session or run is a failed row, not the end of the run
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        row["worst"] = "ERROR"
-        row["notes"].append(f"{type(e).__name__}: {msg}")
-        if verbose:
-            traceback.print_exc()
-        return row
+            sess = make_session()
+            row["create_ms"] = (time.perf_counter() - t0) * 1e3
+            feeds = {i.name: data["in." + i.name] for i in sess.get_inputs()}
+            outs = sess.run(None, feeds)  # first run: allocations, thread pool warm-up
+            times = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                outs = sess.run(None, feeds)
+                times.append((time.perf_counter() - t0) * 1e3)
+            row["ms"] = statistics.median(times)
+        except Exception as e:  # noqa: BLE001 -- a failing session or run is a failed row, not the end of the run
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            row["worst"] = "ERROR"
+            row["notes"].append(f"{type(e).__name__}: {msg}")
+            if verbose:
+                traceback.print_exc()
+            return row
+        placed = assignment(sess)
+        out_names = [m.name for m in sess.get_outputs()]
+        del sess
+        gc.collect()  # the session's end writes the provider's session line
+        lines = placement.read_report(report)
 
-    placed = assignment(sess)
     on_mlu = sum(p == EP for p, *_ in placed)
     row["nodes"] = f"{on_mlu}/{len(placed)} ({model_nodes})"
+    wrong = []
     if provider != "CPU":
         declined = sorted({op for p, _, dom, op in placed if dom == "mluops" and p != EP})
         claimed = sorted({op for p, _, dom, op in placed if dom == "mluops" and p == EP})
         row["notes"].append(f"on MLU: {', '.join(claimed) or 'none'}; mluops on CPU: {', '.join(declined) or 'none'}")
+        counts = placement.counts(lines, warned)
+        wrong = placement.judge(counts)
+        row["notes"].append(f"{placement.summary(counts)} over {repeat + 1} runs")
 
-    worst, worst_desc, failed = -1.0, "", []
-    for meta, value in zip(sess.get_outputs(), outs):
-        tol = spec["outputs"][meta.name]
-        ratio, desc = compare(value, data["out." + meta.name], tol)
+    worst, worst_desc, failed = -1.0, "", [f"placement: {w}" for w in wrong]
+    for out_name, value in zip(out_names, outs):
+        tol = spec["outputs"][out_name]
+        ratio, desc = compare(value, data["out." + out_name], tol)
         if verbose:
             print(
-                f"    {name:<13} {provider:<4} {meta.name:<20} {list(value.shape)!s:<18} {tol['class']:<12} {'OK  ' if ratio <= 1 else 'FAIL'} {desc}"
+                f"    {name:<13} {provider:<4} {out_name:<20} {list(value.shape)!s:<18} {tol['class']:<12} {'OK  ' if ratio <= 1 else 'FAIL'} {desc}"
             )
         if ratio > 1:
-            failed.append(f"{meta.name}: {desc}")
+            failed.append(f"{out_name}: {desc}")
         if ratio > worst:
-            worst, worst_desc = ratio, f"{meta.name}: {desc}"
-    missing = set(spec["outputs"]) - {m.name for m in sess.get_outputs()}
+            worst, worst_desc = ratio, f"{out_name}: {desc}"
+    missing = set(spec["outputs"]) - set(out_names)
     if missing:
         failed.append(f"outputs missing from the session: {sorted(missing)}")
     row["worst"] = worst_desc
@@ -208,7 +194,7 @@ def main():
             return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
 
         def mlu_session(model_path=model_path):
-            so = options()
+            so = options(warnings=True)
             so.add_provider_for_devices(devices, {})
             return ort.InferenceSession(model_path, so)
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import onnxruntime_ep_mlu as mlu
+from onnxruntime_ep_mlu import placement as placement_report
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import compare as compare_output
 
@@ -22,6 +23,21 @@ MLU_OPS = frozenset(
     {"DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"}
 )
 SCALES = ("ci", "full")
+#: The MLU rows of networks/run.py: the provider's defaults (auto without an MLU-OPS library:
+#: the BANG kernels), then each mlu_backend with the MLU-OPS library.
+MLU_ROWS = ("MLU", "bang", "mluops", "auto")
+#: Why a graph whose only mluops nodes are DynamicScatter puts nothing on the card.
+DYNAMIC_SCATTER_OFF_CARD = {
+    row: "its mluops nodes are DynamicScatter, which no card backend runs (docs/CONTRACT.md §1.7)" for row in MLU_ROWS
+}
+
+
+def mluops_only(op: str) -> dict[str, str]:
+    """Graph.off_card of a graph whose only mluops node is ``op``, a forward partner that
+    runs on the MLU-OPS backend only (docs/CONTRACT.md §1.7): nothing on the card in the rows
+    without MLU-OPS."""
+    why = f"{op} runs on MLU-OPS only (docs/CONTRACT.md §1.7)"
+    return {"MLU": why + "; the default session has no MLU-OPS library", "bang": why}
 
 
 @dataclass
@@ -41,6 +57,9 @@ class Graph:
     canonical: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
     peer_threads: tuple[int, ...] = (1, 2)
     note: str = ""
+    #: MLU row (MLU, bang, mluops, auto) -> why no node of this graph runs on the card there
+    #: (a row without one must run nodes on the card)
+    off_card: dict[str, str] = field(default_factory=dict)
     #: output name -> tolerance (regression.compare's), for an output the default does not fit
     tolerances: dict[str, dict] = field(default_factory=dict)
 
@@ -86,8 +105,32 @@ def mlu_session(model: bytes, library: str, provider_options: dict | None = None
     so = mlu.session_options(with_ep=True, record_assignment=True, emulate=True, library=library,
                              provider_options=provider_options)
     so.intra_op_num_threads = 1
-    so.log_severity_level = 3  # the EP's notes on the forward partners it declines, by design
+    # Warnings kept: the run-time fallback's is one (placement.ort_warnings counts them).
+    so.log_severity_level = 2
     return ort.InferenceSession(model, so)
+
+
+def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | None = None):
+    """One inference in a new MLU session (mlu_session) with the provider's traffic report
+    and ONNX Runtime's warnings captured (onnxruntime_ep_mlu.placement): (the outputs by
+    name, the run's seconds, placement(), the report's counts with the warnings', its
+    session line). The session ends before this returns: its end writes the session line."""
+    import gc
+
+    with placement_report.traffic_report() as report, placement_report.ort_warnings() as warned:
+        sess = mlu_session(model, library, provider_options)
+        t0 = time.perf_counter()
+        outs = sess.run(None, feeds)
+        seconds = time.perf_counter() - t0
+        out = dict(zip([o.name for o in sess.get_outputs()], outs))
+        placed = placement(model, sess)
+        del sess
+        gc.collect()
+        lines = placement_report.read_report(report)
+    sessions = [x for x in lines if "session" in x]
+    if len(sessions) != 1:
+        raise RuntimeError(f"expected one session line in the traffic report, got {len(sessions)}")
+    return out, seconds, placed, placement_report.counts(lines, warned), sessions[0]
 
 
 def placement(model: bytes, sess) -> tuple[int, int, int, list[str]]:

@@ -33,7 +33,7 @@ from torch import nn
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import DETECTIONS
 
-from .common import Case, Graph, Voxelizer, export, numpy_out, seed_batchnorms, tensor
+from .common import DYNAMIC_SCATTER_OFF_CARD, Case, Graph, Voxelizer, export, numpy_out, seed_batchnorms, tensor
 from .lidar import scan_points
 
 BN_EPS = 1e-3
@@ -245,9 +245,11 @@ def case(scale: str, seed: int) -> Case:
         "pointpillars",
         f"{nx} x {ny} grid, {points.shape[0]} points ({inside} in range)",
         [
-            Graph("forward", fwd, {"points": points}, peer_forward, "torch (dynamic_scatter as torch.unique + scatter_reduce)"),
+            Graph("forward", fwd, {"points": points}, peer_forward, "torch (dynamic_scatter as torch.unique + scatter_reduce)",
+                  off_card=DYNAMIC_SCATTER_OFF_CARD),
             Graph("detections", det_model, {"points": points}, peer_detections, "torch (the same decoding)",
-                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR, "top_k": NMS_PRE}}),
+                  tolerances={"detections": {**DETECTIONS, "threshold": SCORE_THR, "top_k": NMS_PRE}},
+                  off_card=DYNAMIC_SCATTER_OFF_CARD),
             Graph("gradient", grad_model, {"points": points, "grad_canvas": grad_canvas}, peer_gradient,
                   "torch autograd", tolerances={"grad_pfn_weight": GRAD_PFN_WEIGHT_TOL}),
         ],

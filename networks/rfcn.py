@@ -27,7 +27,7 @@ from torch import nn
 
 from onnxruntime_ep_mlu import torch as mlu_torch
 
-from .common import Case, Graph, export, numpy_out, tensor
+from .common import Case, Graph, export, mluops_only, numpy_out, tensor
 
 GROUP, CLASSES, BOX = 7, 21, 8
 STRIDE = 16
@@ -176,7 +176,7 @@ def case(scale: str, seed: int) -> Case:
         f"{cin} x {height} x {width} map, {count} rois, 7x7 bins, 21 classes",
         [
             Graph("forward", fwd, {"features": x, "rois": rois}, peer_forward, "torchvision ps_roi_pool",
-                  note="torchvision gets (x1, y1, x2 + 1, y2 + 1)"),
+                  note="torchvision gets (x1, y1, x2 + 1, y2 + 1)", off_card=mluops_only("PsRoiPool")),
             Graph("gradient", grad_model, {"features": x, "rois": rois, "grad_score": grad_score}, peer_gradient,
                   "torchvision autograd"),
         ],

@@ -8,9 +8,14 @@ its users run today on the same inputs and weights.
 One line per network, graph and path: nodes on the MLU / nodes the EP must take (those with
 an MLU kernel) and, on the MLU path, how many nodes ONNX Runtime assigned in all; then one
 line per card backend (`mlu_backend` = bang, mluops, auto: the MLU-OPS and auto rows use the emulated
-libmluops unless --mluops-library names another) with the nodes it ran, the declines, the
-run-time CPU fallbacks (any fails the run) and the host<->card bytes of one inference,
-ONNX Runtime's copies around CPU nodes included; the worst
+libmluops unless --mluops-library names another, and say so where MLU-OPS ran nodes:
+"emulated MLU-OPS = our CPU kernels: binding check") with the nodes it claimed and declined
+and the host<->card bytes of one inference, ONNX Runtime's copies around CPU nodes included.
+Every MLU row reads the provider's traffic report and ONNX Runtime's warnings of its session
+(onnxruntime_ep_mlu.placement): the node runs on the card per backend, the run-time CPU
+fallbacks and declines, and its expectation; it fails when no node ran on the card (unless
+the graph says why nothing is expected there, Graph.off_card, and then when something
+does), or on any run-time fallback or decline; the worst
 output against the peer relative to its tolerance (<= 1 passes: exact for integers; for
 floats diff1 and diff2 <= 3e-3 and, per element, max |a-b| <= 3e-5 * max|peer|, levels
 and measurements in onnxruntime_ep_mlu.regression.DEFAULT_FLOAT; a network's own level where
@@ -22,7 +27,7 @@ is printed for completeness: it measures the emulator, not an MLU.
 
 Exits non-zero when an output disagrees with its peer beyond the tolerance, the CPU path's
 outputs at 1 and 2 threads are not bit-identical, a node that must run on the MLU does not,
-or a session fails. Speed is reported, never asserted.
+an MLU row's placement fails, or a session fails. Speed is reported, never asserted.
 
     python networks/run.py [--scale ci|full] [--networks centerpoint,...] [--repeat N]
                            [--seed S] [--library path/to/libonnxruntime_ep_mlu.so]
@@ -50,6 +55,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from networks import common  # noqa: E402
+from onnxruntime_ep_mlu import placement  # noqa: E402
 
 NETWORKS = {
     "centerpoint": "centerpoint",
@@ -104,57 +110,36 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         speed.append(f"{t}t {o * 1e3:8.1f} ms vs {p * 1e3:8.1f}{mark:1} ms = {p / o:5.2f}x")
     rows.append(f"{label} CPU  {'-':>7}  {'OK ' if good else 'BAD'} {worst:8.2e}  {'; '.join(speed)}   {what}")
 
-    sess = common.mlu_session(g.model, library)
-    t0 = time.perf_counter()
-    out = dict(zip(names, sess.run(None, g.feeds)))
-    emu = time.perf_counter() - t0
-    on, want, assigned, missed = common.placement(g.model, sess)
-    ratio, text = common.compare(out, ref, g.canonical, g.tolerances)
-    good = ratio <= 1.0 and on >= want and not missed
-    ok &= good
-    extra = f"; must be on MLU but not: {', '.join(missed)}" if missed else ""
-    rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; emulated card "
-                f"{emu * 1e3:8.1f} ms (the emulator's time, not an MLU's)   {text}{extra}")
-    for backend in ("bang", "mluops", "auto"):
-        counts, out = per_backend(g, library, backend, mluops_library, names)
+    for row in common.MLU_ROWS:
+        # The MLU row: the provider's defaults (auto, no MLU-OPS library: the BANG kernels).
+        options = None if row == "MLU" else {"mlu_backend": row, "mluops_library": mluops_library}
+        out, emu, (on, want, assigned, missed), counts, session = common.mlu_run(g.model, library, g.feeds, options)
         ratio, text = common.compare(out, ref, g.canonical, g.tolerances)
-        fallbacks = counts["cpu_fallbacks"]
-        # Without a library the default (auto) path is the BANG one: the same nodes.
-        same = backend != "bang" or counts["card_runs"]["bang"] == on
-        good = ratio <= 1.0 and fallbacks == 0 and same
+        expect = placement.Expectation(off_card=g.off_card.get(row, ""))
+        wrong = placement.judge(counts, expect)
+        if row == "MLU":
+            # Every node with a BANG kernel is on the card (the MLU-OPS ones need a library).
+            wrong += [f"must be on MLU but not: {', '.join(missed)}"] if missed else []
+            on_mlu = on
+        elif row == "bang" and counts["bang"] != on_mlu:
+            # Without a library the default (auto) path is the BANG one: the same nodes.
+            wrong.append(f"{counts['bang']} nodes ran on bang, {on_mlu} on the MLU row")
+        good = ratio <= 1.0 and not wrong
         ok &= good
-        t = counts["traffic"]
-        runs = ", ".join(f"{n} on {b}" for b, n in counts["card_runs"].items() if backend in (b, "auto"))
-        rows.append(f"{label} {backend:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  nodes on the card: "
-                    f"{runs}, {sum(counts['claimed'].values())} claimed, "
-                    f"{counts['declined']} declined, {fallbacks} CPU fallbacks; host<->card per inference "
-                    f"{t['h2d']:,} B to the card, {t['d2h']:,} B back (ONNX Runtime's copies included)   {text}")
+        t = session["traffic"]
+        peer = f" [{placement.EMULATED_MLUOPS}]" if row in ("mluops", "auto") and counts["mluops"] and \
+            placement.emulated_mluops(mluops_library) else ""
+        what = "; ".join([text] + wrong)
+        if row == "MLU":
+            rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; "
+                        f"emulated card {emu * 1e3:8.1f} ms (the emulator's time, not an MLU's); "
+                        f"{placement.summary(counts)}; {expect.describe()}   {what}")
+        else:
+            rows.append(f"{label} {row:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  {placement.summary(counts)}, "
+                        f"{sum(session['claimed'].values())} claimed, {session['declined']} declined; {expect.describe()}; "
+                        f"host<->card per inference {t['h2d']:,} B to the card, {t['d2h']:,} B back (ONNX Runtime's "
+                        f"copies included){peer}   {what}")
     return rows, ok
-
-
-def per_backend(g: common.Graph, library: str, backend: str, mluops_library: str, names: list[str]):
-    """One inference under `mlu_backend` = `backend`: the provider's session counts and
-    host<->card bytes (the traffic report's session line, written when the session ends),
-    and the outputs."""
-    import gc
-    import json
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        report = os.path.join(tmp, "traffic.jsonl")
-        os.environ["MLU_EP_TRAFFIC"] = report
-        try:
-            sess = common.mlu_session(g.model, library, {"mlu_backend": backend, "mluops_library": mluops_library})
-            out = dict(zip(names, sess.run(None, g.feeds)))
-            del sess
-            gc.collect()
-        finally:
-            del os.environ["MLU_EP_TRAFFIC"]
-        with open(report) as f:
-            sessions = [r for r in map(json.loads, f) if "session" in r]
-    if len(sessions) != 1:
-        raise RuntimeError(f"{backend}: expected one session line in the traffic report, got {len(sessions)}")
-    return sessions[0], out
 
 
 def main(argv=None) -> int:

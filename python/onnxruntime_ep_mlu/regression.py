@@ -46,8 +46,15 @@ would turn a frame that kills its worker every time into a hang); then the run f
 Ray is an optional extra (``pip install './python[ray]'``); nothing else in the package
 imports it.
 
+An MLU frame also fails when its timed run put no node on the card or had a run-time CPU
+fallback or decline (:mod:`onnxruntime_ep_mlu.placement`: the provider's traffic report and
+ONNX Runtime's warnings of that run; the sessions log at warning level). A model of a frame
+folder that legitimately puts nothing on the card says why in ``<dir>/<model>/expect.json``,
+``{"off_card": "<why>"}``; its MLU frames then fail when a node does run on the card.
+
 The per-frame results are gathered into one table: per model and path, the nodes on the
-MLU, the frames, the failed frames, the worst error / tolerance against the goldens and
+MLU, the node runs on the card per frame, the frames, the failed frames (placement
+included), the worst error / tolerance against the goldens and
 against the CPU path, the median run time, the frames per second of one worker's busy
 time, and the worst output; then the end-to-end figures (a frame counts once, for all its
 paths): the wall time, and the frames per second over the window from the first frame's
@@ -65,6 +72,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -79,6 +87,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import placement
 from . import (
     EP_NAME,
     RECORD_ASSIGNMENT,
@@ -125,10 +134,17 @@ __all__ = [
 DEFAULT_FLOAT = {"class": "accumulating", "diff1": 3e-3, "diff2": 3e-3, "max_rel": 3e-5, "elem_rel": 3e-5}
 EXACT = {"class": "exact"}
 PATHS = ("cpu", "mlu")
+#: A result row's fields; the MLU path's card_runs .. run_time_warnings are
+#: onnxruntime_ep_mlu.placement's counts of the frame's timed run (-1 on the CPU path), and
+#: binding_check says that run used MLU-OPS on the emulated card, whose libmluops is the
+#: emulated one: our own CPU kernels (placement.EMULATED_MLUOPS); off_card: why the model
+#: expects no node on the card ("" when it expects some).
 RESULT_FIELDS = (
     "model", "frame", "path", "ok", "ratio", "golden_ratio", "cpu_ratio", "worst", "ref", "seconds", "on_mlu", "start",
-    "end", "worker", "error",
+    "end", "worker", "error", "card_runs", "cpu_fallbacks", "run_time_declines", "run_time_warnings", "binding_check",
+    "off_card",
 )
+_NO_COUNTS = {"card_runs": -1, "cpu_fallbacks": -1, "run_time_declines": -1, "run_time_warnings": -1}
 
 
 # ============================================================================ comparison
@@ -521,8 +537,23 @@ def load_dataset_models(frames_dir: str | os.PathLike, zoo_json=None, names: lis
                 raise ValueError(f"{sub / 'tolerances.json'} is not JSON: {e}") from None
         else:
             tolerances = zoo.get(name, {}).get("outputs", {})
-        out[name] = {"onnx": onnx_bytes, "tolerances": tolerances, "base": None}
+        out[name] = {"onnx": onnx_bytes, "tolerances": tolerances, "base": None, "off_card": _off_card(sub / "expect.json")}
     return out
+
+
+def _off_card(path: Path) -> str:
+    """Why a folder's model puts no node on the card, from its ``expect.json`` (``{"off_card":
+    "<why>"}``); "" (nodes on the card expected) without one."""
+    if not path.is_file():
+        return ""
+    try:
+        expect = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    if not isinstance(expect, dict) or set(expect) != {"off_card"} or not isinstance(expect["off_card"], str) \
+            or not expect["off_card"].strip():
+        raise ValueError(f"{path} must be {{\"off_card\": \"<why no node of the model runs on the card>\"}}, got {expect!r}")
+    return expect["off_card"]
 
 
 def generated_frames(models: dict[str, dict], count: int, seed: int = 0, reference=None) -> list[dict]:
@@ -681,7 +712,9 @@ class FrameChecker:
 
     def _options(self):
         so = self._ort.SessionOptions()
-        so.log_severity_level = 3
+        # Warnings logged: placement.ort_warnings counts a frame's (the run-time fallback's
+        # is one); a session's placement notes are printed when it is created.
+        so.log_severity_level = 2
         if self.threads:
             so.intra_op_num_threads = self.threads
         return so
@@ -729,11 +762,21 @@ class FrameChecker:
         if not entry.warm:  # first run of a session: allocations, thread pool start-up; untimed
             entry.sess.run(None, feeds)
             entry.warm = True
-        start = time.time()
-        t0 = time.perf_counter()
-        outs = entry.sess.run(None, feeds)
-        seconds, end = time.perf_counter() - t0, time.time()
-        return dict(zip([o.name for o in entry.sess.get_outputs()], outs)), seconds, start, end, entry.on_mlu
+        # On the MLU the provider's traffic report and ONNX Runtime's warnings of the timed run
+        # give where its nodes ran (the report's lines are written outside the timed span's
+        # kernels; the session's own line comes only when it ends, so the node lines count).
+        mlu = path == "mlu"
+        with (
+            placement.traffic_report() if mlu else contextlib.nullcontext() as report,
+            placement.ort_warnings() if mlu else contextlib.nullcontext() as warned,
+        ):
+            start = time.time()
+            t0 = time.perf_counter()
+            outs = entry.sess.run(None, feeds)
+            seconds, end = time.perf_counter() - t0, time.time()
+            lines = placement.read_report(report) if mlu else None
+        counts = placement.counts(lines, warned) if mlu else _NO_COUNTS
+        return dict(zip([o.name for o in entry.sess.get_outputs()], outs)), seconds, start, end, entry.on_mlu, counts
 
     def check(self, row: dict) -> list[dict]:
         """One result per path for one frame (dataset row)."""
@@ -749,6 +792,7 @@ class FrameChecker:
         except Exception as e:  # noqa: BLE001 -- a bad frame is a failed row per path
             return [dict(base_result, **_failed(p, e)) for p in self.paths]
         tolerances = self.models[model].get("tolerances") or {}
+        expect = placement.Expectation(off_card=self.models[model].get("off_card", ""))
         results, cpu_outs = [], None
         # The CPU path first: it is the reference of the outputs without a golden.
         order = ["cpu"] + [p for p in self.paths if p != "cpu"]
@@ -756,7 +800,7 @@ class FrameChecker:
             if path not in self.paths and (path != "cpu" or "mlu" not in self.paths):
                 continue
             try:
-                outs, seconds, start, end, on_mlu = self._run(model, path, feeds)
+                outs, seconds, start, end, on_mlu, counts = self._run(model, path, feeds)
             except Exception as e:  # noqa: BLE001
                 if path in self.paths:
                     results.append(dict(base_result, **_failed(path, e)))
@@ -788,6 +832,8 @@ class FrameChecker:
             absent = sorted(set(goldens) - set(outs))
             if absent:
                 failed.append(f"goldens without a model output: {absent}")
+            if path == "mlu":
+                failed += [f"placement: {w}" for w in placement.judge(counts, expect)]
             ratio = max(worst, 0.0)
             if failed and ratio <= 1:  # a failure that is no output's difference (absent outputs)
                 ratio = math.inf
@@ -806,6 +852,10 @@ class FrameChecker:
                     start=start,
                     end=end,
                     error="; ".join(f"also {f}" for f in failed if not worst_desc.startswith(f)),
+                    **{k: counts[k] for k in _NO_COUNTS},
+                    # The emulated card runs no real libmluops (it computes on host memory).
+                    binding_check=bool(self.emulate and path == "mlu" and counts["mluops"] > 0),
+                    off_card=expect.off_card,
                 )
             )
         return results
@@ -826,7 +876,8 @@ class FrameChecker:
         rows = []
         for i in range(n):
             rows += self.check({k: batch[k][i] for k in ("model", "frame", "seed", "index", "payload")})
-        return {f: np.array([r[f] for r in rows], dtype=object if f in ("worst", "error", "ref") else None) for f in RESULT_FIELDS}
+        return {f: np.array([r[f] for r in rows], dtype=object if f in ("worst", "error", "ref", "off_card") else None)
+                for f in RESULT_FIELDS}
 
     def check_rows(self, rows: list[dict]) -> list[dict]:
         """Plain entry (in-process runs, Ray tasks): every frame of ``rows``."""
@@ -851,6 +902,9 @@ def _failed(path: str, e: BaseException) -> dict:
         "start": math.nan,
         "end": math.nan,
         "error": f"{type(e).__name__}: {msg}",
+        **_NO_COUNTS,
+        "binding_check": False,
+        "off_card": "",
     }
 
 
@@ -946,7 +1000,10 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
     each path must have reported exactly once (a lost or doubled frame fails the run).
 
     Columns: the nodes ONNX Runtime assigned to the MLUExecutionProvider in the session
-    (from its assignment record; 0 on the CPU path); frames and failed frames; the worst
+    (from its assignment record; 0 on the CPU path); the node runs on the card per frame
+    (fewest-most, from the provider's traffic report); frames and failed frames, an MLU
+    frame failing too when :func:`onnxruntime_ep_mlu.placement.judge` rejects its counts (no
+    node ran on the card, a run-time CPU fallback or decline); the worst
     error / tolerance against the goldens and against the CPU path (over the frames that
     have that reference; <= 1 passes); the median run time and the frames per second of one
     worker's busy time; the worst output and its frame."""
@@ -960,13 +1017,16 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
     ):
         groups.setdefault((r["model"], r["path"]), []).append(r)
     header = (
-        f"{'model':<13} {'path':<4} {'on MLU':>6} {'frames':>6} {'failed':>6} {'vs golden':>9} {'vs cpu':>8} "
+        f"{'model':<13} {'path':<4} {'on MLU':>6} {'card runs':>9} {'frames':>6} {'failed':>6} {'vs golden':>9} {'vs cpu':>8} "
         f"{'ms/frame':>9} {'frames/s':>9}  worst output (error against its tolerance)"
     )
     lines = [header, "-" * len(header)]
     all_ok = True
     for (model, path), rs in groups.items():
-        bad = [r for r in rs if not r["ok"]]
+        # An MLU frame's placement is judged here too, whatever produced the rows.
+        misplaced = {id(r): placement.judge(r, placement.Expectation(off_card=r["off_card"]))
+                     for r in rs if path == "mlu" and r["card_runs"] >= 0}
+        bad = [r for r in rs if not r["ok"] or misplaced.get(id(r))]
         all_ok &= not bad
         secs = [r["seconds"] for r in rs if not math.isnan(r["seconds"])]
         ms = f"{statistics.median(secs) * 1e3:.1f}" if secs else "-"
@@ -974,12 +1034,20 @@ def summarize(results: list[dict], info: dict | None = None, expected_frames: di
         worst = max(rs, key=lambda r: r["ratio"])
         nodes = sorted({r["on_mlu"] for r in rs if r["on_mlu"] >= 0})
         on_mlu = "/".join(map(str, nodes)) or "-"
+        runs = sorted({r["card_runs"] for r in rs if r["card_runs"] >= 0})
+        card = f"{runs[0]}-{runs[-1]}" if len(runs) > 1 else (str(runs[0]) if runs else "-")
         lines.append(
-            f"{model:<13} {path:<4} {on_mlu:>6} {len(rs):>6} {len(bad):>6} {_worst(r['golden_ratio'] for r in rs):>9} "
+            f"{model:<13} {path:<4} {on_mlu:>6} {card:>9} {len(rs):>6} {len(bad):>6} {_worst(r['golden_ratio'] for r in rs):>9} "
             f"{_worst(r['cpu_ratio'] for r in rs):>8} {ms:>9} {fps:>9}  {worst['worst']} [{worst['frame']}]"
         )
+        expected = sorted({r["off_card"] for r in rs if path == "mlu" and r["off_card"]})
+        for why in expected:
+            lines.append(f"{'':<13} {'':<4} {placement.Expectation(off_card=why).describe()}")
+        if any(r["binding_check"] for r in rs):
+            lines.append(f"{'':<13} {'':<4} MLU-OPS ran nodes: {placement.EMULATED_MLUOPS}")
         for r in bad[:5]:
-            lines.append(f"{'':<13} {'':<4} FAIL {r['frame']} on {r['worker']}: {r['worst']} {r['error']}".rstrip())
+            wrong = "; ".join(f"placement: {w}" for w in misplaced.get(id(r), []) if f"placement: {w}" not in r["error"])
+            lines.append(f"{'':<13} {'':<4} FAIL {r['frame']} on {r['worker']}: {r['worst']} {r['error']} {wrong}".rstrip())
         if len(bad) > 5:
             lines.append(f"{'':<13} {'':<4} ... and {len(bad) - 5} more failed frames")
     if expected_frames is not None:

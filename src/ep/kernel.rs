@@ -289,16 +289,20 @@ impl EpKernel {
         if let Some(before) = before {
             let inputs: usize =
                 tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
+            // A card run after run-time declines names them: the report then counts them
+            // per node, as the session line does per session.
             let (backend, why) = match &ran {
-                Ran::Card(b, _) => (b.name(), None),
-                Ran::Host(why) => ("cpu", Some(why.as_str())),
+                Ran::Card(b, declined) => {
+                    (b.name(), (!declined.is_empty()).then(|| reasons(declined)))
+                }
+                Ran::Host(why) => ("cpu", Some(why.clone())),
             };
             let spent = device.traffic().since(&before);
             traffic::record(
                 self.op,
                 &self.node_name,
                 backend,
-                why,
+                why.as_deref(),
                 result.is_err(),
                 &spent,
                 inputs + card.output_bytes,

@@ -4,8 +4,9 @@
 //! and the least the operator must read and write (its inputs' and outputs' bytes); and
 //! each provider, when its session ends, one `session` line with its counts (nodes claimed
 //! per backend, declined with each reason, runs per backend, run-time declines, CPU
-//! fallbacks; a fallback's node line has its reasons) and every host<->card byte of the
-//! session, the copies ONNX Runtime inserts around CPU nodes included. The counters are per
+//! fallbacks; the node line of a fallback, or of a card run after run-time declines, has
+//! their reasons as `why`) and every host<->card byte of the session, the copies ONNX
+//! Runtime inserts around CPU nodes included. The counters are per
 //! card: nodes that run at the same time on one card share them, so the per-node lines are
 //! exact for one node at a time (`models/run_zoo.py --traffic` runs sessions that way).
 
@@ -33,8 +34,9 @@ pub fn traffic_json(t: &Traffic) -> serde_json::Value {
     })
 }
 
-/// Appends one node run's line (`why`: the reasons of a run-time fallback to the CPU;
-/// `failed`: the run ended in the node's error).
+/// Appends one node run's line (`why`: the reasons of the run-time declines before the
+/// backend that ran it, `cpu` for a fallback to the host; `failed`: the run ended in the
+/// node's error).
 pub fn record(
     op: &str,
     node: &str,
