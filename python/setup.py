@@ -1,12 +1,12 @@
 """Build steps of the wheel (the metadata is in pyproject.toml).
 
-``pip install ./python`` (or ``pip wheel ./python``) runs ``cargo build --release --lib`` on
-the crate at the repository root, exactly the command of the README and scripts/run.sh, so a
-warm ``target/`` (or ``CARGO_TARGET_DIR``) rebuilds nothing, and copies the
+``pip install ./python`` (or ``pip wheel ./python``) runs ``cargo build --release --lib
+--example mluops_emulated`` on the crate at the repository root and copies the
 ``libonnxruntime_ep_mlu.so`` cargo reports into the package, where
 ``onnxruntime_ep_mlu.get_library_path()`` finds it. The wheel is tagged
-``py3-none-<platform>`` (``linux_x86_64`` here): it holds a native library but no Python
-extension, so it fits every Python 3 on that platform and no other platform.
+``py3-none-<platform>`` (``linux_x86_64`` here; scripts/wheel.sh retags it
+``manylinux_2_35_x86_64`` after auditwheel's check): it holds a native library but no
+Python extension, so it fits every Python 3 on that platform and no other platform.
 
 An editable install (``pip install -e python``) builds nothing: the package then finds the
 checkout's ``target/release`` or ``target/debug`` library.
@@ -32,10 +32,10 @@ nothing in the checkout.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
-import atexit
 import subprocess
 import tempfile
 import time
@@ -83,7 +83,7 @@ def say(message: str) -> None:
     print(line, flush=True)
     try:
         with open("/dev/tty", "w") as tty:
-            tty.write(line + "\n")
+            tty.write("\n" + line + "\n")  # off the line of pip's spinner
     except OSError:  # no controlling terminal (CI, a pipe): the build's output has it
         pass
 

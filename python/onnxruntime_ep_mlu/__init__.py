@@ -126,15 +126,13 @@ def get_library_path() -> str:
 
 
 def emulated_mluops_path() -> str | None:
-    """Absolute path of the emulated MLU-OPS library, the emulated card's stand-in for
-    Cambricon's ``libmluops.so``: the one packaged beside the library (a wheel, ``pip
-    install ./python``), else, for a package in the repository, the checkout's
-    ``target/release/examples`` or ``target/debug/examples`` build; None when there is none."""
-    out = [_PACKAGE_DIR / EMULATED_MLUOPS_NAME]
-    root = _repo_root()
-    if root is not None:
-        out += [root / "target" / profile / "examples" / EMULATED_MLUOPS_NAME for profile in ("release", "debug")]
-    return next((str(p) for p in out if p.is_file()), None)
+    """Absolute path of the emulated MLU-OPS library packaged beside the library (a wheel,
+    ``pip install ./python``), the emulated card's stand-in for Cambricon's ``libmluops.so``;
+    None for a package without it (imported from the checkout or installed editable: there
+    the tests choose the backend, and ``MLU_EP_MLUOPS_LIBRARY`` names
+    ``target/release/examples/libmluops_emulated.so``)."""
+    path = _PACKAGE_DIR / EMULATED_MLUOPS_NAME
+    return str(path) if path.is_file() else None
 
 
 _defaulted_mluops: str | None = None
