@@ -81,3 +81,29 @@ def test_the_placement_warnings_are_as_the_readme_says(installed_python, tmp_pat
         p = subprocess.run([installed_python, "-c", code, level], cwd=tmp_path, env=user_env(), capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert (warning in p.stderr) == warns, (level, p.stderr)
+
+
+def test_the_emulated_card_gets_the_packaged_libmluops_unless_one_is_named(installed_python, tmp_path):
+    # README: emulate=True names the packaged emulated libmluops in MLU_EP_MLUOPS_LIBRARY
+    # unless the user named a library (that variable, MLUOPS_HOME, NEUWARE_HOME);
+    # emulate=False takes back only what it set.
+    code = (
+        "import os, onnxruntime_ep_mlu as mlu\n"
+        "mlu.register_execution_provider(emulate=True)\n"
+        "print(os.environ.get('MLU_EP_MLUOPS_LIBRARY'), mlu.emulated_mluops_path())\n"
+        "mlu.register_execution_provider(emulate=False)\n"
+        "print(os.environ.get('MLU_EP_MLUOPS_LIBRARY'))\n"
+    )
+    base = {k: v for k, v in user_env().items() if k not in ("MLU_EP_MLUOPS_LIBRARY", "MLUOPS_HOME", "NEUWARE_HOME")}
+    venv = str(installed_python.parent.parent)
+    for named, want in (
+        ({}, None),
+        ({"MLUOPS_HOME": "/opt/mluops"}, "None"),
+        ({"MLU_EP_MLUOPS_LIBRARY": "/opt/mluops/lib64/libmluops.so"}, "/opt/mluops/lib64/libmluops.so"),
+    ):
+        p = subprocess.run([installed_python, "-c", code], cwd=tmp_path, env={**base, **named}, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        (set_, packaged), (after,) = (line.split() for line in p.stdout.splitlines())
+        assert packaged.startswith(venv) and packaged.endswith("/libmluops_emulated.so"), packaged
+        assert set_ == (packaged if want is None else want), (named, p.stdout)
+        assert after == ("None" if want is None else want), (named, p.stdout)
