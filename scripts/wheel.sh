@@ -3,7 +3,7 @@
 # installs with pip alone (no Rust, no C++ compiler) on Linux x86_64 with glibc >= 2.35 and
 # the libstdc++ of GCC >= 12 (Ubuntu 22.04 and later, Debian 12 and later).
 #
-#   scripts/wheel.sh [OUT_DIR]      (default target/wheels)
+#   scripts/wheel.sh [OUT_DIR]      (default target/wheels; an older onnxruntime_ep_mlu wheel there is replaced)
 #
 # 1. `pip wheel ./python` (python/setup.py): `cargo build --release --lib --example
 #    mluops_emulated` into this checkout's cargo target directory (a warm one rebuilds
