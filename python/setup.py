@@ -1,12 +1,12 @@
 """Build steps of the wheel (the metadata is in pyproject.toml).
 
-``pip install ./python`` (or ``pip wheel ./python``) runs ``cargo build --release --lib`` on
-the crate at the repository root, exactly the command of the README and scripts/run.sh, so a
-warm ``target/`` (or ``CARGO_TARGET_DIR``) rebuilds nothing, and copies the
+``pip install ./python`` (or ``pip wheel ./python``) runs ``cargo build --release --lib
+--example mluops_emulated`` on the crate at the repository root and copies the
 ``libonnxruntime_ep_mlu.so`` cargo reports into the package, where
 ``onnxruntime_ep_mlu.get_library_path()`` finds it. The wheel is tagged
-``py3-none-<platform>`` (``linux_x86_64`` here): it holds a native library but no Python
-extension, so it fits every Python 3 on that platform and no other platform.
+``py3-none-<platform>`` (``linux_x86_64`` here; scripts/wheel.sh retags it
+``manylinux_2_35_x86_64`` after auditwheel's check): it holds a native library but no
+Python extension, so it fits every Python 3 on that platform and no other platform.
 
 An editable install (``pip install -e python``) builds nothing: the package then finds the
 checkout's ``target/release`` or ``target/debug`` library.
@@ -16,15 +16,29 @@ The same build step copies the demo model and the model zoo from the repository'
 ``demo_inputs()``, ``zoo()`` find them there), so the examples run from any folder; they are
 read from ``models/`` at every build, never kept as a second copy in git.
 
-cargo's progress goes to the build's output: ``pip install -v ./python`` shows it.
+It also builds the emulated MLU-OPS library (``cargo build --example mluops_emulated``, in the
+same cargo command) into the package as ``libmluops_emulated.so``: the emulated card's
+stand-in for Cambricon's libmluops.so, which ``register_execution_provider(emulate=True)``
+names when no real MLU-OPS library is named (``onnxruntime_ep_mlu.emulated_mluops_path()``).
+
+pip shows a build's output only with ``-v``, so the build step also writes what it is doing
+(building the Rust library, about how long, where) to the terminal (``/dev/tty``) when there
+is one. cargo builds into ``CARGO_TARGET_DIR`` when set, else into the checkout's ``target/``
+when it already exists (the README's ``cargo build`` made it; a warm one rebuilds nothing),
+else into a temporary folder removed after the build; setuptools' ``build/`` and
+``*.egg-info`` go to a temporary folder too, so a plain ``pip install ./python`` leaves
+nothing in the checkout.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 from setuptools import Distribution, setup
@@ -40,6 +54,8 @@ ROOT = HERE.parent
 PACKAGE = "onnxruntime_ep_mlu"
 LIBRARY = "libonnxruntime_ep_mlu.so"
 CRATE_TARGET = "onnxruntime_ep_mlu"
+EMULATED_MLUOPS = "libmluops_emulated.so"
+EMULATED_TARGET = "mluops_emulated"
 MODELS = ROOT / "models"
 DEMO_FILES = ("mluops_demo.onnx", "mluops_demo.npz")
 
@@ -60,10 +76,33 @@ def model_files() -> list[Path]:
     return files
 
 
-def cargo_build() -> Path:
-    """Runs ``cargo build --release --lib`` on the repository's crate and returns the path
-    of the cdylib cargo built (read from cargo's JSON messages, so CARGO_TARGET_DIR and
-    build.target-dir are honoured)."""
+def say(message: str) -> None:
+    """To the build's output (``pip -v``, logs) and, when there is one, to the terminal:
+    without ``-v`` pip shows a build's output only when it fails."""
+    line = f"onnxruntime-ep-mlu: {message}"
+    print(line, flush=True)
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write("\n" + line + "\n")  # off the line of pip's spinner
+    except OSError:  # no controlling terminal (CI, a pipe): the build's output has it
+        pass
+
+
+def target_dir() -> tuple[Path, bool]:
+    """Where cargo builds, and whether that folder is ours to remove afterwards (see the
+    module's docstring)."""
+    env = os.environ.get("CARGO_TARGET_DIR")
+    if env:
+        return Path(env), False
+    if (ROOT / "target").is_dir():
+        return ROOT / "target", False
+    return Path(tempfile.mkdtemp(prefix="onnxruntime-ep-mlu-target-")), True
+
+
+def cargo_build(target: Path) -> dict[str, Path]:
+    """Runs ``cargo build --release --lib --example mluops_emulated`` on the repository's
+    crate into ``target`` and returns ``{file name: path}`` of the two shared libraries it
+    built (read from cargo's JSON messages)."""
     manifest = ROOT / "Cargo.toml"
     if not manifest.is_file():
         raise SystemExit(
@@ -73,27 +112,35 @@ def cargo_build() -> Path:
     cargo = os.environ.get("CARGO", "cargo")
     if shutil.which(cargo) is None:
         raise SystemExit(
-            f"error: {cargo!r} not found on PATH: building the wheel compiles the library with Rust "
-            "(>= 1.89, https://rustup.rs) and a C++20 compiler"
+            f"error: {cargo!r} not found on PATH: building the package from source compiles the library with Rust "
+            "(>= 1.89, https://rustup.rs) and a C++17 compiler; scripts/wheel.sh builds a binary wheel that "
+            "installs without them"
         )
-    cmd = [cargo, "build", "--release", "--lib", "--manifest-path", str(manifest), "--message-format=json-render-diagnostics"]
-    print("onnxruntime-ep-mlu:", " ".join(cmd[:4]), "(in", ROOT, ")", flush=True)
+    cmd = [cargo, "build", "--release", "--lib", "--example", EMULATED_TARGET, "--manifest-path", str(manifest),
+           "--message-format=json-render-diagnostics"]
+    warm = (target / "release" / LIBRARY).is_file()
+    say(f"building the Rust library ({' '.join(cmd[:6])}) into {target}: "
+        + ("a warm build, seconds" if warm else "from scratch, about 2 to 5 minutes on 2 cores"))
+    start = time.monotonic()
     # stdout carries cargo's JSON messages; its progress and diagnostics go to stderr.
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False,
+                          env={**os.environ, "CARGO_TARGET_DIR": str(target)})
     if proc.returncode != 0:
         raise SystemExit(f"error: cargo build failed (exit status {proc.returncode}); its output is above")
-    built = []
+    built = {}
     for line in proc.stdout.splitlines():
         try:
             msg = json.loads(line)
         except ValueError:
             continue
-        target = msg.get("target") or {}
-        if msg.get("reason") == "compiler-artifact" and target.get("name") == CRATE_TARGET and "cdylib" in target.get("kind", []):
-            built += [Path(f) for f in msg.get("filenames", []) if Path(f).name == LIBRARY]
-    if not built:
-        raise SystemExit(f"error: cargo build reported no {LIBRARY}")
-    return built[-1]
+        name = (msg.get("target") or {}).get("name")
+        if msg.get("reason") == "compiler-artifact" and name in (CRATE_TARGET, EMULATED_TARGET):
+            built.update({Path(f).name: Path(f) for f in msg.get("filenames", []) if Path(f).name in (LIBRARY, EMULATED_MLUOPS)})
+    missing = {LIBRARY, EMULATED_MLUOPS} - built.keys()
+    if missing:
+        raise SystemExit(f"error: cargo build reported no {', '.join(sorted(missing))}")
+    say(f"built in {time.monotonic() - start:.0f} s")
+    return built
 
 
 class BuildPyWithLibrary(build_py):
@@ -106,12 +153,17 @@ class BuildPyWithLibrary(build_py):
             print(f"onnxruntime-ep-mlu: editable install: no {LIBRARY} built into the package; "
                   "get_library_path() finds the checkout's target/release or target/debug build")
             return
-        library = cargo_build()
-        dest = Path(self.build_lib) / PACKAGE / LIBRARY
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(library, dest)
-        os.chmod(dest, 0o755)
-        print(f"onnxruntime-ep-mlu: {library} -> {dest}", flush=True)
+        target, temporary = target_dir()
+        try:
+            for name, library in cargo_build(target).items():
+                dest = Path(self.build_lib) / PACKAGE / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(library, dest)
+                os.chmod(dest, 0o755)
+                print(f"onnxruntime-ep-mlu: {library} -> {dest}", flush=True)
+        finally:
+            if temporary:
+                shutil.rmtree(target, ignore_errors=True)
         models = Path(self.build_lib) / PACKAGE / "models"
         # A fresh folder each build: a file dropped from the zoo must not linger in build/.
         shutil.rmtree(models, ignore_errors=True)
@@ -123,7 +175,7 @@ class BuildPyWithLibrary(build_py):
     def get_outputs(self, include_bytecode=True):
         outputs = super().get_outputs(include_bytecode)
         if not getattr(self, "editable_mode", False):
-            outputs.append(str(Path(self.build_lib) / PACKAGE / LIBRARY))
+            outputs += [str(Path(self.build_lib) / PACKAGE / name) for name in (LIBRARY, EMULATED_MLUOPS)]
             outputs += [str(Path(self.build_lib) / PACKAGE / "models" / f.name) for f in model_files()]
         return outputs
 
@@ -145,4 +197,12 @@ class PlatformWheel(bdist_wheel):
         return "py3", "none", platform
 
 
-setup(distclass=NativeDistribution, cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})
+# build/ and *.egg-info outside the checkout (see the module's docstring), removed when this
+# build step's process ends (pip runs each step in a process of its own).
+_scratch = tempfile.mkdtemp(prefix="onnxruntime-ep-mlu-build-")
+atexit.register(shutil.rmtree, _scratch, True)
+setup(
+    distclass=NativeDistribution,
+    cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel},
+    options={"build": {"build_base": os.path.join(_scratch, "build")}, "egg_info": {"egg_base": _scratch}},
+)

@@ -109,7 +109,7 @@ stage "the kernel profile: callgrind's instruction and cache-miss counts of ever
 scripts/profile.sh
 stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
 scripts/ort_range.sh
-stage "the wheel: pip wheel ./python, installed with onnxruntime 1.31.1 and numpy only into a fresh venv, both paths from outside the checkout"
+stage "the wheel: scripts/wheel.sh (manylinux_2_35, auditwheel), installed with no compiler on PATH with onnxruntime 1.31.1 and numpy only, both paths, README's snippets and the regression tool from outside the checkout"
 scripts/wheel_check.sh
 stage "model fixtures are what the builder writes"
 cargo run --quiet --example build_models -- --check

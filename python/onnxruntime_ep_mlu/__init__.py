@@ -28,6 +28,7 @@ __all__ = [
     "OPSET_VERSION",
     "demo_inputs",
     "demo_model",
+    "emulated_mluops_path",
     "get_devices",
     "get_ep_name",
     "get_library_path",
@@ -51,6 +52,12 @@ ENV_LIBRARY = "MLU_EP_LIB"
 #: Environment variable read by the library when it is registered as an EP: "1" adds the
 #: emulated MLU370 card.
 ENV_EMULATE = "MLU_EP_EMULATE"
+#: Environment variable the provider reads (when a session is created) for the MLU-OPS
+#: library's path, and the two whose lib64/libmluops.so it tries next: naming a real library.
+ENV_MLUOPS_LIBRARY = "MLU_EP_MLUOPS_LIBRARY"
+ENV_MLUOPS_HOMES = ("MLUOPS_HOME", "NEUWARE_HOME")
+#: File name of the emulated MLU-OPS library (mluops_emulated/), packaged beside the library.
+EMULATED_MLUOPS_NAME = "libmluops_emulated.so"
 #: Session config entry that makes a session record which provider ran each node.
 RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
 
@@ -116,6 +123,34 @@ def get_library_path() -> str:
         "the library into it)"
     )
     raise FileNotFoundError(f"{LIBRARY_NAME} not found ({ENV_LIBRARY} is not set; looked at {looked}): {hint}")
+
+
+def emulated_mluops_path() -> str | None:
+    """Absolute path of the emulated MLU-OPS library packaged beside the library (a wheel,
+    ``pip install ./python``), the emulated card's stand-in for Cambricon's ``libmluops.so``;
+    None for a package without it (imported from the checkout or installed editable: there
+    the tests choose the backend, and ``MLU_EP_MLUOPS_LIBRARY`` names
+    ``target/release/examples/libmluops_emulated.so``)."""
+    path = _PACKAGE_DIR / EMULATED_MLUOPS_NAME
+    return str(path) if path.is_file() else None
+
+
+_defaulted_mluops: str | None = None
+
+
+def _default_mluops_for_emulation() -> None:
+    """On the emulated card, names the emulated MLU-OPS library (``MLU_EP_MLUOPS_LIBRARY``)
+    unless the user named one (that variable, ``MLUOPS_HOME`` or ``NEUWARE_HOME``), so the
+    emulated card runs what a card with MLU-OPS runs; off the emulated card, takes back a
+    name it set. The provider reads the variable when a session is created."""
+    global _defaulted_mluops
+    if _defaulted_mluops is not None and os.environ.get(ENV_MLUOPS_LIBRARY) == _defaulted_mluops:
+        del os.environ[ENV_MLUOPS_LIBRARY]  # ours: decided afresh below
+    _defaulted_mluops = None
+    if os.environ.get(ENV_EMULATE) == "1" and not any(os.environ.get(v) for v in (ENV_MLUOPS_LIBRARY, *ENV_MLUOPS_HOMES)):
+        path = emulated_mluops_path()
+        if path is not None:
+            os.environ[ENV_MLUOPS_LIBRARY] = _defaulted_mluops = path
 
 
 def models_dir() -> Path:
@@ -221,8 +256,11 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
     registers at most once and otherwise returns the current devices.
 
     The library reads ``MLU_EP_EMULATE`` when it is registered. ``emulate=True`` sets it to
-    ``"1"`` (``False`` removes it); when the current registration does not match the
-    request, it is replaced: unregistered and registered again. Sessions created before
+    ``"1"`` (``False`` removes it). With it set, and no MLU-OPS library named
+    (``MLU_EP_MLUOPS_LIBRARY``, ``MLUOPS_HOME``, ``NEUWARE_HOME``), this names the emulated
+    one (:func:`emulated_mluops_path`) in ``MLU_EP_MLUOPS_LIBRARY``, so the emulated card
+    runs MLU-OPS's nodes as a card with MLU-OPS does. When the current registration does
+    not match the request, it is replaced: unregistered and registered again. Sessions created before
     keep working on the card they were created with (the library outlives its
     unregistration), so a reused worker can switch whatever an earlier task set; session
     options built from the earlier devices must be built again (a session made from them
@@ -236,6 +274,7 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
             os.environ[ENV_EMULATE] = "1"
         else:
             os.environ.pop(ENV_EMULATE, None)
+    _default_mluops_for_emulation()
     devices = get_devices()
     path = library or _registered_library or get_library_path()
     if not devices and _registered_library is None:

@@ -66,7 +66,7 @@ Usage::
     python -m onnxruntime_ep_mlu.regression --generate 20                 # in-process, zoo
     python -m onnxruntime_ep_mlu.regression --frames DIR --ray --workers 1,2
     python -m onnxruntime_ep_mlu.regression --frames DIR --address ray://head:10001 --workers 8 \\
-        --runtime-env '{"pip": ["onnxruntime==1.31.1"], "py_modules": ["dist/onnxruntime_ep_mlu-0.1.0-py3-none-linux_x86_64.whl"]}'
+        --runtime-env '{"pip": ["onnxruntime==1.31.1"], "py_modules": ["target/wheels/onnxruntime_ep_mlu-0.1.0-py3-none-manylinux_2_35_x86_64.whl"]}'
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""Every ```python snippet of README.md and python/README.md runs verbatim, each on its own
-(no name carried over from another snippet), in a new process started in an empty folder,
-against the wheel of this checkout installed by pip (the `installed_python` fixture of
-conftest.py): what a user who ran `pip install ./python` and left the checkout gets."""
+"""Every ```python snippet of README.md, docs/USAGE.md and python/README.md runs verbatim,
+each on its own (no name carried over from another snippet), in a new process started in an
+empty folder, against the wheel of this checkout installed by pip (the `installed_python`
+fixture of conftest.py): what a user who ran `pip install ./python` and left the checkout
+gets. README.md's and docs/USAGE.md's snippets print a one-line result, and none says "not
+found" (the emulated card has the packaged emulated libmluops; the user named nothing
+missing)."""
 
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ import pytest
 
 from conftest import REPO, user_env
 
-DOCS = ("README.md", "python/README.md")
+DOCS = ("README.md", "docs/USAGE.md", "python/README.md")
+#: The documents whose snippets each print one line: the result a user sees.
+ONE_LINE = ("README.md", "docs/USAGE.md")
 # The snippets each document must have at least: a wrong fence (```py, ```Python) must not
 # make a snippet silently drop out of this test.
-AT_LEAST = {"README.md": 2, "python/README.md": 3}
+AT_LEAST = {"README.md": 2, "docs/USAGE.md": 5, "python/README.md": 3}
 
 
 def snippets(doc: str) -> list[str]:
@@ -56,6 +61,9 @@ def test_snippet_runs_on_its_own_from_an_empty_folder(installed_python, tmp_path
         [installed_python, script], cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=600
     )
     assert p.returncode == 0, f"{doc} snippet {index} failed (exit status {p.returncode}):\n{code}\n{p.stderr[-3000:]}"
+    assert "not found" not in (p.stdout + p.stderr).lower(), f"{doc} snippet {index}:\n{p.stdout}\n{p.stderr[-3000:]}"
+    if doc in ONE_LINE:
+        assert len(p.stdout.splitlines()) == 1, f"{doc} snippet {index} printed {p.stdout!r}, not one line"
 
 
 def test_the_placement_warnings_are_as_the_readme_says(installed_python, tmp_path):
@@ -73,3 +81,29 @@ def test_the_placement_warnings_are_as_the_readme_says(installed_python, tmp_pat
         p = subprocess.run([installed_python, "-c", code, level], cwd=tmp_path, env=user_env(), capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert (warning in p.stderr) == warns, (level, p.stderr)
+
+
+def test_the_emulated_card_gets_the_packaged_libmluops_unless_one_is_named(installed_python, tmp_path):
+    # README: emulate=True names the packaged emulated libmluops in MLU_EP_MLUOPS_LIBRARY
+    # unless the user named a library (that variable, MLUOPS_HOME, NEUWARE_HOME);
+    # emulate=False takes back only what it set.
+    code = (
+        "import os, onnxruntime_ep_mlu as mlu\n"
+        "mlu.register_execution_provider(emulate=True)\n"
+        "print(os.environ.get('MLU_EP_MLUOPS_LIBRARY'), mlu.emulated_mluops_path())\n"
+        "mlu.register_execution_provider(emulate=False)\n"
+        "print(os.environ.get('MLU_EP_MLUOPS_LIBRARY'))\n"
+    )
+    base = {k: v for k, v in user_env().items() if k not in ("MLU_EP_MLUOPS_LIBRARY", "MLUOPS_HOME", "NEUWARE_HOME")}
+    venv = str(installed_python.parent.parent)
+    for named, want in (
+        ({}, None),
+        ({"MLUOPS_HOME": "/opt/mluops"}, "None"),
+        ({"MLU_EP_MLUOPS_LIBRARY": "/opt/mluops/lib64/libmluops.so"}, "/opt/mluops/lib64/libmluops.so"),
+    ):
+        p = subprocess.run([installed_python, "-c", code], cwd=tmp_path, env={**base, **named}, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        (set_, packaged), (after,) = (line.split() for line in p.stdout.splitlines())
+        assert packaged.startswith(venv) and packaged.endswith("/libmluops_emulated.so"), packaged
+        assert set_ == (packaged if want is None else want), (named, p.stdout)
+        assert after == ("None" if want is None else want), (named, p.stdout)
