@@ -256,8 +256,9 @@ def compare(value: np.ndarray, golden: np.ndarray, tol: dict | None) -> tuple[fl
 #: the reference has a tie at it: scores equal within ``tie`` decide nothing, so either side
 #: may keep either box. ``tie`` 1e-6: two sides' roundings reorder two boxes only when their
 #: scores differ by less than both boxes' score differences between the sides together, at
-#: most 4.2e-7 measured (networks/run.py --scale ci, 2026-12: CenterPoint; BEVDepth's
-#: swapped boxes lie within 5e-8 of their cut).
+#: most 4.2e-7 measured (networks/run.py --scale ci, 2026-12: CenterPoint); the boxes
+#: swapped at a cut lie within 5e-8 of it at the ci scale (BEVDepth) and 3.4e-7 at the full
+#: scale (CenterPoint, docs/BENCHMARKS.md).
 #:
 #: - ``top_k`` with ``top_k_labels`` (lists of labels sharing one top-K, such as CenterHead's
 #:   tasks; absent: one top-K over all labels): where both sides kept exactly ``top_k`` boxes
