@@ -595,7 +595,8 @@ fn psroi_attrs() -> Vec<(&'static str, AttrValue)> {
     vec![
         ("pooled_height", AttrValue::Int(3)),
         ("pooled_width", AttrValue::Int(3)),
-        ("spatial_scale", AttrValue::Float(0.5)),
+        // 0.3: no bin edge of the rois below within an ulp of an integer (those decline).
+        ("spatial_scale", AttrValue::Float(0.3)),
         ("output_dim", AttrValue::Int(2)),
     ]
 }
@@ -683,6 +684,59 @@ fn psroipool_backward_bin_edges_or_coordinates_beyond_int_go_to_the_next_path() 
 }
 
 #[test]
+fn psroipool_bin_edges_within_an_ulp_of_an_integer_go_to_the_next_path() {
+    // Scale 0.2, roi x from 1 to 6: bin 1.2 / 3 and the edge 1 * bin + 0.2 come out as
+    // 0.99999994 in float32, one ulp below 1 (floor 0 by the contract; a division one ulp
+    // off or a fused multiply-add on the card gives 1). The second roi: 1.0000001.
+    let mut attrs = psroi_attrs();
+    attrs[2] = ("spatial_scale", AttrValue::Float(0.2));
+    let rois = vec![0.0, 1.0, 0.0, 6.0, 0.0, 1.0, 2.0, 1.0, 5.0, 4.0];
+    let rule = "within one ulp of an integer";
+    let backward = psroi_inputs(rois.clone());
+    runs_on(
+        "PsRoiPoolBackward",
+        &attrs,
+        AUTO,
+        &refs(&backward),
+        Ran::Card(Backend::Bang, vec![(Backend::MluOps, rule.into())]),
+    );
+    // Our BANG kernel takes the edges from the host: the contract's bins.
+    runs_on(
+        "PsRoiPoolBackward",
+        &attrs,
+        &[Backend::Bang],
+        &refs(&backward),
+        Ran::Card(Backend::Bang, vec![]),
+    );
+    runs_on("PsRoiPoolBackward", &attrs, MLUOPS, &refs(&backward), Ran::Host(rule.into()));
+    // The forward has no BANG kernel: the CPU.
+    runs_on(
+        "PsRoiPool",
+        &attrs,
+        AUTO,
+        &refs(&psroi_forward_inputs(2, rois)),
+        Ran::Host(rule.into()),
+    );
+    // Integer-aligned edges are as exposed (scale 1, bin 2: the edge 2 becomes 1.9999999).
+    attrs[2] = ("spatial_scale", AttrValue::Float(1.0));
+    let aligned = vec![0.0, 0.0, 0.0, 5.0, 5.0];
+    runs_on(
+        "PsRoiPoolBackward",
+        &attrs,
+        AUTO,
+        &refs(&psroi_inputs(aligned.clone())),
+        Ran::Card(Backend::Bang, vec![(Backend::MluOps, rule.into())]),
+    );
+    runs_on(
+        "PsRoiPool",
+        &attrs,
+        MLUOPS,
+        &refs(&psroi_forward_inputs(1, aligned)),
+        Ran::Host(rule.into()),
+    );
+}
+
+#[test]
 fn three_interpolate_forward_runs_on_mluops_only_and_float16_declines() {
     let (b, c, n, m) = (2, 5, 40, 17);
     let idx: Vec<i32> = (0..b * n * 3).map(|i| ((i * 5) % m) as i32).collect();
@@ -752,7 +806,7 @@ fn psroipool_forward_rois_that_give_nothing_become_empty_rois_not_a_skipped_batc
         2.5,
         1.5,
     ];
-    for scale in [0.5f32, 0.01, 3.0] {
+    for scale in [0.3f32, 0.01, 2.9] {
         let mut attrs = psroi_attrs();
         attrs[2] = ("spatial_scale", AttrValue::Float(scale));
         runs_on(
@@ -908,7 +962,9 @@ fn psroipool_forward_pooled_sizes_the_library_kernel_cannot_hold_decline() {
             f32s(&[1, 6, 5, c], 14),
             Tensor {
                 shape: vec![2, 5],
-                data: OwnedData::F32(vec![0.0, 0.0, 0.0, 4.0, 5.0, 0.0, 1.0, 1.0, 2.0, 2.0]),
+                // Widths prime to 34 and ends on the map's border: no bin edge within an
+                // ulp of an integer inside the map.
+                data: OwnedData::F32(vec![0.0, 0.0, 1.0, 4.0, 5.0, 0.0, 2.0, 1.0, 4.0, 5.0]),
             },
         ];
         runs_on("PsRoiPool", &attrs, MLUOPS, &refs(&inputs), want);

@@ -289,8 +289,13 @@ impl EpKernel {
         if let Some(before) = before {
             let inputs: usize =
                 tensors.iter().flatten().filter_map(|t| t.spec().ok()).map(|s| s.bytes()).sum();
+            // A card run after run-time declines carries their reasons too.
+            let declines = match &ran {
+                Ran::Card(_, d) if !d.is_empty() => Some(reasons(d)),
+                _ => None,
+            };
             let (backend, why) = match &ran {
-                Ran::Card(b, _) => (b.name(), None),
+                Ran::Card(b, _) => (b.name(), declines.as_deref()),
                 Ran::Host(why) => ("cpu", Some(why.as_str())),
             };
             let spent = device.traffic().since(&before);

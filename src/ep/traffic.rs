@@ -33,7 +33,8 @@ pub fn traffic_json(t: &Traffic) -> serde_json::Value {
     })
 }
 
-/// Appends one node run's line (`why`: the reasons of a run-time fallback to the CPU;
+/// Appends one node run's line (`why`: the reasons of its run-time declines, or of a
+/// fallback to the CPU;
 /// `failed`: the run ended in the node's error).
 pub fn record(
     op: &str,
