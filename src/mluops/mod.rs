@@ -422,13 +422,13 @@ impl Library {
         let arch = card_arch(&card.info).ok_or_else(|| {
             format!("the architecture of card '{}' is unknown, so MLU-OPS {major}.{minor}.{patch} cannot be checked to support it", card.info.arch)
         })?;
-        if let Some((_, newest)) = NEWEST_FOR_ARCH.iter().find(|(a, _)| *a == arch) {
-            if (major, minor) > *newest {
-                return Err(format!(
-                    "MLU-OPS {major}.{minor}.{patch} does not build for the card's architecture {arch} ({}); {arch} needs MLU-OPS {}.{}.x or older",
-                    card.info.arch, newest.0, newest.1
-                ));
-            }
+        if let Some((_, newest)) = NEWEST_FOR_ARCH.iter().find(|(a, _)| *a == arch)
+            && (major, minor) > *newest
+        {
+            return Err(format!(
+                "MLU-OPS {major}.{minor}.{patch} does not build for the card's architecture {arch} ({}); {arch} needs MLU-OPS {}.{}.x or older",
+                card.info.arch, newest.0, newest.1
+            ));
         }
         card.bind_thread().map_err(|e| e.to_string())?;
         let mut h = std::ptr::null_mut();
