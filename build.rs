@@ -79,7 +79,16 @@ fn main() {
     });
     println!(
         "cargo:rustc-env=MLUOPS_DEVICE_KERNELS={}",
-        device_lib.map(|p| p.display().to_string()).unwrap_or_default()
+        device_lib.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+    );
+    // The architecture that library was compiled for: a card of the Cambricon runtime is
+    // of it (src/mluops: MLU-OPS versions are checked against it).
+    let arch = std::env::var("MLU_EP_BANG_ARCH").ok().filter(|a| !a.is_empty());
+    println!(
+        "cargo:rustc-env=MLUOPS_DEVICE_ARCH={}",
+        device_lib
+            .map(|_| arch.unwrap_or_else(|| cncc::DEFAULT_ARCH.to_owned()))
+            .unwrap_or_default()
     );
 }
 

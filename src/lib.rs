@@ -107,3 +107,25 @@ pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut OrtEpFactory) -> OrtStat
         Ok(())
     })
 }
+
+/// The provider's report on itself (`ep::doctor`), for `python -m onnxruntime_ep_mlu.doctor`:
+/// a JSON object with `text` (the report ONNX Runtime's log gets when the factory is created),
+/// `real_cards` (Cambricon cards in use) and `no_real_card` (why none, or null). Made once
+/// per process; the string lives as long as the library. Null if making it panicked.
+#[unsafe(no_mangle)]
+pub extern "C" fn MluEpDoctorReport() -> *const c_char {
+    static REPORT: std::sync::OnceLock<Option<std::ffi::CString>> = std::sync::OnceLock::new();
+    let report = REPORT.get_or_init(|| {
+        std::panic::catch_unwind(|| {
+            let found = ep::doctor::discover();
+            let json = serde_json::json!({
+                "text": ep::doctor::report(&found),
+                "real_cards": found.real_cards(),
+                "no_real_card": found.no_real_card,
+            });
+            ffi::cstring(&json.to_string())
+        })
+        .ok()
+    });
+    report.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
+}

@@ -221,3 +221,63 @@ fn constructs_off_the_list_do_not_compile_under_the_emulator() {
         assert!(err.contains("error"), "{off}: {err}");
     }
 }
+
+/// The NRAM2GDRAM `__memcpy` lines of `src` whose source tile took a scalar store since the
+/// last `__sync()` (in source order, within one function), as "line: text".
+fn unsynced_scalar_stores(src: &str) -> Vec<String> {
+    let mut dirty = BTreeSet::new();
+    let mut found = Vec::new();
+    for (n, line) in src.lines().enumerate() {
+        let code = line.split("//").next().unwrap();
+        if code.contains("__sync()")
+            || code.contains("__mlu_global__")
+            || code.contains("__mlu_func__")
+        {
+            dirty.clear();
+        }
+        if let Some(args) = code.split("__memcpy(").nth(1).filter(|_| code.contains("NRAM2GDRAM")) {
+            let source = args.split(',').nth(1).unwrap_or("").trim();
+            if dirty.contains(source) {
+                found.push(format!("{}: {}", n + 1, line.trim()));
+            }
+        }
+        // `<tile>_nram[...] = ` or a compound assignment: a scalar store to an NRAM tile.
+        for (at, _) in code.match_indices("_nram[") {
+            let start = code[..at]
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(0, |i| i + 1);
+            let Some(close) = code[at..].find(']') else { continue };
+            let rest = code[at + close + 1..].trim_start();
+            let op = rest.split('=').next().unwrap_or("").trim();
+            if rest.contains('=')
+                && !rest.starts_with("==")
+                && ["", "+", "-", "|", "&", "*"].contains(&op)
+            {
+                dirty.insert(code[start..at + "_nram".len()].to_owned());
+            }
+        }
+    }
+    found
+}
+
+/// A scalar NRAM store is synced (`__sync()`) before the tile is copied to GDRAM, as mlu-ops
+/// does (Cambricon/mlu-ops@v1.4.0 kernels/psroipool/psroipool_block.mlu:149-159: scalar
+/// stores to `nram_mapping_channel`, `__sync()`, then its NRAM2GDRAM `__memcpy`). The
+/// emulator runs scalar stores in program order, so only this source check sees a missing one.
+#[test]
+fn scalar_nram_stores_are_synced_before_a_copy_to_gdram() {
+    let unsynced = "__mlu_global__ void K(int32_t *out) {\n  slot_nram[0] = 1;\n  __memcpy(out, slot_nram, 4, NRAM2GDRAM);\n}\n";
+    assert_eq!(unsynced_scalar_stores(unsynced).len(), 1, "the check finds a missing sync");
+    let synced = unsynced.replace("  __memcpy", "  __sync();\n  __memcpy");
+    assert!(unsynced_scalar_stores(&synced).is_empty(), "and accepts the synced form");
+    let reads = "  const int32_t v = rows_nram[r * cols + c];\n  if (rows_nram[i] == 0) x = 1;\n  __memcpy(out, rows_nram, 4, NRAM2GDRAM);\n";
+    assert!(unsynced_scalar_stores(reads).is_empty(), "scalar loads are not stores");
+    for f in mlu_sources().into_iter().filter(|p| p.extension().is_some_and(|e| e == "mlu")) {
+        let found = unsynced_scalar_stores(&std::fs::read_to_string(&f).unwrap());
+        assert!(
+            found.is_empty(),
+            "{}: scalar NRAM stores copied to GDRAM without __sync(): {found:?}",
+            f.display()
+        );
+    }
+}

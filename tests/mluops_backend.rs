@@ -12,7 +12,7 @@ use onnxruntime_ep_mlu::parallel::Serial;
 use onnxruntime_ep_mlu::schema::{AttrValue, Attrs};
 use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The emulated library beside this test's profile (target/<profile>/examples).
@@ -34,7 +34,10 @@ static OPENING: Mutex<()> = Mutex::new(());
 fn backends(order: &'static [Backend]) -> CardBackends {
     let _one = OPENING.lock().unwrap_or_else(|e| e.into_inner());
     let path = emulated_library();
-    CardBackends { order, mluops: mluops::open(Some(path.to_str().expect("UTF-8 path"))) }
+    CardBackends {
+        order,
+        mluops: mluops::open(Some(path.to_str().expect("UTF-8 path")), &device()),
+    }
 }
 
 fn device() -> Arc<Device> {
@@ -406,18 +409,180 @@ fn a_version_outside_the_bound_range_is_refused() {
     std::fs::copy(&path, &copy).expect("copy the emulated library");
     // SAFETY: this test holds OPENING, the lock of every open in this process's tests.
     unsafe { std::env::set_var("MLUOPS_EMULATED_VERSION", "2.0.0") };
-    let refused = mluops::open(Some(copy.to_str().expect("UTF-8")));
+    let refused = mluops::open(Some(copy.to_str().expect("UTF-8")), &device());
     // SAFETY: as above.
     unsafe { std::env::remove_var("MLUOPS_EMULATED_VERSION") };
     let why = refused.expect_err("2.0.0 is outside 1.4.0..1.9.x").to_string();
     assert!(why.contains("is MLU-OPS 2.0.0") && why.contains("1.4.0 to 1.9.x"), "{why}");
-    assert!(mluops::open(Some(copy.to_str().expect("UTF-8"))).is_ok(), "1.4.0 is accepted");
-    let missing =
-        mluops::open(Some("/nonexistent/libmluops.so")).expect_err("no such file").to_string();
     assert!(
-        missing.contains("no MLU-OPS library found") && missing.contains("mluops_library"),
+        mluops::open(Some(copy.to_str().expect("UTF-8")), &device()).is_ok(),
+        "1.4.0 is accepted"
+    );
+    let missing = mluops::open(Some("/nonexistent/libmluops.so"), &device())
+        .expect_err("no such file")
+        .to_string();
+    assert!(
+        missing.contains("no usable MLU-OPS library")
+            && missing.contains("/nonexistent/libmluops.so: ")
+            && missing.contains("mluops_library"),
         "{missing}"
     );
+}
+
+/// A stand-in libmluops in C, built with the system `cc` into `dir/name`: every function of
+/// `mluops::SIGNATURES` except `omit`, reporting `version`, its `mluOpCreate` returning
+/// `create`, the other functions failing with MLUOP_STATUS_INTERNAL_ERROR; `extra` is
+/// appended to the source.
+fn stand_in(
+    dir: &Path,
+    name: &str,
+    version: (i32, i32, i32),
+    create: i32,
+    omit: &[&str],
+    extra: &str,
+) -> PathBuf {
+    let (major, minor, patch) = version;
+    let special = [
+        ("mluOpGetLibVersion", format!("void mluOpGetLibVersion(int *a, int *b, int *c) {{ *a = {major}; *b = {minor}; *c = {patch}; }}")),
+        ("mluOpGetErrorString", "const char *mluOpGetErrorString(int s) { return s == 1 ? \"MLUOP_STATUS_NOT_INITIALIZED\" : \"stand-in\"; }".to_owned()),
+        ("mluOpCreate", format!("int mluOpCreate(void **h) {{ *h = (void *)0; return {create}; }}")),
+    ];
+    let mut c = String::new();
+    for sig in mluops::SIGNATURES.iter().filter(|s| !omit.contains(&s.name)) {
+        match special.iter().find(|(n, _)| *n == sig.name) {
+            Some((_, def)) => c.push_str(def),
+            None => c.push_str(&format!("int {}() {{ return 4; }}", sig.name)),
+        }
+        c.push('\n');
+    }
+    c.push_str(extra);
+    std::fs::create_dir_all(dir).expect("stand-in dir");
+    let source = dir.join(format!("{name}.c"));
+    std::fs::write(&source, c).expect("stand-in source");
+    let lib = dir.join(name);
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&source)
+        .output()
+        .expect("cc runs");
+    assert!(out.status.success(), "cc {name}: {}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+#[test]
+fn a_library_missing_a_symbol_is_refused_when_opened_never_at_a_call() {
+    let dir = tempdir().join("missing");
+    // A dependency symbol (CNNL's, which libmluops calls) that nothing provides: with lazy
+    // binding the open succeeds and the first call aborts the process; RTLD_NOW refuses it.
+    let unbound = stand_in(
+        &dir,
+        "libmluops_unbound.so",
+        (1, 4, 0),
+        0,
+        &["mluOpPsRoiPoolForward"],
+        "int cnnlFill_v3(void);\nint mluOpPsRoiPoolForward() { return cnnlFill_v3(); }\n",
+    );
+    let why = mluops::open(Some(path_str(&unbound)), &device()).expect_err("unbound").to_string();
+    assert!(why.contains("cnnlFill_v3") && why.contains(path_str(&unbound)), "{why}");
+    // One of the functions the provider binds is absent.
+    let lacking =
+        stand_in(&dir, "libmluops_lacking.so", (1, 4, 0), 0, &["mluOpPsRoiPoolBackward"], "");
+    let why = mluops::open(Some(path_str(&lacking)), &device()).expect_err("lacking").to_string();
+    assert!(why.contains("lacks mluOpPsRoiPoolBackward"), "{why}");
+}
+
+#[test]
+fn a_failing_mluopcreate_declines_the_backend_with_its_status_and_auto_runs_bang() {
+    let dir = tempdir().join("create");
+    let lib = stand_in(&dir, "libmluops_create.so", (1, 4, 0), 1, &[], "");
+    let refused = mluops::open(Some(path_str(&lib)), &device());
+    let why = refused.as_ref().expect_err("mluOpCreate fails").to_string();
+    assert!(why.contains("mluOpCreate returned MLUOP_STATUS_NOT_INITIALIZED (1)"), "{why}");
+    // The probe is made once per card: asked again, the same answer without a second call.
+    let again = mluops::open(Some(path_str(&lib)), &device()).expect_err("still refused");
+    assert_eq!(again.to_string(), why);
+    // `auto` then passes MLU-OPS over at placement, with that reason, for our kernels.
+    let max: HashMap<String, AttrValue> =
+        [("reduce_type".to_owned(), AttrValue::String("max".into()))].into();
+    let create = ops::entry("DynamicScatterBackward").and_then(|e| e.create_card).expect("card op");
+    let backends = CardBackends { order: AUTO, mluops: refused };
+    let n =
+        create(&Attrs::new(ops::schema("DynamicScatterBackward"), &max), &backends).expect("valid");
+    let (first, passed_over) = n.static_choice(&device().info, None).expect("BANG runs it");
+    assert_eq!(first, Backend::Bang);
+    assert!(
+        passed_over.len() == 1
+            && passed_over[0].starts_with("mluops: ")
+            && passed_over[0].contains("NOT_INITIALIZED"),
+        "{passed_over:?}"
+    );
+}
+
+#[test]
+fn a_library_too_new_for_the_cards_architecture_is_refused_naming_both() {
+    let dir = tempdir().join("arch");
+    let new = stand_in(&dir, "libmluops_160.so", (1, 6, 0), 0, &[], "");
+    let why =
+        mluops::open(Some(path_str(&new)), &device()).expect_err("1.6.0 on mtp_372").to_string();
+    assert!(
+        why.contains("MLU-OPS 1.6.0") && why.contains("mtp_372") && why.contains("1.5.x or older"),
+        "{why}"
+    );
+    let old = stand_in(&dir, "libmluops_152.so", (1, 5, 2), 0, &[], "");
+    let lib = mluops::open(Some(path_str(&old)), &device()).expect("1.5.2 builds for mtp_372");
+    assert_eq!(lib.version, (1, 5, 2));
+}
+
+#[test]
+fn every_candidate_is_tried_in_order_and_each_failure_is_kept() {
+    let _one = OPENING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir().join("candidates");
+    let (broken, good) = (dir.join("mluops_home"), dir.join("neuware"));
+    stand_in(&broken.join("lib64"), "libmluops.so", (1, 4, 0), 0, &["mluOpCreate"], "");
+    std::fs::create_dir_all(good.join("lib64")).expect("lib64");
+    let good_lib = good.join("lib64/libmluops.so.1");
+    std::fs::copy(emulated_library(), &good_lib).expect("copy the emulated library");
+    // SAFETY: this test holds OPENING, the lock of every open that reads the environment.
+    unsafe {
+        std::env::set_var("MLUOPS_HOME", &broken);
+        std::env::set_var("NEUWARE_HOME", &good);
+    }
+    let order = mluops::candidates(None);
+    let lib = mluops::open(None, &device());
+    let mut other = order.clone();
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("NEUWARE_HOME") };
+    let none = mluops::open(None, &device());
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MLUOPS_HOME") };
+    let home = |d: &Path, rest: &str| format!("{}/{rest}", d.display());
+    assert_eq!(
+        order,
+        [
+            home(&broken, "lib64/libmluops.so"),
+            home(&broken, "lib64/libmluops.so.1"),
+            home(&broken, "build/lib/libmluops.so"),
+            home(&broken, "build/lib/libmluops.so.1"),
+            home(&good, "lib64/libmluops.so"),
+            home(&good, "lib64/libmluops.so.1"),
+            "libmluops.so".to_owned(),
+            "libmluops.so.1".to_owned(),
+        ]
+    );
+    assert_eq!(lib.expect("the second home's library").path, path_str(&good_lib));
+    other.retain(|p| !p.starts_with(path_str(&good)));
+    let why = none.expect_err("only the broken one").to_string();
+    let tried: Vec<&str> =
+        why.split("(tried, in order: ").nth(1).expect("the candidates").split("; ").collect();
+    for (p, t) in other.iter().zip(&tried) {
+        assert!(t.starts_with(&format!("{p}: ")), "{p} in order in: {why}");
+    }
+    assert!(why.contains("lacks mluOpCreate"), "{why}");
 }
 
 fn tempdir() -> PathBuf {
@@ -430,7 +595,8 @@ fn psroi_attrs() -> Vec<(&'static str, AttrValue)> {
     vec![
         ("pooled_height", AttrValue::Int(3)),
         ("pooled_width", AttrValue::Int(3)),
-        ("spatial_scale", AttrValue::Float(0.5)),
+        // 0.3: no bin edge of the rois below within an ulp of an integer (those decline).
+        ("spatial_scale", AttrValue::Float(0.3)),
         ("output_dim", AttrValue::Int(2)),
     ]
 }
@@ -518,6 +684,59 @@ fn psroipool_backward_bin_edges_or_coordinates_beyond_int_go_to_the_next_path() 
 }
 
 #[test]
+fn psroipool_bin_edges_within_an_ulp_of_an_integer_go_to_the_next_path() {
+    // Scale 0.2, roi x from 1 to 6: bin 1.2 / 3 and the edge 1 * bin + 0.2 come out as
+    // 0.99999994 in float32, one ulp below 1 (floor 0 by the contract; a division one ulp
+    // off or a fused multiply-add on the card gives 1). The second roi: 1.0000001.
+    let mut attrs = psroi_attrs();
+    attrs[2] = ("spatial_scale", AttrValue::Float(0.2));
+    let rois = vec![0.0, 1.0, 0.0, 6.0, 0.0, 1.0, 2.0, 1.0, 5.0, 4.0];
+    let rule = "within one ulp of an integer";
+    let backward = psroi_inputs(rois.clone());
+    runs_on(
+        "PsRoiPoolBackward",
+        &attrs,
+        AUTO,
+        &refs(&backward),
+        Ran::Card(Backend::Bang, vec![(Backend::MluOps, rule.into())]),
+    );
+    // Our BANG kernel takes the edges from the host: the contract's bins.
+    runs_on(
+        "PsRoiPoolBackward",
+        &attrs,
+        &[Backend::Bang],
+        &refs(&backward),
+        Ran::Card(Backend::Bang, vec![]),
+    );
+    runs_on("PsRoiPoolBackward", &attrs, MLUOPS, &refs(&backward), Ran::Host(rule.into()));
+    // The forward has no BANG kernel: the CPU.
+    runs_on(
+        "PsRoiPool",
+        &attrs,
+        AUTO,
+        &refs(&psroi_forward_inputs(2, rois)),
+        Ran::Host(rule.into()),
+    );
+    // Integer-aligned edges are as exposed (scale 1, bin 2: the edge 2 becomes 1.9999999).
+    attrs[2] = ("spatial_scale", AttrValue::Float(1.0));
+    let aligned = vec![0.0, 0.0, 0.0, 5.0, 5.0];
+    runs_on(
+        "PsRoiPoolBackward",
+        &attrs,
+        AUTO,
+        &refs(&psroi_inputs(aligned.clone())),
+        Ran::Card(Backend::Bang, vec![(Backend::MluOps, rule.into())]),
+    );
+    runs_on(
+        "PsRoiPool",
+        &attrs,
+        MLUOPS,
+        &refs(&psroi_forward_inputs(1, aligned)),
+        Ran::Host(rule.into()),
+    );
+}
+
+#[test]
 fn three_interpolate_forward_runs_on_mluops_only_and_float16_declines() {
     let (b, c, n, m) = (2, 5, 40, 17);
     let idx: Vec<i32> = (0..b * n * 3).map(|i| ((i * 5) % m) as i32).collect();
@@ -587,7 +806,7 @@ fn psroipool_forward_rois_that_give_nothing_become_empty_rois_not_a_skipped_batc
         2.5,
         1.5,
     ];
-    for scale in [0.5f32, 0.01, 3.0] {
+    for scale in [0.3f32, 0.01, 2.9] {
         let mut attrs = psroi_attrs();
         attrs[2] = ("spatial_scale", AttrValue::Float(scale));
         runs_on(
@@ -743,7 +962,9 @@ fn psroipool_forward_pooled_sizes_the_library_kernel_cannot_hold_decline() {
             f32s(&[1, 6, 5, c], 14),
             Tensor {
                 shape: vec![2, 5],
-                data: OwnedData::F32(vec![0.0, 0.0, 0.0, 4.0, 5.0, 0.0, 1.0, 1.0, 2.0, 2.0]),
+                // Widths prime to 34 and ends on the map's border: no bin edge within an
+                // ulp of an integer inside the map.
+                data: OwnedData::F32(vec![0.0, 0.0, 1.0, 4.0, 5.0, 0.0, 2.0, 1.0, 4.0, 5.0]),
             },
         ];
         runs_on("PsRoiPool", &attrs, MLUOPS, &refs(&inputs), want);

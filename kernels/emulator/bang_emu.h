@@ -92,6 +92,7 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
 void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir, long dst_stride,
              long src_stride, long segnum);
 void sync_io(Loc at);
+void sync_core(Loc at);
 void sync_cluster(Loc at);
 void sync_all(Loc at);
 void sync_all_ipu(Loc at);
@@ -191,6 +192,7 @@ using ::bang_emu::NRAM2NRAM;
 #define __memcpy(...) ::bang_emu::memcpy_(BANG_EMU_LOC, false, __VA_ARGS__)
 #define __memcpy_async(...) ::bang_emu::memcpy_(BANG_EMU_LOC, true, __VA_ARGS__)
 #define __sync_io() ::bang_emu::sync_io(BANG_EMU_LOC)
+#define __sync() ::bang_emu::sync_core(BANG_EMU_LOC)
 #define __sync_all_ipu() ::bang_emu::sync_all_ipu(BANG_EMU_LOC)
 
 #define __bang_add(...) ::bang_emu::add(BANG_EMU_LOC, __VA_ARGS__)

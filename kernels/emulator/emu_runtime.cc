@@ -659,6 +659,10 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
 
 void sync_io(Loc at) { run_pending(core_at(at)); }
 
+// The core's pipelines drained: pending async copies land (scalar stores are in program
+// order on the host, so their hazard is checked by the lint of tests/bang_allow_list.rs).
+void sync_core(Loc at) { run_pending(core_at(at)); }
+
 void sync_cluster(Loc at) {
   Core &c = core_at(at);
   run_pending(c);

@@ -2,6 +2,7 @@
 //! (vendor 0xCABC) with their memory info, creates EP instances, allocators and the data
 //! transfer, and serves the `mluops` custom-op domain (the schemas and CPU kernels).
 
+use super::doctor;
 use super::kernel;
 use super::memory::{self, Allocator, Transfer};
 use super::provider::Ep;
@@ -13,7 +14,7 @@ use crate::ffi::ep_abi::{
 };
 use crate::ffi::registry::KernelRegistry;
 use crate::ffi::{INFO, Logger, WARNING, cstring, custom_op, guard, version};
-use crate::mlu::{Device, cnrt, emulator};
+use crate::mlu::Device;
 use crate::mluops;
 use crate::ops::device::{Backend, CardBackends};
 use ort_sys::{
@@ -69,29 +70,21 @@ fn this<'a>(f: *const OrtEpFactory) -> &'a Factory {
     unsafe { &*(f as *const Factory) }
 }
 
-/// The cards this process can use: real ones through libcnrt, then the emulated card when
-/// `MLU_EP_EMULATE=1`.
+/// The cards this process can use ([`doctor::discover`]), with why there are none of a
+/// kind, and the doctor's report, in the log.
 fn discover(logger: Logger) -> Vec<(u32, Arc<Device>)> {
-    let mut cards = Vec::new();
-    match cnrt::devices() {
-        Ok(devices) => {
-            for (i, d) in devices.into_iter().enumerate() {
-                cards.push((i as u32, d));
-            }
-        }
-        Err(why) => logger.log(INFO, &format!("{EP_NAME}: no Cambricon MLU card in use: {why}")),
+    let found = doctor::discover();
+    if let Some(why) = &found.no_real_card {
+        logger.log(INFO, &format!("{EP_NAME}: no Cambricon MLU card in use: {why}"));
     }
-    if std::env::var("MLU_EP_EMULATE").is_ok_and(|v| v == "1") {
-        match emulator::device() {
-            Ok(d) => cards.push((cards.len() as u32, d)),
-            Err(e) => logger
-                .log(WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}")),
-        }
+    if let Some(e) = &found.emulator_failed {
+        logger.log(WARNING, &format!("{EP_NAME}: the emulated MLU card failed to start: {e}"));
     }
-    if cards.is_empty() {
+    if found.cards.is_empty() {
         logger.log(WARNING, &format!("{EP_NAME}: no MLU device (no libcnrt card, MLU_EP_EMULATE is not 1); the provider offers no device"));
     }
-    cards
+    logger.log(INFO, &doctor::report(&found));
+    found.cards
 }
 
 impl Factory {
@@ -297,7 +290,8 @@ unsafe extern "system" fn create_ep(
         let card = factory.pick(devices, options)?;
         // SAFETY: ORT's session logger, valid for the life of the EP created here.
         let logger = unsafe { Logger::new(logger) };
-        let backends = backends(options).map_err(|e| Error::Argument(e.to_string()))?;
+        let backends =
+            backends(options, &card.device).map_err(|e| Error::Argument(e.to_string()))?;
         let ep = Ep::new(factory, Arc::clone(&card.device), card.id, logger, backends);
         // SAFETY: ORT's out pointer; released by release_ep.
         unsafe { *out = ep.into_raw() };
@@ -307,10 +301,10 @@ unsafe extern "system" fn create_ep(
 
 /// The card backends a session asked for: the option `mlu_backend` (else the environment
 /// variable `MLU_EP_BACKEND`, else `auto`), and the MLU-OPS library (the option
-/// `mluops_library`, else `MLU_EP_MLUOPS_LIBRARY`, else the standard places). `auto` without
-/// a usable library runs our BANG kernels (the reason is logged); `mluops` without one is an
-/// error.
-fn backends(options: *const OrtSessionOptions) -> Result<CardBackends> {
+/// `mluops_library`, else `MLU_EP_MLUOPS_LIBRARY`, else the standard places), checked on
+/// `card` (`mluops::open`). `auto` without a usable library runs our BANG kernels (the reason
+/// is logged); `mluops` without one is an error.
+fn backends(options: *const OrtSessionOptions, card: &Device) -> Result<CardBackends> {
     let option = |name: &str| -> Result<Option<String>> {
         let key = format!("{OPTION_PREFIX}{name}");
         // SAFETY: options is null or the live session options of CreateEp.
@@ -333,7 +327,7 @@ fn backends(options: *const OrtSessionOptions) -> Result<CardBackends> {
         });
     }
     let explicit = option("mluops_library")?.or_else(|| env("MLU_EP_MLUOPS_LIBRARY"));
-    let mluops = mluops::open(explicit.as_deref());
+    let mluops = mluops::open(explicit.as_deref(), card);
     if let (Err(why), false) = (&mluops, order.contains(&Backend::Bang)) {
         return Err(Error::attribute(
             format!("{EP_NAME} {from}"),

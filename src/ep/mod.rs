@@ -10,6 +10,7 @@
 //! the copy directions) and the callbacks ONNX Runtime calls; every ONNX Runtime call it
 //! makes goes through `crate::ffi`.
 
+pub mod doctor;
 pub mod factory;
 pub mod kernel;
 pub mod memory;

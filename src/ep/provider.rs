@@ -136,13 +136,13 @@ impl Ep {
             created,
         });
         let order: Vec<&str> = ep.backends.order.iter().map(|b| b.name()).collect();
-        let mluops = match &ep.backends.mluops {
-            Ok(lib) => format!("{lib:?}"),
-            Err(why) => format!("not in use: {why}"),
-        };
         logger.log(
             INFO,
-            &format!("{EP_NAME} card backends, in order: {}; MLU-OPS: {mluops}", order.join(", ")),
+            &format!(
+                "{EP_NAME} card backends, in order: {}; MLU-OPS: {}",
+                order.join(", "),
+                ep.backends.mluops_state()
+            ),
         );
         let d = &ep.device.info;
         logger.log(
@@ -178,6 +178,7 @@ impl Ep {
     fn report(&self) {
         let mut line = self.counts.json();
         line["session"] = json!(format!("{:p}", self as *const Ep));
+        line["mluops"] = json!(self.backends.mluops_state());
         line["traffic"] = traffic::traffic_json(&self.device.traffic().since(&self.created));
         self.logger.log(INFO, &format!("{EP_NAME} session summary: {line}"));
         if traffic::enabled() {

@@ -221,7 +221,7 @@ impl Runtime for Cnrt {
 
 /// The device kernel library built by cncc (empty when this build had no toolkit);
 /// `MLU_EP_KERNEL_LIBRARY` overrides it.
-fn kernel_library_path() -> Option<String> {
+pub(crate) fn kernel_library_path() -> Option<String> {
     std::env::var("MLU_EP_KERNEL_LIBRARY")
         .ok()
         .or_else(|| Some(env!("MLUOPS_DEVICE_KERNELS").to_owned()))
@@ -232,7 +232,7 @@ fn kernel_library_path() -> Option<String> {
 /// and has it (the toolkit layout build_support/cncc.rs links against), else the bare name,
 /// which the dynamic loader looks up through LD_LIBRARY_PATH and /etc/ld.so.cache (where the
 /// Neuware packages and environment script put it).
-fn runtime_path() -> OsString {
+pub(crate) fn runtime_path() -> OsString {
     runtime_path_in(std::env::var_os("NEUWARE_HOME").as_deref())
 }
 
@@ -241,6 +241,24 @@ fn runtime_path_in(neuware_home: Option<&OsStr>) -> OsString {
         .map(|home| std::path::Path::new(home).join("lib64/libcnrt.so"))
         .filter(|p| p.is_file())
         .map_or_else(|| OsString::from("libcnrt.so"), OsString::from)
+}
+
+/// The runtime [`devices`] opens, and its version from `cnrtGetLibVersion(int *major, int
+/// *minor, int *patch)` (mlu-ops calls it so: core/context.cpp:83 at v1.4.0), or why it
+/// cannot be read.
+pub fn runtime_version() -> (String, Result<String>) {
+    let path = runtime_path();
+    let version = open_global(&path).and_then(|lib| {
+        let get: unsafe extern "C" fn(*mut c_int, *mut c_int, *mut c_int) -> Ret =
+            sym(&lib, "cnrtGetLibVersion\0")?;
+        let (mut major, mut minor, mut patch) = (0, 0, 0);
+        // SAFETY: three valid out-pointers.
+        match unsafe { get(&mut major, &mut minor, &mut patch) } {
+            0 => Ok(format!("{major}.{minor}.{patch}")),
+            ret => Err(Error::Runtime(format!("cnrtGetLibVersion failed ({ret})"))),
+        }
+    });
+    (path.to_string_lossy().into_owned(), version)
 }
 
 /// The real cards, or the reason there are none (absent runtime, no card, no kernels, or no

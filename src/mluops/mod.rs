@@ -11,7 +11,8 @@
 //! facts.
 
 use crate::error::{Error, Result};
-use crate::mlu::{Queue, QueuePtr};
+use crate::mlu::{Device, Queue, QueuePtr};
+use libloading::os::unix::{Library as UnixLibrary, RTLD_LOCAL, RTLD_NOW};
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -255,6 +256,8 @@ pub struct Library {
     /// handle to the thread's current card). A handle must not be used by two threads at
     /// once (MLU-OPS docs/user_guide thread_safety.rst): each call takes one and gives it back.
     idle: Mutex<Vec<(u64, Handle)>>,
+    /// Each card's probe ([`Library::probe`]): `Ok` or why this library cannot serve it.
+    probes: Mutex<HashMap<u64, std::result::Result<(), String>>>,
     _lib: libloading::Library,
 }
 
@@ -274,67 +277,110 @@ impl std::fmt::Debug for Library {
     }
 }
 
+/// The last MLU-OPS minor version whose default build compiles for each card architecture
+/// (`mtp_` name), from Cambricon/mlu-ops CMakeLists.txt `--bang-mlu-arch`: mtp_372 is listed
+/// at v1.5.2 (:142) and no longer at v1.6.0 (:142-143 name mtp_592 and mtp_613 only).
+pub const NEWEST_FOR_ARCH: &[(&str, (i32, i32))] = &[("mtp_372", (1, 5))];
+
+/// The card's architecture as an `mtp_` name: the one its description names (the emulated
+/// MLU370), else, for a card of the Cambricon runtime, the one this build's kernel library
+/// was compiled for (build.rs `--bang-mlu-arch`; the runtime does not report it to us, and a
+/// card of another architecture cannot run that library). `None` when neither is known.
+pub fn card_arch(info: &crate::mlu::DeviceInfo) -> Option<String> {
+    if let Some(at) = info.arch.find("mtp_") {
+        let digits = info.arch[at + 4..].chars().take_while(char::is_ascii_digit).count();
+        return Some(info.arch[at..at + 4 + digits].to_owned());
+    }
+    Some(env!("MLUOPS_DEVICE_ARCH").to_owned()).filter(|a| !info.emulated && !a.is_empty())
+}
+
 /// Where the library is looked for, in order: `explicit` (the provider option
-/// `mluops_library` or `MLU_EP_MLUOPS_LIBRARY`), `$MLUOPS_HOME/lib64`, `$NEUWARE_HOME/lib64`,
-/// then the system's library path.
+/// `mluops_library` or `MLU_EP_MLUOPS_LIBRARY`) alone when given; else `$MLUOPS_HOME/lib64`,
+/// `$MLUOPS_HOME/build/lib` (a source build's output, mlu-ops CMakeLists.txt:6 at v1.4.0),
+/// `$NEUWARE_HOME/lib64` (where the MLU-OPS deb installs it:
+/// installer/independent/debian/install:1), then the system's library path; in each, the
+/// development name `libmluops.so`, then the soname `libmluops.so.1` (CMakeLists.txt:242-246,
+/// `SOVERSION` the major version), which a runtime-only install has alone.
 pub fn candidates(explicit: Option<&str>) -> Vec<String> {
     if let Some(p) = explicit.filter(|p| !p.is_empty()) {
         return vec![p.to_owned()];
     }
-    let mut out: Vec<String> = ["MLUOPS_HOME", "NEUWARE_HOME"]
-        .iter()
-        .filter_map(|v| std::env::var(v).ok().filter(|h| !h.is_empty()))
-        .map(|home| format!("{home}/lib64/libmluops.so"))
-        .collect();
-    out.push("libmluops.so".to_owned());
-    out
+    let home = |v: &str| std::env::var(v).ok().filter(|h| !h.is_empty());
+    let mut dirs = Vec::new();
+    if let Some(h) = home("MLUOPS_HOME") {
+        dirs.push(format!("{h}/lib64/"));
+        dirs.push(format!("{h}/build/lib/"));
+    }
+    if let Some(h) = home("NEUWARE_HOME") {
+        dirs.push(format!("{h}/lib64/"));
+    }
+    dirs.push(String::new());
+    dirs.iter().flat_map(|d| [format!("{d}libmluops.so"), format!("{d}libmluops.so.1")]).collect()
 }
 
-/// Opens the first loadable candidate (once per path and process), or says why none is
-/// usable: not found, a missing function, or a version outside [`OLDEST`]..[`NEWEST`].
-pub fn open(explicit: Option<&str>) -> Result<Arc<Library>> {
+/// The library for `card`: the first candidate that loads (RTLD_NOW: a symbol it needs from
+/// CNNL or CNRT that is missing fails here, never the process at a first call), exports
+/// every function, has a version in [`OLDEST`]..[`NEWEST`], supports the card's
+/// architecture, and creates a handle on the card ([`Library::probe`]). Every candidate is
+/// tried in order; the error lists each one's failure.
+pub fn open(explicit: Option<&str>, card: &Device) -> Result<Arc<Library>> {
     static OPEN: OnceLock<Mutex<HashMap<String, Arc<Library>>>> = OnceLock::new();
     let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     let mut tried = Vec::new();
     for path in candidates(explicit) {
-        if let Some(lib) = open.get(&path) {
-            return Ok(Arc::clone(lib));
-        }
-        // SAFETY: loading runs the library's initialisers; MLU-OPS (or its stand-in) is a
-        // plain shared library of C functions.
-        let lib = match unsafe { libloading::Library::new(&path) } {
-            Ok(lib) => lib,
-            Err(e) => {
-                tried.push(format!("{path}: {e}"));
-                continue;
-            }
+        let lib = match open.get(&path) {
+            Some(lib) => Ok(Arc::clone(lib)),
+            None => load(&path).map(|lib| {
+                let lib = Arc::new(lib);
+                open.insert(path.clone(), Arc::clone(&lib));
+                lib
+            }),
         };
-        let f = Functions::load(&lib).map_err(|e| Error::Runtime(format!("{path}: {e}")))?;
-        let (mut major, mut minor, mut patch) = (0, 0, 0);
-        // SAFETY: three valid out-pointers.
-        unsafe { (f.mluOpGetLibVersion)(&mut major, &mut minor, &mut patch) };
-        let version = (major, minor, patch);
-        if version < OLDEST || (major, minor) > NEWEST {
-            return Err(Error::Runtime(format!(
-                "{path} is MLU-OPS {major}.{minor}.{patch}; this provider is bound to the API of {}.{}.{} to {}.{}.x \
-                 (set mluops_library or MLU_EP_MLUOPS_LIBRARY to such a build)",
-                OLDEST.0, OLDEST.1, OLDEST.2, NEWEST.0, NEWEST.1
-            )));
+        match lib.and_then(|lib| lib.probe(card).map(|()| lib)) {
+            Ok(lib) => {
+                if !tried.is_empty() {
+                    log::info!(
+                        "{lib:?} serves MLU card {}; passed over: {}",
+                        card.id,
+                        tried.join("; ")
+                    );
+                }
+                return Ok(lib);
+            }
+            Err(e) => tried.push(format!("{path}: {e}")),
         }
-        let lib = Arc::new(Library {
-            f,
-            path: path.clone(),
-            version,
-            idle: Mutex::new(Vec::new()),
-            _lib: lib,
-        });
-        open.insert(path, Arc::clone(&lib));
-        return Ok(lib);
     }
     Err(Error::Runtime(format!(
-        "no MLU-OPS library found (tried {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)",
+        "no usable MLU-OPS library (tried, in order: {}; set MLUOPS_HOME or NEUWARE_HOME, or name the file with the provider option mluops_library)",
         tried.join("; ")
     )))
+}
+
+/// Opens `path` and checks its functions and version (the card-independent part of [`open`]).
+fn load(path: &str) -> Result<Library> {
+    // SAFETY: loading runs the library's initialisers; MLU-OPS (or its stand-in) is a
+    // plain shared library of C functions.
+    let lib = unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+        .map(libloading::Library::from)
+        .map_err(|e| Error::Runtime(e.to_string()))?;
+    let f = Functions::load(&lib)?;
+    let (mut major, mut minor, mut patch) = (0, 0, 0);
+    // SAFETY: three valid out-pointers.
+    unsafe { (f.mluOpGetLibVersion)(&mut major, &mut minor, &mut patch) };
+    if (major, minor, patch) < OLDEST || (major, minor) > NEWEST {
+        return Err(Error::Runtime(format!(
+            "it is MLU-OPS {major}.{minor}.{patch}; this provider is bound to the API of {}.{}.{} to {}.{}.x",
+            OLDEST.0, OLDEST.1, OLDEST.2, NEWEST.0, NEWEST.1
+        )));
+    }
+    Ok(Library {
+        f,
+        path: path.to_owned(),
+        version: (major, minor, patch),
+        idle: Mutex::new(Vec::new()),
+        probes: Mutex::new(HashMap::new()),
+        _lib: lib,
+    })
 }
 
 impl Library {
@@ -359,6 +405,38 @@ impl Library {
         } else {
             Err(Error::Runtime(message))
         }
+    }
+
+    /// Whether this library serves `card`, decided once per card: the card's architecture
+    /// within the versions that build for it ([`NEWEST_FOR_ARCH`]), then `mluOpCreate` on the
+    /// card (it returns NOT_INITIALIZED when its CNRT/CNDRV version check fails: mlu-ops
+    /// core/context.cpp:161-167 at v1.4.0); the handle made is kept for the card's calls.
+    pub fn probe(&self, card: &Device) -> Result<()> {
+        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        let result = probes.entry(card.id).or_insert_with(|| self.probe_card(card));
+        result.clone().map_err(Error::Runtime)
+    }
+
+    fn probe_card(&self, card: &Device) -> std::result::Result<(), String> {
+        let (major, minor, patch) = self.version;
+        let arch = card_arch(&card.info).ok_or_else(|| {
+            format!("the architecture of card '{}' is unknown, so MLU-OPS {major}.{minor}.{patch} cannot be checked to support it", card.info.arch)
+        })?;
+        if let Some((_, newest)) = NEWEST_FOR_ARCH.iter().find(|(a, _)| *a == arch)
+            && (major, minor) > *newest
+        {
+            return Err(format!(
+                "MLU-OPS {major}.{minor}.{patch} does not build for the card's architecture {arch} ({}); {arch} needs MLU-OPS {}.{}.x or older",
+                card.info.arch, newest.0, newest.1
+            ));
+        }
+        card.bind_thread().map_err(|e| e.to_string())?;
+        let mut h = std::ptr::null_mut();
+        // SAFETY: `h` is a valid out-pointer; the thread is bound to the card.
+        self.check("mluOpCreate", unsafe { (self.f.mluOpCreate)(&mut h) })
+            .map_err(|e| format!("{e} on card {arch} ({})", card.info.arch))?;
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push((card.id, Handle(h)));
+        Ok(())
     }
 
     /// Runs `f` with a handle of this library bound to `queue` (the caller's thread must be

@@ -116,6 +116,16 @@ pub struct CardBackends {
     pub mluops: Result<Arc<Library>>,
 }
 
+impl CardBackends {
+    /// The MLU-OPS library in use, or why none is (for the log and the session summary).
+    pub fn mluops_state(&self) -> String {
+        match &self.mluops {
+            Ok(lib) => format!("{lib:?}"),
+            Err(why) => format!("not in use: {why}"),
+        }
+    }
+}
+
 /// One backend's way of running one operator's nodes (candle's per-backend methods, as a
 /// type per backend): what it supports, its size limits, and the enqueueing of its calls.
 pub trait CardPath<O: Rules>: Send + Sync + 'static {

@@ -91,6 +91,9 @@ pub struct OpEntry {
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
     /// `None`: no card backend runs it; the EP declines the operator's nodes, which run on CPU.
     pub create_card: Option<CreateCard>,
+    /// The card backends that have a path for it, in `card!`'s order (the provider's order
+    /// decides which is tried first).
+    pub card_backends: &'static [device::Backend],
 }
 
 fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
@@ -100,6 +103,8 @@ fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
 /// An operator and the card backends that run it: each name is a function of `device`
 /// building that backend's path ([`device::mluops`], [`device::bang`]).
 macro_rules! card {
+    (@backend mluops) => { device::Backend::MluOps };
+    (@backend bang) => { device::Backend::Bang };
     ($t:ty, [$($path:ident),+]) => {
         OpEntry {
             name: <$t>::NAME,
@@ -109,13 +114,20 @@ macro_rules! card {
                 const PATHS: &[PathOf<$t>] = &[$($path::<$t>),+];
                 card_node::<$t>(attrs, backends, PATHS)
             }),
+            card_backends: &[$(card!(@backend $path)),+],
         }
     };
 }
 
 macro_rules! cpu_only {
     ($t:ty) => {
-        OpEntry { name: <$t>::NAME, schema: <$t>::SCHEMA, create: create::<$t>, create_card: None }
+        OpEntry {
+            name: <$t>::NAME,
+            schema: <$t>::SCHEMA,
+            create: create::<$t>,
+            create_card: None,
+            card_backends: &[],
+        }
     };
 }
 

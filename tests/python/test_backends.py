@@ -78,6 +78,9 @@ def biased_indice_conv(model: Path) -> bool:
     return any(n.op_type == "IndiceConv" and len(n.input) > 5 and n.input[5] for n in onnx.load(str(model)).graph.node)
 
 
+ULP_RULE = "within one ulp of an integer"
+
+
 def zoo_models() -> dict:
     return json.loads((ZOO / "zoo.json").read_text())["models"]
 
@@ -92,10 +95,17 @@ def test_every_zoo_model_on_each_backend(backend, tmp_path):
         sessions = [x for x in lines if "session" in x]
         assert len(sessions) == 1, f"{name}: one provider session line, got {sessions}"
         s = sessions[0]
-        assert s["cpu_fallbacks"] == 0, f"{name} ({backend}): unexpected run-time CPU fallbacks: {s}"
-        assert s["run_time_declines"] == {"mluops": 0, "bang": 0}, f"{name} ({backend}): unexpected run-time declines: {s}"
-        assert sum(s["card_runs"].values()) == len(nodes), f"{name}: node lines and counts disagree: {s}"
-        assert [x for x in nodes if x["backend"] == "cpu"] == []
+        # The only run-time declines expected: MLU-OPS's PsRoiPool nodes whose rois have a bin
+        # edge within one ulp of an integer (src/ops/psroipool/mluops.rs); rfcn_head has two.
+        ulp = [x for x in nodes if ULP_RULE in x.get("why", "")]
+        assert all(x["op"].startswith("PsRoiPool") for x in ulp), ulp
+        assert bool(ulp) == (name == "rfcn_head" and backend != "bang"), f"{name} ({backend}): {ulp}"
+        on_cpu = [x for x in nodes if x["backend"] == "cpu"]
+        assert all(x in ulp for x in on_cpu), f"{name} ({backend}): unexpected run-time CPU fallbacks: {on_cpu}"
+        assert s["cpu_fallbacks"] == len(on_cpu), f"{name} ({backend}): {s}"
+        after = len(ulp) - len(on_cpu)
+        assert s["run_time_declines"] == {"mluops": after, "bang": 0}, f"{name} ({backend}): unexpected run-time declines: {s}"
+        assert sum(s["card_runs"].values()) == len(nodes) - len(on_cpu), f"{name}: node lines and counts disagree: {s}"
         if backend != "auto":
             other = "bang" if backend == "mluops" else "mluops"
             assert s["card_runs"][other] == 0 and s["claimed"][other] == 0, f"{name}: {other} ran under {backend}: {s}"

@@ -8,7 +8,9 @@
 //! gives nothing for. The backward kernel skips a roi whose batch is out of range: batch -1.
 //! The forward kernel stops its core's remaining rois there (psroipool_block.mlu:82-84 at
 //! v1.4.0): a roi on batch 0 whose every bin is empty, which gives 0 and the channel map.
-//! A node with a bin edge beyond the int range goes to the next path.
+//! A node with a bin edge beyond the int range goes to the next path, and so does one with
+//! a bin edge within one ulp of an integer (`edge_near_integer`: the card computes the edges
+//! with its own division and floor/ceil; our BANG kernels take them from the host).
 
 use super::backward::{PsRoiPlan, PsRoiPoolBackward};
 use super::forward::{Plan, PsRoiPool};
@@ -38,10 +40,12 @@ enum LibraryRoi {
     Nothing,
     /// A coordinate or bin edge beyond the int range the library converts to.
     BeyondInt,
+    /// A bin edge the card may place one pixel row off the contract's ([`edge_near_integer`]).
+    NearInteger(f32),
 }
 
 impl PsRoiPoolBackward {
-    fn library_roi(&self, roi: &[f32]) -> LibraryRoi {
+    fn library_roi(&self, roi: &[f32], height: usize, width: usize) -> LibraryRoi {
         let r = [roi[0], roi[1].round(), roi[2].round(), roi[3].round(), roi[4].round()];
         let Some([start_w, start_h, bin_w, bin_h]) = self.library_bins(&r) else {
             return LibraryRoi::Nothing;
@@ -51,11 +55,12 @@ impl PsRoiPoolBackward {
         }
         let far = |start: f32, bin: f32| start.abs().max((self.pooled as f32 * bin + start).abs());
         let coordinates = r[1..].iter().all(|v| v.abs() < EDGE_LIMIT);
-        if coordinates && far(start_w, bin_w) < EDGE_LIMIT && far(start_h, bin_h) < EDGE_LIMIT {
-            LibraryRoi::Rounded(r)
-        } else {
-            LibraryRoi::BeyondInt
+        if !(coordinates && far(start_w, bin_w) < EDGE_LIMIT && far(start_h, bin_h) < EDGE_LIMIT) {
+            return LibraryRoi::BeyondInt;
         }
+        let near = edge_near_integer(self.pooled, start_w, bin_w, width)
+            .or_else(|| edge_near_integer(self.pooled, start_h, bin_h, height));
+        near.map_or(LibraryRoi::Rounded(r), LibraryRoi::NearInteger)
     }
 
     /// (start_w, start_h, bin_w, bin_h) of rounded roi `r` in the library's float32 order,
@@ -85,7 +90,7 @@ impl PsRoiPoolBackward {
     /// replacement for a roi that contributes nothing (`None`: the node declines).
     fn prepare_rois(
         &self,
-        rois: usize,
+        (rois, height, width): (usize, usize, usize),
         index: usize,
         nothing: Option<[f32; 5]>,
         card: &Card<'_>,
@@ -102,7 +107,7 @@ impl PsRoiPoolBackward {
             )?
         };
         for row in host.chunks_exact_mut(5) {
-            let adapted = match self.library_roi(row) {
+            let adapted = match self.library_roi(row, height, width) {
                 LibraryRoi::Rounded(r) => r,
                 LibraryRoi::Nothing => nothing.ok_or_else(|| {
                     Error::Declined(format!(
@@ -110,6 +115,11 @@ impl PsRoiPoolBackward {
                         self.spatial_scale
                     ))
                 })?,
+                LibraryRoi::NearInteger(edge) => {
+                    return Err(Error::Declined(format!(
+                        "roi {row:?}: bin edge {edge:e} is within one ulp of an integer, where MLU-OPS's on-card division and floor/ceil may place it one pixel row off the contract (rule: such rois run on the next path)"
+                    )));
+                }
                 LibraryRoi::BeyondInt => {
                     return Err(Error::Declined(format!(
                         "roi {row:?}: a coordinate or bin edge beyond the int range MLU-OPS converts to"
@@ -140,6 +150,38 @@ impl PsRoiPoolBackward {
         }
         Ok(())
     }
+}
+
+/// A bin edge of one axis (`start`, `bin` as [`PsRoiPoolBackward::library_bins`] gives them)
+/// whose place on a map of `limit` pixels the card may not compute as the contract does.
+/// MLU-OPS computes the edges on the card: `bin` by a scalar division, then
+/// `floor(p * bin + start)` for bin p's first row and `ceil((p + 1) * bin + start)` past its
+/// last, clamped to the map (psroipool_block.mlu:93-110 forward, :254-259 backward, at
+/// v1.4.0), built without -ffp-contract=off, and how mtp_372 lowers that division is not
+/// public. The contract rounds each operation in float32. An edge whose clamped floor or
+/// ceil changes when `bin` is one ulp off either way, or when the multiply-add is fused,
+/// could move a whole row of pixels on the card: that edge (as the contract computes it).
+fn edge_near_integer(pooled: usize, start: f32, bin: f32, limit: usize) -> Option<f32> {
+    let clamp = |v: f32| v.clamp(0.0, limit as f32);
+    let edge = |p: usize, bin: f32, fused: bool| {
+        if fused { (p as f32).mul_add(bin, start) } else { p as f32 * bin + start }
+    };
+    let variants = [
+        (bin.next_down(), false),
+        (bin.next_up(), false),
+        (bin, true),
+        (bin.next_down(), true),
+        (bin.next_up(), true),
+    ];
+    (0..=pooled).find_map(|p| {
+        let e = edge(p, bin, false);
+        let moved = variants.iter().any(|&(b, fused)| {
+            let v = edge(p, b, fused);
+            (p < pooled && clamp(v.floor()) != clamp(e.floor()))
+                || (p > 0 && clamp(v.ceil()) != clamp(e.ceil()))
+        });
+        moved.then_some(e)
+    })
 }
 
 /// The library's tensors stay below 2^31 bytes: the map [batches, height, width, channels]
@@ -187,7 +229,13 @@ impl MluOpsOperator for PsRoiPoolBackward {
             return Ok(());
         }
         let r = plan.rois;
-        let prepared = self.prepare_rois(r, 1, Some([-1.0, 0.0, 0.0, 0.0, 0.0]), card, outputs)?;
+        let prepared = self.prepare_rois(
+            (r, plan.height, plan.width),
+            1,
+            Some([-1.0, 0.0, 0.0, 0.0, 0.0]),
+            card,
+            outputs,
+        )?;
         let (p, o) = (self.pooled, self.output_dim);
         let top = lib.tensor(Layout::Nhwc, DType::Float, &[r, p, p, o])?;
         let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
@@ -265,7 +313,8 @@ impl MluOpsOperator for PsRoiPool {
         }
         let d = &self.0;
         let r = plan.rois;
-        let prepared = d.prepare_rois(r, 1, d.empty_roi(), card, outputs)?;
+        let prepared =
+            d.prepare_rois((r, plan.height, plan.width), 1, d.empty_roi(), card, outputs)?;
         let (p, o) = (d.pooled, d.output_dim);
         let input = lib.tensor(
             Layout::Nhwc,
