@@ -60,6 +60,9 @@ class Graph:
     #: MLU row (MLU, bang, mluops, auto) -> why no node of this graph runs on the card there
     #: (a row without one must run nodes on the card)
     off_card: dict[str, str] = field(default_factory=dict)
+    #: MLU row -> (CPU fallbacks, run-time declines, why) the row must show, for a graph whose
+    #: inputs a card backend refuses at run time (a row not named here must show none)
+    run_time: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     #: output name -> tolerance (regression.compare's), for an output the default does not fit
     tolerances: dict[str, dict] = field(default_factory=dict)
 

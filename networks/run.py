@@ -115,7 +115,10 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         options = None if row == "MLU" else {"mlu_backend": row, "mluops_library": mluops_library}
         out, emu, (on, want, assigned, missed), counts, session = common.mlu_run(g.model, library, g.feeds, options)
         ratio, text = common.compare(out, ref, g.canonical, g.tolerances)
-        expect = placement.Expectation(off_card=g.off_card.get(row, ""))
+        fallbacks, declines, why = g.run_time.get(row, (0, 0, ""))
+        expect = placement.Expectation(off_card=g.off_card.get(row, ""), cpu_fallbacks=fallbacks,
+                                       run_time_declines=declines)
+        described = expect.describe() + (f" ({why})" if why else "")
         wrong = placement.judge(counts, expect)
         if row == "MLU":
             # Every node with a BANG kernel is on the card (the MLU-OPS ones need a library).
@@ -133,10 +136,10 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         if row == "MLU":
             rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; "
                         f"emulated card {emu * 1e3:8.1f} ms (the emulator's time, not an MLU's); "
-                        f"{placement.summary(counts)}; {expect.describe()}   {what}")
+                        f"{placement.summary(counts)}; {described}   {what}")
         else:
             rows.append(f"{label} {row:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  {placement.summary(counts)}, "
-                        f"{sum(session['claimed'].values())} claimed, {session['declined']} declined; {expect.describe()}; "
+                        f"{sum(session['claimed'].values())} claimed, {session['declined']} declined; {described}; "
                         f"host<->card per inference {t['h2d']:,} B to the card, {t['d2h']:,} B back (ONNX Runtime's "
                         f"copies included){peer}   {what}")
     return rows, ok
