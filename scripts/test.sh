@@ -95,8 +95,9 @@ stage "BANG kernels on the emulated MLU card at network scale (release; no MLU h
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 stage "python session tests"
 "$VENV/bin/python" -m pytest tests/python -q
-stage "in-process coverage-guided fuzzing: each operator's target over its corpus, then new cases up to 1,500 runs, every path (fuzz/, scripts/fuzz.sh)"
-scripts/fuzz.sh --runs 1500
+stage "in-process coverage-guided fuzzing: each operator's target over its corpus, then new cases up to 1,500 runs at -seed=1 into a scratch corpus, every path; then the self-test: a planted wrong element the corpus replay must catch (fuzz/, scripts/fuzz.sh)"
+scripts/fuzz.sh --runs 1500 --seed 1
+scripts/fuzz.sh --self-test
 stage "session fuzz: 9,000 fixed-seed cases (all nine operators, both paths, through ONNX Runtime, isolated workers; tests/fuzz/README.md)"
 "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 9000
 stage "session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"

@@ -13,7 +13,7 @@ use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
 mod common;
-use common::{Rng, assert_accumulating};
+use common::{ELEM_REL, ELEM_REL_F16, Rng, assert_accumulating_within, assert_rejects_planted};
 
 /// The card under test: the emulated one unless a real card is present (common::card).
 fn device() -> Arc<Device> {
@@ -67,17 +67,30 @@ fn assert_exact(cpu: &Tensor, mlu: &Tensor, what: &str) {
     }
 }
 
-fn assert_close(cpu: &Tensor, mlu: &Tensor, what: &str) {
-    let (want, got): (Vec<f64>, Vec<f32>) = match (&cpu.data, &mlu.data) {
+/// An accumulating output of the CPU and the card as the judge takes it, with its E.
+fn judged(cpu: &Tensor, mlu: &Tensor, what: &str) -> (Vec<f32>, Vec<f64>, f64) {
+    match (&cpu.data, &mlu.data) {
         (OwnedData::F32(a), OwnedData::F32(b)) => {
-            (a.iter().map(|&v| v as f64).collect(), b.clone())
+            (b.clone(), a.iter().map(|&v| v as f64).collect(), ELEM_REL)
         }
-        (OwnedData::F16(a), OwnedData::F16(b)) => {
-            (a.iter().map(|v| v.to_f64()).collect(), b.iter().map(|v| v.to_f32()).collect())
-        }
+        (OwnedData::F16(a), OwnedData::F16(b)) => (
+            b.iter().map(|v| v.to_f32()).collect(),
+            a.iter().map(|v| v.to_f64()).collect(),
+            ELEM_REL_F16,
+        ),
         _ => panic!("{what}: dtype"),
-    };
-    assert_accumulating(&got, &want, what);
+    }
+}
+
+fn assert_close(cpu: &Tensor, mlu: &Tensor, what: &str) {
+    let (got, want, elem_rel) = judged(cpu, mlu, what);
+    assert_accumulating_within(&got, &want, elem_rel, what);
+}
+
+/// One wrong element planted in the card's network-scale output fails the judge.
+fn assert_planted_rejected(cpu: &Tensor, mlu: &Tensor, what: &str) {
+    let (got, want, elem_rel) = judged(cpu, mlu, what);
+    assert_rejects_planted(&got, &want, elem_rel, what);
 }
 
 // ------------------------------------------------------------ VoxelPoolingForward
@@ -86,7 +99,8 @@ mod voxel_pooling_forward {
     use super::*;
     use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 
-    fn case(seed: u64, b: usize, n: usize, c: usize, grid: [i64; 3]) {
+    /// Returns output_features, CPU and card.
+    fn case(seed: u64, b: usize, n: usize, c: usize, grid: [i64; 3]) -> (Tensor, Tensor) {
         let op: VoxelPoolingForward =
             descriptor(&HashMap::from([("voxel_num".to_string(), AttrValue::Ints(grid.to_vec()))]))
                 .unwrap();
@@ -99,6 +113,7 @@ mod voxel_pooling_forward {
         let (cpu, mlu) = both(&op, &[Some(&g), Some(&f)]);
         assert_close(&cpu[0], &mlu[0], "output_features");
         assert_exact(&cpu[1], &mlu[1], "pos_memo");
+        (cpu[0].clone(), mlu[0].clone())
     }
 
     #[test]
@@ -150,7 +165,8 @@ mod voxel_pooling_forward {
     #[test]
     fn network_scale() {
         // Seed scale: B 2, N 473088, C 80, grid (128, 128, 1).
-        case(13, 2, scale(473_088, 60_000), 80, [128, 128, 1]);
+        let (cpu, mlu) = case(13, 2, scale(473_088, 60_000), 80, [128, 128, 1]);
+        assert_planted_rejected(&cpu, &mlu, "output_features");
     }
 }
 
@@ -160,7 +176,15 @@ mod three_interpolate_backward {
     use super::*;
     use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
 
-    fn case(seed: u64, b: usize, c: usize, n: usize, m: usize, half_precision: bool) {
+    /// Returns grad_features, CPU and card.
+    fn case(
+        seed: u64,
+        b: usize,
+        c: usize,
+        n: usize,
+        m: usize,
+        half_precision: bool,
+    ) -> (Tensor, Tensor) {
         let op: ThreeInterpolateBackward =
             descriptor(&HashMap::from([("m".to_string(), AttrValue::Int(m as i64))])).unwrap();
         let mut rng = Rng(seed);
@@ -179,6 +203,7 @@ mod three_interpolate_backward {
             &mlu[0],
             &format!("grad_features ({b},{c},{n},{m}) half={half_precision}"),
         );
+        (cpu[0].clone(), mlu[0].clone())
     }
 
     #[test]
@@ -226,8 +251,10 @@ mod three_interpolate_backward {
     fn network_scale() {
         // Seed case 4 (16, 128, 4096, 1024), reduced in B unless MLU_EP_FULL_SCALE=1.
         let b = scale(16, 2);
-        case(9, b, 128, 4096, 1024, false);
-        case(10, b, 128, 4096, 1024, true);
+        for (seed, half_precision) in [(9, false), (10, true)] {
+            let (cpu, mlu) = case(seed, b, 128, 4096, 1024, half_precision);
+            assert_planted_rejected(&cpu, &mlu, &format!("grad_features half={half_precision}"));
+        }
     }
 }
 
@@ -414,7 +441,7 @@ mod psroipool_backward {
         r: usize,
         s: f32,
         odd_rois: bool,
-    ) {
+    ) -> (Tensor, Tensor) {
         let op = op(p, od, s);
         let c = p * p * od;
         let mut rng = Rng(seed);
@@ -450,6 +477,7 @@ mod psroipool_backward {
             );
         }
         assert_close(&cpu[0], &mlu[0], &format!("bottom_grad (r {r}, p {p}, od {od})"));
+        (cpu[0].clone(), mlu[0].clone())
     }
 
     #[test]
@@ -462,8 +490,11 @@ mod psroipool_backward {
 
     #[test]
     fn seed_cases() {
-        case(5, 2, 14, 14, 7, 8, 320, 1.0, false);
-        case(6, 8, 14, 14, 3, 21, 493, 0.0625, false);
+        // The seed's R-FCN sizes, the network's.
+        let (cpu, mlu) = case(5, 2, 14, 14, 7, 8, 320, 1.0, false);
+        assert_planted_rejected(&cpu, &mlu, "bottom_grad (seed case 5)");
+        let (cpu, mlu) = case(6, 8, 14, 14, 3, 21, 493, 0.0625, false);
+        assert_planted_rejected(&cpu, &mlu, "bottom_grad (seed case 6)");
     }
 
     /// Rois whose every bin edge is an integer (at scale 1/16, width 7k * 16 pixels: bins of

@@ -195,6 +195,12 @@ impl crate::ops::Operator for VoxelPoolingForward {
         if !out.is_empty() {
             self.sum_cells(pos_memo, feats, points, channels, out, par)?;
         }
+        // The planted fault of `scripts/fuzz.sh --self-test` (never in a normal build): one
+        // wrong element, the first nonzero sum zeroed, which the fuzz corpus must catch.
+        #[cfg(mlu_ep_planted_fault)]
+        if let Some(v) = out.iter_mut().find(|v| **v != 0.0) {
+            *v = 0.0;
+        }
         Ok(())
     }
 }
