@@ -2,7 +2,7 @@
 # Coverage-guided in-process fuzzing (libFuzzer) of every operator: fuzz/, docs/VERIFICATION.md.
 #   scripts/fuzz.sh [--runs N | --seconds S] [target...]
 # Builds the targets with SanitizerCoverage (stable Rust: -Cpasses=sancov-module) into
-# target/fuzz, the emulated libmluops beside them, then runs each target over its corpus in
+# target/fuzz (the emulated libmluops is the plain release build), then runs each target over its corpus in
 # fuzz/corpus/<target> (new inputs that add coverage are added there) for N cases or S
 # seconds, one process per target. Any finding (a panic, a disagreement between paths, a
 # crash) stops the run and leaves its input in target/fuzz/artifacts/<target>/.
@@ -22,14 +22,16 @@ if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v onnxruntime-ep-mlu-fuzz)
 fi
 TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
+# The emulated libmluops is the plain release build (scripts/test.sh's build stage has made
+# it: nothing recompiles); only the instrumented targets go to target/fuzz.
+cargo build --quiet --release --example mluops_emulated
+export MLU_EP_MLUOPS_LIBRARY="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/libmluops_emulated.so"
 export CARGO_TARGET_DIR="$ROOT/target/fuzz"
 echo "== fuzz: building ${#targets[@]} targets with coverage instrumentation"
-cargo build --quiet --release --example mluops_emulated
 # --target: build scripts (which compile the C++ emulator) are not instrumented.
 RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
 -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing" \
     cargo build --quiet --release --manifest-path fuzz/Cargo.toml --target "$TRIPLE" --bins
-export MLU_EP_MLUOPS_LIBRARY="$CARGO_TARGET_DIR/release/examples/libmluops_emulated.so"
 for t in "${targets[@]}"; do
     mkdir -p "fuzz/corpus/$t" "$CARGO_TARGET_DIR/artifacts/$t"
     log="$CARGO_TARGET_DIR/artifacts/$t/last.log"
