@@ -621,7 +621,11 @@ void violation(Loc at, const char *fmt, ...) {
   throw Violation(buf);
 }
 
-Space space_of(Loc at, const void *p, size_t bytes, const char *what) {
+namespace {
+// space_of with the subject of its messages in up to four parts, joined only when a violation
+// is reported: formatting every copy's and tile's name up front was half of a small launch.
+Space space_named(Loc at, const void *p, size_t bytes, const char *w0, const char *w1 = "", const char *w2 = "",
+                  const char *w3 = "") {
   Core &c = core_at(at);
   auto a = reinterpret_cast<uintptr_t>(p);
   // Newest first: a carved sub-buffer is found before the buffer it was carved from.
@@ -629,7 +633,7 @@ Space space_of(Loc at, const void *p, size_t bytes, const char *what) {
     const Region &r = *it;
     if (a >= r.base && a < r.base + r.size) {
       if (bytes > r.size - (a - r.base))
-        violation(at, "%s: %zu bytes at offset %zu leave %s buffer '%s' of %zu bytes", what, bytes,
+        violation(at, "%s%s%s%s: %zu bytes at offset %zu leave %s buffer '%s' of %zu bytes", w0, w1, w2, w3, bytes,
                   static_cast<size_t>(a - r.base), space_name(r.space), r.name, r.size);
       c.touch(r.space, a + bytes);
       return r.space;
@@ -637,9 +641,12 @@ Space space_of(Loc at, const void *p, size_t bytes, const char *what) {
   }
   if (gdram_contains(p, bytes)) return Space::GDRAM;
   if (gdram_contains(p, 1))
-    violation(at, "%s: %zu bytes at %p leave the allocated GDRAM buffer", what, bytes, p);
-  violation(at, "%s: address %p is in no allocated device buffer or on-chip buffer", what, p);
+    violation(at, "%s%s%s%s: %zu bytes at %p leave the allocated GDRAM buffer", w0, w1, w2, w3, bytes, p);
+  violation(at, "%s%s%s%s: address %p is in no allocated device buffer or on-chip buffer", w0, w1, w2, w3, p);
 }
+}  // namespace
+
+Space space_of(Loc at, const void *p, size_t bytes, const char *what) { return space_named(at, p, bytes, what); }
 
 void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
   Core &c = core_at(at);
@@ -673,9 +680,7 @@ void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
 void carve(Loc at, const void *p, size_t bytes, const char *name) {
   Core &c = core_at(at);
   if (bytes == 0) violation(at, "on-chip tile '%s' is empty", name);
-  char what[128];
-  std::snprintf(what, sizeof what, "on-chip tile '%s'", name);
-  Space s = space_of(at, p, bytes, what);
+  Space s = space_named(at, p, bytes, "on-chip tile '", name, "'");
   if (s == Space::GDRAM) violation(at, "on-chip tile '%s' is carved from GDRAM", name);
   c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
   ASAN_UNPOISON_MEMORY_REGION(p, bytes);
@@ -740,11 +745,8 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
   if (bytes > INT32_MAX || dst_stride > INT32_MAX || src_stride > INT32_MAX)
     violation(at, "%s %s: size %ld or strides (%ld, %ld) beyond the int range of the card's copy", op, d.name, bytes,
               dst_stride, src_stride);
-  char what[96];
-  std::snprintf(what, sizeof what, "%s %s destination", op, d.name);
-  Space ds = space_of(at, dst, segnum * dst_stride + bytes, what);
-  std::snprintf(what, sizeof what, "%s %s source", op, d.name);
-  Space ss = space_of(at, src, segnum * src_stride + bytes, what);
+  Space ds = space_named(at, dst, segnum * dst_stride + bytes, op, " ", d.name, " destination");
+  Space ss = space_named(at, src, segnum * src_stride + bytes, op, " ", d.name, " source");
   if (ds != d.dst || ss != d.src)
     violation(at, "%s: direction %s copies %s to %s, but the source is in %s and the destination in %s", op, d.name,
               space_name(d.src), space_name(d.dst), space_name(ss), space_name(ds));
