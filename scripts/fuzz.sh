@@ -4,7 +4,7 @@
 #   scripts/fuzz.sh --merge [target...]
 #   scripts/fuzz.sh --self-test
 # Builds the targets with SanitizerCoverage (stable Rust: -Cpasses=sancov-module) into
-# target/fuzz, the emulated libmluops beside them, then runs each target, one process per
+# target/fuzz (the emulated libmluops is the plain release build), then runs each target, one process per
 # target, for N cases or S seconds with libFuzzer's -seed (default 1), over two corpora: the
 # scratch one, target/fuzz/corpus/<target>, emptied first and where the new inputs that add
 # coverage are written, and the tracked fuzz/corpus/<target>, only read. A run therefore
@@ -41,6 +41,10 @@ elif [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v onnxruntime-ep-mlu-fuzz)
 fi
 TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
+# The emulated libmluops is the plain release build (scripts/test.sh's build stage has made
+# it: nothing recompiles); only the instrumented targets go to target/fuzz.
+cargo build --quiet --release --example mluops_emulated
+export MLU_EP_MLUOPS_LIBRARY="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/libmluops_emulated.so"
 export CARGO_TARGET_DIR="$ROOT/target/fuzz"
 SCRATCH="$CARGO_TARGET_DIR/corpus"
 SANCOV="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
@@ -50,14 +54,12 @@ if [ "$mode" = self-test ]; then
     planted=(--cfg mlu_ep_planted_fault)
 fi
 echo "== fuzz: building ${#targets[@]} targets with coverage instrumentation${planted[*]:+ and ${planted[*]}}"
-cargo build --quiet --release --example mluops_emulated
 # --target: build scripts (which compile the C++ emulator) are not instrumented. Cargo keeps
 # the planted build's artifacts apart from the normal ones (RUSTFLAGS are in their hash), so
 # neither rebuilds the other.
 RUSTFLAGS="$SANCOV ${planted[*]}" \
     cargo build --quiet --release --manifest-path fuzz/Cargo.toml --target "$TRIPLE" \
     $(printf -- '--bin %s ' "${targets[@]}")
-export MLU_EP_MLUOPS_LIBRARY="$CARGO_TARGET_DIR/release/examples/libmluops_emulated.so"
 run() { # target, log, libFuzzer arguments...
     local t="$1" log="$2"
     shift 2

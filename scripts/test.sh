@@ -25,8 +25,27 @@ if [ "$card" = 1 ] && [ -z "${NEUWARE_HOME:-}" ]; then
     exit 1
 fi
 source scripts/setup.sh --test
-# Each stage's heading carries the minutes and seconds since the start (CI's budget).
-stage() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
+# Each stage's heading carries the minutes and seconds since the start (CI's budget); at the
+# exit, on a failure too, a table of every stage's duration.
+stage_names=()
+stage_starts=()
+stage() {
+    stage_names+=("$*")
+    stage_starts+=("$SECONDS")
+    echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"
+}
+stage_table() {
+    local status=$? i end
+    if [ ${#stage_names[@]} -gt 0 ]; then
+        echo "== stage times ($([ "$status" = 0 ] && echo "all passed" || echo "stopped with exit $status in the last"), $((SECONDS / 60))m$((SECONDS % 60))s in all)"
+        for i in "${!stage_names[@]}"; do
+            end=${stage_starts[$((i + 1))]:-$SECONDS}
+            printf '%4dm%02ds  %s\n' $(((end - stage_starts[i]) / 60)) $(((end - stage_starts[i]) % 60)) "${stage_names[$i]:0:110}"
+        done
+    fi
+    return "$status"
+}
+trap stage_table EXIT
 if [ "$card" = 1 ]; then
     unset MLU_EP_EMULATE
     echo "== card mode: build with the toolkit's cncc (NEUWARE_HOME=$NEUWARE_HOME)"
@@ -113,7 +132,8 @@ scripts/ort_range.sh
 stage "the wheel: scripts/wheel.sh (manylinux_2_35, auditwheel), installed with no compiler on PATH with onnxruntime 1.31.1 and numpy only, both paths, README's snippets and the regression tool from outside the checkout"
 scripts/wheel_check.sh
 stage "model fixtures are what the builder writes"
-cargo run --quiet --example build_models -- --check
+# Release: the CXX stage above left the debug build on clang-14, the release one is warm.
+cargo run --release --quiet --example build_models -- --check
 stage "model goldens are what the independent numpy models compute"
 "$VENV/bin/python" models/make_zoo_goldens.py --check
 stage "model-level regression suite (CPU and emulated MLU provider)"

@@ -41,6 +41,14 @@ unsafe extern "C" {
         n: i64,
     ) -> i32;
     fn mluops_emu_selftest_nram_over_budget(q: QueuePtr, buf: *mut f32) -> i32;
+    fn mluops_emu_selftest_fresh(
+        q: QueuePtr,
+        task_dim: u32,
+        task_type: i32,
+        src: *const f32,
+        out: *mut f32,
+        n: i64,
+    ) -> i32;
     fn mluops_emu_selftest_order(
         q: QueuePtr,
         task_dim: u32,
@@ -476,6 +484,48 @@ fn task_order_follows_mlu_emu_order() {
                     clusters - 1 - c
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn on_chip_memory_written_by_an_earlier_task_reads_as_poison() {
+    // The card's arenas are reused: each task or launch re-poisons only what it touched.
+    // BLOCK: 64 tasks on at most the card's cores, so most follow a task of the same launch
+    // on their core (NRAM, WRAM); UNION1: the second launch finds the cores and SRAM the
+    // first wrote. Each task reads its buffers before writing them (selftest.cc).
+    const N: usize = 64;
+    let dev = device();
+    let clusters = (dev.info.clusters as usize).max(1);
+    let src = dev.upload(&[1.0f32; N]).unwrap();
+    for (task_type, tasks, sram) in [(TASK_BLOCK, 64, 0), (TASK_UNION1, 4 * clusters, clusters)] {
+        for launch in 0..2 {
+            let len = tasks * 2 * N + sram * N;
+            let out = dev.upload(&vec![0.0f32; len]).unwrap();
+            let q = dev.queue().unwrap();
+            // SAFETY: `src` holds N floats, `out` 2N per task and N per cluster.
+            let code = unsafe {
+                mluops_emu_selftest_fresh(
+                    q.ptr(),
+                    tasks as u32,
+                    task_type,
+                    src.ptr(),
+                    out.ptr(),
+                    N as i64,
+                )
+            };
+            q.launched("selftest", code).unwrap();
+            q.sync().unwrap();
+            let mut seen = vec![0.0f32; len];
+            dev.download(&out, &mut seen).unwrap();
+            let fresh = seen.iter().position(|v| v.to_bits() != u32::MAX);
+            assert_eq!(
+                fresh,
+                None,
+                "type {task_type}, launch {launch}: element {} of {len} read {} (first NRAM, WRAM per task, then SRAM per cluster)",
+                fresh.unwrap_or(0),
+                fresh.map_or(0.0, |i| seen[i])
+            );
         }
     }
 }

@@ -3,8 +3,9 @@
 // toolkit's <mlu.h> when the kernels are compiled with the system C++ compiler.
 //
 // What it models (see kernels/README.md):
-// - a launch runs taskDim host threads; UNION tasks are grouped into clusters of
-//   CORES_PER_CLUSTER cores that share one SRAM, every core has its own NRAM and WRAM;
+// - a launch runs its tasks on the card's persistent host threads, one per core; UNION
+//   tasks are grouped into clusters of CORES_PER_CLUSTER cores that share one SRAM, every
+//   core has its own NRAM and WRAM;
 // - on-chip buffers come from per-core / per-cluster arenas of the architecture's size;
 // - every __memcpy checks both ranges (inside one device buffer) and the direction
 //   against the address spaces; __memcpy_async copies happen at the next __sync_io /

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <pthread.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -203,30 +205,41 @@ struct Region {
   const char *name;
 };
 
-// Zero-initialised on-chip memory, 64-byte aligned like the card's address spaces.
+// 0xFF: NaN as float, -1 as int: reading on-chip memory nobody wrote shows.
+constexpr int kPoison = 0xFF;
+
+// On-chip memory, 64-byte aligned like the card's address spaces, allocated once per
+// emulated card and poisoned (kPoison) in full once; afterwards each task or launch
+// re-poisons only what it touched (Card, run_task), so it is all poison between uses.
 class Arena {
  public:
   // n = 0: no memory (the memory core has no NRAM or WRAM).
   explicit Arena(size_t n) : n_(n), p_(n ? static_cast<uint8_t *>(std::aligned_alloc(64, (n + 63) / 64 * 64)) : nullptr) {
     if (n && !p_) throw std::bad_alloc();
-    if (n) std::memset(p_, 0, n);
+    if (n) fill_bytes(p_, kPoison, n);
   }
   ~Arena() { std::free(p_); }
   Arena(const Arena &) = delete;
   Arena &operator=(const Arena &) = delete;
   uint8_t *data() { return p_; }
   size_t size() const { return n_; }
+  // Poisons [data(), end): `end` is the high-water mark of what a task or launch touched.
+  void repoison(uintptr_t end) {
+    const auto base = reinterpret_cast<uintptr_t>(p_);
+    if (end > base) fill_bytes(p_, kPoison, std::min<size_t>(end - base, n_));
+  }
 
  private:
   size_t n_;
   uint8_t *p_;
 };
 
-// A cluster: its compute cores and its memory core share the SRAM and __sync_cluster.
+// A cluster in one UNION launch: its compute cores and its memory core share the card's
+// SRAM of that cluster and __sync_cluster.
 struct Cluster {
-  Cluster() : barrier(kCoresPerCluster + 1), sram(kSram) {}
+  explicit Cluster(Arena &s) : barrier(kCoresPerCluster + 1), sram(s) {}
   Barrier barrier;
-  Arena sram;
+  Arena &sram;
 };
 
 // The clusters one UnionN task occupies: the reach of __sync_all (every core, memory
@@ -280,17 +293,30 @@ struct Core {
   Arena nram;
   Arena wram;
   size_t used[4] = {0, 0, 0, 0};  // indexed by Space
+  // The end of the on-chip bytes this task may have written, per Space: every buffer it
+  // allocated, tile it carved and operand or copy range it named (touch). Scalar stores
+  // land inside those tiles; one outside every tile (into the uncarved file-scope buffer or
+  // an alignment pad) is what the ASan build reports (poison_onchip).
+  uintptr_t touched[4] = {0, 0, 0, 0};
   std::vector<Region> regions;
   std::vector<Pending> pending;
 
+  void touch(Space s, uintptr_t end) {
+    uintptr_t &t = touched[static_cast<int>(s)];
+    t = std::max(t, end);
+  }
   void reset_task() {
-    poison_onchip(false);
-    // 0xFF: NaN as float, -1 as int: reading on-chip memory nobody wrote shows.
-    if (nram.size()) std::memset(nram.data(), 0xFF, nram.size());
     std::fill(std::begin(used), std::end(used), 0);
     regions.clear();
     pending.clear();
     poison_onchip(true);
+  }
+  // Leaves NRAM and WRAM as the next task must find them: poison wherever this one wrote.
+  // (SRAM is the cluster's: the launch re-poisons it once all its cores are done.)
+  void end_task() {
+    poison_onchip(false);
+    nram.repoison(std::exchange(touched[static_cast<int>(Space::NRAM)], 0));
+    wram.repoison(std::exchange(touched[static_cast<int>(Space::WRAM)], 0));
   }
   // Under ASan (MLU_EMU_SANITIZE) a task's NRAM and WRAM are poisoned from its start to its
   // end except the buffers it allocates (onchip_alloc) or carves (carve), so a scalar access
@@ -338,6 +364,7 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
     core.b.clusterId = 0;
     core.b.clusterDim = 1;
     core.cluster = nullptr;
+    core.group = nullptr;
   } else {
     // A memory core runs with the task builtins of its cluster's first compute core (task
     // is that core's), so a kernel without the __is_mpu() guard does real work on it and
@@ -370,8 +397,97 @@ void run_task(Launch &l, Core &core, int task, void (*body)(void *), void *args)
       l.record(std::string("kernel '") + l.kernel + "' " + (core.mpu ? "memory core of the cluster of task " : "task ") +
                std::to_string(task) + " returned while other tasks wait at a barrier it never reaches (a card would hang)");
   }
-  core.poison_onchip(false);
+  core.end_task();
   t_core = nullptr;
+}
+
+// Persistent worker threads of the emulated card. run(n, job) runs job(0) .. job(n - 1)
+// at once, one index per thread, and returns when all have returned: with n at most the
+// thread count every index has its own thread, so tasks that meet at barriers all run.
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  // No destructor joins the threads: the card is never destroyed (emulated_card).
+  int size() const { return static_cast<int>(threads_.size()); }
+
+  void run(int n, const std::function<void(int)> &job) {
+    std::unique_lock lock(m_);
+    job_ = &job;
+    n_ = n;
+    next_ = 0;
+    done_ = 0;
+    ++generation_;
+    start_.notify_all();
+    done_cv_.wait(lock, [&] { return done_ == n_; });
+    job_ = nullptr;
+  }
+
+ private:
+  void work() {
+    // Every emulated core's arithmetic runs on these threads: their float mode is the card's.
+    enter_float_mode();
+    std::unique_lock lock(m_);
+    for (uint64_t seen = 0;;) {
+      start_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      while (next_ < n_) {
+        const int i = next_++;
+        lock.unlock();
+        (*job_)(i);
+        lock.lock();
+        if (++done_ == n_) done_cv_.notify_all();
+      }
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable start_, done_cv_;
+  const std::function<void(int)> *job_ = nullptr;
+  int n_ = 0, next_ = 0, done_ = 0;
+  uint64_t generation_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+// The emulated card: its cores (compute cores, then one memory core per cluster), each
+// cluster's SRAM and a thread per core, made once and reused by every launch. Launches
+// take the card one at a time (g_card_mutex), as a card's queues share its cores.
+struct Card {
+  Card() : pool(total_cores() + clusters()) {
+    for (int t = 0; t < total_cores(); ++t) cores.push_back(std::make_unique<Core>());
+    for (int c = 0; c < clusters(); ++c) cores.push_back(std::make_unique<Core>(true));
+    for (int c = 0; c < clusters(); ++c) sram.push_back(std::make_unique<Arena>(kSram));
+  }
+  Core &memory_core(int cluster) { return *cores[total_cores() + cluster]; }
+  // After a UNION launch: poison the SRAM its clusters' cores touched.
+  void end_union(int clusters) {
+    for (int c = 0; c < clusters; ++c) {
+      uintptr_t end = std::exchange(memory_core(c).touched[static_cast<int>(Space::SRAM)], 0);
+      for (int k = 0; k < kCoresPerCluster; ++k)
+        end = std::max(end, std::exchange(cores[c * kCoresPerCluster + k]->touched[static_cast<int>(Space::SRAM)], 0));
+      sram[c]->repoison(end);
+    }
+  }
+  std::vector<std::unique_ptr<Core>> cores;
+  std::vector<std::unique_ptr<Arena>> sram;
+  Pool pool;
+};
+
+std::mutex g_card_mutex;
+Card *g_card = nullptr;
+
+// The card, made at the first launch; the caller holds g_card_mutex. A forked child has
+// none of the parent's threads: it makes its own card (the parent's is left unreleased).
+Card &emulated_card() {
+  static const int fork_handlers = pthread_atfork([] { g_card_mutex.lock(); }, [] { g_card_mutex.unlock(); },
+                                                  [] {
+                                                    g_card = nullptr;
+                                                    g_card_mutex.unlock();
+                                                  });
+  (void)fork_handlers;
+  if (!g_card) g_card = new Card();
+  return *g_card;
 }
 
 void execute(Launch &l, void (*body)(void *), void *args) {
@@ -379,59 +495,46 @@ void execute(Launch &l, void (*body)(void *), void *args) {
     l.record("MLU_EMU_FTZ=1 needs an x86 host (the mode sets MXCSR)");
     return;
   }
+  std::lock_guard lock(g_card_mutex);
+  Card &card = emulated_card();
   if (l.type == cnrtFuncTypeBlock) {
     // BLOCK tasks are independent: the card's cores take them one after another.
     if (modes().serial) {
-      std::thread([&] {
-        enter_float_mode();
-        Core core;
-        for (int t = l.task_dim - 1; t >= 0 && !l.failed; --t) run_task(l, core, t, body, args);
-      }).join();
+      card.pool.run(1, [&](int) {
+        for (int t = l.task_dim - 1; t >= 0 && !l.failed; --t) run_task(l, *card.cores[0], t, body, args);
+      });
       return;
     }
-    int workers = std::min(l.task_dim, total_cores());
     std::atomic<int> next{0};
-    std::vector<std::thread> threads;
-    for (int w = 0; w < workers; ++w)
-      threads.emplace_back([&] {
-        enter_float_mode();
-        Core core;
-        for (int t; !l.failed && (t = next++) < l.task_dim;) run_task(l, core, t, body, args);
-      });
-    for (auto &t : threads) t.join();
+    card.pool.run(std::min(l.task_dim, total_cores()), [&](int w) {
+      for (int t; !l.failed && (t = next++) < l.task_dim;) run_task(l, *card.cores[w], t, body, args);
+    });
   } else {
-    // UNION tasks are resident together: one thread per compute core and one per
-    // cluster's memory core, which runs the kernel too; barriers are real. The groups
-    // (UnionN: N clusters) share nothing, so MLU_EMU_ORDER=serial runs one at a time.
+    // UNION tasks are resident together: a thread per compute core and per cluster's
+    // memory core, which runs the kernel too; barriers are real. The groups (UnionN: N
+    // clusters) share nothing, so MLU_EMU_ORDER=serial runs one at a time.
     const int clusters = l.task_dim / kCoresPerCluster, per_group = l.type / kCoresPerCluster;
-    for (int c = 0; c < clusters; ++c) l.clusters.push_back(std::make_unique<Cluster>());
+    for (int c = 0; c < clusters; ++c) l.clusters.push_back(std::make_unique<Cluster>(*card.sram[c]));
     for (int g = 0; g < clusters / per_group; ++g) l.groups.push_back(std::make_unique<Group>(per_group));
-    std::vector<std::unique_ptr<Core>> cores;
-    for (int t = 0; t < l.task_dim; ++t) cores.push_back(std::make_unique<Core>());
-    for (int c = 0; c < clusters; ++c) cores.push_back(std::make_unique<Core>(true));
-    auto start = [&](std::vector<std::thread> &threads, int first_cluster, int last_cluster) {
-      for (int t = first_cluster * kCoresPerCluster; t < last_cluster * kCoresPerCluster; ++t)
-        threads.emplace_back([&, t] {
-          enter_float_mode();
-          run_task(l, *cores[t], t, body, args);
-        });
-      for (int c = first_cluster; c < last_cluster; ++c)
-        threads.emplace_back([&, c] {
-          enter_float_mode();
-          run_task(l, *cores[l.task_dim + c], c * kCoresPerCluster, body, args);
-        });
+    // The cores of clusters [first, first + count): index i < 4 * count is compute core
+    // (and task) 4 * first + i, the rest the clusters' memory cores.
+    auto run_clusters = [&](int first, int count) {
+      card.pool.run(count * (kCoresPerCluster + 1), [&](int i) {
+        if (i < count * kCoresPerCluster) {
+          const int t = first * kCoresPerCluster + i;
+          run_task(l, *card.cores[t], t, body, args);
+        } else {
+          const int c = first + i - count * kCoresPerCluster;
+          run_task(l, card.memory_core(c), c * kCoresPerCluster, body, args);
+        }
+      });
     };
     if (modes().serial) {
-      for (int g = clusters / per_group - 1; g >= 0; --g) {
-        std::vector<std::thread> threads;
-        start(threads, g * per_group, (g + 1) * per_group);
-        for (auto &t : threads) t.join();
-      }
+      for (int g = clusters / per_group - 1; g >= 0; --g) run_clusters(g * per_group, per_group);
     } else {
-      std::vector<std::thread> threads;
-      start(threads, 0, clusters);
-      for (auto &t : threads) t.join();
+      run_clusters(0, clusters);
     }
+    card.end_union(clusters);
   }
 }
 
@@ -518,7 +621,11 @@ void violation(Loc at, const char *fmt, ...) {
   throw Violation(buf);
 }
 
-Space space_of(Loc at, const void *p, size_t bytes, const char *what) {
+namespace {
+// space_of with the subject of its messages in up to four parts, joined only when a violation
+// is reported: formatting every copy's and tile's name up front was half of a small launch.
+Space space_named(Loc at, const void *p, size_t bytes, const char *w0, const char *w1 = "", const char *w2 = "",
+                  const char *w3 = "") {
   Core &c = core_at(at);
   auto a = reinterpret_cast<uintptr_t>(p);
   // Newest first: a carved sub-buffer is found before the buffer it was carved from.
@@ -526,16 +633,20 @@ Space space_of(Loc at, const void *p, size_t bytes, const char *what) {
     const Region &r = *it;
     if (a >= r.base && a < r.base + r.size) {
       if (bytes > r.size - (a - r.base))
-        violation(at, "%s: %zu bytes at offset %zu leave %s buffer '%s' of %zu bytes", what, bytes,
+        violation(at, "%s%s%s%s: %zu bytes at offset %zu leave %s buffer '%s' of %zu bytes", w0, w1, w2, w3, bytes,
                   static_cast<size_t>(a - r.base), space_name(r.space), r.name, r.size);
+      c.touch(r.space, a + bytes);
       return r.space;
     }
   }
   if (gdram_contains(p, bytes)) return Space::GDRAM;
   if (gdram_contains(p, 1))
-    violation(at, "%s: %zu bytes at %p leave the allocated GDRAM buffer", what, bytes, p);
-  violation(at, "%s: address %p is in no allocated device buffer or on-chip buffer", what, p);
+    violation(at, "%s%s%s%s: %zu bytes at %p leave the allocated GDRAM buffer", w0, w1, w2, w3, bytes, p);
+  violation(at, "%s%s%s%s: address %p is in no allocated device buffer or on-chip buffer", w0, w1, w2, w3, p);
 }
+}  // namespace
+
+Space space_of(Loc at, const void *p, size_t bytes, const char *what) { return space_named(at, p, bytes, what); }
 
 void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
   Core &c = core_at(at);
@@ -561,6 +672,7 @@ void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
   used = start + bytes;
   void *p = base + start;
   c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
+  c.touch(s, reinterpret_cast<uintptr_t>(p) + bytes);
   ASAN_UNPOISON_MEMORY_REGION(p, bytes);
   return p;
 }
@@ -568,9 +680,7 @@ void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name) {
 void carve(Loc at, const void *p, size_t bytes, const char *name) {
   Core &c = core_at(at);
   if (bytes == 0) violation(at, "on-chip tile '%s' is empty", name);
-  char what[128];
-  std::snprintf(what, sizeof what, "on-chip tile '%s'", name);
-  Space s = space_of(at, p, bytes, what);
+  Space s = space_named(at, p, bytes, "on-chip tile '", name, "'");
   if (s == Space::GDRAM) violation(at, "on-chip tile '%s' is carved from GDRAM", name);
   c.regions.push_back(Region{reinterpret_cast<uintptr_t>(p), bytes, s, name});
   ASAN_UNPOISON_MEMORY_REGION(p, bytes);
@@ -635,11 +745,8 @@ void memcpy_(Loc at, bool async, void *dst, const void *src, long bytes, int dir
   if (bytes > INT32_MAX || dst_stride > INT32_MAX || src_stride > INT32_MAX)
     violation(at, "%s %s: size %ld or strides (%ld, %ld) beyond the int range of the card's copy", op, d.name, bytes,
               dst_stride, src_stride);
-  char what[96];
-  std::snprintf(what, sizeof what, "%s %s destination", op, d.name);
-  Space ds = space_of(at, dst, segnum * dst_stride + bytes, what);
-  std::snprintf(what, sizeof what, "%s %s source", op, d.name);
-  Space ss = space_of(at, src, segnum * src_stride + bytes, what);
+  Space ds = space_named(at, dst, segnum * dst_stride + bytes, op, " ", d.name, " destination");
+  Space ss = space_named(at, src, segnum * src_stride + bytes, op, " ", d.name, " source");
   if (ds != d.dst || ss != d.src)
     violation(at, "%s: direction %s copies %s to %s, but the source is in %s and the destination in %s", op, d.name,
               space_name(d.src), space_name(d.dst), space_name(ss), space_name(ds));

@@ -166,3 +166,34 @@ MLUOPS_EXPORT int mluops_emu_selftest_order(cnrtQueue_t queue, uint32_t task_dim
   MLUOPS_LAUNCH(MLUKernelSelftestOrder, dim, static_cast<cnrtFunctionType_t>(task_type), queue, tickets);
   return 0;
 }
+
+// On-chip memory no task of this launch wrote must read as poison (0xFF bytes) even where
+// an earlier task or launch on the same core or cluster wrote it. Each task first copies
+// out what it finds, then writes its buffers: NRAM by scalar stores into a carved tile,
+// WRAM and SRAM by copies from `src`. out holds 2n floats per task (what its NRAM and WRAM
+// held), then n per cluster (what the memory core found in SRAM; UNION launches only).
+__mlu_global__ void MLUKernelSelftestFresh(const float *src, float *out, long n) {
+  const size_t bytes = n * sizeof(float);
+  if (__is_mpu()) {
+    float *sram = static_cast<float *>(::bang_emu::onchip_alloc(BANG_EMU_LOC, ::bang_emu::Space::SRAM, bytes, "sram"));
+    __memcpy(out + taskDim * 2 * n + taskId / 4 * n, sram, bytes, ::bang_emu::SRAM2GDRAM);
+    __memcpy(sram, src, bytes, ::bang_emu::GDRAM2SRAM);
+    return;
+  }
+  int8_t *cursor = nram_buffer;
+  MLUOPS_CARVE(float, seen, cursor, n);
+  MLUOPS_CARVE(float, staged, cursor, n);
+  float *wram = static_cast<float *>(::bang_emu::onchip_alloc(BANG_EMU_LOC, ::bang_emu::Space::WRAM, bytes, "wram"));
+  __memcpy(out + taskId * 2 * n, seen, bytes, NRAM2GDRAM);
+  __memcpy(staged, wram, bytes, ::bang_emu::WRAM2NRAM);
+  __memcpy(out + taskId * 2 * n + n, staged, bytes, NRAM2GDRAM);
+  for (long i = 0; i < n; ++i) seen[i] = 2.0f;
+  __memcpy(wram, src, bytes, ::bang_emu::GDRAM2WRAM);
+}
+
+MLUOPS_EXPORT int mluops_emu_selftest_fresh(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, const float *src,
+                                            float *out, int64_t n) {
+  cnrtDim3_t dim = {task_dim, 1, 1};
+  MLUOPS_LAUNCH(MLUKernelSelftestFresh, dim, static_cast<cnrtFunctionType_t>(task_type), queue, src, out, n);
+  return 0;
+}
