@@ -39,7 +39,7 @@ fn main() {
         .position(|a| a == "--launches")
         .map(|i| args.get(i + 1).and_then(|n| n.parse().ok()).expect("--launches N"));
     let dev = Device::emulated().expect("emulated card");
-    let cores = dev.info.clusters as u32 * dev.info.cores_per_cluster as u32;
+    let cores = dev.info.clusters * dev.info.cores_per_cluster;
     let a = dev.upload(&[1.0f32; N]).unwrap();
     let out = dev.upload(&[0.0f32; N]).unwrap();
     let q = dev.queue().unwrap();
