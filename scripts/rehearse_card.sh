@@ -52,11 +52,20 @@ if [ -d target/release ]; then
 fi
 
 echo "== rehearse_card: NEUWARE_HOME=$TOOLKIT scripts/test.sh --card"
-NEUWARE_HOME="$TOOLKIT" "$CHECKOUT/scripts/test.sh" --card
+NEUWARE_HOME="$TOOLKIT" "$CHECKOUT/scripts/test.sh" --card 2>&1 | tee "$OUT/test-card.log"
+summary="$(grep '^== card mode: all passed' "$OUT/test-card.log" | tail -n 1)"
 
 echo "== rehearse_card: provenance (cards through libcnrt, nodes through the cncc kernel library and the toolkit's libmluops)"
 LIB="$CHECKOUT/target/release/libonnxruntime_ep_mlu.so"
 KERNELS="$(grep -a -o '/[^[:space:][:cntrl:]]*/libmluops_kernels_mlu\.so' "$LIB" | head -n 1)"
 [ -f "$KERNELS" ] || { echo "rehearse_card: the library names no built kernel library ($KERNELS)" >&2; exit 1; }
 NEUWARE_HOME="$TOOLKIT" "$ROOT/.venv/bin/python" "$CHECKOUT/tests/standin_neuware/provenance.py" "$LIB" "$TOOLKIT" "$KERNELS"
-echo "== rehearse_card: passed in $((SECONDS - start)) s (stand-in toolkit: our emulator, not Cambricon's)"
+
+echo "== rehearse_card: a toolkit whose cncc fails the kernel family sparse_conv (MLU_STANDIN_CNCC_FAIL): the card stays, the other families and MLU-OPS run"
+BROKEN="$OUT/neuware-broken"
+cp -r "$TOOLKIT" "$BROKEN"
+sed "s|@CXX@|$CXX_PATH|" tests/standin_neuware/cncc | sed '2i export MLU_STANDIN_CNCC_FAIL=sparse_conv' >"$BROKEN/bin/cncc"
+(cd "$CHECKOUT" && NEUWARE_HOME="$BROKEN" cargo build --release --lib 2>&1 | grep -F "cncc failed on the kernel family")
+NEUWARE_HOME="$BROKEN" "$ROOT/.venv/bin/python" "$CHECKOUT/tests/standin_neuware/one_family_failed.py" "$LIB"
+echo "== rehearse_card: passed in $((SECONDS - start)) s (stand-in toolkit: our emulator, not Cambricon's); test.sh --card said:"
+echo "$summary"

@@ -145,6 +145,8 @@ stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refu
 scripts/ort_range.sh
 stage "the wheel: pip wheel ./python, installed with onnxruntime 1.31.1 and numpy only into a fresh venv, both paths from outside the checkout"
 scripts/wheel_check.sh
+stage "the card owner's first run, rehearsed: NEUWARE_HOME=<a stand-in toolkit built from the emulator> scripts/test.sh --card on a clean clone (scripts/rehearse_card.sh)"
+scripts/rehearse_card.sh
 stage "model fixtures are what the builder writes"
 cargo run --quiet --example build_models -- --check
 stage "model goldens are what the independent numpy models compute"

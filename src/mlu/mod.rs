@@ -40,11 +40,27 @@ pub struct DeviceInfo {
     pub cores_per_cluster: u32,
     pub nram_bytes: u64,
     pub nram_reserved_bytes: u64,
+    /// The kernel families this card cannot launch, each with why (cncc failed on it when
+    /// the kernel library was built, or the library lacks an entry of it): the card paths
+    /// that need one decline (src/ops/device.rs, `CardKernel::families`).
+    pub missing_families: Vec<(String, String)>,
 }
 
 impl DeviceInfo {
     pub fn cores(&self) -> u32 {
         self.clusters * self.cores_per_cluster
+    }
+
+    /// `Ok` when this card can launch every kernel family of `families`, else the decline.
+    pub fn has_families(&self, families: &[&str]) -> Result<()> {
+        for f in families {
+            if let Some((_, why)) = self.missing_families.iter().find(|(m, _)| m == f) {
+                return Err(Error::declined(format!(
+                    "needs the BANG kernel family {f}, which this card's kernel library lacks: {why}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
