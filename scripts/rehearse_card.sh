@@ -17,7 +17,7 @@
 #   include/mlu_op.h     the stand-in header (tests/data/mlu_op_standin.h).
 # It proves our glue and our harness, never Cambricon's compiler, runtime or silicon.
 #
-# The clone builds into its own target/, seeded with hard links to this checkout's
+# The clone builds into its own target/, seeded with a copy of this checkout's
 # target/release (when present) so that only this crate is rebuilt. Uses .venv (linked into
 # the clone) and the host C++ compiler ($CXX, default c++).
 set -euo pipefail
@@ -47,8 +47,9 @@ echo "== rehearse_card: a clean clone of HEAD ($(git rev-parse --short HEAD)) in
 git clone --quiet "$ROOT" "$CHECKOUT"
 ln -s "$ROOT/.venv" "$CHECKOUT/.venv"
 if [ -d target/release ]; then
+    # A copy, not hard links: the clone's build rewrites some of these files in place.
     mkdir -p "$CHECKOUT/target"
-    cp -al target/release "$CHECKOUT/target/release"
+    cp -a --reflink=auto target/release "$CHECKOUT/target/release"
 fi
 
 echo "== rehearse_card: NEUWARE_HOME=$TOOLKIT scripts/test.sh --card"

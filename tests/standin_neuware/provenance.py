@@ -65,7 +65,8 @@ def main() -> int:
         runs, claimed = s["card_runs"], s["claimed"]
         print(f"provenance: card {card}, mlu_backend=auto: claimed {claimed}, card runs {runs}, "
               f"CPU fallbacks {s['cpu_fallbacks']}, declined {s['declined']}")
-        if s["cpu_fallbacks"] or runs["mluops"] == 0 or runs["bang"] == 0 or runs != claimed:
+        # One run: each claimed node ran once, on one of the two backends.
+        if s["cpu_fallbacks"] or runs["mluops"] == 0 or runs["bang"] == 0 or sum(runs.values()) != sum(claimed.values()):
             failures.append(f"card {card}: every claimed node on a card, through both backends: {s}")
     maps = mapped()
     want = {
