@@ -77,7 +77,7 @@ sys.exit(0 if any(s.ep_name == EP and s.get_nodes() for s in sess.get_provider_g
         echo "== mlu_backend=$backend on every card: sessions, placement, declines, the error table, the model zoo"
         MLU_EP_TEST_CARD=1 MLU_EP_BACKEND=$backend "$VENV/bin/python" -m pytest tests/python/test_ep.py tests/python/test_errors.py -q
         for ((i = 0; i < cards; i++)); do
-            MLU_EP_BACKEND=$backend "$VENV/bin/python" models/run_zoo.py --card "$i" "$MLU_EP_LIB"
+            MLU_EP_BACKEND=$backend "$VENV/bin/python" models/run_zoo.py --card "$i" --providers mlu "$MLU_EP_LIB"
         done
     done
     for why in "${not_run[@]}"; do
