@@ -430,3 +430,35 @@ pub fn union1_tasks(info: &DeviceInfo, units: usize) -> u32 {
     let clusters = units.div_ceil(per).clamp(1, info.clusters.max(1) as usize);
     (clusters * per) as u32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceInfo;
+    use crate::error::Error;
+
+    #[test]
+    fn a_missing_kernel_family_declines_only_the_paths_that_need_it() {
+        let info = DeviceInfo {
+            arch: "MLU (cnrt)".into(),
+            emulated: false,
+            clusters: 2,
+            cores_per_cluster: 4,
+            nram_bytes: 768 * 1024,
+            nram_reserved_bytes: 128 * 1024,
+            missing_families: vec![(
+                "sparse_conv".into(),
+                "cncc failed on it when this library was built: sparse_conv.mlu:7:3: error: x"
+                    .into(),
+            )],
+        };
+        assert!(info.has_families(&["check", "psroipool"]).is_ok());
+        match info.has_families(&["check", "sparse_conv"]) {
+            Err(Error::Declined(why)) => assert!(
+                why.contains("BANG kernel family sparse_conv")
+                    && why.contains("sparse_conv.mlu:7:3: error: x"),
+                "{why}"
+            ),
+            other => panic!("expected a decline, got {other:?}"),
+        }
+    }
+}
