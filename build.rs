@@ -71,15 +71,31 @@ fn main() {
         }
         let toolchain = cncc::Toolchain { neuware_home: &home, cncc: &cncc, cxx: &cxx, arch: arch.as_deref().unwrap_or(cncc::DEFAULT_ARCH) };
         match cncc::build_library(&toolchain, &mlu, &out_dir) {
-            Ok(lib) => Some(lib),
+            Ok(built) => Some(built),
             Err(e) => fail(&format!(
                 "{e}\nerror: the Cambricon toolkit build of kernels/ failed; to build without it (emulated card only), unset NEUWARE_HOME"
             )),
         }
     });
+    // A family cncc failed on is left out of the library; the provider logs this message
+    // and runs that family's nodes elsewhere (src/mlu/cnrt.rs).
+    let failed = device_lib.as_ref().map_or(&[][..], |b| &b.failed[..]);
+    for (family, e) in failed {
+        println!(
+            "cargo:warning=cncc failed on the kernel family {family}: its nodes will not run on our BANG kernels ({})",
+            e.to_string().lines().next().unwrap_or_default()
+        );
+    }
+    let list: String =
+        failed.iter().map(|(f, e)| format!("    ({f:?}, {:?}),\n", e.to_string())).collect();
+    let table = format!(
+        "/// The kernel families cncc failed on when this library was built: (family, cncc's output).\npub const CNCC_FAILED: &[(&str, &str)] = &[\n{list}];\n"
+    );
+    std::fs::write(out_dir.join("kernels/cncc_failed.rs"), table)
+        .unwrap_or_else(|e| fail(&format!("error: {e}")));
     println!(
         "cargo:rustc-env=MLUOPS_DEVICE_KERNELS={}",
-        device_lib.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        device_lib.as_ref().map(|b| b.library.display().to_string()).unwrap_or_default()
     );
     // The architecture that library was compiled for: a card of the Cambricon runtime is
     // of it (src/mluops: MLU-OPS versions are checked against it).
@@ -93,10 +109,11 @@ fn main() {
 }
 
 /// For every family (a kernels/<family>/<family>.mlu), its header's Rust side in
-/// `dir/<family>.rs`, and `dir/entries.rs`: `KERNEL_ENTRIES`, every launch entry's name.
+/// `dir/<family>.rs`, and `dir/entries.rs`: `KERNEL_FAMILIES`, every family with its launch
+/// entries' names.
 fn generate_abi(mlu: &[PathBuf], dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut headers = Vec::new();
+    let mut families = String::new();
     for f in mlu {
         let family = f.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
         if f.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()) != Some(family) {
@@ -112,12 +129,12 @@ fn generate_abi(mlu: &[PathBuf], dir: &Path) -> Result<(), String> {
         }
         abi::check_definitions(&code, &src).map_err(|e| format!("{}: {e}", f.display()))?;
         std::fs::write(dir.join(format!("{family}.rs")), rust).map_err(|e| e.to_string())?;
-        headers.push(src);
+        let names = abi::entry_names(&[src])?;
+        let list: String = names.iter().map(|n| format!("\"{n}\\0\", ")).collect();
+        families.push_str(&format!("    (\"{family}\", &[{list}]),\n"));
     }
-    let names = abi::entry_names(&headers)?;
-    let list: String = names.iter().map(|n| format!("    \"{n}\\0\",\n")).collect();
     let entries = format!(
-        "/// Every launch entry of kernels/*/*.h, NUL-terminated.\npub const KERNEL_ENTRIES: &[&str] = &[\n{list}];\n"
+        "/// Every kernel family of kernels/ with the launch entries of its header, NUL-terminated.\npub const KERNEL_FAMILIES: &[(&str, &[&str])] = &[\n{families}];\n"
     );
     std::fs::write(dir.join("entries.rs"), entries).map_err(|e| e.to_string())
 }

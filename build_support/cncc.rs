@@ -1,5 +1,5 @@
 //! The Cambricon-toolkit build of kernels/: each `.mlu` compiled by cncc, the objects linked
-//! into `libmluops_kernels_mlu.so`. Plain std Rust without dependencies, included by build.rs
+//! into `libmluops_kernels_mlu.so` (without the kernel families cncc failed on). Plain std Rust without dependencies, included by build.rs
 //! and by tests/cncc_build.rs (`#[path]`), so the test runs the very commands the build runs.
 //!
 //! Precedents, Cambricon's public build code:
@@ -82,13 +82,23 @@ impl fmt::Display for Failure {
     }
 }
 
+/// A kernel library and the kernel families cncc could not compile (left out of it).
+#[derive(Debug)]
+pub struct Built {
+    pub library: PathBuf,
+    /// (family, cncc's failure), a family being the folder of kernels/ its source is in.
+    pub failed: Vec<(String, Failure)>,
+}
+
 /// Compiles every source into `out_dir/cncc/`, then links the objects into
-/// `out_dir/libmluops_kernels_mlu.so`; the first tool that fails stops the build.
+/// `out_dir/libmluops_kernels_mlu.so`. A source cncc fails on leaves its kernel family out
+/// of the library (the provider then runs that family's nodes elsewhere: src/mlu/cnrt.rs);
+/// the build fails when no source compiles or the link fails.
 pub fn build_library(
     tc: &Toolchain<'_>,
     sources: &[PathBuf],
     out_dir: &Path,
-) -> Result<PathBuf, Failure> {
+) -> Result<Built, Failure> {
     let obj_dir = out_dir.join("cncc");
     std::fs::create_dir_all(&obj_dir).map_err(|e| Failure {
         command: format!("mkdir {}", obj_dir.display()),
@@ -96,16 +106,30 @@ pub fn build_library(
         output: String::new(),
     })?;
     let mut objects = Vec::new();
+    let mut failed: Vec<(String, Failure)> = Vec::new();
     for (i, source) in sources.iter().enumerate() {
         // The index keeps objects apart when two directories hold sources of the same name.
         let stem = source.file_stem().map_or_else(|| "kernel".into(), |s| s.to_string_lossy());
         let object = obj_dir.join(format!("{i:02}_{stem}.o"));
-        run(tc.cncc, &compile_args(tc, source, &object))?;
-        objects.push(object);
+        match run(tc.cncc, &compile_args(tc, source, &object)) {
+            Ok(()) => objects.push(object),
+            Err(e) => failed.push((family(source), e)),
+        }
+    }
+    if objects.is_empty() && !failed.is_empty() {
+        return Err(failed.swap_remove(0).1);
     }
     let library = out_dir.join(LIBRARY);
     run(tc.cxx, &link_args(tc, &objects, &library))?;
-    Ok(library)
+    Ok(Built { library, failed })
+}
+
+/// The kernel family of a source: the name of the folder of kernels/ it is in.
+pub fn family(source: &Path) -> String {
+    source
+        .parent()
+        .and_then(Path::file_name)
+        .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
 }
 
 /// `cncc -c <source> -o <object>` and its flags. Sources include their headers relatively

@@ -144,6 +144,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per session (median reported)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per output")
     ap.add_argument("--traffic", action="store_true", help="per-node card traffic of one run of each model (MLU only)")
+    ap.add_argument(
+        "--card", type=int, default=None, help="run on this real card (scripts/test.sh --card) instead of the emulated one"
+    )
     args = ap.parse_args()
     if args.traffic:
         args.providers = "mlu"
@@ -168,11 +171,18 @@ def main():
     devices = []
     if "mlu" in providers:
         # The factory reads MLU_EP_EMULATE when the library is registered.
-        os.environ["MLU_EP_EMULATE"] = "1"
+        if args.card is None:
+            os.environ["MLU_EP_EMULATE"] = "1"
         ort.register_execution_provider_library(EP, lib)
         devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
+        if args.card is not None:
+            devices = [
+                d
+                for d in devices
+                if d.device.device_id == args.card and dict(d.device.metadata).get("emulated") == "false"
+            ]
         if not devices:
-            sys.exit(f"{EP} reports no device")
+            sys.exit(f"{EP} reports no device" + (f" that is real card {args.card}" if args.card is not None else ""))
         meta = dict(devices[0].device.metadata)
         print(
             f"{EP}: {len(devices)} device(s), {meta.get('Description', '?')} ({meta.get('architecture', '?')}, emulated={meta.get('emulated', '?')})"

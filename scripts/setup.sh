@@ -7,14 +7,21 @@
 #                  2.4 GB of downloads, installed --no-deps), and the peer libraries
 #                  spconv 2.3.8 and torchvision 0.29.2 (scripts/requirements-peers.txt);
 #                  and, outside .venv, Debian's g++-11 and clang-14 (apt-get, as root), the
-#                  older host compilers scripts/test.sh also builds the C++ of kernels/ with.
+#                  older host compilers scripts/test.sh also builds the C++ of kernels/ with;
+#   --card         what `scripts/test.sh --card` needs on a card host, and nothing else: the
+#                  main job's pins and pytest (scripts/requirements.txt and
+#                  requirements-test.txt), after checking what it cannot install: cargo, a
+#                  C++17 host compiler ($CXX or c++; GCC >= 9 or clang), and a Python >= 3.11
+#                  ($PYTHON, else python3, else python3.11 to 3.13): onnxruntime >= 1.24, the
+#                  oldest this library loads into, has no wheel for Python 3.10 (PyPI's newest
+#                  cp310 build is 1.23.2). Each missing piece is named, with how to get it.
 # Idempotent: nothing is installed when .venv already has every pinned version. Every step
 # says what it does, on stderr.
 #
-#   scripts/setup.sh [--test]           run it: prints `export VENV=...` and
+#   scripts/setup.sh [--test|--card]    run it: prints `export VENV=...` and
 #                                       `export ORT_DYLIB_PATH=...` on stdout
 #                                       (eval "$(scripts/setup.sh)" applies them)
-#   source scripts/setup.sh [--test]    or source it (bash): the same work in a child bash,
+#   source scripts/setup.sh [--test|--card]  or source it (bash): the same work in a child bash,
 #                                       then VENV and ORT_DYLIB_PATH exported into your shell;
 #                                       nothing else of your shell changes (options included)
 #
@@ -23,12 +30,12 @@
 
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then
     # Sourced. A script that sources this file without arguments passes its own: only
-    # --test is taken from them. The work runs in a new bash process, so its `set -euo
+    # --test and --card are taken from them. The work runs in a new bash process, so its `set -euo
     # pipefail` never reaches the caller's shell (and holds even when the caller sources
     # this file inside an `if`, where a function or subshell would run with -e ignored).
     __mlu_ep_args=()
     for __mlu_ep_arg in "$@"; do
-        if [ "$__mlu_ep_arg" = "--test" ]; then __mlu_ep_args=(--test); fi
+        case "$__mlu_ep_arg" in --test | --card) __mlu_ep_args=("$__mlu_ep_arg") ;; esac
     done
     if __mlu_ep_exports="$("$BASH" "${BASH_SOURCE[0]}" "${__mlu_ep_args[@]}")"; then
         eval "$__mlu_ep_exports"
@@ -47,12 +54,18 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PYTHON="${PYTHON:-python3}"
 WITH_TESTS=0
+CARD=0
 for arg in "$@"; do
     case "$arg" in
         --test) WITH_TESTS=1 ;;
-        *) echo "setup: unknown argument '$arg' (usage: scripts/setup.sh [--test])" >&2; exit 2 ;;
+        --card) CARD=1 ;;
+        *) echo "setup: unknown argument '$arg' (usage: scripts/setup.sh [--test|--card])" >&2; exit 2 ;;
     esac
 done
+if [ "$WITH_TESTS$CARD" = 11 ]; then
+    echo "setup: --test and --card exclude each other" >&2
+    exit 2
+fi
 # Progress goes to stderr; stdout carries only the export lines.
 exec 3>&1 1>&2
 
@@ -132,13 +145,46 @@ if [ "$WITH_TESTS" = 1 ]; then
         exit 1
     fi
 fi
+# python_ok <python>: whether it runs and is 3.11 or newer (onnxruntime >= 1.24's floor).
+python_ok() {
+    "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+}
+if [ "$CARD" = 1 ]; then
+    # What card mode cannot install itself, all named at once.
+    missing=()
+    command -v cargo >/dev/null || missing+=("cargo (Rust >= 1.89: https://rustup.rs)")
+    cxx="${CXX:-c++}"
+    if ! command -v "$cxx" >/dev/null; then
+        missing+=("a C++17 host compiler: $cxx not found (Ubuntu: apt-get install g++)")
+    elif ! printf '#include <optional>\n#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 9\n#error GCC older than 9\n#endif\nint main() { std::optional<int> x; return x.value_or(0); }\n' |
+        "$cxx" -std=c++17 -x c++ - -o /dev/null 2>/dev/null; then
+        missing+=("a C++17 host compiler: $cxx ($("$cxx" --version 2>/dev/null | head -n 1)) does not compile C++17 or is GCC < 9")
+    fi
+    if [ -x "$VENV/bin/python" ]; then
+        python_ok "$VENV/bin/python" ||
+            missing+=("Python >= 3.11 in $VENV (it has $("$VENV/bin/python" -V 2>&1)): remove it and rerun with PYTHON=python3.11")
+    elif ! python_ok "$PYTHON"; then
+        for candidate in python3.11 python3.12 python3.13; do
+            if command -v "$candidate" >/dev/null && python_ok "$candidate"; then PYTHON="$candidate"; break; fi
+        done
+        python_ok "$PYTHON" || missing+=("Python >= 3.11 with venv ($PYTHON is $("$PYTHON" -V 2>&1 || echo absent)); onnxruntime >= 1.24 has no Python 3.10 wheel. Ubuntu 22.04: apt-get install python3.11 python3.11-venv")
+    fi
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "setup --card: missing, not installed by this script:"
+        printf 'setup:     %s\n' "${missing[@]}"
+        exit 1
+    fi
+    echo "setup --card: cargo, $cxx (C++17) and Python >= 3.11 found"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating the virtual environment $VENV ($PYTHON -m venv)"
     "$PYTHON" -m venv "$VENV"
 fi
 install "onnxruntime 1.31.1, onnx, numpy (main job)" "$ROOT/scripts/requirements.txt"
-if [ "$WITH_TESTS" = 1 ]; then
+if [ "$WITH_TESTS$CARD" != 00 ]; then
     install "pytest (tests)" "$ROOT/scripts/requirements-test.txt"
+fi
+if [ "$WITH_TESTS" = 1 ]; then
     install "PyTorch 2.15.0 (export tests; about 2.4 GB of downloads the first time)" \
         "$ROOT/scripts/requirements-torch.txt" --no-deps
     install "spconv 2.3.8 and torchvision 0.29.2 (the network runner's peers)" \

@@ -24,7 +24,6 @@ if [ "$card" = 1 ] && [ -z "${NEUWARE_HOME:-}" ]; then
     echo "test.sh --card: set NEUWARE_HOME to the Neuware toolkit: its cncc compiles kernels/ for the card and its lib64/libcnrt.so is the runtime" >&2
     exit 1
 fi
-source scripts/setup.sh --test
 # Each stage's heading carries the minutes and seconds since the start (CI's budget); at the
 # exit, on a failure too, a table of every stage's duration.
 stage_names=()
@@ -47,7 +46,10 @@ stage_table() {
 }
 trap stage_table EXIT
 if [ "$card" = 1 ]; then
-    unset MLU_EP_EMULATE
+    # Card mode needs only Rust, the toolkit, a C++17 compiler and Python with onnxruntime,
+    # onnx, numpy and pytest (scripts/setup.sh --card says what is missing).
+    source scripts/setup.sh --card
+    unset MLU_EP_EMULATE MLU_EP_BACKEND
     echo "== card mode: build with the toolkit's cncc (NEUWARE_HOME=$NEUWARE_HOME)"
     cargo build --release --lib
     export MLU_EP_LIB="$ROOT/target/release/libonnxruntime_ep_mlu.so"
@@ -65,11 +67,45 @@ print(sum(d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("e
         MLU_EP_TEST_DEVICE=$i cargo test --release --test mlu_kernels
         MLU_EP_TEST_DEVICE=$i MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
     done
-    echo "== the provider on every card: sessions, placement, declines, the error table on the bang backend"
-    MLU_EP_TEST_CARD=1 "$VENV/bin/python" -m pytest tests/python/test_ep.py tests/python/test_errors.py -q
-    echo "== card mode: all passed on $cards card(s)"
+    # The backends this host has: `bang` whenever there is a card (the cncc kernel library is
+    # loaded with it); `mluops` when the provider finds a usable libmluops (it says why not;
+    # onnxruntime <= 1.31 prints that refusal and runs the session on the CPU, so placement
+    # decides); `auto` then too (without MLU-OPS it is `bang`, already run).
+    backends=(bang)
+    not_run=()
+    probe_log="$(mktemp)"
+    if "$VENV/bin/python" -c '
+import sys, onnxruntime as ort
+EP = "MLUExecutionProvider"
+ort.register_execution_provider_library(EP, sys.argv[1])
+so = ort.SessionOptions()
+so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == EP][:1], {"mlu_backend": "mluops"})
+sess = ort.InferenceSession(sys.argv[2], so)
+sys.exit(0 if any(s.ep_name == EP and s.get_nodes() for s in sess.get_provider_graph_assignment_info()) else 1)
+' "$MLU_EP_LIB" models/mluops_demo.onnx 2>"$probe_log"; then
+        backends+=(mluops auto)
+    else
+        why="$(grep -o "not usable: .*" "$probe_log" | head -n 1 || true)"
+        [ -n "$why" ] || why="no node claimed: $(tail -n 3 "$probe_log" | tr '\n' ' ')"
+        not_run+=("mluops: the provider finds no usable MLU-OPS library (${why#not usable: })"
+            "auto: without MLU-OPS it is the bang run")
+    fi
+    rm -f "$probe_log"
+    for backend in "${backends[@]}"; do
+        echo "== mlu_backend=$backend on every card: sessions, placement, declines, the error table, the model zoo"
+        MLU_EP_TEST_CARD=1 MLU_EP_BACKEND=$backend "$VENV/bin/python" -m pytest tests/python/test_ep.py tests/python/test_errors.py -q
+        for ((i = 0; i < cards; i++)); do
+            MLU_EP_BACKEND=$backend "$VENV/bin/python" models/run_zoo.py --card "$i" --providers mlu "$MLU_EP_LIB"
+        done
+    done
+    for why in "${not_run[@]}"; do
+        echo "== card mode: NOT RUN: mlu_backend=$why"
+    done
+    echo "== card mode: all passed on $cards card(s), mlu_backend ${backends[*]}; ${#not_run[@]} backend(s) not run${not_run:+ (above)}"
     exit 0
 fi
+source scripts/setup.sh --test
 # The host suite tests the emulated card (its clusters and modes), also on a card host.
 export MLU_EP_TEST_DEVICE=emulated
 stage "format: cargo fmt --check (rustfmt.toml), the crate and the fuzz targets"
@@ -131,6 +167,8 @@ stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refu
 scripts/ort_range.sh
 stage "the wheel: scripts/wheel.sh (manylinux_2_35, auditwheel), installed with no compiler on PATH with onnxruntime 1.31.1 and numpy only, both paths, README's snippets and the regression tool from outside the checkout"
 scripts/wheel_check.sh
+stage "the card owner's first run, rehearsed: NEUWARE_HOME=<a stand-in toolkit built from the emulator> scripts/test.sh --card on a clean clone (scripts/rehearse_card.sh)"
+scripts/rehearse_card.sh
 stage "model fixtures are what the builder writes"
 # Release: the CXX stage above left the debug build on clang-14, the release one is warm.
 cargo run --release --quiet --example build_models -- --check

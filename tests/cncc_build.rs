@@ -116,6 +116,8 @@ fn build(test: &str, arch: &str) -> (FakeToolkit, PathBuf, Vec<Vec<String>>) {
         let _forking = FORKS.read().unwrap_or_else(|e| e.into_inner());
         cncc::build_library(&toolchain, &sources, &tk.out).expect("the fake toolkit succeeds")
     };
+    assert!(lib.failed.is_empty(), "no family failed");
+    let lib = lib.library;
     let calls = calls(&tk.log);
     (tk, lib, calls)
 }
@@ -196,6 +198,7 @@ fn the_arch_given_reaches_every_compile() {
     }
 }
 
+/// Every family failing leaves nothing to link: the build stops with the first failure.
 #[test]
 fn a_failing_cncc_stops_the_build_with_its_own_diagnostics() {
     let tk = fake_toolkit("failing_cncc", Some(FAILING_CNCC));
@@ -223,6 +226,50 @@ fn a_failing_cncc_stops_the_build_with_its_own_diagnostics() {
     assert!(err.contains("exit status: 1"), "{err}");
     assert!(calls(&tk.log).is_empty(), "nothing runs after the failure (no link)");
     assert!(!tk.out.join("libmluops_kernels_mlu.so").exists());
+}
+
+#[test]
+fn a_kernel_family_cncc_fails_on_is_left_out_with_its_diagnostics() {
+    let test = "one_family_fails";
+    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cncc_build").join(test).join("argv.log");
+    // The logging tool, except that the sources of kernels/sparse_conv/ fail to compile.
+    let script = logging_tool(&log).replacen(
+        "#!/bin/sh\n",
+        "#!/bin/sh\ncase \"$2\" in */sparse_conv/*) echo \"$2:7:3: error: use of undeclared identifier '__bang_mystery'\" >&2; exit 1 ;; esac\n",
+        1,
+    );
+    let tk = fake_toolkit(test, Some(&script));
+    let cncc = cncc::cncc(&tk.home).unwrap();
+    let sources = kernel_sources();
+    let toolchain = cncc::Toolchain {
+        neuware_home: &tk.home,
+        cncc: &cncc,
+        cxx: &tk.cxx,
+        arch: cncc::DEFAULT_ARCH,
+    };
+    let built = {
+        let _forking = FORKS.read().unwrap_or_else(|e| e.into_inner());
+        cncc::build_library(&toolchain, &sources, &tk.out)
+            .unwrap_or_else(|e| panic!("the other families build: {e}"))
+    };
+    let failed: Vec<(&str, String)> =
+        built.failed.iter().map(|(f, e)| (f.as_str(), e.to_string())).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let (family, message) = &failed[0];
+    assert_eq!(*family, "sparse_conv");
+    assert!(
+        message
+            .contains("sparse_conv.mlu:7:3: error: use of undeclared identifier '__bang_mystery'"),
+        "cncc's own diagnostics are kept: {message}"
+    );
+    let calls = calls(&tk.log);
+    let link = calls.last().expect("a link");
+    assert!(has(link, "-shared"), "{link:?}");
+    let objects: Vec<&String> = link.iter().filter(|a| a.ends_with(".o")).collect();
+    assert_eq!(objects.len(), sources.len() - 1, "every other source is linked: {link:?}");
+    assert!(!objects.iter().any(|o| o.contains("sparse_conv")), "{link:?}");
+    assert_eq!(built.library, tk.out.join("libmluops_kernels_mlu.so"));
+    assert!(built.library.is_file());
 }
 
 #[test]

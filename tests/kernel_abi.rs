@@ -7,7 +7,7 @@
 #[path = "../build_support/abi.rs"]
 mod abi;
 
-use onnxruntime_ep_mlu::mlu::KERNEL_ENTRIES;
+use onnxruntime_ep_mlu::mlu::KERNEL_FAMILIES;
 use onnxruntime_ep_mlu::mlu::abi::IntBounds;
 use onnxruntime_ep_mlu::ops::sparse_conv::abi::GipGeometry;
 use std::path::Path;
@@ -38,9 +38,14 @@ fn every_header_generates_and_the_library_check_lists_every_entry() {
     for (family, src) in &headers {
         abi::generate(family, src).unwrap_or_else(|e| panic!("{family}.h: {e}"));
     }
+    let families: Vec<&str> = KERNEL_FAMILIES.iter().map(|f| f.0).collect();
+    assert_eq!(families, headers.iter().map(|h| h.0.as_str()).collect::<Vec<_>>());
     let names = abi::entry_names(&headers.into_iter().map(|h| h.1).collect::<Vec<_>>()).unwrap();
-    let listed: Vec<&str> =
-        KERNEL_ENTRIES.iter().map(|n| n.strip_suffix('\0').expect("NUL-terminated")).collect();
+    let listed: Vec<&str> = KERNEL_FAMILIES
+        .iter()
+        .flat_map(|f| f.1.iter())
+        .map(|n| n.strip_suffix('\0').expect("NUL-terminated"))
+        .collect();
     assert_eq!(listed, names);
     assert!(
         listed.contains(&"mluops_get_indice_pairs_mark")

@@ -6,7 +6,7 @@
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
 use super::{
-    Device, DeviceInfo, Direction, KERNEL_ENTRIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime,
+    Device, DeviceInfo, Direction, KERNEL_FAMILIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime,
     has_entry,
 };
 use crate::error::{Error, Result};
@@ -151,6 +151,7 @@ impl Cnrt {
             cores_per_cluster,
             nram_bytes,
             nram_reserved_bytes: NRAM_RESERVED_BYTES,
+            missing_families: Vec::new(),
         })
     }
 }
@@ -219,6 +220,9 @@ impl Runtime for Cnrt {
     }
 }
 
+// CNCC_FAILED: the kernel families cncc failed on in this build (build.rs).
+include!(concat!(env!("OUT_DIR"), "/kernels/cncc_failed.rs"));
+
 /// The device kernel library built by cncc (empty when this build had no toolkit);
 /// `MLU_EP_KERNEL_LIBRARY` overrides it.
 pub(crate) fn kernel_library_path() -> Option<String> {
@@ -261,8 +265,30 @@ pub fn runtime_version() -> (String, Result<String>) {
     (path.to_string_lossy().into_owned(), version)
 }
 
+/// The kernel families the kernel library at `path` cannot launch, each with why: an entry
+/// it lacks, or, for a family cncc failed on in this build, the compiler's output. Logged
+/// once: those families' nodes run on the other backends (src/ops/device.rs).
+fn missing_families(klib: &Library, path: &str) -> Vec<(String, String)> {
+    let mut missing = Vec::new();
+    for (family, entries) in KERNEL_FAMILIES {
+        let Some(lacks) = entries.iter().find_map(|name| has_entry(klib, name).err()) else {
+            continue;
+        };
+        let why = CNCC_FAILED.iter().find(|(f, _)| f == family).map_or_else(
+            || lacks.to_string(),
+            |(_, output)| format!("cncc failed on it when this library was built: {output}"),
+        );
+        log::warn!(
+            "{path}: BANG kernel family {family} unavailable; the card paths that launch it decline (the others run): {why}"
+        );
+        missing.push((family.to_string(), why));
+    }
+    missing
+}
+
 /// The real cards, or the reason there are none (absent runtime, no card, no kernels, or no
-/// card whose topology could be read; such a card is left out with a warning).
+/// card whose topology could be read; such a card is left out with a warning). A kernel
+/// family the kernel library lacks refuses no card: its nodes go to the other backends.
 pub fn devices() -> Result<Vec<Arc<Device>>> {
     let runtime = runtime_path();
     let lib = open_global(&runtime).map_err(|e| {
@@ -284,9 +310,11 @@ pub fn devices() -> Result<Vec<Arc<Device>>> {
     let klib =
         open_kernels(&kernels_path).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
     // Every launch entry resolves now, not at a node's first launch.
-    for name in KERNEL_ENTRIES {
-        has_entry(&klib, name).map_err(|e| Error::Runtime(format!("{kernels_path}: {e}")))?;
-    }
+    let missing = missing_families(&klib, &kernels_path);
+    log::info!(
+        "{count} MLU card(s) through the Cambricon runtime {}; BANG kernels from {kernels_path}",
+        runtime.to_string_lossy()
+    );
     // The kernel entries must outlive every device, and the runtime they call with them:
     // both libraries stay loaded.
     let kernels = KernelCode::Library(Box::leak(Box::new(klib)));
@@ -294,9 +322,9 @@ pub fn devices() -> Result<Vec<Arc<Device>>> {
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for d in 0..count as c_int {
-        let card = open_global(&runtime)
-            .and_then(|lib| Cnrt::new(lib, d))
-            .and_then(|rt| rt.info().map(|info| (rt, info)));
+        let card = open_global(&runtime).and_then(|lib| Cnrt::new(lib, d)).and_then(|rt| {
+            rt.info().map(|info| (rt, DeviceInfo { missing_families: missing.clone(), ..info }))
+        });
         match card {
             Ok((rt, info)) => out.push(Device::new(Box::new(rt), info, kernels)),
             Err(why) => failed.push(format!("MLU card {d}: {why}")),

@@ -132,6 +132,7 @@ pub fn info() -> Result<DeviceInfo> {
         cores_per_cluster: raw.cores_per_cluster as u32,
         nram_bytes: raw.nram_bytes,
         nram_reserved_bytes: raw.nram_reserved_bytes,
+        missing_families: Vec::new(),
     })
 }
 

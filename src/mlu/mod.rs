@@ -40,11 +40,27 @@ pub struct DeviceInfo {
     pub cores_per_cluster: u32,
     pub nram_bytes: u64,
     pub nram_reserved_bytes: u64,
+    /// The kernel families this card cannot launch, each with why (cncc failed on it when
+    /// the kernel library was built, or the library lacks an entry of it): the card paths
+    /// that need one decline (src/ops/device.rs, `CardKernel::families`).
+    pub missing_families: Vec<(String, String)>,
 }
 
 impl DeviceInfo {
     pub fn cores(&self) -> u32 {
         self.clusters * self.cores_per_cluster
+    }
+
+    /// `Ok` when this card can launch every kernel family of `families`, else the decline.
+    pub fn has_families(&self, families: &[&str]) -> Result<()> {
+        for f in families {
+            if let Some((_, why)) = self.missing_families.iter().find(|(m, _)| m == f) {
+                return Err(Error::declined(format!(
+                    "needs the BANG kernel family {f}, which this card's kernel library lacks: {why}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -413,4 +429,36 @@ pub fn union1_tasks(info: &DeviceInfo, units: usize) -> u32 {
     let per = info.cores_per_cluster.max(1) as usize;
     let clusters = units.div_ceil(per).clamp(1, info.clusters.max(1) as usize);
     (clusters * per) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceInfo;
+    use crate::error::Error;
+
+    #[test]
+    fn a_missing_kernel_family_declines_only_the_paths_that_need_it() {
+        let info = DeviceInfo {
+            arch: "MLU (cnrt)".into(),
+            emulated: false,
+            clusters: 2,
+            cores_per_cluster: 4,
+            nram_bytes: 768 * 1024,
+            nram_reserved_bytes: 128 * 1024,
+            missing_families: vec![(
+                "sparse_conv".into(),
+                "cncc failed on it when this library was built: sparse_conv.mlu:7:3: error: x"
+                    .into(),
+            )],
+        };
+        assert!(info.has_families(&["check", "psroipool"]).is_ok());
+        match info.has_families(&["check", "sparse_conv"]) {
+            Err(Error::Declined(why)) => assert!(
+                why.contains("BANG kernel family sparse_conv")
+                    && why.contains("sparse_conv.mlu:7:3: error: x"),
+                "{why}"
+            ),
+            other => panic!("expected a decline, got {other:?}"),
+        }
+    }
 }

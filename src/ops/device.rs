@@ -136,6 +136,9 @@ pub trait CardPath<O: Rules>: Send + Sync + 'static {
     const HOST_GATE: bool;
     /// `Ok` when this configuration (attributes) is supported, else the reason.
     fn supported(&self, op: &O) -> Result<()>;
+    /// The kernel families of kernels/ this path launches: a card whose kernel library
+    /// lacks one declines the path (`DeviceInfo::has_families`).
+    fn families(&self) -> &'static [&'static str];
     /// `Ok` unless the static input shapes already exceed a limit (the int32 check of every
     /// input is the driver's and cannot be dropped).
     fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()>;
@@ -161,6 +164,9 @@ pub trait MluOperator: Rules {
     /// int32 the kernels' ABI takes and the tiling chosen ([`MluOperator::mlu_launch`]), so
     /// that enqueueing meets no size limit.
     type Launch;
+
+    /// The kernel families its BANG path launches: `check` (the value checks) and its own.
+    const BANG_FAMILIES: &'static [&'static str];
 
     /// `Ok` when the BANG kernels support this configuration, else the reason.
     fn mlu_supported(&self) -> Result<()> {
@@ -190,6 +196,9 @@ pub trait MluOperator: Rules {
 
 /// An operator Cambricon's MLU-OPS library runs (the [`MluOps`] path).
 pub trait MluOpsOperator: Rules {
+    /// The kernel families of ours its MLU-OPS path launches around the library's calls:
+    /// the value checks, and whatever its pre-call steps need.
+    const PRE_CALL_FAMILIES: &'static [&'static str] = &["check"];
     /// `Ok` when MLU-OPS supports this configuration and its documented semantics give the
     /// contract's answer (docs/MLUOPS_BINDING.md), else the reason.
     fn mluops_supported(&self) -> Result<()>;
@@ -218,6 +227,9 @@ impl<O: MluOperator> CardPath<O> for Bang {
     const HOST_GATE: bool = false;
     fn supported(&self, op: &O) -> Result<()> {
         op.mlu_supported()
+    }
+    fn families(&self) -> &'static [&'static str] {
+        O::BANG_FAMILIES
     }
     fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
         op.mlu_supported_shapes(info, shapes)
@@ -248,6 +260,9 @@ impl<O: MluOpsOperator> CardPath<O> for MluOps {
         self.0.as_ref().map_err(Clone::clone)?;
         op.mluops_supported()
     }
+    fn families(&self) -> &'static [&'static str] {
+        O::PRE_CALL_FAMILIES
+    }
     fn supported_shapes(&self, op: &O, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
         op.mluops_supported_shapes(shapes)
     }
@@ -275,6 +290,8 @@ pub trait CardKernel: Send + Sync {
     fn backend(&self) -> Backend;
     /// As [`CardPath::supported`].
     fn supported(&self) -> Result<()>;
+    /// As [`CardPath::families`].
+    fn families(&self) -> &'static [&'static str];
     /// The driver's int32 check of every static input, then [`CardPath::supported_shapes`].
     fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()>;
     /// Runs the node on the card: `inputs` are the host's view (shapes, dtypes, the size
@@ -303,6 +320,9 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
     }
     fn supported(&self) -> Result<()> {
         self.path.supported(&self.op)
+    }
+    fn families(&self) -> &'static [&'static str] {
+        self.path.families()
     }
     fn supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
         int32_inputs(shapes)?;
@@ -431,8 +451,10 @@ impl CardNode {
     ) -> Result<(Backend, Vec<String>)> {
         let mut why = Vec::new();
         for p in &self.paths {
-            let verdict =
-                p.supported().and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
+            let verdict = info
+                .has_families(p.families())
+                .and_then(|()| p.supported())
+                .and_then(|()| shapes.map_or(Ok(()), |s| p.supported_shapes(info, s)));
             match verdict {
                 Ok(()) => return Ok((p.backend(), why)),
                 Err(r) => why.push(format!("{}: {r}", p.backend().name())),
@@ -481,7 +503,10 @@ impl CardNode {
             Err(e) => return (None, Err(e)),
         };
         let mut declined = Vec::new();
-        for p in self.paths.iter().filter(|p| p.supported().is_ok()) {
+        let usable = |p: &&Box<dyn CardKernel>| {
+            device.info.has_families(p.families()).and_then(|()| p.supported()).is_ok()
+        };
+        for p in self.paths.iter().filter(usable) {
             match p.run(device, queue, &inputs, &ptrs, outputs) {
                 Err(Error::Declined(why)) => declined.push((p.backend(), why)),
                 result => return (Some(Ran::Card(p.backend(), declined)), result),

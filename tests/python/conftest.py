@@ -236,6 +236,11 @@ EP = "MLUExecutionProvider"
 #: is registered, and a host without a card fails instead of testing the emulator).
 CARD_MODE = os.environ.get("MLU_EP_TEST_CARD") == "1"
 
+#: The card backend the provider tests pin (`mlu_backend`): scripts/test.sh --card runs them
+#: once per backend the host has, through MLU_EP_BACKEND (the factory's default for sessions
+#: without the option); the host suite pins `bang`, or MLU_EP_BACKEND when given.
+BACKEND = os.environ.get("MLU_EP_BACKEND") or "bang"
+
 
 def ep_devices() -> list:
     """Registers the library as an EP library once per process and returns its devices: the

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import SCHEMAS, emulated_mluops, is_emulated, load_cases, make_session, materialize, node_name
+from conftest import BACKEND, CARD_MODE, SCHEMAS, emulated_mluops, is_emulated, load_cases, make_session, materialize, node_name
 
 
 def _failure(case, harness, session=None):
@@ -41,14 +41,15 @@ def _status_message(e) -> str:
     return str(e).split("Status Message:")[-1].strip()
 
 
-@pytest.mark.parametrize("backend", ["bang", "mluops"])
+@pytest.mark.parametrize("backend", [BACKEND] if CARD_MODE else ["bang", "mluops"])
 def test_error_case_fails_alike_under_each_card_backend(error_case, backend, harness, mlu_devices, tmp_path, monkeypatch):
     """The card path gets the error table too: same phase, same message as the CPU path,
     whether the provider claimed the node (its shape and value rules on the card) or
     declined it (ONNX Runtime's CPU provider); a claimed node's error comes from the card
     path, never from a run-time fallback to its CPU kernel (the traffic report has no
-    `cpu` run of it)."""
-    if backend == "mluops" and not is_emulated(mlu_devices[0]):
+    `cpu` run of it). Under scripts/test.sh --card: the run's backend, with the libmluops
+    the provider finds in the toolkit."""
+    if backend == "mluops" and not CARD_MODE and not is_emulated(mlu_devices[0]):
         pytest.skip("the emulated libmluops computes on host memory: mluops here needs the emulated card")
     want_phase, want = _failure(error_case, harness)
     report = tmp_path / "traffic.jsonl"
@@ -70,7 +71,12 @@ def _card_session(model, backend: str, lib, devices) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    so.add_provider_for_devices(devices, {"mlu_backend": backend, "mluops_library": str(emulated_mluops(lib))})
+    options = {"mlu_backend": backend}
+    # The emulated libmluops on the emulated card; a card run uses the library the provider
+    # finds (the toolkit's), and `bang` needs none.
+    if backend != "bang" and not CARD_MODE:
+        options["mluops_library"] = str(emulated_mluops(lib))
+    so.add_provider_for_devices(devices, options)
     return ort.InferenceSession(model, so)
 
 

@@ -60,6 +60,7 @@ impl Policy {
 
 impl MluOperator for DynamicScatterBackward {
     type Launch = Launch;
+    const BANG_FAMILIES: &'static [&'static str] = &["check", "dynamic_scatter"];
 
     fn mlu_supported(&self) -> Result<()> {
         match self.reduce {

@@ -95,6 +95,7 @@ pub struct Launch {
 
 impl MluOperator for PsRoiPoolBackward {
     type Launch = Launch;
+    const BANG_FAMILIES: &'static [&'static str] = &["check", "psroipool"];
 
     fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &PsRoiPlan) -> Result<Launch> {
         let out_len = self.output_spec(plan).numel();

@@ -55,6 +55,7 @@ pub struct Launch {
 
 impl MluOperator for ThreeInterpolateBackward {
     type Launch = Launch;
+    const BANG_FAMILIES: &'static [&'static str] = &["check", "three_interpolate"];
 
     fn mlu_supported_shapes(
         &self,

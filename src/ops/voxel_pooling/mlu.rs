@@ -43,6 +43,7 @@ pub struct Launch {
 
 impl MluOperator for VoxelPoolingForward {
     type Launch = Launch;
+    const BANG_FAMILIES: &'static [&'static str] = &["check", "voxel_pooling"];
 
     fn mlu_supported(&self) -> Result<()> {
         // The kernel takes the grid as int32 values.

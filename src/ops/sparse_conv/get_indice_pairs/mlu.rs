@@ -83,6 +83,7 @@ pub struct Launch {
 
 impl MluOperator for GetIndicePairs {
     type Launch = Launch;
+    const BANG_FAMILIES: &'static [&'static str] = &["check", "sparse_conv"];
 
     fn mlu_supported(&self) -> Result<()> {
         if self.transpose {

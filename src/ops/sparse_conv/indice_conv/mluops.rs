@@ -155,6 +155,9 @@ impl IndiceConv {
 }
 
 impl MluOpsOperator for IndiceConv {
+    // The distinct-destination count (mark, rank) and the bias step are ours.
+    const PRE_CALL_FAMILIES: &'static [&'static str] = &["check", "sparse_conv"];
+
     fn mluops_supported(&self) -> Result<()> {
         if self.inverse {
             return Err(Error::declined(
