@@ -5,7 +5,7 @@
 //! hands it to `python -m onnxruntime_ep_mlu.doctor`, so both print the same facts.
 
 use super::EP_NAME;
-use crate::mlu::{Device, KERNEL_ENTRIES, cnrt, emulator};
+use crate::mlu::{Device, KERNEL_FAMILIES, cnrt, emulator};
 use crate::mluops;
 use crate::ops::{self, device::Backend};
 use std::fmt::Write;
@@ -102,12 +102,20 @@ pub fn report(found: &Found) -> String {
         } else {
             cnrt::kernel_library_path().unwrap_or_default()
         };
-        let entries: Vec<&str> = KERNEL_ENTRIES.iter().map(|e| e.trim_end_matches('\0')).collect();
-        line(format!(
-            "card {id}: kernel library {kernels}: all {} launch entries resolved ({})",
-            entries.len(),
-            entries.join(", ")
-        ));
+        line(format!("card {id}: kernel library {kernels}"));
+        // Per family: its entries resolved, or why not (a family cncc failed on is left out of
+        // the library; its nodes run on the other backends).
+        for (family, entries) in KERNEL_FAMILIES {
+            match d.missing_families.iter().find(|(f, _)| f == family) {
+                Some((_, why)) => {
+                    line(format!("card {id}: kernel family {family}: MISSING: {why}"))
+                }
+                None => line(format!(
+                    "card {id}: kernel family {family}: entries resolved ({})",
+                    entries.iter().map(|e| e.trim_end_matches('\0')).collect::<Vec<_>>().join(", ")
+                )),
+            }
+        }
         let Ok(order) = order else {
             line(format!("card {id}: MLU_EP_BACKEND={backend} is not one of auto, mluops, bang"));
             continue;

@@ -503,10 +503,10 @@ impl CardNode {
             Err(e) => return (None, Err(e)),
         };
         let mut declined = Vec::new();
-        let usable = |p: &&Box<dyn CardKernel>| {
+        let usable = |p: &dyn CardKernel| {
             device.info.has_families(p.families()).and_then(|()| p.supported()).is_ok()
         };
-        for p in self.paths.iter().filter(usable) {
+        for p in self.paths.iter().filter(|p| usable(p.as_ref())) {
             match p.run(device, queue, &inputs, &ptrs, outputs) {
                 Err(Error::Declined(why)) => declined.push((p.backend(), why)),
                 result => return (Some(Ran::Card(p.backend(), declined)), result),
