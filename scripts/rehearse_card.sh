@@ -62,6 +62,9 @@ KERNELS="$(grep -a -o '/[^[:space:][:cntrl:]]*/libmluops_kernels_mlu\.so' "$LIB"
 [ -f "$KERNELS" ] || { echo "rehearse_card: the library names no built kernel library ($KERNELS)" >&2; exit 1; }
 NEUWARE_HOME="$TOOLKIT" "$ROOT/.venv/bin/python" "$CHECKOUT/tests/standin_neuware/provenance.py" "$LIB" "$TOOLKIT" "$KERNELS"
 
+echo "== rehearse_card: the doctor's report on the stand-in toolkit (python -m onnxruntime_ep_mlu.doctor --card)"
+NEUWARE_HOME="$TOOLKIT" MLU_EP_LIB="$LIB" PYTHONPATH="$CHECKOUT/python" "$ROOT/.venv/bin/python" -m onnxruntime_ep_mlu.doctor --card
+
 echo "== rehearse_card: a toolkit whose cncc fails the kernel family sparse_conv (MLU_STANDIN_CNCC_FAIL): the card stays, the other families and MLU-OPS run"
 BROKEN="$OUT/neuware-broken"
 cp -r "$TOOLKIT" "$BROKEN"
