@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, assert_accumulating
-from reference import accumulating_metrics, prp_inputs, prp_reference, tib_reference, vpf_inputs, vpf_reference
+from reference import (accumulating_metrics, dsb_inputs, dsb_reference, prp_inputs, prp_reference, tib_reference,
+                       vpf_inputs, vpf_reference)
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "python"))
@@ -187,19 +188,35 @@ def accumulating_outputs(harness, vpf):
     (prp,) = harness.run("PsRoiPoolBackward", attrs, feeds)
     prp_ref = prp_reference(feeds["top_grad"], feeds["rois"], feeds["mapping_channel"], feeds["bottom_shape"], ph, ph,
                             scale, od)
+    # ThreeInterpolate at the same PointNet++ FP scale (1,024 -> 4,096 points, 256 channels),
+    # against float64 sums of the three weighted neighbours.
+    feats = rng.standard_normal((1, 256, 1024)).astype(np.float32)
+    (ti,) = harness.run("ThreeInterpolate", {}, {"features": feats, "indices": idx, "weights": w})
+    ti_ref = np.einsum("bcnk,bnk->bcn", feats.astype(np.float64)[:, :, idx[0]], w.astype(np.float64))
+    # DynamicScatterBackward (exact class) at PointPillars' CI scale: 20,000 points, 64 channels.
+    dsb_feeds = dsb_inputs(rng, 20_000, 4_000, 64, "max")
+    (dsb,) = harness.run("DynamicScatterBackward", {"reduce_type": {"string": "max"}}, dsb_feeds)
+    dsb_ref = dsb_reference(*(dsb_feeds[k] for k in ("grad_voxel_feats", "feats", "voxel_feats",
+                                                      "point2voxel_map", "voxel_points_count")), "max")
     return {"VoxelPoolingForward": vpf, "ThreeInterpolateBackward": (tib, tib_reference(go, idx, w, 1024)),
-            "PsRoiPoolBackward": (prp, prp_ref)}
+            "PsRoiPoolBackward": (prp, prp_ref), "ThreeInterpolate": (ti, ti_ref),
+            "DynamicScatterBackward": (dsb, dsb_ref)}
 
 
 @pytest.mark.parametrize("how", MUTATIONS)
-@pytest.mark.parametrize("op", ["VoxelPoolingForward", "ThreeInterpolateBackward", "PsRoiPoolBackward"])
+@pytest.mark.parametrize("op", ["VoxelPoolingForward", "ThreeInterpolateBackward", "PsRoiPoolBackward",
+                                "ThreeInterpolate", "DynamicScatterBackward"])
 def test_one_wrong_element_of_a_typical_cell_fails_the_regression_compare(accumulating_outputs, op, how):
     # The element of median magnitude among the nonzero ones, under the default tolerance
     # (and, for VoxelPoolingForward, the zoo's): the per-element rule judges it against its own
-    # magnitude and the tensor's rms, where max_rel alone judges it against the largest.
+    # magnitude and the tensor's rms, where max_rel alone judges it against the largest. An
+    # exact-class output is judged exactly.
     out, want = accumulating_outputs[op]
     want32 = want.astype(np.float32)
-    tolerances = [None, zoo_tolerance()] if op == "VoxelPoolingForward" else [None]
+    if op == "DynamicScatterBackward":
+        tolerances = [regression.EXACT]
+    else:
+        tolerances = [None, zoo_tolerance()] if op == "VoxelPoolingForward" else [None]
     for tol in tolerances:
         ratio, text = regression.compare(out, want32, tol)
         assert ratio <= 1.0, (op, text)
