@@ -31,36 +31,15 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ),
     ("src/ep/factory.rs", "let ids: Vec<u32> = self.cards.iter().map(|c| c.id).collect();", META),
     (
-        "src/ep/kernel.rs",
-        "let sizes = || tensors.iter().flatten().map(|t| format!(\"{:?}\", t.shape)).c",
-        META,
-    ),
-    (
         "src/ep/provider.rs",
         "let order: Vec<&str> = ep.backends.order.iter().map(|b| b.name()).collect",
         META,
     ),
-    ("src/mluops/mod.rs", ".collect();", META),
     ("src/mluops/mod.rs", ".collect::<Result<_>>()?;", META),
     ("src/ops/sparse_conv/get_indice_pairs/mluops.rs", "let mut counts = vec![0i32; k];", CONST),
     (
         "src/ops/device.rs",
-        "let mut all: Vec<(Backend, Box<dyn CardKernel>)> = paths.iter().map(|p| p",
-        META,
-    ),
-    (
-        "src/ops/device.rs",
-        "let paths = all.into_iter().filter(|(b, _)| backends.order.contains(b)).",
-        META,
-    ),
-    (
-        "src/ops/device.rs",
         "tensors.iter().map(|d| d.as_ref().map(|d| (d.dtype, d.shape.clone()))).co",
-        META,
-    ),
-    (
-        "src/ops/device.rs",
-        "tensors.iter().map(|d| d.as_ref().map_or(std::ptr::null(), |d| d.data.cas",
         META,
     ),
     ("src/ops/device.rs", "let mut staged = Vec::with_capacity(tensors.len());", META),
@@ -69,25 +48,10 @@ const AUDITED: &[(&str, &str, &str)] = &[
         "declined.iter().map(|(b, why)| format!(\"{}: {why}\", b.name())).collect",
         META,
     ),
-    (
-        "src/ops/device.rs",
-        "let refs: Vec<Option<TensorRef<'_>>> = staged.iter().map(|t| t.as_ref().",
-        META,
-    ),
     ("src/ops/device.rs", "shape: t.shape.iter().map(|&d| d as i64).collect(),", META),
     ("src/tensor.rs", ".collect::<std::result::Result<Vec<usize>, _>>()", META),
     ("src/ffi/attributes.rs", "let mut v = vec![0i64; n];", META),
-    (
-        "src/ffi/attributes.rs",
-        "let ints = || bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_int",
-        META,
-    ),
     ("src/ffi/attributes.rs", "let mut buf = vec![0u8; needed];", META),
-    (
-        "src/ffi/attributes.rs",
-        "Err(Error::Ort { code: OrtErrorCode::ORT_INVALID_ARGUMENT, .. }) if scalar.i",
-        META,
-    ),
     (
         "src/ffi/custom_op.rs",
         "input_types: schema.inputs.iter().map(|f| onnx_type(schema.dtype(f, &bin",
@@ -135,11 +99,6 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/device.rs", "let mut v = vec![0f32; cols];", ROW),
     ("src/ops/device.rs", ".collect();", META),
     ("src/ops/device.rs", "let mut sizes = vec![None; inputs.len()];", META),
-    (
-        "src/ops/device.rs",
-        "let Ok(dims) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::",
-        META,
-    ),
     ("src/ops/device.rs", "self.bufs.resize_with(index + 1, || None);", META),
     (
         "src/ops/dynamic_scatter/backward.rs",
@@ -151,11 +110,6 @@ const AUDITED: &[(&str, &str, &str)] = &[
     (
         "src/ops/dynamic_scatter/backward.rs",
         "let mut first_voxel = Vec::with_capacity(tasks + 1);",
-        TASKS,
-    ),
-    (
-        "src/ops/dynamic_scatter/backward.rs",
-        "let bounds: Vec<usize> = first_voxel.iter().map(|&vx| csr.offsets.get(vx",
         TASKS,
     ),
     ("src/ops/dynamic_scatter/backward.rs", "let mut taken = vec![0u32; c];", OUTPUT_ROW),
@@ -173,39 +127,14 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/ops/mod.rs",
-        "self.specs.into_iter().zip(self.data).map(|(s, data)| Tensor { shape: s.",
-        META,
-    ),
-    (
-        "src/ops/mod.rs",
         "let refs: Vec<Option<TensorRef<'_>>> = inputs.iter().map(|t| t.map(Tenso",
-        META,
-    ),
-    (
-        "src/ops/mod.rs",
-        "let padded: Vec<OutputSpec> = specs.iter().map(|s| OutputSpec::new(s.dtyp",
-        META,
-    ),
-    (
-        "src/ops/mod.rs",
-        "self.starts = self.owned.data.iter().zip(specs).map(|(d, s)| d.as_ptr().c",
         META,
     ),
     ("src/ops/mod.rs", "self.owned.specs = specs.to_vec();", META),
     ("src/ops/mod.rs", "Ok(Outputs::new(self.owned.names.clone(), parts.collect()))", META),
     ("src/ops/mod.rs", "parts.collect()", META),
     ("src/ops/psroipool/backward.rs", ".collect::<std::result::Result<_, _>>()", CONST),
-    (
-        "src/ops/psroipool/backward.rs",
-        "let cuts: Vec<usize> = balanced_cuts(weights.iter().map(|&w| w as u64), ",
-        CONST,
-    ),
     ("src/ops/psroipool/backward.rs", "let mut values = vec![0f32; od];", OUTPUT_ROW),
-    (
-        "src/ops/psroipool/forward.rs",
-        "let (mut rows, mut cols) = (vec![Span::default(); d.pooled], vec![Span::",
-        OUTPUT_ROW,
-    ),
     ("src/ops/psroipool/forward.rs", "let mut rows = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut cols = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut acc = vec![0f32; od];", OUTPUT_ROW),
@@ -253,11 +182,6 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/sparse_conv/get_indice_pairs/rulebook.rs", ".collect()", CONST),
     (
         "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
-        "let x_taps: Vec<(usize, i64)> = book.taps[2].iter().enumerate().filter_m",
-        CONST,
-    ),
-    (
-        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
         "let mut ptrs = vec![0usize; x_taps.len()];",
         CONST,
     ),
@@ -267,23 +191,8 @@ const AUDITED: &[(&str, &str, &str)] = &[
         CONST,
     ),
     (
-        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
-        "let mut halves: Vec<(&mut [i32], &mut [i32])> = chunk.chunks_exact_mut(2",
-        CONST,
-    ),
-    (
         "src/ops/sparse_conv/indice_conv/mod.rs",
         "books.resize_with(n_pieces, Piece::default);",
-        TASKS,
-    ),
-    (
-        "src/ops/sparse_conv/indice_conv/mod.rs",
-        "let bounds: Vec<usize> = cuts.iter().map(|&t| (t * tile_rows).min(r.dims",
-        TASKS,
-    ),
-    (
-        "src/ops/voxel_pooling/forward.rs",
-        "Ok(counts.chunks_exact(cells).map(|counts| balanced_cuts(counts.iter().m",
         TASKS,
     ),
     (
@@ -298,30 +207,77 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/schema.rs",
-        "Some(c) => self.allowed_for_constraint(c).into_iter().map(|d| Some((c.ty",
-        META,
-    ),
-    (
-        "src/schema.rs",
         "c.allowed_types.iter().filter_map(|t| DType::from_onnx_name(t)).collect(",
         META,
     ),
     ("src/schema.rs", "self.inputs.iter().map(|f| f.name.clone()).collect()", META),
     ("src/schema.rs", "self.outputs.iter().map(|f| f.name.clone()).collect()", META),
-    (
-        "src/schema.rs",
-        "AttrKind::Ints => AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64(",
-        META,
-    ),
     ("src/scratch.rs", "v.resize(len, value);", FALLIBLE),
     ("src/scratch.rs", "let mut v = with_capacity(iter.size_hint().0, what)?;", FALLIBLE),
     ("src/tensor.rs", "let mut shapes = Vec::with_capacity(tensors.len());", META),
     ("src/tensor.rs", "let mut dims = Vec::with_capacity(t.shape.len());", META),
+    ("src/tensor.rs", "shape: self.shape.iter().map(|&d| d as i64).collect(),", META),
+    ("src/schema.rs", ".collect(),", META),
     (
-        "src/tensor.rs",
-        "TensorRef { shape: self.shape.iter().map(|&d| d as i64).collect(), data:",
+        "src/schema.rs",
+        "AttrValue::Ints(v.as_array()?.iter().map(|x| x.as_i64()).collect::<Optio",
         META,
     ),
+    ("src/ep/kernel.rs", ".collect::<Vec<_>>()", META),
+    ("src/ep/doctor.rs", ".collect();", META),
+    (
+        "src/ep/doctor.rs",
+        "entries.iter().map(|e| e.trim_end_matches('\\0')).collect::<Vec<_>>().joi",
+        META,
+    ),
+    ("src/ops/mod.rs", ".collect()", META),
+    ("src/ops/mod.rs", ".collect();", META),
+    ("src/ops/device.rs", "paths.iter().map(|p| p(&op, backends)).collect();", META),
+    (
+        "src/ops/device.rs",
+        "all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)|",
+        META,
+    ),
+    ("src/ops/device.rs", "staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();", META),
+    (
+        "src/ops/device.rs",
+        "shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<",
+        META,
+    ),
+    (
+        "src/ops/psroipool/forward.rs",
+        "(vec![Span::default(); d.pooled], vec![Span::default(); d.pooled]);",
+        OUTPUT_ROW,
+    ),
+    ("src/ops/psroipool/backward.rs", ".collect();", CONST),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "book.taps[2].iter().enumerate().filter_map(|(kx, t)| Some((kx, (*t)?))).",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/get_indice_pairs/rulebook.rs",
+        "chunk.chunks_exact_mut(2 * l).map(|c| c.split_at_mut(l)).collect();",
+        CONST,
+    ),
+    (
+        "src/ops/sparse_conv/indice_conv/mod.rs",
+        "cuts.iter().map(|&t| (t * tile_rows).min(r.dims.rows) * cout).collect();",
+        TASKS,
+    ),
+    ("src/ops/voxel_pooling/forward.rs", ".collect())", TASKS),
+    (
+        "src/ops/dynamic_scatter/backward.rs",
+        "first_voxel.iter().map(|&vx| csr.offsets.get(vx).copied().unwrap_or(tota",
+        TASKS,
+    ),
+    (
+        "src/mluops/mod.rs",
+        "dirs.iter().flat_map(|d| [format!(\"{d}libmluops.so\"), format!(\"{d}libmlu",
+        META,
+    ),
+    ("src/ffi/attributes.rs", ".collect::<Vec<_>>()", META),
+    ("src/ffi/attributes.rs", "Ok(vec![0u8; needed])", META),
 ];
 
 const PATTERNS: &[&str] =
