@@ -257,7 +257,7 @@ pub struct Library {
     /// once (MLU-OPS docs/user_guide thread_safety.rst): each call takes one and gives it back.
     idle: Mutex<Vec<(u64, Handle)>>,
     /// Each card's probe ([`Library::probe`]): `Ok` or why this library cannot serve it.
-    probes: Mutex<HashMap<u64, std::result::Result<(), String>>>,
+    probes: Mutex<HashMap<u64, Result<()>>>,
     _lib: libloading::Library,
 }
 
@@ -414,27 +414,27 @@ impl Library {
     pub fn probe(&self, card: &Device) -> Result<()> {
         let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
         let result = probes.entry(card.id).or_insert_with(|| self.probe_card(card));
-        result.clone().map_err(Error::Runtime)
+        result.clone()
     }
 
-    fn probe_card(&self, card: &Device) -> std::result::Result<(), String> {
+    fn probe_card(&self, card: &Device) -> Result<()> {
         let (major, minor, patch) = self.version;
         let arch = card_arch(&card.info).ok_or_else(|| {
-            format!("the architecture of card '{}' is unknown, so MLU-OPS {major}.{minor}.{patch} cannot be checked to support it", card.info.arch)
+            Error::Runtime(format!("the architecture of card '{}' is unknown, so MLU-OPS {major}.{minor}.{patch} cannot be checked to support it", card.info.arch))
         })?;
         if let Some((_, newest)) = NEWEST_FOR_ARCH.iter().find(|(a, _)| *a == arch)
             && (major, minor) > *newest
         {
-            return Err(format!(
+            return Err(Error::Runtime(format!(
                 "MLU-OPS {major}.{minor}.{patch} does not build for the card's architecture {arch} ({}); {arch} needs MLU-OPS {}.{}.x or older",
                 card.info.arch, newest.0, newest.1
-            ));
+            )));
         }
-        card.bind_thread().map_err(|e| e.to_string())?;
+        card.bind_thread()?;
         let mut h = std::ptr::null_mut();
         // SAFETY: `h` is a valid out-pointer; the thread is bound to the card.
         self.check("mluOpCreate", unsafe { (self.f.mluOpCreate)(&mut h) })
-            .map_err(|e| format!("{e} on card {arch} ({})", card.info.arch))?;
+            .map_err(|e| Error::Runtime(format!("{e} on card {arch} ({})", card.info.arch)))?;
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).push((card.id, Handle(h)));
         Ok(())
     }
