@@ -167,8 +167,6 @@ stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refu
 scripts/ort_range.sh
 stage "the wheel: scripts/wheel.sh (manylinux_2_35, auditwheel), installed with no compiler on PATH with onnxruntime 1.31.1 and numpy only, both paths, README's snippets and the regression tool from outside the checkout"
 scripts/wheel_check.sh
-stage "the card owner's first run, rehearsed: NEUWARE_HOME=<a stand-in toolkit built from the emulator> scripts/test.sh --card on a clean clone (scripts/rehearse_card.sh)"
-scripts/rehearse_card.sh
 stage "model fixtures are what the builder writes"
 # Release: the CXX stage above left the debug build on clang-14, the release one is warm.
 cargo run --release --quiet --example build_models -- --check

@@ -40,6 +40,10 @@ _WARNING = re.compile(r"\[W:onnxruntime:")
 # after a run-time decline.
 _RUN_TIME = re.compile(r"ran on the host CPU \(inputs|after a run-time decline \(inputs")
 _DECLINER = re.compile(r"(?:^|; )(mluops|bang): ")
+#: Run-time declines the contract documents as data-dependent, which no run can promise to
+#: avoid: a PsRoiPool roi with a bin edge within one ulp of an integer leaves MLU-OPS
+#: (docs/MLUOPS_BINDING.md). Counted apart (``documented_run_time``), never as unexpected.
+DOCUMENTED_RUN_TIME = ("within one ulp of an integer",)
 
 
 def emulated_mluops(library: str | os.PathLike | None) -> bool:
@@ -85,18 +89,28 @@ def counts(lines: list[dict], warnings: list[str] | None = None) -> dict:
     if sessions:
         s = sessions[0]
         per, fallbacks, declines = dict(s["card_runs"]), int(s["cpu_fallbacks"]), sum(s["run_time_declines"].values())
+        documented = 0
     else:
-        per, fallbacks, declines = dict.fromkeys(BACKENDS, 0), 0, 0
+        per, fallbacks, declines, documented = dict.fromkeys(BACKENDS, 0), 0, 0, 0
         for x in lines:
             if "op" not in x:
                 continue
+            # One reason per decline: "<backend>: why; <backend>: why".
+            whys = [w for w in _DECLINER.split(x.get("why", "")) if w and w not in BACKENDS]
+            known = sum(any(d in w for d in DOCUMENTED_RUN_TIME) for w in whys)
             if x["backend"] == "cpu":
-                fallbacks += 1
+                # A fallback is documented when every decline before it is.
+                if whys and known == len(whys):
+                    documented += 1
+                else:
+                    fallbacks += 1
                 continue
             per[x["backend"]] += 1
-            declines += len(_DECLINER.findall(x.get("why", "")))
+            declines += len(whys) - known
+            documented += known
     out = {"card_runs": sum(per.values()), **{b: int(per.get(b, 0)) for b in BACKENDS}, "cpu_fallbacks": fallbacks,
-           "run_time_declines": declines, "warnings": -1, "run_time_warnings": -1}
+           "run_time_declines": declines, "documented_run_time": documented, "warnings": -1,
+           "run_time_warnings": -1}
     if warnings is not None:
         out["warnings"] = len(warnings)
         out["run_time_warnings"] = sum(bool(_RUN_TIME.search(w)) for w in warnings)
@@ -117,7 +131,8 @@ def judge(c: dict, expect: Expectation = Expectation()) -> list[str]:
     if c["run_time_declines"] != expect.run_time_declines:
         failures.append(f"{c['run_time_declines']} run-time decline(s) to the next backend, expected "
                         f"{expect.run_time_declines}")
-    if c["run_time_warnings"] >= 0 and c["run_time_warnings"] != c["cpu_fallbacks"] + c["run_time_declines"]:
+    documented = max(c.get("documented_run_time", 0), 0)
+    if c["run_time_warnings"] >= 0 and c["run_time_warnings"] != c["cpu_fallbacks"] + c["run_time_declines"] + documented:
         failures.append(f"{c['run_time_warnings']} run-time warning(s) in ONNX Runtime's log against "
                         f"{c['cpu_fallbacks']} fallback(s) and {c['run_time_declines']} decline(s) in the traffic report")
     return failures

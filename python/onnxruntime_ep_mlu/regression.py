@@ -142,9 +142,10 @@ PATHS = ("cpu", "mlu")
 RESULT_FIELDS = (
     "model", "frame", "path", "ok", "ratio", "golden_ratio", "cpu_ratio", "worst", "ref", "seconds", "on_mlu", "start",
     "end", "worker", "error", "card_runs", "cpu_fallbacks", "run_time_declines", "run_time_warnings", "binding_check",
-    "off_card",
+    "off_card", "documented_run_time",
 )
-_NO_COUNTS = {"card_runs": -1, "cpu_fallbacks": -1, "run_time_declines": -1, "run_time_warnings": -1}
+_NO_COUNTS = {"card_runs": -1, "cpu_fallbacks": -1, "run_time_declines": -1, "run_time_warnings": -1,
+              "documented_run_time": -1}
 
 
 # ============================================================================ comparison
