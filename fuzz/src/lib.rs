@@ -96,13 +96,15 @@ fn card() -> &'static Card {
     CARD.get_or_init(|| {
         let lib = std::env::var("MLU_EP_MLUOPS_LIBRARY")
             .expect("MLU_EP_MLUOPS_LIBRARY names the emulated libmluops (scripts/fuzz.sh sets it)");
-        let mluops = mluops::open(Some(&lib));
+        let device = Device::emulated().expect("the emulated card exists");
+        // Opened for this card: the library's architecture check and mluOpCreate probe.
+        let mluops = mluops::open(Some(&lib), &device);
         assert!(
             mluops.is_ok(),
             "the emulated libmluops at {lib} does not open: {:?}",
             mluops.err()
         );
-        Card { device: Device::emulated().expect("the emulated card exists"), mluops }
+        Card { device, mluops }
     })
 }
 
