@@ -41,8 +41,9 @@ Folding repeats until no node qualifies, so a Mul followed by an Add folds both.
 there: after an ``IndiceConv`` whose output is read by that node alone,
 
 - a residual ``Add`` (either side) of a value the fuser can prove to have the node's rows and
-  channels: a value computed from the output of an ``IndiceConv`` over the same
-  ``out_indices`` tensor (so the same num_out) with constant filters of the same Cout,
+  channels: a value computed from the output of an ``IndiceConv`` over the same sites (the
+  same ``out_indices`` tensor, or one a submanifold ``GetIndicePairs`` made from it, which
+  has its rows: so the same num_out) with constant filters of the same Cout,
   through nothing but ``Relu``, ``Identity``, an inference ``BatchNormalization`` or a
   per-channel constant ``Mul`` / ``Add`` (none of which changes the shape). Any other value
   (a graph input, say) may broadcast where the fused node would refuse it: left unfused;
@@ -195,6 +196,20 @@ def _has_epilogue(conv) -> bool:
     return any(conv.input[6:]) or _attr(conv, "activation", b"none") not in (b"none", "none")
 
 
+def _sites(name: str, producers) -> str:
+    """The sites tensor `name` (an out_indices) has the rows of: a submanifold
+    GetIndicePairs' out_indices is its indices row for row (its schema), followed back."""
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        node = producers.get(name)
+        if (node is None or node.domain != DOMAIN or node.op_type != "GetIndicePairs" or node.output[1:2] != [name]
+                or _attr(node, "subm", 0) != 1 or not node.input):
+            return name
+        name = node.input[0]
+    return name
+
+
 def _rows_of(value: str, const, producers) -> tuple[str, int] | None:
     """(out_indices, Cout) of the IndiceConv whose output `value` is computed from through
     shape-keeping nodes only, or None when that cannot be shown."""
@@ -208,7 +223,7 @@ def _rows_of(value: str, const, producers) -> tuple[str, int] | None:
             w = const(node.input[1])
             if w is None or w.ndim != 3:
                 return None
-            found = (node.input[4], int(w.shape[2]))
+            found = (_sites(node.input[4], producers), int(w.shape[2]))
             # Each affine keeps the shape when its constants are per channel of that Cout.
             ok = all(_affine(n, const, v, found[1]) is not None for n, v in affines)
             return found if ok else None
@@ -263,11 +278,11 @@ def _fuse_once(graph, notes: list[str]) -> bool:
                              f"{'its activation' if relu else 'a residual'} (the residual comes before it)")
                 continue
             w = const(conv.input[1])
-            mine = (conv.input[4], int(w.shape[2])) if w is not None and w.ndim == 3 else None
+            mine = (_sites(conv.input[4], producers), int(w.shape[2])) if w is not None and w.ndim == 3 else None
             theirs = _rows_of(other, const, producers)
             if mine is None or theirs != mine:
                 notes.append(f"{where}: Add '{node.name}' left unfused: '{other}' is not shown to have the "
-                             "node's rows and channels (the output of an IndiceConv over the same out_indices "
+                             "node's rows and channels (the output of an IndiceConv over the same sites "
                              "with the same Cout, through shape-keeping nodes), and Add would broadcast where "
                              "the fused node refuses")
                 continue

@@ -228,19 +228,22 @@ def test_leaves_a_residual_it_cannot_show_to_have_the_rows_and_says_why():
     fused = fuse_epilogue(model, notes)
     assert _ops(fused) == ["GetIndicePairs", "IndiceConv", "Add", "Relu"]
     assert len(notes) == 1 and "Add" in notes[0] and "'r'" in notes[0] and "broadcast" in notes[0], notes
-    # Over another rulebook's output (GetIndicePairs run again: another out_indices tensor).
+    # Over a regular (not submanifold) rulebook's sites: the fuser cannot know their count
+    # (here, kernel 1 over unique sites, it is the same; the graph still runs as it was).
     rules2 = helper.make_node(
         "GetIndicePairs", ["coords"], ["pairs2", "sites2", "num2"], domain="mluops", name="rules2", batch_size=1,
-        spatial_shape=SPATIAL, kernel_size=[3, 3, 3], stride=[1, 1, 1], padding=[1, 1, 1], dilation=[1, 1, 1], subm=1)
-    other = helper.make_node("IndiceConv", ["x1", "w2", "pairs2", "num2", "sites2"], ["y2"], domain="mluops",
+        spatial_shape=SPATIAL, kernel_size=[1, 1, 1], stride=[1, 1, 1], padding=[0, 0, 0], dilation=[1, 1, 1], subm=0)
+    other = helper.make_node("IndiceConv", ["x1", "w3", "pairs2", "num2", "sites2"], ["y2"], domain="mluops",
                              name="conv2")
     model = _block(tail=[helper.make_node("Add", ["x1", "y2"], ["out"])])
     model.graph.node.insert(0, rules2)
     model.graph.node.remove(next(n for n in model.graph.node if n.name == "conv2"))
     model.graph.node.insert(len(model.graph.node) - 1, other)
+    w3 = np.random.default_rng(6).standard_normal((1, COUT, COUT)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(w3, "w3"))
     notes = []
     fused = fuse_epilogue(model, notes)
-    assert "Add" in _ops(fused) and any("'x1'" in n for n in notes), (notes, _ops(fused))
+    assert _ops(fused)[-1] == "Add" and any("'x1'" in n for n in notes), (notes, _ops(fused))
     feeds = _feeds()
     assert _run(fused, feeds)[0].tobytes() == _run(model, feeds)[0].tobytes()
 
