@@ -786,7 +786,7 @@ fn indice_conv_epilogue_runs_on_the_card_after_the_library() {
         for given in 0..8 {
             let mut inputs = plain.clone();
             inputs.extend(
-                epilogue.iter().enumerate().map(|(i, t)| t.filter(|_| given >> i & 1 == 1)),
+                epilogue.iter().enumerate().map(|(i, t)| t.filter(|_| (given >> i) & 1 == 1)),
             );
             runs_on("IndiceConv", &attrs, MLUOPS, &inputs, Ran::Card(Backend::MluOps, vec![]));
         }
