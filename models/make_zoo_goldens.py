@@ -329,6 +329,19 @@ def rfcn_head_model(w, x):
     return outs, f"features {list(x['features'].shape)}, R {RF_R}"
 
 
+# What a model's inputs cause at run time once MLU-OPS claims its nodes (models/run_zoo.py
+# judges an MLU row by it), per mlu_backend, per run. R-FCN's half-rounded rois put bin edges
+# on integers, and such rois leave MLU-OPS (docs/MLUOPS_BINDING.md, PsRoiPool): under
+# `mluops` all three PsRoiPool nodes fall back to the CPU; under `auto` the two forward ones
+# do (no BANG kernel) and the backward one declines to BANG.
+MLUOPS_RUN_TIME = {
+    "rfcn_head": {
+        "why": "rois with a bin edge within one ulp of an integer leave MLU-OPS",
+        "mluops": {"off_card": True, "cpu_fallbacks": 3},
+        "auto": {"cpu_fallbacks": 2, "run_time_declines": 1},
+    },
+}
+
 # ============================================================================ driver
 MODELS = {
     "pointpillars": (pointpillars_inputs, pointpillars_model, 101),
@@ -439,6 +452,8 @@ def main():
             "inputs": {k: list(v.shape) for k, v in inputs.items()},
             "outputs": {k: tol for k, (v, tol) in outs.items()},
         }
+        if name in MLUOPS_RUN_TIME:
+            spec["models"][name]["mluops_run_time"] = MLUOPS_RUN_TIME[name]
         if args.check:
             diff = npz_differences(path, arrays)
             if spec["models"][name] != old_models.get(name):

@@ -8,7 +8,10 @@ model and provider is printed: nodes on the MLU / nodes ORT assigned (from the s
 assignment record; the model's own node count in parentheses, ORT fuses or folds some), the
 worst output against its tolerance, and the run time. An MLU row also reads the provider's
 traffic report and ONNX Runtime's warnings of its runs (onnxruntime_ep_mlu.placement) and
-fails when no node ran on the card or a run-time CPU fallback or decline happened.
+fails when no node ran on the card or a run-time CPU fallback or decline happened, except
+the ones a model's inputs cause on MLU-OPS that zoo.json states (``mluops_run_time``: per
+``mlu_backend``, the fallbacks and declines of one run and whether anything stays on the
+card, with why).
 
 The EP declines the nodes no card backend of it runs (the forward partners DynamicScatter
 and IndiceConv; ThreeInterpolate and PsRoiPool too without an MLU-OPS library;
@@ -73,6 +76,25 @@ def options(warnings: bool = False) -> ort.SessionOptions:
     return so
 
 
+def expectation(spec: dict, lines: list[dict], runs: int) -> placement.Expectation:
+    """What an MLU row of this model must show over ``runs`` runs: nodes on the card and no
+    run-time fallback or decline, unless zoo.json's ``mluops_run_time`` names the ones its
+    inputs cause under the session's ``mlu_backend`` (MLU_EP_BACKEND, default auto) once
+    MLU-OPS claimed nodes at session creation (the session line's ``claimed``; without a
+    library none is claimed and the model runs as on ``bang``)."""
+    sessions = [x for x in lines if "session" in x]
+    claimed = sessions[0]["claimed"]["mluops"] if len(sessions) == 1 else 0
+    documented = spec.get("mluops_run_time", {})
+    row = documented.get(os.environ.get("MLU_EP_BACKEND", "auto")) if claimed else None
+    if row is None:
+        return placement.Expectation()
+    return placement.Expectation(
+        off_card=documented["why"] if row.get("off_card") else "",
+        cpu_fallbacks=row.get("cpu_fallbacks", 0) * runs,
+        run_time_declines=row.get("run_time_declines", 0) * runs,
+    )
+
+
 def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbose):
     """Runs one model on one provider; returns a result row (dict)."""
     row = {"model": name, "provider": provider, "ok": False, "nodes": "-", "worst": "-", "ms": math.nan, "notes": []}
@@ -112,8 +134,9 @@ def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbo
         claimed = sorted({op for p, _, dom, op in placed if dom == "mluops" and p == EP})
         row["notes"].append(f"on MLU: {', '.join(claimed) or 'none'}; mluops on CPU: {', '.join(declined) or 'none'}")
         counts = placement.counts(lines, warned)
-        wrong = placement.judge(counts)
-        row["notes"].append(f"{placement.summary(counts)} over {repeat + 1} runs")
+        expect = expectation(spec, lines, repeat + 1)
+        wrong = placement.judge(counts, expect)
+        row["notes"].append(f"{placement.summary(counts)} over {repeat + 1} runs; {expect.describe()}")
 
     worst, worst_desc, failed = -1.0, "", [f"placement: {w}" for w in wrong]
     for out_name, value in zip(out_names, outs):

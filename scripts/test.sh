@@ -7,7 +7,8 @@
 # network-scale seed cases in release mode (MLU_EP_FULL_SCALE=1, CPU and emulated MLU), the
 # Python session and export tests, the in-process fuzz targets (scripts/fuzz.sh) and the
 # session fuzz harness, the model-zoo regression runner, the named networks
-# against their peer libraries (networks/run.py, CI scale), and the main job.
+# against their peer libraries (networks/run.py, CI scale), the card owner's run rehearsed
+# against a stand-in Neuware toolkit (scripts/rehearse_card.sh), and the main job.
 #
 # scripts/test.sh --card: on a host with Cambricon MLU cards and a Neuware toolkit
 # (NEUWARE_HOME), the tests that run on a card, on every card the runtime lists, instead
@@ -94,7 +95,7 @@ sys.exit(0 if any(s.ep_name == EP and s.get_nodes() for s in sess.get_provider_g
     rm -f "$probe_log"
     for backend in "${backends[@]}"; do
         echo "== mlu_backend=$backend on every card: sessions, placement, declines, the error table, the model zoo"
-        MLU_EP_TEST_CARD=1 MLU_EP_BACKEND=$backend "$VENV/bin/python" -m pytest tests/python/test_ep.py tests/python/test_errors.py -q
+        MLU_EP_TEST_CARD=1 MLU_EP_BACKEND=$backend "$VENV/bin/python" -m pytest tests/python/test_ep.py tests/python/test_errors.py -q -rs
         for ((i = 0; i < cards; i++)); do
             MLU_EP_BACKEND=$backend "$VENV/bin/python" models/run_zoo.py --card "$i" --providers mlu "$MLU_EP_LIB"
         done
@@ -178,5 +179,7 @@ stage "the named networks exported from PyTorch against their peers (spconv 2.3.
 "$VENV/bin/python" networks/run.py --scale ci --repeat 3 --library "$MLU_EP_LIB"
 stage "dataset regression: 20 generated frames per zoo model, CPU and emulated MLU against the numpy models' goldens, in-process (the Ray runs are in tests/python/test_ray_regression.py)"
 "$VENV/bin/python" models/run_dataset.py --generate 20 --library "$MLU_EP_LIB" --reference models/make_zoo_goldens.py
+stage "the card owner's first run, rehearsed: NEUWARE_HOME=<stand-in toolkit> scripts/test.sh --card on a clean clone (2 stand-in cards, the cncc-built kernel library, the toolkit's libmluops), provenance, the doctor, one failed kernel family (scripts/rehearse_card.sh)"
+scripts/rehearse_card.sh
 stage "main job"
 "$VENV/bin/python" models/run_demo.py "$MLU_EP_LIB"
