@@ -2,8 +2,8 @@
 //! oracle share): its per-element bound rejects single wrong elements that diff1 and diff2
 //! alone pass, at network scale; one planted wrong element (zeroed, sign-flipped, 1% off)
 //! fails it in VoxelPoolingForward's, IndiceConv's and PsRoiPool's outputs (the BANG kernel
-//! tests, tests/mlu_kernels.rs, plant it in ThreeInterpolateBackward's and
-//! PsRoiPoolBackward's).
+//! tests, tests/mlu_kernels.rs, plant it in the card's VoxelPoolingForward,
+//! ThreeInterpolateBackward and PsRoiPoolBackward outputs).
 
 use onnxruntime_ep_mlu::ops::psroipool::PsRoiPool;
 use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;

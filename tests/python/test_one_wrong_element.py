@@ -12,7 +12,15 @@ the dataset regression's (onnxruntime_ep_mlu.regression.compare).
 
 Issue 46 adds the per-element rule (each element against its own magnitude and the
 tensor's rms): one element of a typical cell zeroed, sign-flipped or off by 1% fails the
-regression's compare, and so does any one element of a detector's boxes.
+regression's compare, and so does any one element of a detector's boxes. The last section
+plants it in every output of the remaining operators at a network's scale (IndiceConv and
+GetIndicePairs at CenterPoint's CI scale, DynamicScatter mean and max on its CI scan,
+PsRoiPool at R-FCN's full scale) and shows every judge rejects it: the kernel tests' (an
+integer output and DynamicScatter's max exactly), the networks', the dataset regression's
+and, where the zoo has that output, the zoo's with its tolerance. With that, all nine
+operators' outputs are covered here; tests/judge.rs does the same for the Rust suites'
+judge (VoxelPoolingForward, IndiceConv, PsRoiPool; the BANG kernel tests, on the card's
+VoxelPoolingForward, ThreeInterpolateBackward and PsRoiPoolBackward).
 
 It also checks the fuzz harness's two new findings: a one-sided out-of-memory and two paths
 failing with different messages.
@@ -45,12 +53,19 @@ B, N, C, NX, NY = 2, 60_000, 80, 128, 128
 
 
 @pytest.fixture(scope="module")
-def vpf(harness):
+def vpf_run(harness):
+    """output_features, its reference, pos_memo, its reference."""
     rng = np.random.default_rng(32)
     feeds = vpf_inputs(rng, B, N, C, NX, NY, 1)
     out, pos = harness.run("VoxelPoolingForward", {"voxel_num": {"ints": [NX, NY, 1]}}, feeds)
     want, want_pos = vpf_reference(feeds["geom_xyz"], feeds["input_features"], NX, NY, 1)
     assert out.shape == (B, NY, NX, C) and out.size == 2_621_440
+    return out, want, pos, want_pos
+
+
+@pytest.fixture(scope="module")
+def vpf(vpf_run):
+    out, want, pos, want_pos = vpf_run
     np.testing.assert_array_equal(pos, want_pos)
     return out, want
 
@@ -225,30 +240,6 @@ def accumulating_outputs(harness, vpf):
 
 
 @pytest.mark.parametrize("how", MUTATIONS)
-@pytest.mark.parametrize("op", ["VoxelPoolingForward", "ThreeInterpolateBackward", "PsRoiPoolBackward",
-                                "ThreeInterpolate", "DynamicScatterBackward"])
-def test_one_wrong_element_of_a_typical_cell_fails_the_regression_compare(accumulating_outputs, op, how):
-    # The element of median magnitude among the nonzero ones, under the default tolerance
-    # (and, for VoxelPoolingForward, the zoo's): the per-element rule judges it against its own
-    # magnitude and the tensor's rms, where max_rel alone judges it against the largest. An
-    # exact-class output is judged exactly.
-    out, want = accumulating_outputs[op]
-    want32 = want.astype(np.float32)
-    if op == "DynamicScatterBackward":
-        tolerances = [regression.EXACT]
-    else:
-        tolerances = [None, zoo_tolerance()] if op == "VoxelPoolingForward" else [None]
-    for tol in tolerances:
-        ratio, text = regression.compare(out, want32, tol)
-        assert ratio <= 1.0, (op, text)
-    nonzero = np.flatnonzero(want)
-    i = nonzero[np.argsort(np.abs(want.ravel()[nonzero]))[len(nonzero) // 2]]
-    for tol in tolerances:
-        ratio, text = regression.compare(_plant(out, i, how), want32, tol)
-        assert ratio > 1.0, (op, how, text)
-
-
-@pytest.mark.parametrize("how", MUTATIONS)
 def test_one_wrong_element_of_a_detectors_boxes_fails(how):
     # 200 boxes as CenterHead decodes them (centres over 100 m, sizes 0.5-5 m, yaws, scores
     # 0.1-0.9, 10 labels), with the decoder's cuts named; every element of one box in turn.
@@ -269,10 +260,15 @@ def test_one_wrong_element_of_a_detectors_boxes_fails(how):
 
 # ------------------------------------- issue 46: the sparse convolution, PsRoiPool, DynamicScatter
 @pytest.fixture(scope="module")
-def network_outputs(harness):
+def network_outputs(harness, accumulating_outputs, vpf_run):
     """what -> (the library's output, its reference, the zoo's tolerance of it or None), at a
     network's scale, each against an independent reference (tests/python/reference.py,
-    reference_models.py):
+    reference_models.py): every output of the nine operators.
+
+    - The accumulating_outputs above, with the zoo's tolerances of BEVDepth's bev_feat and
+      pos_memo, PointNet++ FP's grad_known_feats (ThreeInterpolateBackward's output) and
+      new_features (computed from ThreeInterpolate's: the zoo has no output of its own),
+      R-FCN's grad_cls_maps and PointPillars' grad_point_feats (exact).
 
     - CenterPoint's sparse encoder at the CI scale (networks/centerpoint.py: the simulated
       10-sweep scan's central 360 x 360 cells, grid [41, 360, 360], 64,565 voxels):
@@ -293,13 +289,19 @@ def network_outputs(harness):
     from reference import gip_reference
     from reference_models import dynamic_scatter_reference, indice_conv_reference, psroipool_reference
 
+    zoo = {"VoxelPoolingForward": ("bevdepth", "bev_feat"),
+           "ThreeInterpolateBackward": ("pointnet2_fp", "grad_known_feats"),
+           "PsRoiPoolBackward": ("rfcn_head", "grad_cls_maps"), "ThreeInterpolate": ("pointnet2_fp", "new_features"),
+           "DynamicScatterBackward": ("pointpillars", "grad_point_feats")}
+    out = {f"{op} {OUTPUT_NAMES[op]}": (g, w, zoo_tolerance(*zoo[op])) for op, (g, w) in accumulating_outputs.items()}
+    out["VoxelPoolingForward pos_memo"] = (vpf_run[2], vpf_run[3], zoo_tolerance("bevdepth", "pos_memo"))
+
     rng = np.random.default_rng(46)
     points = scan_points(rng, 10)
     sites = centerpoint_sites(points, rng)
     keep = (sites[:, 2] >= 540) & (sites[:, 2] < 900) & (sites[:, 3] >= 540) & (sites[:, 3] < 900)
     sites = sites[keep] - np.array([0, 0, 540, 540], np.int32)
     spatial = (41, 360, 360)
-    out = {}
     rulebooks = {}
     for kind, stride, subm, zoo in (("subm", 1, 1, "subm1"), ("stride 2", 2, 0, "down1")):
         attrs = {"batch_size": {"int": 1}, "spatial_shape": {"ints": list(spatial)},
@@ -348,7 +350,12 @@ def network_outputs(harness):
     return out
 
 
-NETWORK_OUTPUTS = [f"GetIndicePairs {n} ({c})" for c in ("subm", "stride 2") for n in ("indice_pairs", "out_indices",
+#: The outputs of accumulating_outputs' operators.
+OUTPUT_NAMES = {"VoxelPoolingForward": "output_features", "ThreeInterpolateBackward": "grad_features",
+                "PsRoiPoolBackward": "bottom_grad", "ThreeInterpolate": "output",
+                "DynamicScatterBackward": "grad_feats"}
+NETWORK_OUTPUTS = [f"{op} {name}" for op, name in OUTPUT_NAMES.items()] + ["VoxelPoolingForward pos_memo"]
+NETWORK_OUTPUTS += [f"GetIndicePairs {n} ({c})" for c in ("subm", "stride 2") for n in ("indice_pairs", "out_indices",
                                                                                         "indice_num")
                    if (n, c) != ("out_indices", "subm")]
 NETWORK_OUTPUTS += ["IndiceConv output", "DynamicScatter voxel_feats (mean)"]
@@ -368,11 +375,19 @@ def test_every_network_output_is_listed_and_its_true_value_passes_every_judge(ne
 @pytest.mark.parametrize("what", NETWORK_OUTPUTS)
 def test_one_wrong_element_of_a_network_output_fails_every_judge(network_outputs, what, how):
     # The typical element: of median magnitude among the nonzero ones of a float output, among
-    # the real indices and counts (> 0; -1 pads a rulebook) of an integer one.
+    # the real indices and counts (> 0; -1 pads a rulebook) of an integer one. The per-element
+    # rule judges it against its own magnitude and the tensor's rms, where max_rel alone
+    # judges it against the largest; an exact-class output is judged exactly.
     value, want, zoo = network_outputs[what]
     flat = np.asarray(want).reshape(-1)
     real = np.flatnonzero(flat > 0 if np.issubdtype(flat.dtype, np.integer) else flat != 0)
     i = real[np.argsort(np.abs(flat[real]), kind="stable")[len(real) // 2]]
-    passed = [k for k, ok in judges(_plant(value, i, how), want, what, zoo).items() if ok]
+    bad = _plant(value, i, how)
+    if zoo is None or zoo["class"] == "accumulating":
+        # The whole-tensor metrics alone let it through (measured: diff1 <= 6.8e-6, diff2 <=
+        # 1.2e-3 zeroed and 2.5e-3 sign-flipped): the per-element bounds reject it.
+        d1, d2 = accumulating_metrics(bad, want)
+        assert d1 <= 3e-3 and d2 <= 3e-3, (what, how, d1, d2)
+    passed = [k for k, ok in judges(bad, want, what, zoo).items() if ok]
     where = np.unravel_index(i, value.shape)
     assert not passed, f"{what}: element {where} ({flat[i]!s}) {how} passes {passed}"
