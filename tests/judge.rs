@@ -1,15 +1,31 @@
 //! The accumulating judge (`common::judge_accumulating`, which the suites and the fuzz
 //! oracle share): its per-element bound rejects single wrong elements that diff1 and diff2
-//! alone pass, at network scale.
+//! alone pass, at network scale; one planted wrong element (zeroed, sign-flipped, 1% off)
+//! fails it in VoxelPoolingForward's, IndiceConv's and PsRoiPool's outputs (the BANG kernel
+//! tests, tests/mlu_kernels.rs, plant it in the card's VoxelPoolingForward,
+//! ThreeInterpolateBackward and PsRoiPoolBackward outputs).
 
+use onnxruntime_ep_mlu::ops::psroipool::PsRoiPool;
+use onnxruntime_ep_mlu::ops::sparse_conv::get_indice_pairs::GetIndicePairs;
+use onnxruntime_ep_mlu::ops::sparse_conv::indice_conv::IndiceConv;
 use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::Threads;
 use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::Tensor;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 mod common;
+use common::psroi::Attrs as PsRoiAttrs;
 use common::{ELEM_REL, ELEM_REL_F16, Rng, assert_rejects_planted, judge_accumulating};
+#[path = "reference/get_indice_pairs.rs"]
+#[allow(dead_code)]
+mod gip_reference;
+#[path = "reference/indice_conv.rs"]
+#[allow(dead_code)]
+mod indice_conv_reference;
+#[path = "reference/psroipool.rs"]
+#[allow(dead_code)]
+mod psroipool_reference;
 
 impl Rng {
     fn f32(&mut self) -> f32 {
@@ -92,4 +108,89 @@ fn float16_bound_admits_float16_steps_and_rejects_a_1_percent_error() {
     per_element(judge_accumulating(&got, &want, ELEM_REL).expect_err("not under float32's E"));
     got[999] = (want[999] * 1.01) as f32;
     per_element(judge_accumulating(&got, &want, ELEM_REL_F16).expect_err("1% off"));
+}
+
+/// The CPU kernel's outputs of `op` on `inputs` (valid inputs expected).
+fn cpu<O: onnxruntime_ep_mlu::ops::Operator>(op: &O, inputs: &[Tensor]) -> Vec<Tensor> {
+    let inputs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();
+    run(op, &inputs, &Threads(2)).expect("the CPU kernel runs")
+}
+
+#[test]
+fn one_wrong_element_of_a_network_scale_indice_conv_output_fails() {
+    // CenterPoint's encoder1 submanifold convolution (3 x 3 x 3, 16 -> 16) on its CI grid
+    // (41 x 360 x 360, about 65k voxels: networks/README.md): half the cells of a two-cell
+    // thick sloping surface over half the grid, about 9 pairs a site as the simulated scan's
+    // rulebook has (9.4); the rulebook from the GetIndicePairs CPU kernel.
+    let spatial = [41i64, 360, 360];
+    let mut rng = Rng(461);
+    let mut sites = BTreeSet::new();
+    for y in 0..180 {
+        for x in 0..360 {
+            let ground = 8 + (x + y) / 120;
+            for z in [ground, ground + 1] {
+                if rng.next().is_multiple_of(2) {
+                    sites.insert([0, z, y, x]);
+                }
+            }
+        }
+    }
+    let sites: Vec<[i32; 4]> = sites.into_iter().collect();
+    let l = sites.len();
+    assert!((55_000..75_000).contains(&l), "{l} sites");
+    let geometry = gip_reference::Attrs::new(1, spatial, [3, 3, 3]).padding([1, 1, 1]).subm();
+    let gip: GetIndicePairs = descriptor(&geometry.map()).expect("valid GetIndicePairs attributes");
+    let rulebook = cpu(&gip, &[Tensor::i32([l, 4], sites.concat())]);
+    let data = |t: &Tensor| t.data.i32().expect("int32 rulebook").to_vec();
+    let (cin, cout) = (16, 16);
+    let conv = indice_conv_reference::Conv {
+        l,
+        cin,
+        cout,
+        k: 27,
+        p: l,
+        num_out: rulebook[1].shape[0],
+        features: (0..l * cin).map(|_| rng.f32()).collect(),
+        filters: (0..27 * cin * cout).map(|_| rng.f32() * 0.05).collect(),
+        pairs: data(&rulebook[0]),
+        num: data(&rulebook[2]),
+        out_indices: data(&rulebook[1]),
+        out_d: 4,
+        bias: None,
+    };
+    let pairs: i32 = conv.num.iter().sum();
+    assert!(pairs as usize > 8 * l, "{pairs} pairs for {l} sites");
+    println!("IndiceConv: {l} sites, {pairs} pairs");
+    let op: IndiceConv = descriptor(&indice_conv_reference::attrs(0)).expect("valid attributes");
+    let out = cpu(&op, &conv.tensors());
+    let got = out[0].data.f32().expect("float32 output").to_vec();
+    assert_eq!(got.len(), l * cout);
+    let want = indice_conv_reference::reference(&conv, false);
+    assert_rejects_planted(&got, &want, ELEM_REL, "IndiceConv output");
+}
+
+#[test]
+fn one_wrong_element_of_a_network_scale_psroipool_output_fails() {
+    // R-FCN's head at its full scale (networks/rfcn.py): a 38 x 63 map of 7 x 7 x 21 score
+    // channels, 300 rois on the stride-16 grid (1 to 34 cells a side), values in [-1, 1).
+    let (height, width, r) = (38usize, 63usize, 300usize);
+    let a = PsRoiAttrs::square(7, 1.0 / 16.0, 21);
+    let shape = [1, height, width, a.channels()];
+    let mut rng = Rng(462);
+    let input = (0..shape.iter().product::<usize>()).map(|_| rng.f32()).collect();
+    let mut rois = Vec::with_capacity(r * 5);
+    for _ in 0..r {
+        let side = |rng: &mut Rng, extent: usize| 1 + rng.next() as usize % 34.min(extent - 2);
+        let (w, h) = (side(&mut rng, width), side(&mut rng, height));
+        let (x0, y0) = (rng.next() as usize % (width - w), rng.next() as usize % (height - h));
+        let px = |cells: usize| (cells * 16) as f32;
+        rois.extend([0.0, px(x0), px(y0), px(x0 + w) - 1.0, px(y0 + h) - 1.0]);
+    }
+    let case = psroipool_reference::Case { shape, input, r, rois };
+    let (x, rois) = case.tensors();
+    let out = cpu(&a.op::<PsRoiPool>(), &[x, rois]);
+    let got = out[0].data.f32().expect("float32 output").to_vec();
+    assert_eq!(got.len(), r * 7 * 7 * 21);
+    let want = psroipool_reference::reference(&case, a).out64;
+    assert_rejects_planted(&got, &want, ELEM_REL, "PsRoiPool output");
 }
