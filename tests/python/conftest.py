@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from reference import accumulating_metrics, elementwise_errors
+from reference import accumulating_metrics, element_ratio, elementwise_errors
 
 REPO = Path(__file__).resolve().parents[2]
 CASES_FILE = REPO / "tests" / "cases" / "errors.json"
@@ -200,17 +200,24 @@ def _dtype_name(a: np.ndarray) -> str:
 MAX_REL = {"float16": 3e-3, "float32": 3e-5, "float64": 3e-5}
 
 
-def assert_accumulating(actual, reference, what: str, tol: float = 3e-3, max_rel: float | None = None):
+#: The contract's per-element rule (docs/CONTRACT.md, section 1.5): |a_i - b_i| <= ELEM_REL[dtype]
+#: * (|b_i| + rms(b)); float16's is about one float16 step (2^-9), as tests/common's.
+ELEM_REL = {"float16": 2e-3, "float32": 3e-5, "float64": 3e-5}
+
+
+def assert_accumulating(actual, reference, what: str, tol: float = 3e-3):
     """The contract's accumulating class (diff1, diff2 <= tol) and, because those whole-tensor
-    metrics dilute one wrong element among many, a per-element bound: max |a-b| <= max_rel *
-    max|reference| (default MAX_REL of the actual's dtype)."""
+    metrics dilute one wrong element among many, the per-element bounds of the actual's
+    dtype: max |a-b| <= MAX_REL * max|reference|, and each element against its own magnitude
+    and the tensor's rms (ELEM_REL), so that one large element hides no small one gone wrong."""
     d1, d2 = accumulating_metrics(actual, reference)
     # NaN metrics fail these comparisons too.
     assert d1 <= tol and d2 <= tol, f"{what}: diff1 = {d1:.3g}, diff2 = {d2:.3g} (limit {tol})"
-    if max_rel is None:
-        max_rel = MAX_REL[np.asarray(actual).dtype.name]
+    dtype = np.asarray(actual).dtype.name
     ea, er = elementwise_errors(actual, reference)
-    assert er <= max_rel, f"{what}: max |a-b| = {ea:.3g} = {er:.3g} x max|reference| (limit {max_rel:g})"
+    assert er <= MAX_REL[dtype], f"{what}: max |a-b| = {ea:.3g} = {er:.3g} x max|reference| (limit {MAX_REL[dtype]:g})"
+    elem = element_ratio(actual, reference)
+    assert elem <= ELEM_REL[dtype], f"{what}: an element off by {elem:.3g} x (|ref| + rms) (limit {ELEM_REL[dtype]:g})"
 
 
 # ----------------------------------------------------------------------------- fixtures
