@@ -13,6 +13,8 @@
 mod naive;
 #[path = "../models/onnx_builder.rs"]
 mod onnx_builder;
+#[path = "../tests/common/rng.rs"]
+mod rng;
 
 use half::f16;
 use onnx_builder::{Dim, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
@@ -20,6 +22,7 @@ use onnxruntime_ep_mlu::ops::{self, LineAlignedOutputs};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, for_each_chunk_mut, for_each_part_mut};
 use onnxruntime_ep_mlu::schema::{AttrValue, Attrs};
 use onnxruntime_ep_mlu::tensor::{Inputs, OwnedData, Tensor};
+use rng::Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -282,16 +285,7 @@ impl RandomRows {
     }
 }
 
-/// splitmix64.
-struct Rng(u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }

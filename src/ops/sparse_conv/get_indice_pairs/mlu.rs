@@ -12,14 +12,13 @@ use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
 use crate::tensor::{DType, Data, Inputs, OutputSpec, TensorRef};
 use std::ffi::c_void;
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
 const TILES: usize = 4;
-/// Entries per tile in the rank / out / pairs kernels (int32, a multiple of 32).
-const STREAM_TILE: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
