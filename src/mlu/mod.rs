@@ -72,9 +72,10 @@ impl DeviceInfo {
 }
 
 /// NRAM per core that cncc keeps for the stack: REM_FOR_STACK of mlu-ops kernels/kernel.h:67
-/// (tag v1.4.0), which MLU-OPS subtracts from the card's NRAM (`MAX_NRAM_SIZE`, same file;
-/// core/context.cpp:279 for the host-side bounds) and torch_mlu's getDeviceAttr from cnrtAttrNramSizePerMcore (device.cpp of
-/// torch_mlu r1.22_pt2.1.0, commit d578002: `rem_for_stack = 128 * 1024`).
+/// (tag v1.4.0). MLU-OPS subtracts it from the card's NRAM (`MAX_NRAM_SIZE`, same file;
+/// core/context.cpp:279 for the host-side bounds), and so does torch_mlu's getDeviceAttr
+/// from cnrtAttrNramSizePerMcore (torch_mlu/csrc/framework/core/device.cpp, branch
+/// r1.22_pt2.1.0, commit d578002: `rem_for_stack = 128 * 1024`).
 pub const NRAM_RESERVED_BYTES: u64 = 128 * 1024;
 
 /// The NRAM budget every kernel of kernels/ is built for (kernels/common/kernel.h:
