@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 const ROUNDS: usize = 7;
 const BUDGET: Duration = Duration::from_millis(4000);
 /// The kernel's chunk: a gathered block plus its product of at most this many bytes
-/// (src/ops/sparse_conv/indice_conv.rs CHUNK_BYTES).
+/// (src/ops/sparse_conv/indice_conv/mod.rs CHUNK_BYTES).
 const CHUNK_BYTES: usize = 128 * 1024;
 
 struct Pool(rayon::ThreadPool);

@@ -1,13 +1,13 @@
-//! CPU benchmarks of the five operators at the seed network scales (docs/CONTRACT.md §N.6), run as
-//! `scripts/bench.sh` (or `cargo bench --bench ops` with ORT_DYLIB_PATH set). One run
-//! measures, per operator: the kernel on persistent pools of 1 and 2 threads, the same node
-//! through onnxruntime sessions (custom-op library, 1 and 2 intra-op threads), a 2-thread
-//! streaming copy of 512 MiB (the bandwidth reference) and the row's floor (its input bytes
-//! read and output bytes written as sequential streams), all timed in turn from cold caches;
-//! then a straightforward single-threaded implementation (benches/naive.rs) and the peak
-//! memory the kernel allocates beyond its outputs. Everything is reported as ratios
-//! measured in this run; nothing is asserted about speed. With `--profile` it only runs each
-//! kernel once, for scripts/profile.sh to count its instructions and cache misses.
+//! CPU benchmarks of the operators (IndiceConv's: benches/indice_conv.rs) at the seed network
+//! scales (docs/CONTRACT.md §N.6), run as `scripts/bench.sh` (or `cargo bench --bench ops` with
+//! ORT_DYLIB_PATH set). One run measures, per operator: the kernel on persistent pools of 1 and 2
+//! threads, the same node through onnxruntime sessions (custom-op library, 1 and 2 intra-op
+//! threads), a 2-thread streaming copy of 512 MiB (the bandwidth reference) and the row's floor
+//! (its input bytes read and output bytes written as sequential streams), all timed in turn from
+//! cold caches; then a straightforward single-threaded implementation (benches/naive.rs) and the
+//! peak memory the kernel allocates beyond its outputs. Everything is reported as ratios measured
+//! in this run; nothing is asserted about speed. With `--profile` it only runs each kernel once,
+//! for scripts/profile.sh to count its instructions and cache misses.
 
 #[path = "naive.rs"]
 mod naive;

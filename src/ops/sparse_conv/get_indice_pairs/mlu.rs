@@ -1,5 +1,5 @@
-//! GetIndicePairs on the MLU: host policy for the five kernels of kernels/get_indice_pairs
-//! (expand, mark, rank, out, pairs; see that file for the sequence and the seed steps).
+//! GetIndicePairs on the MLU: host policy for its five kernels in kernels/sparse_conv
+//! (expand, mark, rank, out, pairs; see sparse_conv.mlu for the sequence and the seed steps).
 //! Every kernel uses all of the card's cores except rank, whose barrier covers one
 //! cluster only (UNION1).
 //!
