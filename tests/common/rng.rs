@@ -1,9 +1,9 @@
 //! splitmix64: small, seedable, good enough for test data and fixture weights. The one
 //! generator of the integration tests (tests/common), the fuzz harness (fuzz/src/lib.rs),
-//! the benchmarks (benches/ops.rs) and the model zoo (models/zoo.rs), each of which takes
-//! this file by `#[path]`: a module of the library would be public API, and a crate of its
-//! own a dependency of all four for eight lines. Users add the conveniences they need in
-//! their own `impl Rng` blocks.
+//! the benchmarks (benches/ops.rs, benches/indice_conv.rs) and the model zoo (models/zoo.rs),
+//! each of which takes this file by `#[path]`: a module of the library would be public API,
+//! and a crate of its own a dependency of all of them for eight lines. Users add the
+//! conveniences they need in their own `impl Rng` blocks.
 
 pub struct Rng(pub u64);
 
