@@ -5,26 +5,14 @@
 //! without --launches each shape runs for about two seconds; with it, exactly N launches
 //! (for callgrind, whose instruction counts do not depend on the machine's load).
 
-use onnxruntime_ep_mlu::mlu::{Device, QueuePtr, TASK_BLOCK, TASK_UNION1};
+use onnxruntime_ep_mlu::mlu::{Device, TASK_BLOCK, TASK_UNION1};
 use std::time::{Duration, Instant};
 
-unsafe extern "C" {
-    fn mluops_emu_selftest_f32(
-        q: QueuePtr,
-        task_dim: u32,
-        task_type: i32,
-        op: i32,
-        n: i64,
-        m: i64,
-        scalar: f32,
-        a: *const f32,
-        b: *const f32,
-        out: *mut f32,
-    ) -> i32;
-}
+#[path = "../tests/common/selftest.rs"]
+mod selftest;
 
-/// kernels/emulator/selftest.cc's OP_ADD.
-const OP_ADD: i32 = 0;
+use selftest::{mluops_emu_selftest_f32, op};
+
 const N: usize = 64;
 
 fn main() {
@@ -59,7 +47,7 @@ fn main() {
                     q.ptr(),
                     tasks,
                     task_type,
-                    OP_ADD,
+                    op("add"),
                     N as i64,
                     0,
                     0.0,

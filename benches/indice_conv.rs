@@ -34,10 +34,15 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
+use rng::Rng;
+
 const ROUNDS: usize = 7;
 const BUDGET: Duration = Duration::from_millis(4000);
 /// The kernel's chunk: a gathered block plus its product of at most this many bytes
-/// (src/ops/sparse_conv/indice_conv.rs CHUNK_BYTES).
+/// (src/ops/sparse_conv/indice_conv/mod.rs CHUNK_BYTES).
 const CHUNK_BYTES: usize = 128 * 1024;
 
 struct Pool(rayon::ThreadPool);
@@ -241,16 +246,9 @@ fn ms(d: Duration) -> f64 {
 
 /// `--gemm`: the two GEMM crates side by side (GFLOP/s).
 fn compare_gemm_crates() {
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = Rng(1);
     let mut floats = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
+        (0..n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
     };
     println!(
         "single-threaded f32 GEMM C[m, Cout] = A[m, Cin] @ W[Cin, Cout], row-major; GFLOP/s, best of 9 rounds, crates in turn"

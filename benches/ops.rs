@@ -1,18 +1,20 @@
-//! CPU benchmarks of the five operators at the seed network scales (docs/CONTRACT.md §N.6), run as
-//! `scripts/bench.sh` (or `cargo bench --bench ops` with ORT_DYLIB_PATH set). One run
-//! measures, per operator: the kernel on persistent pools of 1 and 2 threads, the same node
-//! through onnxruntime sessions (custom-op library, 1 and 2 intra-op threads), a 2-thread
-//! streaming copy of 512 MiB (the bandwidth reference) and the row's floor (its input bytes
-//! read and output bytes written as sequential streams), all timed in turn from cold caches;
-//! then a straightforward single-threaded implementation (benches/naive.rs) and the peak
-//! memory the kernel allocates beyond its outputs. Everything is reported as ratios
-//! measured in this run; nothing is asserted about speed. With `--profile` it only runs each
-//! kernel once, for scripts/profile.sh to count its instructions and cache misses.
+//! CPU benchmarks of the operators (IndiceConv's: benches/indice_conv.rs) at the seed network
+//! scales (docs/CONTRACT.md §N.6), run as `scripts/bench.sh` (or `cargo bench --bench ops` with
+//! ORT_DYLIB_PATH set). One run measures, per operator: the kernel on persistent pools of 1 and 2
+//! threads, the same node through onnxruntime sessions (custom-op library, 1 and 2 intra-op
+//! threads), a 2-thread streaming copy of 512 MiB (the bandwidth reference) and the row's floor
+//! (its input bytes read and output bytes written as sequential streams), all timed in turn from
+//! cold caches; then a straightforward single-threaded implementation (benches/naive.rs) and the
+//! peak memory the kernel allocates beyond its outputs. Everything is reported as ratios measured
+//! in this run; nothing is asserted about speed. With `--profile` it only runs each kernel once,
+//! for scripts/profile.sh to count its instructions and cache misses.
 
 #[path = "naive.rs"]
 mod naive;
 #[path = "../models/onnx_builder.rs"]
 mod onnx_builder;
+#[path = "../tests/common/rng.rs"]
+mod rng;
 
 use half::f16;
 use onnx_builder::{Dim, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
@@ -20,6 +22,7 @@ use onnxruntime_ep_mlu::ops::{self, LineAlignedOutputs};
 use onnxruntime_ep_mlu::parallel::{Parallel, Serial, for_each_chunk_mut, for_each_part_mut};
 use onnxruntime_ep_mlu::schema::{AttrValue, Attrs};
 use onnxruntime_ep_mlu::tensor::{Inputs, OwnedData, Tensor};
+use rng::Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -282,16 +285,7 @@ impl RandomRows {
     }
 }
 
-/// splitmix64.
-struct Rng(u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }

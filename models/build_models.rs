@@ -8,6 +8,8 @@
 
 #[path = "onnx_builder.rs"]
 mod onnx_builder;
+#[path = "../tests/common/rng.rs"]
+mod rng;
 #[path = "zoo.rs"]
 mod zoo;
 

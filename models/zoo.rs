@@ -25,31 +25,19 @@
 //! numpy model is written from the same description, not from this graph.
 
 use crate::onnx_builder::{Dim::*, Elem, Graph, attr_float, attr_int, attr_ints, attr_string};
+use crate::rng::Rng;
 
-/// SplitMix64: the fixed-seed generator of every weight of the zoo.
-pub struct Rng(u64);
-
+/// The zoo's conveniences on the shared SplitMix64 generator (tests/common/rng.rs), the
+/// fixed-seed source of every weight.
 impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     /// Uniform in [-1, 1), a multiple of 2^-23 (exact in float32).
     pub fn symmetric(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
+        (self.next() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
     }
 
     /// An integer uniform in [-k, k].
     pub fn int_sym(&mut self, k: i64) -> i64 {
-        (self.next_u64() % (2 * k + 1) as u64) as i64 - k
+        (self.next() % (2 * k + 1) as u64) as i64 - k
     }
 }
 
@@ -146,7 +134,7 @@ pub fn pointpillars() -> Graph {
     const C: i64 = 32; // PFN channels
     const H: i64 = 64; // BEV rows (y)
     const W: i64 = 64; // BEV columns (x)
-    let mut rng = Rng::new(0x5EED_0001);
+    let mut rng = Rng(0x5EED_0001);
     let mut g = Graph::new("pointpillars");
     g.input("points", Elem::FLOAT, Some(&[Sym("N"), Fixed(4)]));
 
@@ -280,8 +268,8 @@ pub fn pointpillars() -> Graph {
     //     exact), back to the point features through the max reduction.
     let scale: Vec<f32> = (0..C)
         .map(|_| {
-            let k = 1 + (rng.next_u64() % 7) as i64;
-            (if rng.next_u64().is_multiple_of(2) { k } else { -k }) as f32 / 4.0
+            let k = 1 + (rng.next() % 7) as i64;
+            (if rng.next().is_multiple_of(2) { k } else { -k }) as f32 / 4.0
         })
         .collect();
     g.initializer_f32("grad_scale", &[C], &scale).initializer_f32(
@@ -334,7 +322,7 @@ pub fn pointpillars() -> Graph {
 /// spatial shape 8 x 64 x 64; the strided level is 4 x 32 x 32 with 32 channels (BEV 128).
 pub fn centerpoint() -> Graph {
     const B: i64 = 2;
-    let mut rng = Rng::new(0x5EED_0002);
+    let mut rng = Rng(0x5EED_0002);
     let mut g = Graph::new("centerpoint");
     g.input("voxel_features", Elem::FLOAT, Some(&[Sym("L"), Fixed(5)])).input(
         "voxel_coords",
@@ -509,7 +497,7 @@ pub fn bevdepth() -> Graph {
     const D: i64 = 16;
     const CC: i64 = 24;
     const NPTS: i64 = NCAM * D * FH * FW;
-    let mut rng = Rng::new(0x5EED_0003);
+    let mut rng = Rng(0x5EED_0003);
     let mut g = Graph::new("bevdepth");
     g.input("img_feats", Elem::FLOAT, Some(&[Fixed(B * NCAM), Fixed(C), Fixed(FH), Fixed(FW)]))
         .input("geom_xyz", Elem::INT32, Some(&[Fixed(B), Fixed(NPTS), Fixed(3)]));
@@ -602,7 +590,7 @@ pub fn pointnet2_fp() -> Graph {
     const M: i64 = 256;
     const C2: i64 = 64;
     const C1: i64 = 32;
-    let mut rng = Rng::new(0x5EED_0004);
+    let mut rng = Rng(0x5EED_0004);
     let mut g = Graph::new("pointnet2_fp");
     g.input("unknown_xyz", Elem::FLOAT, Some(&[Fixed(B), Fixed(N), Fixed(3)]))
         .input("known_xyz", Elem::FLOAT, Some(&[Fixed(B), Fixed(M), Fixed(3)]))
@@ -747,7 +735,7 @@ pub fn rfcn_head() -> Graph {
     const K: i64 = 3;
     const NCLS: i64 = 21;
     const NBOX: i64 = 8;
-    let mut rng = Rng::new(0x5EED_0005);
+    let mut rng = Rng(0x5EED_0005);
     let mut g = Graph::new("rfcn_head");
     // The feature map's batch and size are symbolic (the image size varies), so the Shape node
     // that gives PsRoiPoolBackward its bottom_shape is computed at run time, not folded.

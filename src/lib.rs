@@ -1,6 +1,6 @@
-//! onnxruntime-ep-mlu: five MLU-OPS operators for ONNX Runtime, in the custom-op domain
-//! `mluops` (see schemas/ and docs/CONTRACT.md), and the `MLUExecutionProvider` plugin EP. The
-//! crate root holds only the C entry points;
+//! onnxruntime-ep-mlu: MLU-OPS's point-cloud operators for ONNX Runtime (the list is
+//! [`ops::ALL`]), in the custom-op domain `mluops` (see schemas/ and docs/CONTRACT.md), and
+//! the `MLUExecutionProvider` plugin EP. The crate root holds only the C entry points;
 //! everything else lives in the modules below.
 
 pub mod cache;

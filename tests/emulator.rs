@@ -3,88 +3,21 @@
 //! source line, by a deliberately broken kernel (kernels/emulator/selftest.cc).
 
 use onnxruntime_ep_mlu::mlu::{
-    Device, NRAM_BUDGET, QueuePtr, TASK_BLOCK, TASK_UNION1, TASK_UNION2, kernel_nram_budget,
+    Device, NRAM_BUDGET, TASK_BLOCK, TASK_UNION1, TASK_UNION2, kernel_nram_budget,
 };
 use std::sync::Arc;
 
-unsafe extern "C" {
-    fn mluops_emu_selftest_f32(
-        q: QueuePtr,
-        task_dim: u32,
-        task_type: i32,
-        op: i32,
-        n: i64,
-        m: i64,
-        scalar: f32,
-        a: *const f32,
-        b: *const f32,
-        out: *mut f32,
-    ) -> i32;
-    fn mluops_emu_selftest_i32(
-        q: QueuePtr,
-        task_dim: u32,
-        task_type: i32,
-        op: i32,
-        n: i64,
-        m: i64,
-        scalar: i32,
-        a: *const i32,
-        b: *const i32,
-        out: *mut i32,
-    ) -> i32;
-    fn mluops_emu_selftest_broken(
-        q: QueuePtr,
-        task_dim: u32,
-        task_type: i32,
-        rule: i32,
-        buf: *mut f32,
-        n: i64,
-    ) -> i32;
-    fn mluops_emu_selftest_nram_over_budget(q: QueuePtr, buf: *mut f32) -> i32;
-    fn mluops_emu_selftest_fresh(
-        q: QueuePtr,
-        task_dim: u32,
-        task_type: i32,
-        src: *const f32,
-        out: *mut f32,
-        n: i64,
-    ) -> i32;
-    fn mluops_emu_selftest_order(
-        q: QueuePtr,
-        task_dim: u32,
-        task_type: i32,
-        tickets: *mut i32,
-    ) -> i32;
-}
+#[path = "common/selftest.rs"]
+mod selftest;
+
+use selftest::{
+    Entry, OPS, mluops_emu_selftest_broken, mluops_emu_selftest_f32, mluops_emu_selftest_fresh,
+    mluops_emu_selftest_i32, mluops_emu_selftest_nram_over_budget, mluops_emu_selftest_order, op,
+};
 
 /// The emulator mode `name` is set to `value` (kernels/README.md, "Modes").
 fn mode(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
-}
-
-// Op codes of selftest.cc, in its order; the first 12 are element-wise.
-const OPS: [&str; 17] = [
-    "add",
-    "mul",
-    "eq",
-    "and",
-    "minequal",
-    "add_scalar",
-    "sub_scalar",
-    "mul_scalar",
-    "ne_scalar",
-    "lt_scalar",
-    "ge_scalar",
-    "write_value",
-    "transpose",
-    "half_round_trip",
-    "atomic_add",
-    "atomic_add_value",
-    "strided_copy",
-];
-
-fn op(name: &str) -> i32 {
-    OPS.iter().position(|&o| o == name).expect("known op") as i32
 }
 
 fn device() -> Arc<Device> {
@@ -128,24 +61,27 @@ fn scalar_def<T: Copy + PartialOrd + Default + std::fmt::Debug>(
     })
 }
 
+/// One element-wise self-test launch (`entry`, the float32 or int32 entry of selftest.cc) of
+/// op `name` over `tasks` UNION1 tasks, from host inputs to the downloaded output.
 #[allow(clippy::too_many_arguments)]
-fn run_f32(
+fn run<T: Copy + Default>(
+    entry: Entry<T>,
     name: &str,
     tasks: u32,
     n: usize,
     m: usize,
-    s: f32,
-    a: &[f32],
-    b: &[f32],
-    out0: &[f32],
-) -> Vec<f32> {
+    s: T,
+    a: &[T],
+    b: &[T],
+    out0: &[T],
+) -> Vec<T> {
     let dev = device();
     let (da, db, dout) =
         (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
     let q = dev.queue().unwrap();
-    // SAFETY: device buffers of n floats (out0's length for out).
+    // SAFETY: device buffers of n elements (out0's length for out).
     let code = unsafe {
-        mluops_emu_selftest_f32(
+        entry(
             q.ptr(),
             tasks,
             TASK_UNION1,
@@ -160,44 +96,7 @@ fn run_f32(
     };
     assert_eq!(code, 0, "launch {name}");
     q.sync().unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut out = vec![0f32; out0.len()];
-    dev.download(&dout, &mut out).unwrap();
-    out
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_i32(
-    name: &str,
-    tasks: u32,
-    n: usize,
-    m: usize,
-    s: i32,
-    a: &[i32],
-    b: &[i32],
-    out0: &[i32],
-) -> Vec<i32> {
-    let dev = device();
-    let (da, db, dout) =
-        (dev.upload(a).unwrap(), dev.upload(b).unwrap(), dev.upload(out0).unwrap());
-    let q = dev.queue().unwrap();
-    // SAFETY: device buffers of n int32 (out0's length for out).
-    let code = unsafe {
-        mluops_emu_selftest_i32(
-            q.ptr(),
-            tasks,
-            TASK_UNION1,
-            op(name),
-            n as i64,
-            m as i64,
-            s,
-            da.ptr(),
-            db.ptr(),
-            dout.ptr(),
-        )
-    };
-    assert_eq!(code, 0, "launch {name}");
-    q.sync().unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut out = vec![0i32; out0.len()];
+    let mut out = vec![T::default(); out0.len()];
     dev.download(&dout, &mut out).unwrap();
     out
 }
@@ -218,7 +117,7 @@ fn elementwise_intrinsics_match_their_scalar_definitions() {
     let (ai, bi): (Vec<i32>, Vec<i32>) =
         ((0..N as i32).map(|i| i % 7 - 3).collect(), (0..N as i32).map(|i| i % 5 - 2).collect());
     for name in &OPS[..12] {
-        let got = run_f32(name, 4, N, 0, 1.5, &a, &b, &vec![0.0; N]);
+        let got = run(mluops_emu_selftest_f32, name, 4, N, 0, 1.5, &a, &b, &vec![0.0; N]);
         for i in 0..N {
             let want =
                 scalar_def(name, a[i], b[i], 1.5, 1.0, |x, y| x + y, |x, y| x - y, |x, y| x * y)
@@ -231,7 +130,7 @@ fn elementwise_intrinsics_match_their_scalar_definitions() {
                 b[i]
             );
         }
-        let got = run_i32(name, 4, N, 0, -2, &ai, &bi, &vec![0; N]);
+        let got = run(mluops_emu_selftest_i32, name, 4, N, 0, -2, &ai, &bi, &vec![0; N]);
         for i in 0..N {
             let want =
                 scalar_def(name, ai[i], bi[i], -2, 1, |x, y| x + y, |x, y| x - y, |x, y| x * y)
@@ -246,14 +145,14 @@ fn transpose_conversion_and_copy_intrinsics() {
     let a: Vec<f32> = (0..N).map(|i| i as f32 * 0.5 - 7.0).collect();
     // 16 x 16 transpose of 256 floats.
     let t: Vec<f32> = (0..256).map(|i| i as f32).collect();
-    let got = run_f32("transpose", 4, 256, 16, 0.0, &t, &t, &vec![0.0; 256]);
+    let got = run(mluops_emu_selftest_f32, "transpose", 4, 256, 16, 0.0, &t, &t, &vec![0.0; 256]);
     assert!((0..16).all(|h| (0..16).all(|w| got[w * 16 + h] == t[h * 16 + w])));
     // float -> half -> float rounds to nearest even, as half::f16 does.
     let v: Vec<f32> =
         (0..N).map(|i| 1.0 + i as f32 * 0.000_37 - 0.01).chain(std::iter::empty()).collect();
-    let got = run_f32("half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
+    let got = run(mluops_emu_selftest_f32, "half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
     assert!((0..N).all(|i| got[i] == half::f16::from_f32(v[i]).to_f32()), "half rounding");
-    let got = run_f32("strided_copy", 4, N, 0, 0.0, &a, &a, &[0.0; N / 2]);
+    let got = run(mluops_emu_selftest_f32, "strided_copy", 4, N, 0, 0.0, &a, &a, &[0.0; N / 2]);
     assert!((0..N / 2).all(|i| got[i] == a[2 * i]));
 }
 
@@ -294,7 +193,17 @@ fn half_conversions_round_to_nearest_even_over_the_whole_range() {
     const CHUNK: usize = 8192;
     v.resize(v.len().div_ceil(CHUNK) * CHUNK, 0.0);
     for (c, chunk) in v.chunks(CHUNK).enumerate() {
-        let got = run_f32("half_round_trip", 4, CHUNK, 0, 0.0, chunk, chunk, &vec![0.0; CHUNK]);
+        let got = run(
+            mluops_emu_selftest_f32,
+            "half_round_trip",
+            4,
+            CHUNK,
+            0,
+            0.0,
+            chunk,
+            chunk,
+            &vec![0.0; CHUNK],
+        );
         for (i, (&x, g)) in chunk.iter().zip(got).enumerate() {
             let want = half::f16::from_f32(x).to_f32();
             assert_eq!(
@@ -311,9 +220,9 @@ fn half_conversions_round_to_nearest_even_over_the_whole_range() {
 #[test]
 fn atomics_combine_every_task() {
     let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let got = run_f32("atomic_add", 8, N, 0, 0.0, &a, &a, &vec![0.0; N]);
+    let got = run(mluops_emu_selftest_f32, "atomic_add", 8, N, 0, 0.0, &a, &a, &vec![0.0; N]);
     assert!((0..N).all(|i| got[i] == 8.0 * a[i]), "atomic add over 8 tasks");
-    let got = run_f32("atomic_add_value", 8, N, 0, 0.0, &a, &a, &vec![1.0; N]);
+    let got = run(mluops_emu_selftest_f32, "atomic_add_value", 8, N, 0, 0.0, &a, &a, &vec![1.0; N]);
     assert!((0..N).all(|i| got[i] == 1.0 + 8.0 * a[i]), "single-value atomic add over 8 tasks");
 }
 
@@ -444,7 +353,8 @@ fn async_copies_land_at_the_sync() {
 #[test]
 fn denormals_follow_mlu_emu_ftz() {
     let tiny = f32::from_bits(1 << 20); // a float32 denormal
-    let out = run_f32("mul", 4, 64, 1, 0.0, &[tiny; 64], &[1.0; 64], &[0.0; 64]);
+    let out =
+        run(mluops_emu_selftest_f32, "mul", 4, 64, 1, 0.0, &[tiny; 64], &[1.0; 64], &[0.0; 64]);
     let want = if mode("MLU_EMU_FTZ", "1") { 0.0 } else { tiny };
     assert!(out.iter().all(|&v| v == want), "denormal x 1: {:?}, expected {want:e}", &out[..4]);
 }

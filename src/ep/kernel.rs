@@ -22,12 +22,13 @@ use ort_sys::{OrtKernelContext, OrtKernelInfo, OrtStatusPtr};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// Builds the registry: the operators that have BANG kernels (domain `mluops`) and the copies ONNX Runtime
-/// inserts between CPU nodes and MLU nodes, which run as this EP's `MemcpyFromHost` /
-/// `MemcpyToHost` kernels (ONNX domain; host side declared as CPU memory). No type
-/// constraints are added: the `mluops` schemas already fix each input's element type, every
-/// type they allow has a BANG kernel (ThreeInterpolateBackward: float and float16), and the
-/// copies move bytes of any type.
+/// Builds the registry: the operators a card backend runs (domain `mluops`; MLU-OPS, our BANG
+/// kernels or both) and the copies ONNX Runtime inserts between CPU nodes and MLU nodes,
+/// which run as this EP's `MemcpyFromHost` / `MemcpyToHost` kernels (ONNX domain; host side
+/// declared as CPU memory). No type constraints are added: the `mluops` schemas already fix
+/// each input's element type, a backend declines a node of a type it does not run, with the
+/// reason (MLU-OPS: ThreeInterpolate's and ThreeInterpolateBackward's float16, which our
+/// BANG kernel of the backward runs), and the copies move bytes of any type.
 pub fn registry() -> Result<KernelRegistry> {
     let registry = KernelRegistry::new()?;
     let add = |op: &str,

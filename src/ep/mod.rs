@@ -2,9 +2,10 @@
 //! `CreateEpFactories` (src/lib.rs) and gets one [`factory::Factory`], which reports the
 //! MLU cards (real ones through libcnrt, or the emulated card when `MLU_EP_EMULATE=1`) as
 //! NPU hardware devices and creates [`provider::Ep`] instances. Each EP claims the `mluops`
-//! nodes whose configuration the BANG kernels support (`GetCapability`) and runs them
-//! through a kernel registry ([`kernel`]) on the card, with device memory, an allocator and
-//! a data transfer ([`memory`]) so that tensors stay on the card between MLU nodes.
+//! nodes whose configuration a card backend (MLU-OPS or our BANG kernels) supports
+//! (`GetCapability`) and runs them through a kernel registry ([`kernel`]) on the card, with
+//! device memory, an allocator and a data transfer ([`memory`]) so that tensors stay on the
+//! card between MLU nodes.
 //!
 //! This module is the EP's policy (what to claim and why, which card, the MLU->CPU fallback,
 //! the copy directions) and the callbacks ONNX Runtime calls; every ONNX Runtime call it

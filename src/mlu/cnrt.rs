@@ -6,8 +6,8 @@
 //! reviewed against the Cambricon runtime's documented C API, but has never run.
 
 use super::{
-    Device, DeviceInfo, Direction, KERNEL_FAMILIES, KernelCode, NRAM_BUDGET, QueuePtr, Runtime,
-    has_entry,
+    Device, DeviceInfo, Direction, KERNEL_FAMILIES, KernelCode, NRAM_BUDGET, NRAM_RESERVED_BYTES,
+    QueuePtr, Runtime, has_entry,
 };
 use crate::error::{Error, Result};
 use libloading::Library;
@@ -25,11 +25,6 @@ type Ret = c_int;
 const ATTR_CLUSTER_COUNT: c_int = 0x205;
 const ATTR_MCORE_PER_CLUSTER: c_int = 0x206;
 const ATTR_NRAM_SIZE_PER_MCORE: c_int = 0x302;
-
-/// NRAM per core that cncc keeps for the stack: REM_FOR_STACK of mlu-ops kernels/kernel.h
-/// (tag v1.4.0), also subtracted from cnrtAttrNramSizePerMcore by torch_mlu's getDeviceAttr
-/// (device.cpp above, `rem_for_stack = 128 * 1024`).
-const NRAM_RESERVED_BYTES: u64 = 128 * 1024;
 
 struct Cnrt {
     // Keeps the function pointers below valid.

@@ -51,6 +51,13 @@ impl DeviceInfo {
         self.clusters * self.cores_per_cluster
     }
 
+    /// NRAM per core a kernel may use: the card's less what its runtime keeps for the stack
+    /// (MLU-OPS's `MAX_NRAM_SIZE`, see [`NRAM_RESERVED_BYTES`]).
+    pub fn kernel_nram(&self) -> usize {
+        usize::try_from(self.nram_bytes.saturating_sub(self.nram_reserved_bytes))
+            .unwrap_or(usize::MAX)
+    }
+
     /// `Ok` when this card can launch every kernel family of `families`, else the decline.
     pub fn has_families(&self, families: &[&str]) -> Result<()> {
         for f in families {
@@ -64,9 +71,16 @@ impl DeviceInfo {
     }
 }
 
+/// NRAM per core that cncc keeps for the stack: REM_FOR_STACK of mlu-ops kernels/kernel.h:67
+/// (tag v1.4.0). MLU-OPS subtracts it from the card's NRAM (`MAX_NRAM_SIZE`, same file;
+/// core/context.cpp:279 for the host-side bounds), and so does torch_mlu's getDeviceAttr
+/// from cnrtAttrNramSizePerMcore (torch_mlu/csrc/framework/core/device.cpp, branch
+/// r1.22_pt2.1.0, commit d578002: `rem_for_stack = 128 * 1024`).
+pub const NRAM_RESERVED_BYTES: u64 = 128 * 1024;
+
 /// The NRAM budget every kernel of kernels/ is built for (kernels/common/kernel.h:
-/// MLUOPS_NRAM_BUDGET; a test pins the two together).
-pub const NRAM_BUDGET: usize = 768 * 1024 - 128 * 1024;
+/// MLUOPS_NRAM_BUDGET; a test pins the two together): a 768 KiB core less the stack.
+pub const NRAM_BUDGET: usize = 768 * 1024 - NRAM_RESERVED_BYTES as usize;
 
 /// BANG task types (cnrtFunctionType_t values of CNRT 6.x cnrt.h).
 pub const TASK_BLOCK: i32 = 1;
@@ -444,7 +458,7 @@ mod tests {
             clusters: 2,
             cores_per_cluster: 4,
             nram_bytes: 768 * 1024,
-            nram_reserved_bytes: 128 * 1024,
+            nram_reserved_bytes: super::NRAM_RESERVED_BYTES,
             missing_families: vec![(
                 "family_b".into(),
                 "cncc failed on it when this library was built: b.mlu:7:3: error: x".into(),

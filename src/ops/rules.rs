@@ -92,7 +92,8 @@ pub struct Broken {
     pub values: RowValues,
 }
 
-/// An operator's rules as the two paths run them (the five operators with BANG kernels).
+/// An operator's rules as the two paths run them (every operator with a card path: our BANG
+/// kernels, MLU-OPS or both).
 pub trait Rules: Operator {
     /// Inputs whose values the shape rules read: sizes of at most [`SIZE_INPUT_BYTES`] each
     /// (the MLU path copies these, and only these, to the host).

@@ -4,6 +4,9 @@
 #![allow(dead_code)]
 
 pub mod psroi;
+mod rng;
+
+pub use rng::Rng;
 
 use onnxruntime_ep_mlu::mlu::{Device, cnrt};
 use onnxruntime_ep_mlu::ops::{self, Kernel, LineAlignedOutputs};
@@ -29,20 +32,6 @@ pub fn run_line_aligned(
     let mut host = LineAlignedOutputs::default();
     kernel.compute(&inputs, &mut host, par).expect("valid case runs");
     host.into_tensors().remove(0)
-}
-
-/// splitmix64: small, seedable, good enough for test data. Test files add the
-/// conveniences they need in their own `impl Rng` blocks.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
 /// The accumulating class's per-element constant E for float32 outputs: element i passes

@@ -1,4 +1,4 @@
-//! DynamicScatterBackward on the MLU: host policy for kernels/dynamic_scatter_backward
+//! DynamicScatterBackward on the MLU: host policy for kernels/dynamic_scatter
 //! (max mode only, as the seed design; the EP declines mean and sum).
 //!
 //! UNION1 over the card's cores for the three kernels (fill, index, scatter). Workspace:

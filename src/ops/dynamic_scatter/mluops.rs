@@ -9,10 +9,6 @@ use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
 use crate::tensor::{self, OutputSpec};
 use std::ffi::c_void;
 
-/// What the library keeps of a card's NRAM for itself (REM_FOR_STACK: core/context.cpp:279
-/// and kernels/kernel.h:67 at v1.4.0): its NRAM bound is the rest.
-const NRAM_KEPT: usize = 128 * 1024;
-
 impl MluOpsOperator for DynamicScatterBackward {
     fn mluops_supported(&self) -> Result<()> {
         match self.reduce {
@@ -41,9 +37,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         // The library's NRAM bound, 5N + 20C + 4 bytes (BAD_PARAM beyond it), on this card.
-        let nram = usize::try_from(card.device.info.nram_bytes)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(NRAM_KEPT);
+        let nram = card.device.info.kernel_nram();
         if d.n.saturating_mul(5).saturating_add(d.c.saturating_mul(20)).saturating_add(4) > nram {
             return Err(Error::Declined(format!(
                 "N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}",

@@ -11,6 +11,7 @@
 //! ph + pw edge computations, not ph * pw * output_dim. The inner loop runs over o for one
 //! pixel, i.e. inside one pixel's channel vector (cache-resident).
 
+use super::{MIN_ROI_EXTENT, Plan};
 use crate::error::{Error, Result};
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
@@ -24,8 +25,6 @@ const GRAIN: f64 = 32768.0;
 const BOTTOM_SHAPE: usize = 3;
 /// Upper bound on tasks: each task re-scans the rois of its batches.
 const MAX_TASKS: usize = 256;
-/// Minimum roi extent, as in the R-FCN kernel (avoids zero-size rois).
-const MIN_ROI_EXTENT: f32 = 0.1;
 
 /// Descriptor: validated attributes.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,15 +35,6 @@ pub struct PsRoiPoolBackward {
     pub output_dim: usize,
     /// pooled * pooled * output_dim: the required channel count of bottom_grad.
     pub channels: usize,
-}
-
-/// Output geometry validated by `plan`.
-#[derive(Debug, Clone, Copy)]
-pub struct PsRoiPlan {
-    pub(super) rois: usize,
-    pub(super) batches: usize,
-    pub(super) height: usize,
-    pub(super) width: usize,
 }
 
 /// A half-open pixel range of one bin edge pair, already clamped to the map.
@@ -223,16 +213,16 @@ pub(super) fn batch_error(
 }
 
 impl PsRoiPoolBackward {
-    pub(super) fn output_spec(&self, plan: &PsRoiPlan) -> OutputSpec {
+    pub(super) fn output_spec(&self, plan: &Plan) -> OutputSpec {
         OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])
     }
 }
 
 impl Rules for PsRoiPoolBackward {
     const SIZE_INPUTS: &'static [usize] = &[BOTTOM_SHAPE];
-    type Dims = PsRoiPlan;
+    type Dims = Plan;
 
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<PsRoiPlan> {
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Plan> {
         let (p, od) = (Some(self.pooled), Some(self.output_dim));
         let top = inputs.shaped::<f32>(
             0,
@@ -288,16 +278,16 @@ impl Rules for PsRoiPoolBackward {
                 format!("bottom_grad size {batches} * {height} * {width} * {channels} overflows"),
             ));
         }
-        Ok(PsRoiPlan { rois: r, batches: dims[0], height: dims[1], width: dims[2] })
+        Ok(Plan { rois: r, batches: dims[0], height: dims[1], width: dims[2] })
     }
 
     /// The batch rule, then `mapping_channel` in [0, channels) everywhere.
-    fn value_rules(&self, plan: &PsRoiPlan) -> Vec<ValueRule> {
+    fn value_rules(&self, plan: &Plan) -> Vec<ValueRule> {
         let (lo, hi) = Check::half_open(0, self.channels);
         vec![batch_rule(1, plan.batches), ValueRule::whole(2, Check::int_range(lo, hi))]
     }
 
-    fn describe(&self, inputs: &Inputs<'_>, plan: &PsRoiPlan, broken: &Broken) -> Error {
+    fn describe(&self, inputs: &Inputs<'_>, plan: &Plan, broken: &Broken) -> Error {
         match (&broken.values, broken.rule) {
             (RowValues::F32(roi), 0) => batch_error(inputs, 1, broken.row, roi, plan.batches),
             (RowValues::I32(v), _) => inputs.error(
@@ -319,7 +309,7 @@ impl Rules for PsRoiPoolBackward {
 impl crate::ops::Operator for PsRoiPoolBackward {
     const NAME: &'static str = "PsRoiPoolBackward";
     const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool_backward.json");
-    type Plan = PsRoiPlan;
+    type Plan = Plan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         Self::new(
@@ -330,11 +320,7 @@ impl crate::ops::Operator for PsRoiPoolBackward {
         )
     }
 
-    fn plan(
-        &self,
-        inputs: &Inputs<'_>,
-        _par: &dyn Parallel,
-    ) -> Result<(Vec<OutputSpec>, PsRoiPlan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
         let plan = self.shape_rules(inputs)?;
         check_values(self, inputs, &plan)?;
         Ok((vec![self.output_spec(&plan)], plan))
@@ -342,7 +328,7 @@ impl crate::ops::Operator for PsRoiPoolBackward {
 
     fn execute(
         &self,
-        plan: PsRoiPlan,
+        plan: Plan,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
@@ -351,7 +337,7 @@ impl crate::ops::Operator for PsRoiPoolBackward {
         let rois = inputs.get::<f32>(1)?.data;
         let mapping = inputs.get::<i32>(2)?.data;
         let out = outputs.take::<f32>(0)?;
-        let PsRoiPlan { rois: r_count, batches, height, width } = plan;
+        let Plan { rois: r_count, batches, height, width } = plan;
         let (p, od, channels) = (self.pooled, self.output_dim, self.channels);
         let bin_len = p * p * od;
         let row_len = width * channels;

@@ -12,6 +12,7 @@
 //! scratch copy. The sums and their order are the same either way, so is the result.
 //! On the card: MLU-OPS only (mluops.rs).
 
+use super::Plan;
 use super::backward::{PsRoiPoolBackward, Span, batch_error, batch_rule};
 use crate::error::{Error, Result};
 use crate::ops::Operator;
@@ -27,15 +28,6 @@ const GRAIN: usize = 64 * 1024;
 /// Descriptor: the same validated attributes as PsRoiPoolBackward.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PsRoiPool(pub PsRoiPoolBackward);
-
-/// Sizes validated by the shape rules.
-#[derive(Debug, Clone, Copy)]
-pub struct Plan {
-    pub(super) rois: usize,
-    pub(super) batches: usize,
-    pub(super) height: usize,
-    pub(super) width: usize,
-}
 
 impl PsRoiPool {
     /// Whether re-laying the input in bin order reads fewer cache lines than the rois' bins

@@ -12,8 +12,9 @@
 //! a bin edge within one ulp of an integer (`edge_near_integer`: the card computes the edges
 //! with its own division and floor/ceil; our BANG kernels take them from the host).
 
-use super::backward::{PsRoiPlan, PsRoiPoolBackward};
-use super::forward::{Plan, PsRoiPool};
+use super::backward::PsRoiPoolBackward;
+use super::forward::PsRoiPool;
+use super::{MIN_ROI_EXTENT, Plan};
 use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
@@ -26,11 +27,6 @@ const MAX_BYTES: usize = (1 << 31) - 1;
 /// Coordinates and bin edges beyond this magnitude could leave the int range the library
 /// converts them to (it converts each coordinate, then each bin edge).
 const EDGE_LIMIT: f32 = (1u32 << 30) as f32;
-/// What the library keeps of a card's NRAM for itself (REM_FOR_STACK, kernels/kernel.h:67 at
-/// v1.4.0).
-const NRAM_KEPT: usize = 128 * 1024;
-/// The contract's least roi extent (R-FCN's 0.1).
-const MIN_ROI_EXTENT: f32 = 0.1;
 
 /// One roi as the library is to be given it.
 enum LibraryRoi {
@@ -209,13 +205,13 @@ impl MluOpsOperator for PsRoiPoolBackward {
         self.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &PsRoiPlan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Plan) -> Result<()> {
         byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
     }
 
     fn mluops_compute(
         &self,
-        plan: &PsRoiPlan,
+        plan: &Plan,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
@@ -294,9 +290,7 @@ impl MluOpsOperator for PsRoiPool {
         // The forward kernel's output channels per NRAM pass, FLOOR_ALIGN(NRAM / ((2 + 2 *
         // CEIL_ALIGN(ph * pw, 64)) * 4), 64), divides output_dim (psroipool_block.mlu:199-203
         // at v1.4.0; its NRAM is the card's less 128 KiB): 0 there is a division by zero.
-        let nram = usize::try_from(card.device.info.nram_bytes)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(NRAM_KEPT);
+        let nram = card.device.info.kernel_nram();
         let bins = (self.0.pooled * self.0.pooled).div_ceil(64) * 64;
         if nram / ((2 + 2 * bins) * 4) < 64 {
             return Err(Error::Declined(format!(

@@ -1,5 +1,5 @@
-//! GetIndicePairs on the MLU: host policy for the five kernels of kernels/get_indice_pairs
-//! (expand, mark, rank, out, pairs; see that file for the sequence and the seed steps).
+//! GetIndicePairs on the MLU: host policy for its five kernels in kernels/sparse_conv
+//! (expand, mark, rank, out, pairs; see sparse_conv.mlu for the sequence and the seed steps).
 //! Every kernel uses all of the card's cores except rank, whose barrier covers one
 //! cluster only (UNION1).
 //!
@@ -12,14 +12,13 @@ use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
 use crate::tensor::{DType, Data, Inputs, OutputSpec, TensorRef};
 use std::ffi::c_void;
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
 const TILES: usize = 4;
-/// Entries per tile in the rank / out / pairs kernels (int32, a multiple of 32).
-const STREAM_TILE: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
