@@ -168,10 +168,11 @@ def _convert(path: str, m: nn.Module, spt) -> nn.Module:
             if runs is not None:
                 # Its forward is the user's code written against spconv's tensor and modules:
                 # nothing proves it equal to the base's, so it is not converted in part.
-                _refuse(path, m, f"a subclass of {_name(base)} that overrides {runs}; only a subclass "
-                                 f"running {base.__name__}'s own forward converts (derive a module with "
-                                 "its own forward from spconv.SparseModule: its children are converted "
-                                 "and its forward kept)")
+                klass = _spconv_class(m, spt)
+                sub = "" if klass is type(m) else f"a subclass of {_name(klass)} that "
+                _refuse(path, m, f"{sub}redefines {runs}: only a class running {_name(base)}'s own forward "
+                                 "converts (a module with its own forward derived from spconv.SparseModule "
+                                 "instead is kept, its children converted)")
             if m._forward_hooks or m._forward_pre_hooks:
                 _refuse(path, m, "forward hooks are registered on it; the converted module would not run them")
             return convert_one(path, m, spt).train(m.training)
