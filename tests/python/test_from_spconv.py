@@ -562,9 +562,64 @@ def test_a_key_stored_on_other_sites_with_the_same_geometry_leaves_the_inverse_i
     converted_matches_spconv(SameGeometryOtherSites, 19, ["features_a", "indices_a", "features_b", "indices_b"])
 
 
-def test_an_inverse_convolution_whose_key_is_in_a_sibling_branch_only_is_an_error():
-    x = mt.SparseTensor(torch.zeros(3, 4), torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 3, 3, 3]]), (5, 6, 6), 1)
-    mt.SparseConv3d(4, 4, 3, 2, 1, indice_key="down")(x)
-    with pytest.raises(KeyError, match="no rulebook under indice_key 'down' upstream of its input") as e:
-        mt.SparseInverseConv3d(4, 4, 3, indice_key="down")(x)
-    assert "keys there: []" in str(e.value)
+class Steps(nn.Module):
+    """Layers each applied to an earlier step's output (-1: the previous one; 0: the input)."""
+
+    def __init__(self, *steps):
+        super().__init__()
+        self.layers = nn.ModuleList([m for m, _ in steps])
+        self.sources = [src for _, src in steps]
+
+    def forward(self, feats, coors):
+        outs = [spconv.SparseConvTensor(feats, coors, [9, 20, 20], 1)]
+        for layer, src in zip(self.layers, self.sources):
+            outs.append(layer(outs[src]))
+        return outs[-1].features
+
+
+def down(key=None, stride=2):
+    return spconv.SparseConv3d(4, 4, 3, stride, padding=1, bias=False, indice_key=key), -1
+
+
+def subm(key, k=3):
+    return spconv.SubMConv3d(4, 4, k, bias=False, indice_key=key), -1
+
+
+def up(key, src=-1):
+    return spconv.SparseInverseConv3d(4, 4, 3, bias=False, indice_key=key), src
+
+
+@pytest.mark.parametrize(
+    "steps, theirs, ours",
+    [
+        ((down("d"), down("d")), "only support reuse subm indices",
+         "indice_key 'd': a non-submanifold convolution upstream of this non-submanifold one stored it"),
+        ((subm("s"), subm("s", 5)), "subm with same indice_key must have same kernel",
+         "indice_key 's': stored rulebook has geometry"),
+        ((subm("s"), up("s")), "inverse conv can only be used with standard conv",
+         "indice_key 's' names a submanifold convolution's rulebook"),
+        ((down("d"), down(), up("d")), "Inverse with same indice_key must have same spatial structure",
+         "indice_key 'd': input grid (3, 5, 5), the forward convolution's output grid (5, 10, 10)"),
+        ((down("d"), down(stride=1), up("d")), "Inverse with same indice_key must have same num of indices",
+         "sites, the forward convolution's output"),
+        ((down("d"), up("d", src=0)), "",
+         "no rulebook under indice_key 'd' upstream of its input (keys are scoped per tensor lineage"),
+    ],
+    ids=["strided-key-upstream", "subm-other-kernel", "inverse-of-subm", "inverse-other-grid",
+         "inverse-other-sites", "inverse-key-in-sibling"],
+)
+def test_what_spconv_refuses_of_a_key_is_refused_after_conversion(steps, theirs, ours):
+    rng = np.random.default_rng(23)
+    coors = torch.from_numpy(sites(rng, 1, (9, 20, 20), 60))
+    feats = torch.from_numpy(rng.standard_normal((coors.shape[0], 4)).astype(np.float32))
+    model = Steps(*steps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises((AssertionError, ValueError), match=theirs):
+            model(feats, coors)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises((KeyError, ValueError)) as e:
+        mt.from_spconv(model)(feats, coors)
+    assert ours in str(e.value)
