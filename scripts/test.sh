@@ -150,7 +150,7 @@ MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test 
 stage "BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 stage "python session tests"
-"$VENV/bin/python" -m pytest tests/python -q
+"$VENV/bin/python" -m pytest tests/python -q -rs  # -rs: every skip says why (the C++ example NOT RUN without headers)
 stage "in-process coverage-guided fuzzing: each operator's target over its corpus, then new cases up to 1,500 runs at -seed=1 into a scratch corpus, every path; then the self-test: a planted wrong element the corpus replay must catch (fuzz/, scripts/fuzz.sh)"
 scripts/fuzz.sh --runs 1500 --seed 1
 scripts/fuzz.sh --self-test

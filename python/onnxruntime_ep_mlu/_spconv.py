@@ -11,10 +11,20 @@ Replaced, recursively, keeping each module's name in its parent:
   run on the features, as in spconv);
 - ``ToDense`` by this package's; ``SparseIdentity`` by ``nn.Identity``.
 
+A subclass of one of these (a user's ``class SubMConvBNReLU(spconv.SparseSequential)``, as in
+spconv's quantisation examples, or of ``SubMConv3d``) converts as its spconv class does when
+a call runs that class's own code; one that redefines ``forward`` (or ``_conv_forward``,
+``__call__``) is an error naming it, as is one with forward hooks: the converted module would
+run neither. Attributes such a subclass adds are not carried (the module is replaced).
+
 Any other spconv module (pooling, transposed or grouped convolutions, fused activations,
-quantisation, 1D/2D/4D) is an error naming the module's path and why: nothing is skipped.
-A user's own ``spconv.SparseModule`` subclass (CenterPoint's ``SparseBasicBlock``) is kept,
-its children converted, and marked as taking the whole sparse tensor.
+quantisation, 1D/2D/4D), or a user's subclass of one, is an error naming the module's path
+and class and why: nothing is skipped or half-converted. A user's own ``spconv.SparseModule``
+subclass (CenterPoint's ``SparseBasicBlock``) is kept, its children converted, and marked as
+taking the whole sparse tensor.
+
+Indice keys are scoped as spconv 2.x scopes them (see :class:`~onnxruntime_ep_mlu.torch.SparseTensor`):
+per tensor lineage, so sibling branches may reuse a key name.
 
 The tensor type: the returned model runs the original ``forward`` with spconv's
 ``SparseConvTensor`` replaced by :class:`~onnxruntime_ep_mlu.torch.SparseTensor` (same first
@@ -104,20 +114,72 @@ def _conv(path: str, m) -> nn.Module:
     return ours.train(m.training)
 
 
+def _sequential(path: str, m, spt) -> nn.Module:
+    out = mt.SparseSequential()
+    for name, child in m.named_children():
+        out.add_module(name, _convert(f"{path}.{name}" if path else name, child, spt))
+    return out
+
+
+def _converters(spt):
+    """spconv's classes this package carries, each with its conversion: a subclass of one
+    converts as the class does when it runs the class's forward (see ``_overrides``)."""
+    return (
+        (spt.conv.SparseConvolution, lambda path, m, spt: _conv(path, m)),
+        (spt.SparseSequential, _sequential),
+        (spt.ToDense, lambda path, m, spt: mt.ToDense()),
+        (spt.SparseIdentity, lambda path, m, spt: nn.Identity()),
+    )
+
+
+#: What a module runs when called: a class redefining one of these runs its own code.
+_RUNS = ("forward", "_conv_forward", "__call__", "_call_impl")
+
+
+def _overrides(m: nn.Module, base: type) -> str | None:
+    """Where ``m``'s class (or a class between it and spconv's ``base``) redefines how a
+    call runs, as ``"forward (in pkg.Class)"``; None when a call runs ``base``'s code."""
+    for klass in type(m).__mro__:
+        if klass is base:
+            return None
+        names = [n for n in _RUNS if n in vars(klass)]
+        if names:
+            return f"{' and '.join(names)} (in {_name(klass)})"
+    return None
+
+
+def _name(klass: type) -> str:
+    return f"{klass.__module__}.{klass.__qualname__}"
+
+
+def _spconv_class(m: nn.Module, spt) -> type | None:
+    """The first spconv class among ``m``'s classes, other than ``SparseModule`` (the
+    placeholder base spconv gives users' own sparse modules)."""
+    for klass in type(m).__mro__:
+        if klass.__module__.startswith("spconv.") and klass is not spt.SparseModule:
+            return klass
+    return None
+
+
 def _convert(path: str, m: nn.Module, spt) -> nn.Module:
-    if isinstance(m, spt.conv.SparseConvolution):
-        return _conv(path, m)
-    if type(m) is spt.SparseSequential:
-        out = mt.SparseSequential()
-        for name, child in m.named_children():
-            out.add_module(name, _convert(f"{path}.{name}" if path else name, child, spt))
-        return out.train(m.training)
-    if type(m) is spt.ToDense:
-        return mt.ToDense()
-    if type(m) is spt.SparseIdentity:
-        return nn.Identity()
-    if type(m).__module__.startswith("spconv."):
-        _refuse(path, m, "no mluops counterpart (GetIndicePairs + IndiceConv cover the 3D convolutions; "
+    for base, convert_one in _converters(spt):
+        if isinstance(m, base):
+            runs = _overrides(m, base)
+            if runs is not None:
+                # Its forward is the user's code written against spconv's tensor and modules:
+                # nothing proves it equal to the base's, so it is not converted in part.
+                klass = _spconv_class(m, spt)
+                sub = "" if klass is type(m) else f"a subclass of {_name(klass)} that "
+                _refuse(path, m, f"{sub}redefines {runs}: only a class running {_name(base)}'s own forward "
+                                 "converts (a module with its own forward derived from spconv.SparseModule "
+                                 "instead is kept, its children converted)")
+            if m._forward_hooks or m._forward_pre_hooks:
+                _refuse(path, m, "forward hooks are registered on it; the converted module would not run them")
+            return convert_one(path, m, spt).train(m.training)
+    klass = _spconv_class(m, spt)
+    if klass is not None:
+        sub = "" if klass is type(m) else f"a subclass of {_name(klass)}: "
+        _refuse(path, m, f"{sub}no mluops counterpart (GetIndicePairs + IndiceConv cover the 3D convolutions; "
                          "SparseSequential, ToDense and SparseIdentity are carried)")
     for name, child in list(m.named_children()):
         setattr(m, name, _convert(f"{path}.{name}" if path else name, child, spt))
@@ -185,10 +247,6 @@ def convert(model: nn.Module) -> nn.Module:
     # not copied (they cannot be).
     keep = {id(v): v for m in model.modules() for v in vars(m).values() if isinstance(v, types.ModuleType)}
     root = _convert("", copy.deepcopy(model, keep), spt)
-    if _has_spconv(root):
+    if any(_spconv_class(m, spt) is not None for m in root.modules()):
         raise AssertionError("from_spconv left an spconv module in place")
     return FromSpconv(root).train(model.training)
-
-
-def _has_spconv(model: nn.Module) -> bool:
-    return any(type(m).__module__.startswith("spconv.") for m in model.modules())

@@ -618,15 +618,21 @@ class Rulebook:
 class SparseTensor:
     """Active sites of a batch of 3D grids: ``features`` [L, C] and ``indices`` int32
     [L, 4] = (batch, z, y, x), with the grid's (D, H, W) and the batch size.
-    ``rulebooks`` holds the rulebooks of layers with an ``indice_key``, ``unkeyed`` those of
-    layers without one; both are shared by every tensor derived from this one."""
+    ``rulebooks`` holds the rulebooks stored under an ``indice_key`` upstream of this tensor,
+    scoped as spconv 2.x scopes its ``indice_dict``: a convolution's output carries a copy of
+    its input's with its own key added, ``replace_feature`` carries it as it is (spconv
+    2.3.8, spconv/pytorch/conv.py ``_conv_forward``: ``indice_dict =
+    input.indice_dict.copy()``; core.py ``replace_feature``), so a key stored in one branch
+    is not seen by a sibling branch from the same tensor. ``built`` holds every rulebook
+    built from the root tensor, keyed or not, shared by all tensors derived from it: a cache
+    of GetIndicePairs results by sites and geometry (:meth:`find_rulebook`)."""
 
     features: Tensor
     indices: Tensor
     spatial_shape: tuple[int, int, int]
     batch_size: int
     rulebooks: dict[str, Rulebook] = field(default_factory=dict)
-    unkeyed: list[Rulebook] = field(default_factory=list)
+    built: list[Rulebook] = field(default_factory=list)
 
     def __post_init__(self):
         # spconv's SparseConvTensor takes the grid as a list or an array, and int64 sites.
@@ -648,15 +654,16 @@ class SparseTensor:
         grid = grid.view(self.batch_size, d, h, w, c)
         return grid.permute(0, 4, 1, 2, 3).contiguous() if channels_first else grid
 
-    def _with(self, features: Tensor, indices: Tensor, spatial_shape) -> SparseTensor:
-        return SparseTensor(features, indices, tuple(spatial_shape), self.batch_size, self.rulebooks, self.unkeyed)
+    def _with(self, features: Tensor, indices: Tensor, spatial_shape, rulebooks=None) -> SparseTensor:
+        rulebooks = self.rulebooks if rulebooks is None else rulebooks
+        return SparseTensor(features, indices, tuple(spatial_shape), self.batch_size, rulebooks, self.built)
 
     def find_rulebook(self, geometry) -> Rulebook | None:
         """A rulebook already built for these very sites (the same ``indices`` tensor) and
         this geometry, keyed or not: GetIndicePairs is a function of the two, so a layer
         without an ``indice_key`` reuses it rather than building (and exporting) it again,
         as mmdet3d's SparseBasicBlocks would otherwise do for each convolution."""
-        for book in (*self.rulebooks.values(), *self.unkeyed):
+        for book in self.built:
             if book.geometry == geometry and book.applies_to(self.indices):
                 return book
         return None
@@ -681,9 +688,12 @@ def sparse_conv3d(
     indice_key: str | None = None,
 ) -> SparseTensor:
     """A sparse 3D convolution: GetIndicePairs then IndiceConv. ``weight`` is
-    [kd, kh, kw, Cin, Cout] (mmcv's layout). A rulebook stored under ``indice_key`` by an
-    earlier layer with the same geometry is reused (one GetIndicePairs node for both), and
-    so is one built earlier, keyed or not, for the same sites and geometry."""
+    [kd, kh, kw, Cin, Cout] (mmcv's layout). A submanifold rulebook stored under
+    ``indice_key`` upstream of ``x`` is reused by a submanifold layer of the same geometry
+    (one GetIndicePairs node for both), as spconv reuses it; any other layer finding its key
+    upstream is an error, as in spconv. A rulebook built earlier for the same sites and
+    geometry, keyed or not, in any branch, is reused too. The output carries ``x``'s keys
+    and this layer's (see :class:`SparseTensor`)."""
     kd, kh, kw, c_in, c_out = _weight_shape(weight)
     geo = _conv_geometry(
         x.batch_size,
@@ -696,13 +706,21 @@ def sparse_conv3d(
         int(subm),
         0,
     )
-    book = x.rulebooks.get(indice_key) if indice_key is not None else None
-    if book is not None and book.geometry != geo:
-        raise ValueError(f"indice_key {indice_key!r}: stored rulebook has geometry {book.geometry}, this layer {geo}")
-    if book is None or not book.applies_to(x.indices):
-        book = x.find_rulebook(geo)
-        if book is not None and indice_key is not None:
-            x.rulebooks[indice_key] = book
+    stored = x.rulebooks.get(indice_key) if indice_key is not None else None
+    if stored is not None and not (subm and stored.geometry.subm):
+        # spconv 2.3.8 conv.py, _conv_forward: "only support reuse subm indices".
+        raise ValueError(
+            f"indice_key {indice_key!r}: a {'submanifold' if stored.geometry.subm else 'non-submanifold'} "
+            f"convolution upstream of this {'submanifold' if subm else 'non-submanifold'} one stored it; spconv "
+            "reuses a key only between submanifold convolutions (give this layer another key)"
+        )
+    if stored is not None and stored.geometry != geo:
+        # spconv 2.3.8 conv.py, _check_subm_reuse_valid: same kernel, dilation and grid.
+        raise ValueError(
+            f"indice_key {indice_key!r}: stored rulebook has geometry {stored.geometry}, this layer {geo}; "
+            "spconv reuses a key only with the same kernel, dilation and spatial shape"
+        )
+    book = stored if stored is not None and stored.applies_to(x.indices) else x.find_rulebook(geo)
     if book is None:
         pairs, out_indices, num = get_indice_pairs(
             x.indices,
@@ -715,10 +733,10 @@ def sparse_conv3d(
             subm=subm,
         )
         book = Rulebook(pairs, out_indices, num, x.indices, geo)
-        if indice_key is not None:
-            x.rulebooks[indice_key] = book
-        else:
-            x.unkeyed.append(book)
+        x.built.append(book)
+    rulebooks = x.rulebooks
+    if indice_key is not None and stored is None:
+        rulebooks = {**rulebooks, indice_key: book}
     out = indice_conv(
         x.features,
         weight.reshape(kd * kh * kw, c_in, c_out),
@@ -727,7 +745,7 @@ def sparse_conv3d(
         book.out_indices,
         bias,
     )
-    return x._with(out, book.out_indices, book.out_spatial_shape)
+    return x._with(out, book.out_indices, book.out_spatial_shape, rulebooks)
 
 
 class SparseConv3d(nn.Module):
@@ -812,12 +830,30 @@ class SparseInverseConv3d(nn.Module):
         SparseConv3d.reset_parameters(self)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        book = x.rulebooks.get(self.indice_key)
+        key = self.indice_key
+        book = x.rulebooks.get(key)
         if book is None:
-            raise KeyError(f"SparseInverseConv3d: no rulebook under indice_key {self.indice_key!r}")
+            raise KeyError(
+                f"SparseInverseConv3d: no rulebook under indice_key {key!r} upstream of its input (keys are "
+                f"scoped per tensor lineage, as in spconv: only a convolution this input derives from counts; "
+                f"keys there: {sorted(x.rulebooks)})"
+            )
         kd, kh, kw, c_in, c_out = _weight_shape(self.weight)
+        # The checks of spconv 2.3.8 conv.py (_conv_forward, _check_inverse_reuse_valid).
+        if book.geometry.subm:
+            raise ValueError(f"SparseInverseConv3d: indice_key {key!r} names a submanifold convolution's rulebook")
         if book.geometry.kernel_volume != kd * kh * kw:
             raise ValueError("SparseInverseConv3d: kernel size differs from the forward convolution's")
+        if x.spatial_shape != book.out_spatial_shape:
+            raise ValueError(
+                f"SparseInverseConv3d: indice_key {key!r}: input grid {x.spatial_shape}, the forward "
+                f"convolution's output grid {book.out_spatial_shape}"
+            )
+        if not torch.jit.is_tracing() and x.indices.shape[0] != book.out_indices.shape[0]:
+            raise ValueError(
+                f"SparseInverseConv3d: indice_key {key!r}: input has {x.indices.shape[0]} sites, the forward "
+                f"convolution's output {book.out_indices.shape[0]}"
+            )
         out = indice_conv(
             x.features,
             self.weight.reshape(kd * kh * kw, c_in, c_out),

@@ -203,6 +203,110 @@ class EncoderDecoder(nn.Module):
         return out.features, out.indices
 
 
+# ----------------------------------------------------------- subclasses of spconv's classes
+class SubMConvBNReLU(spconv.SparseSequential):
+    """spconv's quantisation examples' block (there 2D), a SparseSequential subclass that
+    only fills itself in ``__init__``: it runs SparseSequential's forward."""
+
+    def __init__(self, cin, cout, indice_key):
+        super().__init__(spconv.SubMConv3d(cin, cout, 3, bias=False, indice_key=indice_key), bn(cout), nn.ReLU())
+
+
+class DownConv(spconv.SparseConv3d):
+    """A convolution subclass with its own defaults and an attribute, spconv's forward."""
+
+    def __init__(self, cin, cout, indice_key):
+        super().__init__(cin, cout, 3, 2, padding=1, indice_key=indice_key)
+        self.role = "down"
+
+
+class UpConv(spconv.SparseInverseConv3d):
+    pass
+
+
+class Head(spconv.SubMConv3d):
+    pass
+
+
+class Subclassed(nn.Module):
+    """Subclasses in every converted role; the head reuses the stem's key after the
+    down-up round trip (the key is in its input's lineage, as in spconv)."""
+
+    def __init__(self, shape, cin=4):
+        super().__init__()
+        self.shape = shape
+        self.stem = SubMConvBNReLU(cin, 16, "s0")
+        self.down = DownConv(16, 32, "down")
+        self.mid = spconv.SparseSequential(SubMConvBNReLU(32, 32, "s1"), spconv.SparseIdentity())
+        self.up = UpConv(32, 16, 3, indice_key="down")
+        self.head = Head(16, 8, 3, indice_key="s0")
+
+    def forward(self, feats, coors, batch_size):
+        x = self.stem(spconv.SparseConvTensor(feats, coors, self.shape, batch_size))
+        y = self.up(self.mid(self.down(x)))
+        out = self.head(y.replace_feature(y.features + x.features))
+        return out.features, out.indices
+
+
+class OwnSequentialForward(spconv.SparseSequential):
+    def forward(self, x):
+        return x.replace_feature(x.features * 2)
+
+
+class OwnConvForward(spconv.SubMConv3d):
+    def forward(self, x, add_input=None):
+        return super().forward(x, add_input)
+
+
+class Pool(spconv.SparseMaxPool3d):
+    pass
+
+
+# ----------------------------------------------------------- indice keys per tensor lineage
+class SiblingKeys(nn.Module):
+    """Two branches from one tensor store the key "down" with different strides, each
+    inverse convolution reading its own branch's (spconv scopes keys per lineage)."""
+
+    def __init__(self, shape, cin=4):
+        super().__init__()
+        self.shape = shape
+        self.stem = spconv.SparseSequential(spconv.SubMConv3d(cin, 16, 3, indice_key="s0"), bn(16), nn.ReLU())
+        self.down_a = spconv.SparseConv3d(16, 24, 3, 2, padding=1, indice_key="down")
+        self.up_a = spconv.SparseInverseConv3d(24, 16, 3, indice_key="down")
+        self.down_b = spconv.SparseConv3d(16, 24, (3, 3, 3), (1, 2, 2), padding=1, indice_key="down")
+        self.mid_b = spconv.SubMConv3d(24, 24, 3, indice_key="s1")
+        self.up_b = spconv.SparseInverseConv3d(24, 16, 3, indice_key="down")
+
+    def forward(self, feats, coors, batch_size):
+        x = self.stem(spconv.SparseConvTensor(feats, coors, self.shape, batch_size))
+        a = self.up_a(self.down_a(x))
+        b = self.up_b(self.mid_b(self.down_b(x)))
+        return a.features + b.features + x.features, a.indices
+
+
+class SameGeometryOtherSites(nn.Module):
+    """The key "down" stored twice with one geometry on different sites (the stem's, and
+    those of a stride-1 convolution that grows them): the first branch's inverse convolution
+    reads the first branch's rulebook, as in spconv."""
+
+    def __init__(self, shape, cin=4):
+        super().__init__()
+        self.shape = shape
+        self.stem = spconv.SubMConv3d(cin, 16, 3, indice_key="s0")
+        self.grow = spconv.SparseConv3d(16, 16, 3, 1, padding=1)
+        self.down_a = spconv.SparseConv3d(16, 16, 3, 2, padding=1, indice_key="down")
+        self.down_b = spconv.SparseConv3d(16, 16, 3, 2, padding=1, indice_key="down")
+        self.up_a = spconv.SparseInverseConv3d(16, 8, 3, indice_key="down")
+        self.up_b = spconv.SparseInverseConv3d(16, 8, 3, indice_key="down")
+
+    def forward(self, feats, coors, batch_size):
+        x = self.stem(spconv.SparseConvTensor(feats, coors, self.shape, batch_size))
+        a = self.down_a(x)
+        b = self.up_b(self.down_b(self.grow(x)))
+        a = self.up_a(a)
+        return a.features, a.indices, b.features, b.indices
+
+
 # ----------------------------------------------------------- harness
 def sites(rng, batch, shape, n):
     """`n` distinct active sites per batch element, int32 [b, z, y, x]."""
@@ -278,6 +382,33 @@ def run_onnx(model, feats, coors, outputs):
     return runs, buf.getvalue()
 
 
+def assert_same_sites(runs, want, what):
+    """Each run's (features, indices) pairs equal spconv's: the sites as sets exactly, each
+    site's features by the contract's judge (``assert_accumulating``)."""
+    for threads, got in runs.items():
+        for k in range(0, len(want), 2):
+            (got_f, got_i), (want_f, want_i) = got[k : k + 2], want[k : k + 2]
+            order_w, order_g = np.lexsort(want_i.T[::-1]), np.lexsort(got_i.T[::-1])
+            np.testing.assert_array_equal(got_i[order_g], want_i[order_w])
+            assert_accumulating(got_f[order_g], want_f[order_w].astype(np.float64),
+                                f"{what}: output {k} at {threads} threads")
+
+
+def converted_matches_spconv(build, seed, outputs):
+    """``build()``'s model (seeded) converted, exported and run on 300 random sites per
+    batch element of 2 in a 9 x 20 x 20 grid, compared with spconv's eager outputs."""
+    rng = np.random.default_rng(seed)
+    grid = (9, 20, 20)
+    coors = sites(rng, 2, grid, 300)
+    feats = rng.standard_normal((coors.shape[0], 4)).astype(np.float32)
+    reference = seeded(lambda: build(list(grid)), seed)
+    want = eager_spconv(Bound(reference, 2), feats, coors)
+    converted = mt.from_spconv(reference)
+    runs, _ = run_onnx(Bound(converted, 2), feats, coors, outputs)
+    assert_same_sites(runs, want, build.__name__)
+    return converted
+
+
 def mluops_ops(model_bytes):
     import onnx
 
@@ -318,13 +449,10 @@ def test_inverse_convolution_and_sites_as_sets():
     coors = sites(rng, 2, grid, 300)
     feats = rng.standard_normal((coors.shape[0], 4)).astype(np.float32)
     reference = seeded(lambda: EncoderDecoder(list(grid)), 11)
-    want_f, want_i = eager_spconv(Bound(reference, 2), feats, coors)
+    want = eager_spconv(Bound(reference, 2), feats, coors)
     converted = mt.from_spconv(reference)
     runs, _ = run_onnx(Bound(converted, 2), feats, coors, ["features", "indices"])
-    for threads, (got_f, got_i) in runs.items():
-        order_w, order_g = np.lexsort(want_i.T[::-1]), np.lexsort(got_i.T[::-1])
-        np.testing.assert_array_equal(got_i[order_g], want_i[order_w])
-        assert_accumulating(got_f[order_g], want_f[order_w].astype(np.float64), f"features at {threads} threads")
+    assert_same_sites(runs, want, "EncoderDecoder")
 
 
 def test_the_conversion_carries_layout_keys_and_containers():
@@ -394,3 +522,104 @@ def test_the_tensor_type_is_restored_after_each_call_even_one_that_raises_or_run
     assert seen and all(a is mt.SparseTensor and b is mt.SparseTensor for a, b in seen), seen
     assert spconv.SparseConvTensor is original and globals()["SparseConvTensor"] is original
     assert original.__module__ == "spconv.pytorch.core"
+
+
+def test_subclasses_running_their_spconv_class_forward_are_converted_and_match_spconv():
+    converted = converted_matches_spconv(Subclassed, 13, ["features", "indices"]).model
+    assert isinstance(converted.stem, mt.SparseSequential) and isinstance(converted.stem[0], mt.SubMConv3d)
+    assert isinstance(converted.down, mt.SparseConv3d) and converted.down.stride == (2, 2, 2)
+    assert isinstance(converted.up, mt.SparseInverseConv3d) and isinstance(converted.head, mt.SubMConv3d)
+    assert isinstance(converted.mid[1], nn.Identity)
+
+
+@pytest.mark.parametrize(
+    "child, why",
+    [
+        (lambda: OwnSequentialForward(spconv.SubMConv3d(4, 4, 3)),
+         "a subclass of spconv.pytorch.modules.SparseSequential that redefines forward (in {m}.OwnSequentialForward)"),
+        (lambda: OwnConvForward(4, 4, 3),
+         "a subclass of spconv.pytorch.conv.SubMConv3d that redefines forward (in {m}.OwnConvForward)"),
+        (lambda: Pool(3, 2), "a subclass of spconv.pytorch.pool.SparseMaxPool3d: no mluops counterpart"),
+    ],
+    ids=["SparseSequential-forward", "SubMConv3d-forward", "SparseMaxPool3d"],
+)
+def test_a_subclass_with_its_own_forward_is_refused_naming_its_path_and_class(child, why):
+    model = nn.Module()
+    model.body = spconv.SparseSequential(spconv.SubMConv3d(4, 4, 3), SubMConvBNReLU(4, 4, "k"),
+                                         spconv.SparseSequential(child()))
+    with pytest.raises(ValueError) as e:
+        mt.from_spconv(model)
+    name = type(model.body[2][0]).__name__
+    assert str(e.value).startswith(f"from_spconv: body.2.0 ({__name__}.{name}): "), str(e.value)
+    assert why.format(m=__name__) in str(e.value)
+
+
+def test_sibling_branches_reusing_a_key_name_with_different_strides_match_spconv():
+    converted_matches_spconv(SiblingKeys, 17, ["features", "indices"])
+
+
+def test_a_key_stored_on_other_sites_with_the_same_geometry_leaves_the_inverse_its_own_rulebook():
+    converted_matches_spconv(SameGeometryOtherSites, 19, ["features_a", "indices_a", "features_b", "indices_b"])
+
+
+class Steps(nn.Module):
+    """Layers each applied to an earlier step's output (-1: the previous one; 0: the input)."""
+
+    def __init__(self, *steps):
+        super().__init__()
+        self.layers = nn.ModuleList([m for m, _ in steps])
+        self.sources = [src for _, src in steps]
+
+    def forward(self, feats, coors):
+        outs = [spconv.SparseConvTensor(feats, coors, [9, 20, 20], 1)]
+        for layer, src in zip(self.layers, self.sources):
+            outs.append(layer(outs[src]))
+        return outs[-1].features
+
+
+def down(key=None, stride=2):
+    return spconv.SparseConv3d(4, 4, 3, stride, padding=1, bias=False, indice_key=key), -1
+
+
+def subm(key, k=3):
+    return spconv.SubMConv3d(4, 4, k, bias=False, indice_key=key), -1
+
+
+def up(key, src=-1):
+    return spconv.SparseInverseConv3d(4, 4, 3, bias=False, indice_key=key), src
+
+
+@pytest.mark.parametrize(
+    "steps, theirs, ours",
+    [
+        ((down("d"), down("d")), "only support reuse subm indices",
+         "indice_key 'd': a non-submanifold convolution upstream of this non-submanifold one stored it"),
+        ((subm("s"), subm("s", 5)), "subm with same indice_key must have same kernel",
+         "indice_key 's': stored rulebook has geometry"),
+        ((subm("s"), up("s")), "inverse conv can only be used with standard conv",
+         "indice_key 's' names a submanifold convolution's rulebook"),
+        ((down("d"), down(), up("d")), "Inverse with same indice_key must have same spatial structure",
+         "indice_key 'd': input grid (3, 5, 5), the forward convolution's output grid (5, 10, 10)"),
+        ((down("d"), down(stride=1), up("d")), "Inverse with same indice_key must have same num of indices",
+         "sites, the forward convolution's output"),
+        ((down("d"), up("d", src=0)), "",
+         "no rulebook under indice_key 'd' upstream of its input (keys are scoped per tensor lineage"),
+    ],
+    ids=["strided-key-upstream", "subm-other-kernel", "inverse-of-subm", "inverse-other-grid",
+         "inverse-other-sites", "inverse-key-in-sibling"],
+)
+def test_what_spconv_refuses_of_a_key_is_refused_after_conversion(steps, theirs, ours):
+    rng = np.random.default_rng(23)
+    coors = torch.from_numpy(sites(rng, 1, (9, 20, 20), 60))
+    feats = torch.from_numpy(rng.standard_normal((coors.shape[0], 4)).astype(np.float32))
+    model = Steps(*steps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises((AssertionError, ValueError), match=theirs):
+            model(feats, coors)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises((KeyError, ValueError)) as e:
+        mt.from_spconv(model)(feats, coors)
+    assert ours in str(e.value)
