@@ -202,8 +202,10 @@ pub trait MluOpsOperator: Rules {
     /// `Ok` when MLU-OPS supports this configuration and its documented semantics give the
     /// contract's answer (docs/MLUOPS_BINDING.md), else the reason.
     fn mluops_supported(&self) -> Result<()>;
-    /// `Ok` unless the static shapes exceed a documented scale limitation.
-    fn mluops_supported_shapes(&self, _shapes: &StaticShapes) -> Result<()> {
+    /// `Ok` unless the static shapes exceed a documented scale limitation on this card:
+    /// decided when the node is claimed, so that a node the library cannot take is never
+    /// claimed for it and then declined at every run.
+    fn mluops_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> Result<()> {
         Ok(())
     }
     /// `Ok` unless the run-time sizes exceed a documented scale limitation.
@@ -263,8 +265,8 @@ impl<O: MluOpsOperator> CardPath<O> for MluOps {
     fn families(&self) -> &'static [&'static str] {
         O::PRE_CALL_FAMILIES
     }
-    fn supported_shapes(&self, op: &O, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
-        op.mluops_supported_shapes(shapes)
+    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
+        op.mluops_supported_shapes(info, shapes)
     }
     type Fit = ();
     fn fits(&self, op: &O, _: &DeviceInfo, dims: &O::Dims) -> Result<()> {
@@ -765,6 +767,11 @@ pub fn read_sizes(
 /// The input shapes of a node as the graph declares them: `None` for an absent input,
 /// `None` for a symbolic dimension.
 pub type StaticShapes = [Option<Vec<Option<usize>>>];
+
+/// Dimension `axis` of input `input` when it is static.
+pub fn static_dim(shapes: &StaticShapes, input: usize, axis: usize) -> Option<usize> {
+    shapes.get(input)?.as_ref()?.get(axis).copied().flatten()
+}
 
 /// The element count of a fully static shape.
 pub fn static_numel(shape: &[Option<usize>]) -> Option<usize> {

@@ -77,7 +77,7 @@ impl MluOperator for DynamicScatterBackward {
         shapes: &device::StaticShapes,
     ) -> Result<()> {
         // feats [N, C]: one point's rows must fit a kernel1 tile.
-        match shapes.get(1).and_then(|s| s.as_ref()).and_then(|s| s.get(1).copied().flatten()) {
+        match device::static_dim(shapes, 1, 1) {
             Some(c) if c > 0 && Policy::tiles(c).is_none() => Err(Error::declined(format!(
                 "C = {c} channels: one point's rows do not fit the MLU kernel's NRAM tile"
             ))),

@@ -4,10 +4,22 @@
 use super::Reduce;
 use super::backward::{Dims, DynamicScatterBackward};
 use crate::error::{Error, Result};
+use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library, ReduceMode};
-use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::tensor::{self, OutputSpec};
 use std::ffi::c_void;
+
+/// The library's NRAM bound, 5N + 20C + 4 bytes of `nram` (BAD_PARAM beyond it;
+/// docs/MLUOPS_BINDING.md, DynamicPointToVoxelBackward rule 10).
+fn nram_bound(n: usize, c: usize, nram: usize) -> Result<()> {
+    if n.saturating_mul(5).saturating_add(c.saturating_mul(20)).saturating_add(4) > nram {
+        return Err(Error::declined(format!(
+            "N = {n}, C = {c}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}"
+        )));
+    }
+    Ok(())
+}
 
 impl MluOpsOperator for DynamicScatterBackward {
     fn mluops_supported(&self) -> Result<()> {
@@ -16,6 +28,16 @@ impl MluOpsOperator for DynamicScatterBackward {
             _ => Err(Error::declined(
                 "reduce_type mean/sum: mluOpDynamicPointToVoxelBackward implements max only",
             )),
+        }
+    }
+
+    fn mluops_supported_shapes(&self, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
+        // feats [N, C]: a static C alone can exceed the bound (N >= 0); a symbolic N counts 0.
+        match device::static_dim(shapes, 1, 1) {
+            Some(c) => {
+                nram_bound(device::static_dim(shapes, 1, 0).unwrap_or(0), c, info.kernel_nram())
+            }
+            None => Ok(()),
         }
     }
 
@@ -36,14 +58,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        // The library's NRAM bound, 5N + 20C + 4 bytes (BAD_PARAM beyond it), on this card.
-        let nram = card.device.info.kernel_nram();
-        if d.n.saturating_mul(5).saturating_add(d.c.saturating_mul(20)).saturating_add(4) > nram {
-            return Err(Error::Declined(format!(
-                "N = {}, C = {}: beyond MLU-OPS's NRAM bound 5N + 20C + 4 <= {nram}",
-                d.n, d.c
-            )));
-        }
+        nram_bound(d.n, d.c, card.device.info.kernel_nram())?;
         let out = outputs.allocate(0, &OutputSpec::new(tensor::DType::F32, [d.n, d.c]))?;
         // SAFETY: `out` was just allocated for N*C floats.
         unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };

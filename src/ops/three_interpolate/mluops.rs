@@ -5,20 +5,25 @@
 use super::backward::ThreeInterpolateBackward;
 use super::{Dims, ThreeInterpolate};
 use crate::error::{Error, Result};
+use crate::mlu::DeviceInfo;
 use crate::mluops::{self, Functions, Layout, Library, Status, TensorDescPtr};
-use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::tensor::{DType, OutputSpec};
 use std::ffi::c_void;
 
 /// The library's rules shared by both directions: float32, and every tensor below 2^31
 /// elements (three_interpolate.cpp:330-337 at v1.4.0).
 fn fits(d: &Dims, name: &str) -> Result<()> {
-    let (b, c, m, n) = (d.b, d.c, d.m, d.n);
     if d.dtype == DType::F16 {
         return Err(Error::declined(format!(
             "float16: mluOpThreeInterpolate{name} computes in float16, the contract in float32"
         )));
     }
+    below_2_31(d.b, d.c, d.n, d.m)
+}
+
+/// The size rule of [`fits`], also applied at claim time when B, C, N and M are static.
+fn below_2_31(b: usize, c: usize, n: usize, m: usize) -> Result<()> {
     let sizes = [
         b.saturating_mul(c).saturating_mul(n),
         b.saturating_mul(c).saturating_mul(m),
@@ -86,6 +91,15 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         Ok(())
     }
 
+    fn mluops_supported_shapes(&self, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
+        // grad_output [B, C, N]; M the attribute.
+        let dim = |axis| device::static_dim(shapes, 0, axis);
+        match (dim(0), dim(1), dim(2)) {
+            (Some(b), Some(c), Some(n)) => below_2_31(b, c, n, self.m),
+            _ => Ok(()),
+        }
+    }
+
     fn mluops_fits(&self, d: &Dims) -> Result<()> {
         fits(d, "Backward")
     }
@@ -123,6 +137,15 @@ impl MluOpsOperator for ThreeInterpolateBackward {
 impl MluOpsOperator for ThreeInterpolate {
     fn mluops_supported(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn mluops_supported_shapes(&self, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
+        // features [B, C, M], indices [B, N, 3].
+        let dim = |input, axis| device::static_dim(shapes, input, axis);
+        match (dim(0, 0), dim(0, 1), dim(1, 1), dim(0, 2)) {
+            (Some(b), Some(c), Some(n), Some(m)) => below_2_31(b, c, n, m),
+            _ => Ok(()),
+        }
     }
 
     fn mluops_fits(&self, d: &Dims) -> Result<()> {

@@ -2,8 +2,22 @@
 
 use super::forward::{VoxelPlan, VoxelPoolingForward};
 use crate::error::{Error, Result};
+use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library};
-use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+
+impl VoxelPoolingForward {
+    /// The output [B, ny, nx, C] must stay below 2^31 elements, as every MLU-OPS tensor.
+    fn mluops_output(&self, b: usize, c: usize) -> Result<()> {
+        let out = b.saturating_mul(self.cells).saturating_mul(c);
+        if out > i32::MAX as usize {
+            return Err(Error::declined(format!(
+                "output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements"
+            )));
+        }
+        Ok(())
+    }
+}
 
 impl MluOpsOperator for VoxelPoolingForward {
     fn mluops_supported(&self) -> Result<()> {
@@ -18,6 +32,14 @@ impl MluOpsOperator for VoxelPoolingForward {
         }
     }
 
+    fn mluops_supported_shapes(&self, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
+        // input_features [B, N, C].
+        match (device::static_dim(shapes, 1, 0), device::static_dim(shapes, 1, 2)) {
+            (Some(b), Some(c)) => self.mluops_output(b, c),
+            _ => Ok(()),
+        }
+    }
+
     fn mluops_fits(&self, plan: &VoxelPlan) -> Result<()> {
         // Every integer argument must be > 0: the library has no zero-element path.
         if plan.batches == 0 || plan.points == 0 || plan.channels == 0 {
@@ -26,13 +48,7 @@ impl MluOpsOperator for VoxelPoolingForward {
                 plan.batches, plan.points, plan.channels
             )));
         }
-        let out = plan.batches.saturating_mul(self.cells).saturating_mul(plan.channels);
-        if out > i32::MAX as usize {
-            return Err(Error::declined(format!(
-                "output_features of {out} elements: MLU-OPS takes tensors below 2^31 elements"
-            )));
-        }
-        Ok(())
+        self.mluops_output(plan.batches, plan.channels)
     }
 
     fn mluops_compute(

@@ -20,7 +20,7 @@
 
 use super::{BIAS, ConvDims, FEATURES, FILTERS, IndiceConv, PAIRS};
 use crate::error::{Error, Result};
-use crate::mlu::{Direction, NRAM_BUDGET, TASK_UNION1};
+use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::ops::sparse_conv::abi::SparseConvKernels;
@@ -167,10 +167,8 @@ impl MluOpsOperator for IndiceConv {
         Ok(())
     }
 
-    fn mluops_supported_shapes(&self, shapes: &StaticShapes) -> Result<()> {
-        let dim = |input: usize, axis: usize| {
-            shapes.get(input).and_then(|s| s.as_ref()).and_then(|s| s.get(axis).copied().flatten())
-        };
+    fn mluops_supported_shapes(&self, _: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
+        let dim = |input: usize, axis: usize| device::static_dim(shapes, input, axis);
         match (dim(FEATURES, 0), dim(PAIRS, 2)) {
             (Some(l), Some(p)) if l != p => Err(Error::declined(format!(
                 "indice_pairs' P = {p} != features' L = {l}: MLU-OPS requires them equal"
