@@ -1,28 +1,70 @@
 //! docs/USAGE.md's Rust example (the document shows this file verbatim; a test compares them):
-//! the custom-op library in an ONNX Runtime session through the `ort` crate, on
-//! models/bevdepth.onnx (VoxelPoolingForward among standard ONNX nodes) with inputs made here.
+//! the custom-op library in an ONNX Runtime session through the `ort` crate, on bevdepth.onnx
+//! (VoxelPoolingForward among standard ONNX nodes) with inputs made here.
 //!
 //! Cargo.toml: ort = { version = "=2.0.0-rc.15", default-features = false,
 //!                     features = ["load-dynamic", "std", "api-24"] }
-//! Run from the repository root after `cargo build --release --lib`:
+//! It runs from any folder, on three paths (each missing one is named in a one-line error):
+//!   ORT_DYLIB_PATH  ONNX Runtime's C library (required);
+//!   MLU_EP_LIB      libonnxruntime_ep_mlu.so (default: target/release/libonnxruntime_ep_mlu.so);
+//!   argument 1      bevdepth.onnx (default: models/bevdepth.onnx).
+//! The defaults are the repository's: from its root, after `cargo build --release --lib`,
 //!     ORT_DYLIB_PATH=.venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 \
 //!         cargo run --example usage
+//! With the pip package, Python gives all three (docs/USAGE.md shows the lines).
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
 use ort::session::Session;
-use ort::value::{Tensor, TensorElementType, ValueType};
+use ort::value::Tensor;
+
+/// The file named by `given` (an environment variable or argument), else `default`; when
+/// there is none, the program ends with one line saying what to set.
+fn input_file(given: Option<OsString>, default: Option<&str>, what: &str, set: &str) -> PathBuf {
+    let message = match (given, default) {
+        (Some(path), _) if Path::new(&path).is_file() => return path.into(),
+        (Some(path), _) => format!("{what} {} does not exist", Path::new(&path).display()),
+        (None, Some(default)) if Path::new(default).is_file() => return default.into(),
+        (None, Some(default)) => {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            format!("no {what} given, and no {default} in {}", cwd.display())
+        }
+        (None, None) => format!("{what} is not set"),
+    };
+    exit_with(&format!("{message}: {set}"))
+}
+
+fn exit_with(message: &str) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(2)
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // load-dynamic: ONNX Runtime's C library is opened at run time from this path.
-    let Some(dylib) = std::env::var_os("ORT_DYLIB_PATH") else {
-        eprintln!(
-            "error: ORT_DYLIB_PATH is not set: set it to ONNX Runtime's libonnxruntime.so, e.g. the onnxruntime \
-             wheel's onnxruntime/capi/libonnxruntime.so.1.31.1 (`source scripts/setup.sh` exports it)"
-        );
-        std::process::exit(2);
-    };
+    let dylib = input_file(
+        std::env::var_os("ORT_DYLIB_PATH"),
+        None,
+        "ORT_DYLIB_PATH",
+        "set it to ONNX Runtime's libonnxruntime.so, e.g. the onnxruntime wheel's \
+         onnxruntime/capi/libonnxruntime.so.1.31.1 (`source scripts/setup.sh` exports it)",
+    );
+    let lib = input_file(
+        std::env::var_os("MLU_EP_LIB"),
+        Some("target/release/libonnxruntime_ep_mlu.so"),
+        "MLU_EP_LIB",
+        "set MLU_EP_LIB to libonnxruntime_ep_mlu.so's path, e.g. the pip package's \
+         `python -c 'import onnxruntime_ep_mlu as m; print(m.get_library_path())'`",
+    );
+    let model = input_file(
+        std::env::args_os().nth(1),
+        Some("models/bevdepth.onnx"),
+        "model argument",
+        "give bevdepth.onnx's path as the first argument, e.g. the pip package's \
+         `python -c 'import onnxruntime_ep_mlu as m; print(m.models_dir() / \"bevdepth.onnx\")'`",
+    );
     let env = ort::init_from(&dylib)?.with_name("usage").build()?;
-    let mut session = Session::builder(&env)?
-        .with_operator_library("target/release/libonnxruntime_ep_mlu.so")?
-        .commit_from_file("models/bevdepth.onnx")?;
+    let mut session =
+        Session::builder(&env)?.with_operator_library(&lib)?.commit_from_file(&model)?;
 
     // img_feats: camera features [4 images, 32 channels, 8 x 22]; geom_xyz: the (x, y, z)
     // cell of each of the 2 x 5632 frustum points in the 32 x 32 x 1 BEV grid (points on
@@ -36,26 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let outputs = session.run(feeds)?;
 
-    for (name, value) in &outputs {
-        let summary = match value.dtype() {
-            ValueType::Tensor { ty: TensorElementType::Float32, .. } => {
-                let (shape, data) = value.try_extract_tensor::<f32>()?;
-                format!(
-                    "float32 {shape:?}, sum of |x| {:.3}",
-                    data.iter().map(|x| x.abs() as f64).sum::<f64>()
-                )
-            }
-            ValueType::Tensor { ty: TensorElementType::Int32, .. } => {
-                let (shape, data) = value.try_extract_tensor::<i32>()?;
-                format!(
-                    "int32 {shape:?}, {} of {} >= 0",
-                    data.iter().filter(|&&x| x >= 0).count(),
-                    data.len()
-                )
-            }
-            other => format!("{other:?}"),
-        };
-        println!("{name}: {summary}");
-    }
+    // The model has four outputs (depth, bev_feat, pos_memo, head); one line on the BEV
+    // features, the pooling's result.
+    let (shape, bev_feat) = outputs["bev_feat"].try_extract_tensor::<f32>()?;
+    let sum: f64 = bev_feat.iter().map(|x| x.abs() as f64).sum();
+    println!("bev_feat: float32 {shape:?}, sum of |x| {sum:.3}");
     Ok(())
 }

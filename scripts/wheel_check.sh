@@ -20,7 +20,12 @@
 #    contract's accumulating class);
 # 4. every ```python snippet of README.md, verbatim, each in a new process from an empty
 #    folder, and `python -m onnxruntime_ep_mlu.regression --generate 5`: none may fail, and
-#    none may say "not found" (nothing the user asked for is missing).
+#    none may say "not found" (nothing the user asked for is missing);
+# 5. docs/USAGE.md's ```sh lines for a pip user of the Rust example, as written, from an
+#    empty folder holding only the example binary (built by cargo before the environment is
+#    made, as a user builds their program; only the binary runs there): ONNX Runtime's
+#    library, get_library_path() and the packaged bevdepth.onnx come from the venv's python,
+#    and it prints its one line (tests/python/test_usage_example.py checks the value).
 # Prints how long the wheel build and install took. pip's output is printed only when a pip
 # step fails.
 set -euo pipefail
@@ -47,6 +52,9 @@ start=$EPOCHREALTIME
 build_seconds="$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.1f}")' "$start" "$EPOCHREALTIME")"
 WHEEL="$(ls "$WORK"/dist/onnxruntime_ep_mlu-*.whl)"
 TARGET_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+echo "== wheel_check: cargo build --release --example usage (docs/USAGE.md's Rust example, run in step 5)"
+(cd "$ROOT" && cargo build --release --quiet --example usage)
+cp "$TARGET_DIR/release/examples/usage" "$WORK/usage"
 
 echo "== wheel_check: a fresh virtual environment, $VENV, with only its own bin/ on PATH"
 "$PYTHON" -m venv "$VENV"
@@ -219,4 +227,24 @@ if ! (cd "$WORK/empty-regression" && "${clean[@]}" "$PY" -m onnxruntime_ep_mlu.r
     exit 1
 fi
 said "the regression tool" "$WORK/regression.log"
+echo "== wheel_check: docs/USAGE.md's Rust example with the pip package's paths, from an empty folder"
+"$PY" - "$ROOT/docs/USAGE.md" "$WORK/rust.sh" <<'PY'
+import pathlib, re, sys
+blocks = [b for b in re.findall(r"^```sh\n(.*?)^```", pathlib.Path(sys.argv[1]).read_text(), re.S | re.M) if './usage "' in b]
+assert len(blocks) == 1, f"docs/USAGE.md has {len(blocks)} ```sh blocks running ./usage, want 1"
+pathlib.Path(sys.argv[2]).write_text(blocks[0])
+PY
+mkdir "$WORK/empty-rust"
+cp "$WORK/usage" "$WORK/empty-rust/usage"
+if ! (cd "$WORK/empty-rust" && "${clean[@]}" /bin/bash -euo pipefail "$WORK/rust.sh" >"$WORK/rust.log" 2>&1); then
+    cat "$WORK/rust.log"
+    echo "wheel_check: docs/USAGE.md's Rust lines failed:"
+    cat "$WORK/rust.sh"
+    exit 1
+fi
+said "the Rust example" "$WORK/rust.log"
+if ! grep -qxE 'bev_feat: float32 \[2, 24, 32, 32\], sum of \|x\| [0-9]+\.[0-9]{3}' "$WORK/rust.log" || [ "$(wc -l <"$WORK/rust.log")" != 1 ]; then
+    echo "wheel_check: the Rust example printed the above, not its one line on bev_feat"
+    exit 1
+fi
 echo "== wheel_check: OK (wheel build $build_seconds s, wheel install $install_seconds s, no compiler on PATH)"
