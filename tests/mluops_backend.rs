@@ -985,3 +985,59 @@ fn indice_conv_with_no_kernel_offset_is_the_bias_on_the_card() {
     ];
     conv_runs_on(&inputs, MLUOPS, Backend::MluOps);
 }
+
+#[test]
+fn indice_conv_epilogue_runs_on_the_card_after_the_library() {
+    // scale (some channels negative), shift, residual and ReLU by the epilogue step on the
+    // card. Without a bias the library's sums are the CPU kernel's and the epilogue is the
+    // same float32 operations: bit for bit (runs_on). With a bias, only its place differs.
+    let input = sites(60);
+    let attrs = [("inverse", AttrValue::Int(0)), ("activation", AttrValue::String("relu".into()))];
+    for gip in [gip_attrs(0, 3, 2), gip_attrs(1, 3, 1)] {
+        let conv = conv_inputs(&gip, &input, 5, 7, true);
+        let rows = conv[4].shape[0];
+        let signed = |t: Tensor| {
+            let OwnedData::F32(v) = t.data else { unreachable!() };
+            Tensor { shape: t.shape, data: OwnedData::F32(v.iter().map(|x| x - 0.6).collect()) }
+        };
+        let (scale, shift, residual) =
+            (signed(f32s(&[7], 21)), signed(f32s(&[7], 22)), signed(f32s(&[rows, 7], 23)));
+        let epilogue = [Some(&scale), Some(&shift), Some(&residual)];
+        let plain: Vec<Option<&Tensor>> = conv[..5].iter().map(Some).chain([None]).collect();
+        for given in 0..8 {
+            let mut inputs = plain.clone();
+            inputs.extend(
+                epilogue.iter().enumerate().map(|(i, t)| t.filter(|_| (given >> i) & 1 == 1)),
+            );
+            runs_on("IndiceConv", &attrs, MLUOPS, &inputs, Ran::Card(Backend::MluOps, vec![]));
+        }
+        // With the bias: the card's fused output is its unfused graph's (the plain node on the
+        // card, then Mul, Add, Add and Relu, one float32 operation each), bit for bit.
+        let on_card = |attrs: &[(&str, AttrValue)], inputs: &[Option<&Tensor>]| {
+            let (got, ran) =
+                run_node_on_device(&device(), &node("IndiceConv", attrs, MLUOPS), inputs)
+                    .expect("the node runs");
+            assert_eq!(ran, Ran::Card(Backend::MluOps, vec![]));
+            let OwnedData::F32(v) = &got[0].data else { panic!("float output") };
+            v.clone()
+        };
+        let inputs: Vec<Option<&Tensor>> =
+            conv.iter().map(Some).chain(epilogue.iter().copied()).collect();
+        let fused = on_card(&attrs, &inputs);
+        let plain = on_card(&attrs[..1], &inputs[..6]);
+        let value = |t: &Tensor, i: usize| match &t.data {
+            OwnedData::F32(v) => v[i],
+            _ => unreachable!(),
+        };
+        let unfused: Vec<u32> = plain
+            .iter()
+            .enumerate()
+            .map(|(e, &y)| {
+                let y = (y * value(&scale, e % 7) + value(&shift, e % 7)) + value(&residual, e);
+                if y < 0.0 { 0f32.to_bits() } else { y.to_bits() }
+            })
+            .collect();
+        assert!(fused.iter().filter(|&&v| v == 0.0).count() > fused.len() / 10, "ReLU clamps some");
+        assert_eq!(fused.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), unfused);
+    }
+}

@@ -101,19 +101,36 @@ fn indice_conv_matches_contract() {
     let (i, o) = io("IndiceConv");
     assert_eq!(
         names(&i),
-        ["features", "filters", "indice_pairs", "indice_num", "out_indices", "bias"]
+        [
+            "features",
+            "filters",
+            "indice_pairs",
+            "indice_num",
+            "out_indices",
+            "bias",
+            "scale",
+            "shift",
+            "residual"
+        ]
     );
     let types: Vec<_> = i.iter().map(|x| x.1.clone()).collect();
-    assert_eq!(types, [vec![F32], vec![F32], vec![I32], vec![I32], vec![I32], vec![F32]]);
-    assert_eq!(
-        i.iter().map(|x| x.2).collect::<Vec<_>>(),
-        [false, false, false, false, false, true]
-    );
+    let f32s = [vec![F32], vec![F32]];
+    let ints = [vec![I32], vec![I32], vec![I32]];
+    let epilogue = [vec![F32], vec![F32], vec![F32], vec![F32]];
+    assert_eq!(types, [&f32s[..], &ints[..], &epilogue[..]].concat());
+    // bias and the epilogue's scale, shift and residual are optional.
+    assert_eq!(i.iter().map(|x| x.2).collect::<Vec<_>>(), [vec![false; 5], vec![true; 4]].concat());
     assert_eq!(o, [("output".to_string(), vec![F32])]);
-    let a = ops::schema("IndiceConv").attribute("inverse").unwrap();
+    let s = ops::schema("IndiceConv");
+    let a = s.attribute("inverse").unwrap();
     assert_eq!(
         (a.kind, a.required, a.default_value()),
         (AttrKind::Int, false, Some(AttrValue::Int(0)))
+    );
+    let a = s.attribute("activation").unwrap();
+    assert_eq!(
+        (a.kind, a.required, a.default_value()),
+        (AttrKind::String, false, Some(AttrValue::String("none".into())))
     );
 }
 

@@ -1,16 +1,20 @@
 //! IndiceConv: inverse, shapes, rulebook (indice_num and pairs, some outside their ranges,
-//! repeated destinations), bias and values from the fuzzer's bytes; every path against the
-//! CPU kernel, the CPU kernel against the suite's float64 rulebook reference
-//! (tests/reference/).
+//! repeated destinations), bias, the fused epilogue (scale, shift, residual, activation;
+//! sometimes of a wrong shape or an unknown activation) and values from the fuzzer's bytes;
+//! every path against the CPU kernel, the plain CPU kernel against the suite's float64
+//! rulebook reference, the fused node against the unfused graph's float32 steps on the plain
+//! node's output, bit for bit (tests/reference/).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use onnxruntime_ep_mlu_fuzz::{Bytes, Class, check, common, judge, outcome};
+use onnxruntime_ep_mlu::schema::AttrValue;
+use onnxruntime_ep_mlu::tensor::Tensor;
+use onnxruntime_ep_mlu_fuzz::{Bytes, Class, bits, check, common, judge, outcome};
 
 #[path = "../../tests/reference/indice_conv.rs"]
 #[allow(dead_code)]
 mod reference;
-use reference::{Conv, attrs, index_errors, reference};
+use reference::{Conv, Epilogue, attrs, index_errors, reference};
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Bytes::new(data);
@@ -54,9 +58,16 @@ fuzz_target!(|data: &[u8]| {
     let (num_bad, pair_bad) = index_errors(&conv, inverse == 1);
     let valid = inverse < 2 && !num_bad && !pair_bad;
     let inputs: Vec<_> = conv.tensors().into_iter().map(Some).collect();
-    if let Some(out) =
-        outcome(check("IndiceConv", &attrs(inverse), &inputs, Class::Accumulating), valid)
-    {
+    // Only without a bias: with one, MLU-OPS's sums round differently (the bias last) and a
+    // shift or residual that cancels them leaves the difference beyond the class there (the
+    // card's fused result is its own unfused one bit for bit: tests/mluops_backend.rs).
+    let plain_sums = conv.bias.is_none();
+    let scale = (plain_sums && u.one_in(2)).then(|| u.floats(cout));
+    let shift = (plain_sums && u.one_in(2)).then(|| u.floats(cout));
+    let residual = (plain_sums && u.one_in(2)).then(|| u.floats(num_out * cout));
+    let epilogue = Epilogue { scale, shift, residual, relu: u.one_in(2) };
+    let plain = outcome(check("IndiceConv", &attrs(inverse), &inputs, Class::Accumulating), valid);
+    if let Some(out) = &plain {
         let got = out[0].data.f32().expect("float32 output");
         judge(
             got,
@@ -64,5 +75,31 @@ fuzz_target!(|data: &[u8]| {
             common::ELEM_REL,
             "output against the reference",
         );
+    }
+    // The fused node; sometimes one of its epilogue inputs one column too wide.
+    let mut fused_inputs = epilogue.inputs(&conv);
+    let bad_shape = u.one_in(16) && fused_inputs.len() > 6;
+    if bad_shape {
+        let slot = 6 + u.below(fused_inputs.len() - 6);
+        let rows = if slot == 8 { vec![num_out] } else { vec![] };
+        let n = rows.first().unwrap_or(&1) * (cout + 1);
+        fused_inputs[slot] = Some(Tensor::f32([rows, vec![cout + 1]].concat(), u.floats(n)));
+    }
+    let mut fused_attrs = epilogue.attrs(inverse);
+    let unknown = u.one_in(16);
+    if unknown {
+        fused_attrs.insert("activation".into(), AttrValue::String("gelu".into()));
+    }
+    let fused = outcome(
+        check("IndiceConv", &fused_attrs, &fused_inputs, Class::Accumulating),
+        valid && !bad_shape && !unknown,
+    );
+    if let (Some(plain), Some(fused)) = (plain, fused) {
+        let want = epilogue.unfused(plain[0].data.f32().expect("float32 output"), cout);
+        let want = Tensor::f32(fused[0].shape.clone(), want);
+        // Every NaN alike: which operand's NaN a multiply or add returns is the hardware's
+        // and the compiler's choice (it may commute them), not the contract's (seen: +NaN
+        // fused where the unfused steps gave -NaN).
+        assert_eq!(bits(&fused[0]), bits(&want), "fused epilogue against the unfused graph");
     }
 });

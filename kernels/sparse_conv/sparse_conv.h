@@ -1,6 +1,6 @@
 // The sparse convolution family: the C ABI of sparse_conv.mlu, the launch entries of
 // GetIndicePairs' five kernels (expand, mark, rank, out, pairs) and their geometry argument,
-// and IndiceConv's bias step on the MLU-OPS path. Included after
+// and IndiceConv's epilogue step on the MLU-OPS path. Included after
 // ../common/kernel.h (MLUOPS_EXPORT, cnrtQueue_t, the int types). build.rs generates the
 // Rust side (the family's `abi` module: GipGeometry, SparseConvKernels) from this file
 // (build_support/abi.rs).
@@ -41,7 +41,9 @@ MLUOPS_EXPORT int mluops_get_indice_pairs_pairs(cnrtQueue_t queue, uint32_t task
                                                 const int32_t *word_rank, const int32_t *perm, int32_t *pairs,
                                                 int32_t *indice_num);
 
-// IndiceConv's bias (mluOpIndiceConvolutionForward has none): out[r, c] += bias[c] over
-// float32 [rows, cols], tile_rows rows per NRAM tile.
-MLUOPS_EXPORT int mluops_indice_conv_bias(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rows,
-                                          int32_t cols, int32_t tile_rows, const float *bias, float *out);
+// IndiceConv's epilogue (mluOpIndiceConvolutionForward has none): over float32 [rows, cols],
+// out = act(((out + bias) * scale + shift) + residual), each step only when its pointer is
+// not null (relu != 0: ReLU), tile_rows rows per NRAM tile.
+MLUOPS_EXPORT int mluops_indice_conv_epilogue(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rows,
+                                              int32_t cols, int32_t tile_rows, const float *bias, const float *scale,
+                                              const float *shift, const float *residual, int32_t relu, float *out);

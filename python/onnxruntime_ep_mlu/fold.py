@@ -35,6 +35,25 @@ finite values; a non-finite convolution output multiplied by 0 is the one case t
 differs (NaN before, the folded value after), as with ONNX Runtime's own Conv +
 BatchNormalization fusion. The folded node's constants are dropped unless read elsewhere.
 Folding repeats until no node qualifies, so a Mul followed by an Add folds both.
+
+:func:`fuse_epilogue` then moves what follows into the node's fused epilogue (the contract's
+``residual`` input and ``activation`` attribute), so that on the card the activations stay
+there: after an ``IndiceConv`` whose output is read by that node alone,
+
+- a residual ``Add`` (either side) of a value the fuser can prove to have the node's rows and
+  channels: a value computed from the output of an ``IndiceConv`` over the same sites (the
+  same ``out_indices`` tensor, or one a submanifold ``GetIndicePairs`` made from it, which
+  has its rows: so the same num_out) with constant filters of the same Cout,
+  through nothing but ``Relu``, ``Identity``, an inference ``BatchNormalization`` or a
+  per-channel constant ``Mul`` / ``Add`` (none of which changes the shape). Any other value
+  (a graph input, say) may broadcast where the fused node would refuse it: left unfused;
+- then a ``Relu``: ``activation = "relu"``.
+
+Each is the unfused graph's float32 operation on the same value (docs/CONTRACT.md, §7): the
+fused output is the unfused one bit for bit on the same path. A node that already has a
+residual or an activation takes no further affine fold, and a residual only before the
+activation. What is left unfused, and why, is reported (``notes``; the command line prints
+it). ``python -m onnxruntime_ep_mlu.fold`` runs both.
 """
 
 from __future__ import annotations
@@ -51,7 +70,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 from . import DOMAIN
 
-__all__ = ["fold_affine"]
+__all__ = ["fold_affine", "fuse_epilogue"]
 
 
 def _attr(node, name, default):
@@ -129,6 +148,8 @@ def _fold_once(graph) -> bool:
     for conv in graph.node:
         if conv.domain != DOMAIN or conv.op_type != "IndiceConv" or len(conv.output) != 1 or len(conv.input) < 5:
             continue
+        if _has_epilogue(conv):
+            continue  # an affine after the residual or the activation is not a filter fold
         y, filters = conv.output[0], conv.input[1]
         bias = conv.input[5] if len(conv.input) > 5 and conv.input[5] else None
         if uses[y] != 1 or y not in readers:
@@ -170,6 +191,135 @@ def _fold_once(graph) -> bool:
     return False
 
 
+def _has_epilogue(conv) -> bool:
+    """Whether the node has a scale, shift or residual input or an activation."""
+    return any(conv.input[6:]) or _attr(conv, "activation", b"none") not in (b"none", "none")
+
+
+def _sites(name: str, producers) -> str:
+    """The sites tensor `name` (an out_indices) has the rows of: a submanifold
+    GetIndicePairs' out_indices is its indices row for row (its schema), followed back."""
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        node = producers.get(name)
+        if (node is None or node.domain != DOMAIN or node.op_type != "GetIndicePairs" or node.output[1:2] != [name]
+                or _attr(node, "subm", 0) != 1 or not node.input):
+            return name
+        name = node.input[0]
+    return name
+
+
+def _rows_of(value: str, const, producers) -> tuple[str, int] | None:
+    """(out_indices, Cout) of the IndiceConv whose output `value` is computed from through
+    shape-keeping nodes only, or None when that cannot be shown."""
+    affines, seen = [], set()
+    while value not in seen:
+        seen.add(value)
+        node = producers.get(value)
+        if node is None:
+            return None
+        if node.domain == DOMAIN and node.op_type == "IndiceConv" and len(node.input) >= 5:
+            w = const(node.input[1])
+            if w is None or w.ndim != 3:
+                return None
+            found = (_sites(node.input[4], producers), int(w.shape[2]))
+            # Each affine keeps the shape when its constants are per channel of that Cout.
+            ok = all(_affine(n, const, v, found[1]) is not None for n, v in affines)
+            return found if ok else None
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            return None
+        if node.op_type in ("Relu", "Identity"):
+            value = node.input[0]
+        elif node.op_type in ("BatchNormalization", "Mul", "Add"):
+            ins = [n for n in node.input if n]
+            inner = [n for n in (ins[:1] if node.op_type == "BatchNormalization" else ins) if const(n) is None]
+            if len(inner) != 1:
+                return None
+            affines.append((node, inner[0]))
+            value = inner[0]
+        else:
+            return None
+    return None
+
+
+def _fuse_once(graph, notes: list[str]) -> bool:
+    overridable = {i.name for i in graph.input}
+    protos = {i.name: i for i in graph.initializer if i.name not in overridable}
+
+    def const(name):
+        if name not in protos or protos[name].data_type != onnx.TensorProto.FLOAT:
+            return None
+        return numpy_helper.to_array(protos[name])
+
+    uses = Counter(name for g in _graphs(graph) for n in g.node for name in n.input if name)
+    uses.update(o.name for o in graph.output)
+    readers = {name: n for n in graph.node for name in n.input}
+    producers = {o: n for n in graph.node for o in n.output}
+    for conv in list(graph.node):
+        if conv.domain != DOMAIN or conv.op_type != "IndiceConv" or len(conv.output) != 1 or len(conv.input) < 5:
+            continue
+        y = conv.output[0]
+        if uses[y] != 1 or y not in readers:
+            continue
+        node = readers[y]
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        relu = _attr(conv, "activation", b"none") not in (b"none", "none")
+        where = f"IndiceConv '{conv.name or y}'"
+        if node.op_type == "Relu" and not relu and list(node.input) == [y]:
+            pass
+        elif node.op_type == "Add" and len(node.input) == 2 and node.input[0] != node.input[1]:
+            other = node.input[1] if node.input[0] == y else node.input[0]
+            if const(other) is not None:
+                continue  # a constant: fold_affine's, not a residual
+            if relu or any(conv.input[8:9]):
+                notes.append(f"{where}: Add '{node.name}' left unfused: the node already has "
+                             f"{'its activation' if relu else 'a residual'} (the residual comes before it)")
+                continue
+            w = const(conv.input[1])
+            mine = (_sites(conv.input[4], producers), int(w.shape[2])) if w is not None and w.ndim == 3 else None
+            theirs = _rows_of(other, const, producers)
+            if mine is None or theirs != mine:
+                notes.append(f"{where}: Add '{node.name}' left unfused: '{other}' is not shown to have the "
+                             "node's rows and channels (the output of an IndiceConv over the same sites "
+                             "with the same Cout, through shape-keeping nodes), and Add would broadcast where "
+                             "the fused node refuses")
+                continue
+            while len(conv.input) < 8:
+                conv.input.append("")
+            conv.input.append(other)
+        else:
+            continue
+        if node.op_type == "Relu":
+            keep = [a for a in conv.attribute if a.name != "activation"]
+            del conv.attribute[:]
+            conv.attribute.extend(keep + [onnx.helper.make_attribute("activation", "relu")])
+        # The node now writes the fused node's output, at its place (after the residual).
+        conv.output[0] = node.output[0]
+        at = list(graph.node).index(node)
+        graph.node.remove(conv)
+        graph.node.insert(at - 1, conv)
+        graph.node.remove(node)
+        info = [v for v in graph.value_info if v.name != y]
+        del graph.value_info[:]
+        graph.value_info.extend(info)
+        return True
+    return False
+
+
+def fuse_epilogue(model: onnx.ModelProto, notes: list[str] | None = None) -> onnx.ModelProto:
+    """A copy of `model` with each residual Add and Relu after an ``IndiceConv`` that can be
+    shown equal moved into its fused epilogue (module docstring); what is left, and why, is
+    appended to `notes`. Run it after :func:`fold_affine` (a residual blocks later folds)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    notes = [] if notes is None else notes
+    while _fuse_once(out.graph, notes):
+        pass
+    return out
+
+
 def _fresh(graph, base: str) -> str:
     """`base`, or `base_N`, a name no value, initializer or node of the model uses."""
     taken: set[str] = set()
@@ -200,9 +350,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m onnxruntime_ep_mlu.fold IN.onnx OUT.onnx", file=sys.stderr)
         return 2
     before = onnx.load(args[0])
-    after = fold_affine(before)
+    notes: list[str] = []
+    after = fuse_epilogue(fold_affine(before), notes)
     onnx.save(after, args[1])
-    print(f"{args[0]}: {len(before.graph.node) - len(after.graph.node)} nodes folded into IndiceConv -> {args[1]}")
+    for note in dict.fromkeys(notes):
+        print(note)
+    print(f"{args[0]}: {len(before.graph.node) - len(after.graph.node)} nodes folded or fused into IndiceConv -> {args[1]}")
     return 0
 
 

@@ -26,7 +26,9 @@ schemas require; the functions cast int64 inputs.
 from __future__ import annotations
 
 import functools
+import io
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,24 +79,48 @@ ONNX_OPSET = 17
 _I32 = torch.int32
 
 
-def export(model, args, f, *, opset_version: int = ONNX_OPSET, custom_opsets: dict | None = None, **kwargs):
+def export(
+    model, args, f, *, opset_version: int = ONNX_OPSET, custom_opsets: dict | None = None, fuse: bool = True, **kwargs
+):
     """``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``, the one that
     calls ``symbolic``), opset 17 and the ``mluops`` opset; other keyword arguments are
-    passed through."""
+    passed through. With ``fuse`` (the default) the exported graph then goes through
+    :func:`onnxruntime_ep_mlu.fold.fold_affine` and
+    :func:`~onnxruntime_ep_mlu.fold.fuse_epilogue`: a BatchNorm1d after a sparse convolution
+    folds into its filters and bias, and a residual ``replace_feature(out.features +
+    identity.features)`` and a ReLU after it become the IndiceConv's fused epilogue, so the
+    activations of a SparseSequential or a SparseBasicBlock stay on the card; what is left
+    unfused is reported as a warning saying why. ``f`` is a path or a binary file object."""
+    buf = io.BytesIO() if fuse else f
     with warnings.catch_warnings():
         # torch >= 2.9 marks the TorchScript exporter deprecated; it is the one that honours
         # autograd.Function.symbolic.
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
-        return torch.onnx.export(
+        result = torch.onnx.export(
             model,
             args,
-            f,
+            buf,
             dynamo=False,
             opset_version=opset_version,
             custom_opsets={**CUSTOM_OPSETS, **(custom_opsets or {})},
             **kwargs,
         )
+    if fuse:
+        import onnx
+
+        from .fold import fold_affine, fuse_epilogue
+
+        notes: list[str] = []
+        data = fuse_epilogue(fold_affine(onnx.load_from_string(buf.getvalue())), notes).SerializeToString()
+        for note in dict.fromkeys(notes):
+            warnings.warn(f"onnxruntime_ep_mlu.torch.export: {note}", stacklevel=2)
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as out:
+                out.write(data)
+        else:
+            f.write(data)
+    return result
 
 
 # ----------------------------------------------------------------------------- helpers

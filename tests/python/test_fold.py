@@ -16,7 +16,7 @@ from conftest import IR_VERSION, OPSETS, REPO, library_path
 from reference import accumulating_metrics
 
 sys.path.insert(0, str(REPO / "python"))
-from onnxruntime_ep_mlu.fold import fold_affine  # noqa: E402
+from onnxruntime_ep_mlu.fold import fold_affine, fuse_epilogue  # noqa: E402
 
 CIN, COUT, SITES = 4, 8, 300
 SPATIAL = [6, 20, 20]
@@ -175,3 +175,100 @@ def test_leaves_what_is_not_a_per_channel_constant_affine():
                     helper.make_node("IndiceConv", ["features", "w", "pairs", "num", "sites"], ["y2"], domain="mluops")],
                    {"s": SCALE}, extra_outputs=["y2"])
     _unfolded(model)
+
+
+# ----------------------------------------------------------------------------- fuse_epilogue
+
+
+def _block(extra_inputs=(), tail=None):
+    """conv (features -> y, then Relu -> x1), conv2 over the same rulebook (x1 -> y2),
+    BatchNormalization, Add(identity x1), Relu -> "out": spconv's SparseBasicBlock after a
+    first submanifold layer; `tail` replaces the nodes after conv2."""
+    rng = np.random.default_rng(5)
+    head = [helper.make_node("Relu", ["y"], ["x1"]),
+            helper.make_node("IndiceConv", ["x1", "w2", "pairs", "num", "sites"], ["y2"], domain="mluops",
+                             name="conv2")]
+    tail = tail if tail is not None else [
+        helper.make_node("BatchNormalization", ["y2", "g", "be", "m", "v"], ["bn"]),
+        helper.make_node("Add", ["bn", "x1"], ["sum"]),
+        helper.make_node("Relu", ["sum"], ["out"])]
+    inits = {"w2": rng.standard_normal((27, COUT, COUT)) * 0.2, "g": GAMMA, "be": BETA, "m": MEAN, "v": VAR}
+    return _model(head + tail, inits, bias=True, extra_inputs=extra_inputs)
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def test_fuses_relu_and_a_residual_block_bit_for_bit_with_the_folded_graph():
+    model = _block()
+    folded = fold_affine(model)
+    notes: list[str] = []
+    fused = fuse_epilogue(folded, notes)
+    onnx.checker.check_model(fused)
+    assert _ops(fused) == ["GetIndicePairs", "IndiceConv", "IndiceConv"], _ops(fused)
+    assert notes == []
+    conv, conv2 = fused.graph.node[1:]
+    assert _attrs(conv).get("activation") == b"relu" and list(conv.output) == ["x1"]
+    # conv2: bias (the folded BatchNorm), no scale or shift, residual x1, then ReLU.
+    assert list(conv2.input[5:]) == ["conv2_folded_bias", "", "", "x1"] and _attrs(conv2)["activation"] == b"relu"
+    feeds = _feeds()
+    want, got, original = _run(folded, feeds)[0], _run(fused, feeds)[0], _run(model, feeds)[0]
+    assert got.tobytes() == want.tobytes(), "the fused epilogue is the unfused graph's float32 steps"
+    assert (got == 0).mean() > 0.2, "ReLU clamps some outputs"
+    assert max(accumulating_metrics(got, original)) <= 3e-6
+
+
+def test_leaves_a_residual_it_cannot_show_to_have_the_rows_and_says_why():
+    # A graph input of [N, Cout] rows may broadcast (N = 1) where the fused node would refuse.
+    r = helper.make_tensor_value_info("r", TensorProto.FLOAT, [None, COUT])
+    model = _model([helper.make_node("Add", ["y", "r"], ["sum"]), helper.make_node("Relu", ["sum"], ["out"])], {},
+                   extra_inputs=[r])
+    notes: list[str] = []
+    fused = fuse_epilogue(model, notes)
+    assert _ops(fused) == ["GetIndicePairs", "IndiceConv", "Add", "Relu"]
+    assert len(notes) == 1 and "Add" in notes[0] and "'r'" in notes[0] and "broadcast" in notes[0], notes
+    # Over a regular (not submanifold) rulebook's sites: the fuser cannot know their count
+    # (here, kernel 1 over unique sites, it is the same; the graph still runs as it was).
+    rules2 = helper.make_node(
+        "GetIndicePairs", ["coords"], ["pairs2", "sites2", "num2"], domain="mluops", name="rules2", batch_size=1,
+        spatial_shape=SPATIAL, kernel_size=[1, 1, 1], stride=[1, 1, 1], padding=[0, 0, 0], dilation=[1, 1, 1], subm=0)
+    other = helper.make_node("IndiceConv", ["x1", "w3", "pairs2", "num2", "sites2"], ["y2"], domain="mluops",
+                             name="conv2")
+    model = _block(tail=[helper.make_node("Add", ["x1", "y2"], ["out"])])
+    model.graph.node.insert(0, rules2)
+    model.graph.node.remove(next(n for n in model.graph.node if n.name == "conv2"))
+    model.graph.node.insert(len(model.graph.node) - 1, other)
+    w3 = np.random.default_rng(6).standard_normal((1, COUT, COUT)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(w3, "w3"))
+    notes = []
+    fused = fuse_epilogue(model, notes)
+    assert _ops(fused)[-1] == "Add" and any("'x1'" in n for n in notes), (notes, _ops(fused))
+    feeds = _feeds()
+    assert _run(fused, feeds)[0].tobytes() == _run(model, feeds)[0].tobytes()
+
+
+def test_a_residual_after_the_activation_and_a_fold_after_the_epilogue_are_left():
+    feeds = _feeds()
+    # Relu, then Add: the residual would come after the activation, against the contract's order.
+    model = _block(tail=[helper.make_node("Relu", ["y2"], ["a"]), helper.make_node("Add", ["a", "x1"], ["out"])])
+    notes: list[str] = []
+    fused = fold_affine(fuse_epilogue(model, notes))
+    assert _ops(fused) == ["GetIndicePairs", "IndiceConv", "IndiceConv", "Add"], _ops(fused)
+    assert any("already has its activation" in n for n in notes), notes
+    assert _run(fused, feeds)[0].tobytes() == _run(model, feeds)[0].tobytes()
+    # Relu, then a Mul by a constant of both signs: once the Relu is in the node, the Mul is
+    # no filter fold (relu(y) * s is not relu(y * s)).
+    model = _block(tail=[helper.make_node("Relu", ["y2"], ["a"]), helper.make_node("Mul", ["a", "s"], ["out"])])
+    model.graph.initializer.append(numpy_helper.from_array((SCALE - 1.0).astype(np.float32), "s"))
+    fused = fold_affine(fuse_epilogue(model))
+    assert _ops(fused) == ["GetIndicePairs", "IndiceConv", "IndiceConv", "Mul"], _ops(fused)
+    assert _run(fused, feeds)[0].tobytes() == _run(model, feeds)[0].tobytes()
+
+
+def test_the_command_line_folds_fuses_and_reports(tmp_path, capsys):
+    from onnxruntime_ep_mlu.fold import main
+    onnx.save(_block(), tmp_path / "in.onnx")
+    assert main([str(tmp_path / "in.onnx"), str(tmp_path / "out.onnx")]) == 0
+    assert _ops(onnx.load(tmp_path / "out.onnx")) == ["GetIndicePairs", "IndiceConv", "IndiceConv"]
+    assert "4 nodes folded or fused" in capsys.readouterr().out

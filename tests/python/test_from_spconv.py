@@ -441,6 +441,16 @@ def test_converted_backbone_matches_spconv(name):
         assert got.shape == want.shape
         assert_accumulating(got, want.astype(np.float64), f"{name} at {threads} threads")
     assert mluops_ops(model) == ["GetIndicePairs", "IndiceConv"]
+    # The export fuses each BatchNorm1d (into the filters), ReLU and residual Add into the
+    # convolutions: none is left between them, one residual per basic block.
+    import onnx
+
+    graph = onnx.load_from_string(model).graph
+    assert not {"BatchNormalization", "Relu"} & {n.op_type for n in graph.node}
+    convs = [n for n in graph.node if n.op_type == "IndiceConv"]
+    blocks = sum(type(m).__name__.endswith("BasicBlock") for m in reference.modules())
+    assert sum(len(n.input) > 8 and bool(n.input[8]) for n in convs) == blocks
+    assert all(any(a.name == "activation" and a.s == b"relu" for a in n.attribute) for n in convs)
 
 
 def test_inverse_convolution_and_sites_as_sets():

@@ -91,3 +91,53 @@ pub fn index_errors(c: &Conv, inverse: bool) -> (bool, bool) {
     }
     (num_bad, pair_bad)
 }
+
+/// The fused epilogue's inputs and activation (absent: None / false).
+#[derive(Debug, Clone, Default)]
+pub struct Epilogue {
+    pub scale: Option<Vec<f32>>,
+    pub shift: Option<Vec<f32>>,
+    /// [num_out, Cout]
+    pub residual: Option<Vec<f32>>,
+    pub relu: bool,
+}
+
+impl Epilogue {
+    /// The node's inputs: the convolution's, its bias slot (absent when it has none), then
+    /// scale, shift and residual; trailing absent ones dropped.
+    pub fn inputs(&self, c: &Conv) -> Vec<Option<Tensor>> {
+        let mut t: Vec<Option<Tensor>> = c.tensors().into_iter().map(Some).collect();
+        t.resize(6, None);
+        t.push(self.scale.clone().map(|v| Tensor::f32([c.cout], v)));
+        t.push(self.shift.clone().map(|v| Tensor::f32([c.cout], v)));
+        t.push(self.residual.clone().map(|v| Tensor::f32([c.num_out, c.cout], v)));
+        while t.last().is_some_and(Option::is_none) {
+            t.pop();
+        }
+        t
+    }
+
+    pub fn attrs(&self, inverse: i64) -> HashMap<String, AttrValue> {
+        let mut a = attrs(inverse);
+        let act = if self.relu { "relu" } else { "none" };
+        a.insert("activation".to_string(), AttrValue::String(act.into()));
+        a
+    }
+
+    /// The unfused graph from the plain convolution's output: Mul(scale), Add(shift),
+    /// Add(residual), Relu, each one float32 operation per element (Relu as ONNX Runtime's:
+    /// y < 0 -> 0, NaN and -0 kept).
+    pub fn unfused(&self, plain: &[f32], cout: usize) -> Vec<f32> {
+        plain
+            .iter()
+            .enumerate()
+            .map(|(e, &y)| {
+                let c = e % cout.max(1);
+                let y = self.scale.as_ref().map_or(y, |s| y * s[c]);
+                let y = self.shift.as_ref().map_or(y, |s| y + s[c]);
+                let y = self.residual.as_ref().map_or(y, |r| y + r[e]);
+                if self.relu && y < 0.0 { 0.0 } else { y }
+            })
+            .collect()
+    }
+}

@@ -6,9 +6,12 @@
 //!   them (GetIndicePairs makes such rulebooks from duplicate input rows). Before the call
 //!   each offset's destinations are marked in a bitmap and counted (GetIndicePairs' mark and
 //!   rank kernels, kernels/sparse_conv): fewer distinct than indice_num[k] declines the node;
-//! - it has no bias: kernels/sparse_conv's bias step adds it to the library's output, so
-//!   the bias comes last in each sum rather than first (the accumulating class allows the
-//!   other order);
+//! - it has no bias and no epilogue: kernels/sparse_conv's epilogue step adds the bias to the
+//!   library's output, so the bias comes last in each sum rather than first (the
+//!   accumulating class allows the other order), then applies scale, shift, residual and
+//!   the activation in the contract's order, one float32 operation each, in the same pass
+//!   over the output (so the activations never leave the card between the convolution and
+//!   its BatchNorm, ReLU and residual Add);
 //! - no inverse (NOT_SUPPORTED, :73-77), indice_pairs' last dimension P equal to features'
 //!   rows L (:146), P <= 1,000,000 (:95-100), every tensor below 2^31 elements (:118-125),
 //!   indice_num as a host int64 array (read on the host by the shape rules anyway).
@@ -18,7 +21,9 @@
 //! [K, Cin, Cout]. The empty cases (L, Cin or every indice_num 0) are written here without a
 //! call: the library returns without writing its output there.
 
-use super::{BIAS, ConvDims, FEATURES, FILTERS, IndiceConv, PAIRS};
+use super::{
+    Activation, BIAS, ConvDims, FEATURES, FILTERS, IndiceConv, PAIRS, RESIDUAL, SCALE, SHIFT,
+};
 use crate::error::{Error, Result};
 use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
@@ -124,23 +129,41 @@ impl IndiceConv {
         }
     }
 
-    /// output[r, :] += bias on the card, when the node has a bias.
-    fn add_bias(&self, d: &ConvDims, card: &Card<'_>, out: *mut c_void) -> Result<()> {
-        if !d.bias {
+    /// Whether the node needs the epilogue step at all.
+    fn has_epilogue(&self, d: &ConvDims) -> bool {
+        let e = d.epilogue;
+        d.bias || e.scale || e.shift || e.residual || self.activation != Activation::None
+    }
+
+    /// The epilogue on the card (bias, scale, shift, residual, activation), when the node
+    /// has any of it: one pass over the output.
+    fn epilogue(&self, d: &ConvDims, card: &Card<'_>, out: *mut c_void) -> Result<()> {
+        if !self.has_epilogue(d) {
             return Ok(());
         }
+        let e = d.epilogue;
         let i = device::bounded;
-        // NRAM: the bias and a tile of rows, each rounded up to 64 bytes (mluops_fits bounds Cout).
-        let tile_rows = ((NRAM_BUDGET - 2 * 64 - d.cout * 4) / (d.cout * 4)).min(i32::MAX as usize);
+        // NRAM: bias, scale and shift, a tile of rows and the residual's tile, each rounded up
+        // to 64 bytes (mluops_fits bounds Cout).
+        let tile_rows =
+            ((NRAM_BUDGET - 5 * 64 - 3 * d.cout * 4) / (2 * d.cout * 4)).min(i32::MAX as usize);
         let (rows, cols, tile_rows) =
             (i("num_out", d.rows)?, i("Cout", d.cout)?, i("tile_rows", tile_rows)?);
         let device = card.device;
         let kernels = device.kernels::<SparseConvKernels>()?;
-        let bias = card.input::<f32>(BIAS);
-        // SAFETY: `bias` is the [Cout] input and `out` the [num_out, Cout] output in card
-        // memory; the launch only enqueues.
-        card.queue.launch("mluops_indice_conv_bias", |q| unsafe {
-            (kernels.mluops_indice_conv_bias)(
+        let given = |on: bool, input: usize| {
+            if on { card.input::<f32>(input) } else { std::ptr::null() }
+        };
+        let (bias, scale, shift, residual) = (
+            given(d.bias, BIAS),
+            given(e.scale, SCALE),
+            given(e.shift, SHIFT),
+            given(e.residual, RESIDUAL),
+        );
+        // SAFETY: each non-null pointer is its [Cout] (residual: [num_out, Cout]) input and
+        // `out` the [num_out, Cout] output in card memory; the launch only enqueues.
+        card.queue.launch("mluops_indice_conv_epilogue", |q| unsafe {
+            (kernels.mluops_indice_conv_epilogue)(
                 q,
                 device.info.cores(),
                 TASK_UNION1,
@@ -148,6 +171,10 @@ impl IndiceConv {
                 cols,
                 tile_rows,
                 bias,
+                scale,
+                shift,
+                residual,
+                i32::from(self.activation == Activation::Relu),
                 out.cast(),
             )
         })
@@ -155,7 +182,8 @@ impl IndiceConv {
 }
 
 impl MluOpsOperator for IndiceConv {
-    // The distinct-destination count (mark, rank) and the bias step are ours.
+    // The distinct-destination count (mark, rank) and the epilogue step (bias, scale, shift,
+    // residual, ReLU) are ours.
     const PRE_CALL_FAMILIES: &'static [&'static str] = &["check", "sparse_conv"];
 
     fn mluops_supported(&self) -> Result<()> {
@@ -210,9 +238,10 @@ impl MluOpsOperator for IndiceConv {
                 "max indice_num = {most} x Cin/Cout: beyond the library's int workspace arithmetic"
             )));
         }
-        if d.bias && 2 * 64 + 2 * d.cout * 4 > NRAM_BUDGET {
+        if self.has_epilogue(d) && d.cout.saturating_mul(5 * 4).saturating_add(5 * 64) > NRAM_BUDGET
+        {
             return Err(Error::declined(format!(
-                "Cout = {}: the bias step holds the bias and a row in NRAM",
+                "Cout = {}: the epilogue step holds bias, scale, shift, a row and a residual row in NRAM",
                 d.cout
             )));
         }
@@ -237,7 +266,7 @@ impl MluOpsOperator for IndiceConv {
             let out = outputs.allocate(0, &spec)?;
             // SAFETY: `out` was just allocated for the spec's bytes.
             unsafe { card.device.zero_raw(out, spec.bytes())? };
-            return self.add_bias(d, card, out);
+            return self.epilogue(d, card, out);
         }
         self.distinct_destinations(d, card, outputs)?;
         let out = outputs.allocate(0, &spec)?;
@@ -291,6 +320,6 @@ impl MluOpsOperator for IndiceConv {
             };
             lib.check("mluOpIndiceConvolutionForward", s)
         })?;
-        self.add_bias(d, card, out)
+        self.epilogue(d, card, out)
     }
 }

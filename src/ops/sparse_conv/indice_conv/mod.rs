@@ -41,7 +41,10 @@
 //! bit-identical across runs and thread counts. (The path and the GEMM's kernels are picked
 //! by the CPU's instruction set: another CPU may round differently, within the accumulating
 //! class.)
-//! On the card: MLU-OPS only (mluops.rs).
+//! Epilogue: after a tile's last pair, while its block is still in L2, each row gets
+//! scale, shift, residual and the activation (`Epilogue::apply`), one float32 operation at a
+//! time, as the unfused graph's Mul, Add, Add and Relu would; a node without them skips it.
+//! On the card: MLU-OPS only (mluops.rs), the epilogue by our kernel after the library's call.
 
 #[cfg(target_arch = "x86_64")]
 mod fused;
@@ -71,6 +74,9 @@ pub(super) const PAIRS: usize = 2;
 const NUM: usize = 3;
 const OUT_INDICES: usize = 4;
 pub(super) const BIAS: usize = 5;
+pub(super) const SCALE: usize = 6;
+pub(super) const SHIFT: usize = 7;
+pub(super) const RESIDUAL: usize = 8;
 /// A row tile's output block, at most: it stays in L2 while the tile's offsets are walked.
 const TILE_OUT_BYTES: usize = 128 * 1024;
 /// Pairs per offset that a tile aims at (the GEMMs' m), density permitting.
@@ -93,6 +99,24 @@ const MAX_PLAN_PIECES: usize = 8;
 pub struct IndiceConv {
     /// Gather from slot 1 and scatter to slot 0 of each pair.
     pub inverse: bool,
+    /// The epilogue's last step.
+    pub activation: Activation,
+}
+
+/// The `activation` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    /// y < 0 -> 0; every other value (NaN, -0) kept, as ONNX Runtime's Relu does.
+    Relu,
+}
+
+/// Which of the epilogue's optional inputs the node has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EpilogueInputs {
+    pub(super) scale: bool,
+    pub(super) shift: bool,
+    pub(super) residual: bool,
 }
 
 /// What IndiceConv's shape rules learn: the sizes and each offset's pair count.
@@ -109,6 +133,7 @@ pub struct ConvDims {
     /// indice_num, each in [0, P].
     pub(super) counts: Vec<usize>,
     pub(super) bias: bool,
+    pub(super) epilogue: EpilogueInputs,
 }
 
 impl IndiceConv {
@@ -158,6 +183,29 @@ impl Rules for IndiceConv {
                 );
             }
         }
+        let per_channel = |i: usize| -> Result<bool> {
+            if inputs.dtype(i).is_none() {
+                return Ok(false);
+            }
+            let shape = inputs.shape_of::<f32>(i)?;
+            if shape != [cout] {
+                return Err(
+                    inputs.error(i, format!("expected shape [Cout] = [{cout}], got {shape:?}"))
+                );
+            }
+            Ok(true)
+        };
+        let (scale, shift) = (per_channel(SCALE)?, per_channel(SHIFT)?);
+        let residual = inputs.dtype(RESIDUAL).is_some();
+        if residual {
+            let shape = inputs.shape_of::<f32>(RESIDUAL)?;
+            if shape != [rows, cout] {
+                return Err(inputs.error(
+                    RESIDUAL,
+                    format!("expected shape [num_out, Cout] = [{rows}, {cout}] (the output's), got {shape:?}"),
+                ));
+            }
+        }
         let numel = rows.checked_mul(cout).filter(|&n| n <= isize::MAX as usize / size_of::<f32>());
         if numel.is_none() {
             return Err(Error::output(
@@ -178,7 +226,8 @@ impl Rules for IndiceConv {
                 format!("L = {l}, num_out = {rows} or K = {k_count} is too large"),
             ));
         }
-        Ok(ConvDims { l, cin, k: k_count, cout, p, rows, counts, bias })
+        let epilogue = EpilogueInputs { scale, shift, residual };
+        Ok(ConvDims { l, cin, k: k_count, cout, p, rows, counts, bias, epilogue })
     }
 
     /// For each offset k with pairs, in order: its sources in [0, L), then its destinations
@@ -232,11 +281,22 @@ impl Operator for IndiceConv {
     type Plan = ConvPlan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        match attrs.int("inverse")? {
-            0 => Ok(IndiceConv { inverse: false }),
-            1 => Ok(IndiceConv { inverse: true }),
-            v => Err(Error::attribute("inverse", format!("must be 0 or 1, got {v}"))),
-        }
+        let inverse = match attrs.int("inverse")? {
+            0 => false,
+            1 => true,
+            v => return Err(Error::attribute("inverse", format!("must be 0 or 1, got {v}"))),
+        };
+        let activation = match attrs.string("activation")?.as_str() {
+            "none" => Activation::None,
+            "relu" => Activation::Relu,
+            v => {
+                return Err(Error::attribute(
+                    "activation",
+                    format!("must be \"none\" or \"relu\", got \"{v}\""),
+                ));
+            }
+        };
+        Ok(IndiceConv { inverse, activation })
     }
 
     fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, ConvPlan)> {
@@ -363,11 +423,18 @@ impl Operator for IndiceConv {
         let filters = inputs.get::<f32>(FILTERS)?.data;
         let bias = inputs.get_optional::<f32>(BIAS)?.map(|b| b.data);
         let pairs = inputs.get::<i32>(PAIRS)?.data;
+        let epilogue = Epilogue {
+            scale: inputs.get_optional::<f32>(SCALE)?.map(|v| v.data),
+            shift: inputs.get_optional::<f32>(SHIFT)?.map(|v| v.data),
+            residual: inputs.get_optional::<f32>(RESIDUAL)?.map(|v| v.data),
+            activation: self.activation,
+        };
         let out = outputs.take::<f32>(0)?;
         let (cin, cout) = (r.dims.cin, r.dims.cout);
         if out.len() != r.dims.rows * cout
             || features.len() != r.dims.l * cin
             || filters.len() % (cin * cout).max(1) != 0
+            || epilogue.residual.is_some_and(|r| r.len() != out.len())
         {
             return Err(Error::Runtime("IndiceConv: buffers do not match the plan".into()));
         }
@@ -443,8 +510,12 @@ impl Operator for IndiceConv {
                         }
                         None => block.fill(0.0),
                     }
+                    // The tile's first output element, for the residual's rows.
+                    let at = t * tile_rows * cout;
                     if cin == 0 {
-                        continue; // every product is an empty sum: the output is the bias
+                        // Every product is an empty sum: the output is the bias.
+                        epilogue.apply(block, cout, at);
+                        continue;
                     }
                     // One chunk: consecutive pairs of one offset k, at most chunk_rows, source
                     // rows and output rows (minus `base`, within the tile). Its source rows
@@ -542,11 +613,54 @@ impl Operator for IndiceConv {
                             }
                         }
                     }
+                    epilogue.apply(block, cout, at);
                 }
                 Ok(())
             })());
         });
         errors.into_result()
+    }
+}
+
+/// The epilogue's inputs and activation (schemas/sparse_conv/indice_conv.json).
+#[derive(Clone, Copy)]
+struct Epilogue<'a> {
+    scale: Option<&'a [f32]>,
+    shift: Option<&'a [f32]>,
+    /// The whole [num_out, Cout] input.
+    residual: Option<&'a [f32]>,
+    activation: Activation,
+}
+
+impl Epilogue<'_> {
+    /// y = act(y * scale + shift + residual) over a block of whole output rows starting at
+    /// output element `at`: each step one float32 operation (no fused multiply-add), as the
+    /// unfused Mul, Add, Add and Relu compute it; one row at a time, the row in L1.
+    fn apply(&self, block: &mut [f32], cout: usize, at: usize) {
+        if self.scale.is_none()
+            && self.shift.is_none()
+            && self.residual.is_none()
+            && self.activation == Activation::None
+        {
+            return; // the plain convolution, untouched
+        }
+        let residual = self.residual.map(|r| &r[at..at + block.len()]);
+        for (o, row) in block.chunks_exact_mut(cout.max(1)).enumerate() {
+            if let Some(scale) = self.scale {
+                row.iter_mut().zip(scale).for_each(|(y, &s)| *y *= s);
+            }
+            if let Some(shift) = self.shift {
+                row.iter_mut().zip(shift).for_each(|(y, &s)| *y += s);
+            }
+            if let Some(residual) = residual {
+                let r = &residual[o * cout..(o + 1) * cout];
+                row.iter_mut().zip(r).for_each(|(y, &r)| *y += r);
+            }
+            if self.activation == Activation::Relu {
+                // `if y < 0`, not max: NaN and -0 pass unchanged, as in ONNX Runtime's Relu.
+                row.iter_mut().for_each(|y| *y = if *y < 0.0 { 0.0 } else { *y });
+            }
+        }
     }
 }
 
