@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::scratch;
 use crate::tensor::{self, OutputSpec};
@@ -35,8 +36,6 @@ use std::ffi::c_void;
 
 /// indice_pairs' last dimension at most (INDICE_IN_LARGE_TENSOR_NUM, get_indice_pairs_structs.h:36).
 const MAX_P: usize = 1_000_000;
-/// Entries per tile of the mark and rank kernels (int32, a multiple of 32).
-const STREAM_TILE: usize = 16 * 1024;
 
 impl IndiceConv {
     /// Declines the node unless every offset's first indice_num[k] destinations are distinct.
