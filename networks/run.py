@@ -140,8 +140,8 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         else:
             rows.append(f"{label} {row:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  {placement.summary(counts)}, "
                         f"{sum(session['claimed'].values())} claimed, {session['declined']} declined; {described}; "
-                        f"host<->card per inference {t['h2d']:,} B to the card, {t['d2h']:,} B back (ONNX Runtime's "
-                        f"copies included){peer}   {what}")
+                        f"host<->card in the session (its creation's weight copies and one inference) {t['h2d']:,} B "
+                        f"to the card, {t['d2h']:,} B back (ONNX Runtime's copies included){peer}   {what}")
     return rows, ok
 
 
