@@ -4,7 +4,7 @@
 use super::{Backend, CardBackends, CardNode, DeviceOutputs, MluOperator, Ran, bang};
 use crate::error::{Error, Result};
 use crate::mlu::{Buffer, Device};
-use crate::ops::Kernel;
+use crate::ops::operator::Kernel;
 use crate::tensor::{CardTensor, OutputSpec, OwnedData, Tensor};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ pub fn run_node_on_device(
     }
     let mut outs = Outs { device: Arc::clone(device), bufs: Vec::new(), scratch: Vec::new() };
     let queue = device.queue()?;
-    let names = crate::ops::schema(node.op).input_names();
+    let names = node.schema.input_names();
     let (ran, result) = node.run(device, &queue, names, &tensors, &mut outs);
     result?;
     let ran = ran.ok_or_else(|| Error::Runtime(format!("{}: ran on no path", node.op)))?;
@@ -93,7 +93,13 @@ pub fn run_on_device<O: MluOperator + Clone>(
     let op = Arc::new(op.clone());
     let (_, path) = bang(&op, &backends);
     let cpu: Arc<dyn Kernel> = op;
-    let node = CardNode { op: O::NAME, cpu, paths: vec![path], size_inputs: O::SIZE_INPUTS };
+    let node = CardNode {
+        op: O::NAME,
+        schema: O::schema(),
+        cpu,
+        paths: vec![path],
+        size_inputs: O::SIZE_INPUTS,
+    };
     node.paths[0].supported().map_err(|why| {
         Error::Runtime(format!("{}: not supported by the BANG kernels: {why}", O::NAME))
     })?;

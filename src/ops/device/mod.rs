@@ -30,12 +30,13 @@ pub use backends::{Backend, Bang, CardBackends, CardPath, MluOperator, MluOps, M
 pub use checks::{StaticShapes, bounded, int32_inputs, int32_output, narrow, static_numel};
 pub use drivers::{run_node_on_device, run_on_device};
 
+use super::host::OwnedOutputs;
+use super::operator::Kernel;
 use super::rules::{Rules, SIZE_INPUT_BYTES};
-use super::{Kernel, OwnedOutputs};
 use crate::error::{Error, Result};
 use crate::mlu::{Device, DeviceInfo, Direction, Queue};
 use crate::parallel::Serial;
-use crate::schema::Attrs;
+use crate::schema::{Attrs, Schema};
 use crate::tensor::{CardTensor, DType, Data, Inputs, OutputSpec, OwnedData, Tensor, TensorRef};
 use checks::{launch_check, read_records};
 use std::ffi::c_void;
@@ -196,6 +197,8 @@ impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
 /// provider's order.
 pub struct CardNode {
     pub op: &'static str,
+    /// `op`'s schema (its inputs' and outputs' names).
+    pub schema: &'static Schema,
     pub cpu: Arc<dyn Kernel>,
     pub paths: Vec<Box<dyn CardKernel>>,
     pub size_inputs: &'static [usize],
@@ -228,7 +231,7 @@ pub fn card_node<O: Rules>(
     let paths =
         all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)| k).collect();
     let cpu: Arc<dyn Kernel> = op;
-    Ok(CardNode { op: O::NAME, cpu, paths, size_inputs: O::SIZE_INPUTS })
+    Ok(CardNode { op: O::NAME, schema: O::schema(), cpu, paths, size_inputs: O::SIZE_INPUTS })
 }
 
 /// Where a node ran.
@@ -366,7 +369,7 @@ impl CardNode {
     }
 
     fn cpu_output_names(&self) -> Vec<String> {
-        super::schema(self.op).output_names()
+        self.schema.output_names()
     }
 }
 
