@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use serde::Deserialize;
+use std::sync::{Mutex, PoisonError};
 
 pub const DOMAIN: &str = "mluops";
 pub const OPSET_VERSION: i32 = 1;
@@ -151,6 +152,19 @@ impl Schema {
         assert_eq!(s.op_type, op_type, "schema file holds another op");
         s
     }
+}
+
+/// An operator's embedded schema text, parsed once per process and kept by name: here, below
+/// both the registry and the `Operator` trait, so that neither looks the other up.
+pub fn embedded(op_type: &'static str, text: &'static str) -> &'static Schema {
+    static PARSED: Mutex<Vec<&'static Schema>> = Mutex::new(Vec::new());
+    let mut parsed = PARSED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(s) = parsed.iter().find(|s| s.op_type == op_type) {
+        return s;
+    }
+    let s: &'static Schema = Box::leak(Box::new(Schema::parse(op_type, text)));
+    parsed.push(s);
+    s
 }
 
 /// Where a node's attributes come from: an ONNX Runtime kernel info, or a map in tests.

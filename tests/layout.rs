@@ -88,6 +88,8 @@ fn the_device_runtime_knows_no_operator() {
         .flatten()
         .filter(|e| e.path().is_dir())
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        // ops/device/ is the card driver, not a family (and "device" is the runtime's word).
+        .filter(|name| name != "device")
         .collect();
     assert!(families.len() >= 5, "{families:?}");
     found.extend(lines_where(&files, |_, l| {

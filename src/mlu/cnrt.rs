@@ -262,7 +262,7 @@ pub fn runtime_version() -> (String, Result<String>) {
 
 /// The kernel families the kernel library at `path` cannot launch, each with why: an entry
 /// it lacks, or, for a family cncc failed on in this build, the compiler's output. Logged
-/// once: those families' nodes run on the other backends (src/ops/device.rs).
+/// once: those families' nodes run on the other backends (src/ops/device/).
 fn missing_families(klib: &Library, path: &str) -> Vec<(String, String)> {
     let mut missing = Vec::new();
     for (family, entries) in KERNEL_FAMILIES {

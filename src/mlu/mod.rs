@@ -42,7 +42,7 @@ pub struct DeviceInfo {
     pub nram_reserved_bytes: u64,
     /// The kernel families this card cannot launch, each with why (cncc failed on it when
     /// the kernel library was built, or the library lacks an entry of it): the card paths
-    /// that need one decline (src/ops/device.rs, `CardKernel::families`).
+    /// that need one decline (src/ops/device/, `CardKernel::families`).
     pub missing_families: Vec<(String, String)>,
 }
 

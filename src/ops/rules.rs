@@ -6,7 +6,7 @@
 //! `ops::device`), and both report the first broken row through the operator's
 //! [`Rules::describe`], so the two paths give the same error text.
 
-use super::Operator;
+use super::operator::Operator;
 use crate::error::{Error, Result};
 use crate::tensor::Inputs;
 

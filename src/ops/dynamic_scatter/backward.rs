@@ -24,7 +24,7 @@
 use super::Reduce;
 use crate::cache;
 use crate::error::{Error, Result};
-use crate::ops::Operator;
+use crate::ops::operator::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;

@@ -11,7 +11,7 @@
 use super::Reduce;
 use crate::cache;
 use crate::error::{Error, Result};
-use crate::ops::Operator;
+use crate::ops::operator::Operator;
 use crate::ops::radix::radix_sort;
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
@@ -74,7 +74,7 @@ impl Operator for DynamicScatter {
             );
         }
         // Point and voxel indices are int32 outputs.
-        crate::ops::check_i32_range(
+        crate::ops::operator::check_i32_range(
             || inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")),
             n,
         )?;

@@ -306,7 +306,7 @@ impl Rules for PsRoiPoolBackward {
     }
 }
 
-impl crate::ops::Operator for PsRoiPoolBackward {
+impl crate::ops::operator::Operator for PsRoiPoolBackward {
     const NAME: &'static str = "PsRoiPoolBackward";
     const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool_backward.json");
     type Plan = Plan;

@@ -15,7 +15,7 @@
 use super::Plan;
 use super::backward::{PsRoiPoolBackward, Span, batch_error, batch_rule};
 use crate::error::{Error, Result};
-use crate::ops::Operator;
+use crate::ops::operator::Operator;
 use crate::ops::rules::{Broken, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, for_each_chunk_mut};
 use crate::schema::Attrs;

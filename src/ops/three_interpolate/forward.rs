@@ -16,7 +16,7 @@ use super::real::as_f32s;
 use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use super::{INDICES, WEIGHTS};
 use crate::error::{Error, Result};
-use crate::ops::Operator;
+use crate::ops::operator::Operator;
 use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;

@@ -128,7 +128,7 @@ impl Rules for VoxelPoolingForward {
         }
         // pos_memo stores the batch index as int32.
         if points > 0 {
-            crate::ops::check_i32_range(
+            crate::ops::operator::check_i32_range(
                 || {
                     Error::output(
                         "pos_memo",
@@ -151,7 +151,7 @@ impl VoxelPoolingForward {
     }
 }
 
-impl crate::ops::Operator for VoxelPoolingForward {
+impl crate::ops::operator::Operator for VoxelPoolingForward {
     const NAME: &'static str = "VoxelPoolingForward";
     const SCHEMA: &'static str =
         include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");

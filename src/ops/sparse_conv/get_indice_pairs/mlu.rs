@@ -373,7 +373,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let op = crate::ops::descriptor::<GetIndicePairs>(&attrs).expect("valid");
+        let op = crate::ops::operator::descriptor::<GetIndicePairs>(&attrs).expect("valid");
         let info = crate::mlu::emulator::info().expect("the emulated card's description");
         assert!(op.mlu_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
         let err = op
@@ -397,7 +397,7 @@ mod tests {
             ]
             .into_iter()
             .collect();
-            crate::ops::descriptor::<GetIndicePairs>(&attrs)
+            crate::ops::operator::descriptor::<GetIndicePairs>(&attrs)
                 .expect("valid: the output is 4 x 4 x 4")
         };
         assert_eq!(op((1 << 30) - 1).output_space, [4, 4, 4]);

@@ -44,7 +44,7 @@
 //! the outputs.
 
 use crate::error::{Error, Result};
-use crate::ops::Operator;
+use crate::ops::operator::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;

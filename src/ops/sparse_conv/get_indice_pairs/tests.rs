@@ -3,7 +3,7 @@
 use super::keys::{Key, SortedSites};
 use super::rulebook::*;
 use super::*;
-use crate::ops::descriptor;
+use crate::ops::operator::descriptor;
 use crate::schema::AttrValue;
 use std::collections::HashMap;
 

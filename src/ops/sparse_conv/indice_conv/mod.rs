@@ -61,7 +61,7 @@ use rulebook::*;
 
 use crate::cache;
 use crate::error::{Error, Result};
-use crate::ops::Operator;
+use crate::ops::operator::Operator;
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
