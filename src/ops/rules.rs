@@ -98,7 +98,9 @@ pub trait Rules: Operator {
     /// Inputs whose values the shape rules read: sizes of at most [`SIZE_INPUT_BYTES`] each
     /// (the MLU path copies these, and only these, to the host).
     const SIZE_INPUTS: &'static [usize] = &[];
-    /// What the shape rules learn: the sizes every later step works from.
+    /// What the shape rules learn: the sizes every later step works from. Operators whose
+    /// `execute` needs nothing more declare `type Dims = Self::Plan`, so the two are one type
+    /// under one name.
     type Dims: Clone + Send + Sync + std::fmt::Debug;
 
     /// The shape rules: reads shapes, dtypes and the [`Self::SIZE_INPUTS`] values only.

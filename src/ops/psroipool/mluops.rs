@@ -14,7 +14,7 @@
 
 use super::backward::PsRoiPoolBackward;
 use super::forward::PsRoiPool;
-use super::{MIN_ROI_EXTENT, Plan};
+use super::{Dims, MIN_ROI_EXTENT};
 use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
@@ -205,13 +205,13 @@ impl MluOpsOperator for PsRoiPoolBackward {
         self.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Plan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
         byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
     }
 
     fn mluops_compute(
         &self,
-        plan: &Plan,
+        plan: &Dims,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
@@ -271,7 +271,7 @@ impl MluOpsOperator for PsRoiPool {
         self.0.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Plan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
         if plan.rois > 0 && plan.batches * plan.height * plan.width == 0 {
             // psroipool.cpp:132-135 at v1.4.0: success with nothing written, where the
             // contract fills mapping_channel.
@@ -282,7 +282,7 @@ impl MluOpsOperator for PsRoiPool {
 
     fn mluops_compute(
         &self,
-        plan: &Plan,
+        plan: &Dims,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,

@@ -127,7 +127,7 @@ impl Operator for ThreeInterpolateBackward {
 }
 
 impl Rules for ThreeInterpolateBackward {
-    type Dims = Dims;
+    type Dims = Self::Plan;
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         self.dims(inputs)

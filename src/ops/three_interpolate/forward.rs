@@ -119,7 +119,7 @@ impl Operator for ThreeInterpolate {
 }
 
 impl Rules for ThreeInterpolate {
-    type Dims = Dims;
+    type Dims = Self::Plan;
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         Self::dims(inputs)

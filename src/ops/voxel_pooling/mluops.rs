@@ -1,6 +1,6 @@
 //! VoxelPoolingForward on Cambricon's MLU-OPS library (`mluOpVoxelPoolingForward`).
 
-use super::forward::{VoxelPlan, VoxelPoolingForward};
+use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library};
@@ -40,7 +40,7 @@ impl MluOpsOperator for VoxelPoolingForward {
         }
     }
 
-    fn mluops_fits(&self, plan: &VoxelPlan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
         // Every integer argument must be > 0: the library has no zero-element path.
         if plan.batches == 0 || plan.points == 0 || plan.channels == 0 {
             return Err(Error::declined(format!(
@@ -53,7 +53,7 @@ impl MluOpsOperator for VoxelPoolingForward {
 
     fn mluops_compute(
         &self,
-        plan: &VoxelPlan,
+        plan: &Dims,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
