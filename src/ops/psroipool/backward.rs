@@ -212,12 +212,6 @@ pub(super) fn batch_error(
     )
 }
 
-impl PsRoiPoolBackward {
-    pub(super) fn output_spec(&self, plan: &Dims) -> OutputSpec {
-        OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])
-    }
-}
-
 impl Rules for PsRoiPoolBackward {
     const SIZE_INPUTS: &'static [usize] = &[BOTTOM_SHAPE];
     type Dims = Self::Plan;
@@ -281,6 +275,11 @@ impl Rules for PsRoiPoolBackward {
         Ok(Dims { rois: r, batches: dims[0], height: dims[1], width: dims[2] })
     }
 
+    /// grad_input [batches, height, width, channels].
+    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])]
+    }
+
     /// The batch rule, then `mapping_channel` in [0, channels) everywhere.
     fn value_rules(&self, plan: &Dims) -> Vec<ValueRule> {
         let (lo, hi) = Check::half_open(0, self.channels);
@@ -323,7 +322,7 @@ impl crate::ops::operator::Operator for PsRoiPoolBackward {
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let plan = self.shape_rules(inputs)?;
         check_values(self, inputs, &plan)?;
-        Ok((vec![self.output_spec(&plan)], plan))
+        Ok((self.output_specs(&plan), plan))
     }
 
     fn execute(

@@ -70,15 +70,6 @@ impl PsRoiPool {
     }
 }
 
-impl PsRoiPool {
-    /// output and mapping_channel, both [R, ph, pw, output_dim].
-    pub(super) fn output_specs(&self, plan: &Dims) -> [OutputSpec; 2] {
-        let d = &self.0;
-        let shape = [plan.rois, d.pooled, d.pooled, d.output_dim];
-        [OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)]
-    }
-}
-
 impl Rules for PsRoiPool {
     type Dims = Self::Plan;
 
@@ -111,6 +102,13 @@ impl Rules for PsRoiPool {
         Ok(Dims { rois: r, batches, height, width })
     }
 
+    /// output and mapping_channel, both [R, ph, pw, output_dim].
+    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+        let d = &self.0;
+        let shape = [plan.rois, d.pooled, d.pooled, d.output_dim];
+        vec![OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)]
+    }
+
     fn value_rules(&self, plan: &Dims) -> Vec<ValueRule> {
         vec![batch_rule(1, plan.batches)]
     }
@@ -137,7 +135,7 @@ impl Operator for PsRoiPool {
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let plan = self.shape_rules(inputs)?;
         check_values(self, inputs, &plan)?;
-        Ok((self.output_specs(&plan).to_vec(), plan))
+        Ok((self.output_specs(&plan), plan))
     }
 
     fn execute(

@@ -11,6 +11,7 @@ use super::backward::{PsRoiPoolBackward, Span};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::rules::Rules;
 use crate::scratch;
 use std::ffi::c_void;
 
@@ -99,7 +100,7 @@ impl MluOperator for PsRoiPoolBackward {
     const BANG_FAMILIES: &'static [&'static str] = &["check", "psroipool"];
 
     fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
-        let out_len = self.output_spec(plan).numel();
+        let out_len = self.output_specs(plan)[0].numel();
         let top = plan.rois * self.pooled * self.pooled * self.output_dim;
         let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
         if out_len > i32::MAX as usize || top > i32::MAX as usize || spans > i32::MAX as usize {
@@ -129,8 +130,8 @@ impl MluOperator for PsRoiPoolBackward {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = self.output_spec(plan);
-        let out = outputs.allocate(0, &spec)?;
+        let spec = &self.output_specs(plan)[0];
+        let out = outputs.allocate(0, spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
         unsafe { card.device.zero_raw(out, spec.bytes())? };
         let bins = plan.rois * self.pooled * self.pooled;

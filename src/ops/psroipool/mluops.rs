@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::rules::Rules;
 use crate::scratch;
 use std::ffi::c_void;
 
@@ -216,8 +217,8 @@ impl MluOpsOperator for PsRoiPoolBackward {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = self.output_spec(plan);
-        let out = outputs.allocate(0, &spec)?;
+        let spec = &self.output_specs(plan)[0];
+        let out = outputs.allocate(0, spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
         unsafe { card.device.zero_raw(out, spec.bytes())? };
         // R = 0 is BAD_PARAM there and the contract's all-zero output here.
@@ -298,9 +299,10 @@ impl MluOpsOperator for PsRoiPool {
                 self.0.pooled
             )));
         }
-        let [spec, map_spec] = self.output_specs(plan);
-        let out = outputs.allocate(0, &spec)?;
-        let mapping = outputs.allocate(1, &map_spec)?;
+        let specs = self.output_specs(plan);
+        let (spec, map_spec) = (&specs[0], &specs[1]);
+        let out = outputs.allocate(0, spec)?;
+        let mapping = outputs.allocate(1, map_spec)?;
         // R = 0 (or output_dim 0) is BAD_PARAM there and empty outputs here.
         if spec.numel() == 0 {
             return Ok(());

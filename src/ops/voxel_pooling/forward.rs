@@ -140,10 +140,9 @@ impl Rules for VoxelPoolingForward {
         }
         Ok(Dims { batches, points, channels })
     }
-}
 
-impl VoxelPoolingForward {
-    pub(super) fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+    /// output_features [B, ny, nx, C] and pos_memo [B, N, 3].
+    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
         vec![
             OutputSpec::new(DType::F32, [plan.batches, self.ny, self.nx, plan.channels]),
             OutputSpec::new(DType::I32, [plan.batches, plan.points, 3]),

@@ -230,6 +230,11 @@ impl Rules for IndiceConv {
         Ok(ConvDims { l, cin, k: k_count, cout, p, rows, counts, bias, epilogue })
     }
 
+    /// output [num_out, Cout].
+    fn output_specs(&self, d: &ConvDims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [d.rows, d.cout])]
+    }
+
     /// For each offset k with pairs, in order: its sources in [0, L), then its destinations
     /// in [0, num_out), over its first indice_num[k] slots.
     fn value_rules(&self, d: &ConvDims) -> Vec<ValueRule> {
@@ -311,8 +316,10 @@ impl Operator for IndiceConv {
 
         match in_place(pairs.data, counts, p, slots, [l, rows], shift, par)? {
             InPlace::Found(reads, starts) => {
-                let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-                return Ok((specs, Plan { dims, shift, book: Book::InPlace { reads, starts } }));
+                return Ok((
+                    self.output_specs(&dims),
+                    Plan { dims, shift, book: Book::InPlace { reads, starts } },
+                ));
             }
             InPlace::OutOfRange => {
                 return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
@@ -405,8 +412,7 @@ impl Operator for IndiceConv {
             return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
         }
         errors.into_result()?;
-        let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-        Ok((specs, Plan { dims, shift, book: Book::Grouped(books) }))
+        Ok((self.output_specs(&dims), Plan { dims, shift, book: Book::Grouped(books) }))
     }
 
     fn execute(
