@@ -134,7 +134,6 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ("src/ops/psroipool/forward.rs", "let mut rows = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut cols = vec![Span::default(); p];", OUTPUT_ROW),
     ("src/ops/psroipool/forward.rs", "let mut acc = vec![0f32; od];", OUTPUT_ROW),
-    ("src/ops/psroipool/forward.rs", "Ok((self.output_specs(&plan).to_vec(), plan))", META),
     (
         "src/ops/rules.rs",
         ".map(|row| (row, RowValues::I32(data[row * cols..(row + 1) * cols].to_ve",

@@ -14,7 +14,8 @@ pub trait Operator: Sized + Send + Sync + 'static {
     const NAME: &'static str;
     /// The operator's schema file (`schemas/<family>/<op>.json`), embedded.
     const SCHEMA: &'static str;
-    /// Whatever `plan` learns that `execute` needs (validated sizes, sorted indices...).
+    /// Whatever `plan` learns that `execute` needs: the shape rules' `Dims` itself, or
+    /// those sizes with the work found from the data (a sorted map, a rulebook).
     type Plan: Send;
 
     /// Builds the descriptor, checking every attribute rule.

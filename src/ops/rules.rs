@@ -8,7 +8,7 @@
 
 use super::operator::Operator;
 use crate::error::{Error, Result};
-use crate::tensor::Inputs;
+use crate::tensor::{Inputs, OutputSpec};
 
 /// What a value rule requires of the rows of one input.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,11 +98,18 @@ pub trait Rules: Operator {
     /// Inputs whose values the shape rules read: sizes of at most [`SIZE_INPUT_BYTES`] each
     /// (the MLU path copies these, and only these, to the host).
     const SIZE_INPUTS: &'static [usize] = &[];
-    /// What the shape rules learn: the sizes every later step works from.
+    /// What the shape rules learn: the sizes every later step works from. Operators whose
+    /// `execute` needs nothing more declare `type Dims = Self::Plan`, so the two are one type
+    /// under one name.
     type Dims: Clone + Send + Sync + std::fmt::Debug;
 
     /// The shape rules: reads shapes, dtypes and the [`Self::SIZE_INPUTS`] values only.
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Self::Dims>;
+
+    /// The outputs' dtypes and shapes for `dims`: declared once, so that the CPU path and
+    /// every card backend allocate the same outputs. GetIndicePairs is the one exception:
+    /// its out_indices has a row per unique output site, a count only the data gives.
+    fn output_specs(&self, dims: &Self::Dims) -> Vec<OutputSpec>;
 
     /// The value rules, in the order they are reported.
     fn value_rules(&self, _dims: &Self::Dims) -> Vec<ValueRule> {

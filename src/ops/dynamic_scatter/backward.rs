@@ -144,6 +144,11 @@ impl Rules for DynamicScatterBackward {
         dims(inputs)
     }
 
+    /// grad_feats [N, C].
+    fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [d.n, d.c])]
+    }
+
     /// Every map value in [-1, V). The `mean` rule on counts reads the count a value points
     /// at, so it is no row rule: `scan_map` checks it (the MLU kernels run `max` only).
     fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
@@ -242,8 +247,7 @@ impl Operator for DynamicScatterBackward {
         check_values(self, inputs, &d)?;
         let x = views(inputs, d)?;
         let csr = scan_map(inputs, &x, self.reduce)?;
-        let spec = OutputSpec::new(DType::F32, [x.dims.n, x.dims.c]);
-        Ok((vec![spec], Plan { dims: x.dims, csr }))
+        Ok((self.output_specs(&x.dims), Plan { dims: x.dims, csr }))
     }
 
     fn execute(

@@ -12,7 +12,7 @@ use super::backward::{Dims, DynamicScatterBackward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
-use crate::tensor::{DType, OutputSpec};
+use crate::ops::rules::Rules;
 
 /// int32 per fill copy (a multiple of 32).
 const FILL_TILE: usize = 16 * 1024;
@@ -115,7 +115,7 @@ impl MluOperator for DynamicScatterBackward {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let out = outputs.allocate(0, &OutputSpec::new(DType::F32, [d.n, d.c]))?;
+        let out = outputs.allocate(0, &self.output_specs(d)[0])?;
         // SAFETY: `out` was just allocated for N * C floats.
         unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
         if d.n * d.c == 0 || d.v == 0 {

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library, ReduceMode};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
-use crate::tensor::{self, OutputSpec};
+use crate::ops::rules::Rules;
 use std::ffi::c_void;
 
 /// The library's NRAM bound, 5N + 20C + 4 bytes of `nram` (BAD_PARAM beyond it;
@@ -59,7 +59,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         nram_bound(d.n, d.c, card.device.info.kernel_nram())?;
-        let out = outputs.allocate(0, &OutputSpec::new(tensor::DType::F32, [d.n, d.c]))?;
+        let out = outputs.allocate(0, &self.output_specs(d)[0])?;
         // SAFETY: `out` was just allocated for N*C floats.
         unsafe { card.device.zero_raw(out, d.n * d.c * 4)? };
         if d.n * d.c == 0 || d.v == 0 {

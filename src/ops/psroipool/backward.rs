@@ -11,7 +11,7 @@
 //! ph + pw edge computations, not ph * pw * output_dim. The inner loop runs over o for one
 //! pixel, i.e. inside one pixel's channel vector (cache-resident).
 
-use super::{MIN_ROI_EXTENT, Plan};
+use super::{Dims, MIN_ROI_EXTENT};
 use crate::error::{Error, Result};
 use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
@@ -212,17 +212,11 @@ pub(super) fn batch_error(
     )
 }
 
-impl PsRoiPoolBackward {
-    pub(super) fn output_spec(&self, plan: &Plan) -> OutputSpec {
-        OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])
-    }
-}
-
 impl Rules for PsRoiPoolBackward {
     const SIZE_INPUTS: &'static [usize] = &[BOTTOM_SHAPE];
-    type Dims = Plan;
+    type Dims = Self::Plan;
 
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Plan> {
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let (p, od) = (Some(self.pooled), Some(self.output_dim));
         let top = inputs.shaped::<f32>(
             0,
@@ -278,16 +272,21 @@ impl Rules for PsRoiPoolBackward {
                 format!("bottom_grad size {batches} * {height} * {width} * {channels} overflows"),
             ));
         }
-        Ok(Plan { rois: r, batches: dims[0], height: dims[1], width: dims[2] })
+        Ok(Dims { rois: r, batches: dims[0], height: dims[1], width: dims[2] })
+    }
+
+    /// grad_input [batches, height, width, channels].
+    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])]
     }
 
     /// The batch rule, then `mapping_channel` in [0, channels) everywhere.
-    fn value_rules(&self, plan: &Plan) -> Vec<ValueRule> {
+    fn value_rules(&self, plan: &Dims) -> Vec<ValueRule> {
         let (lo, hi) = Check::half_open(0, self.channels);
         vec![batch_rule(1, plan.batches), ValueRule::whole(2, Check::int_range(lo, hi))]
     }
 
-    fn describe(&self, inputs: &Inputs<'_>, plan: &Plan, broken: &Broken) -> Error {
+    fn describe(&self, inputs: &Inputs<'_>, plan: &Dims, broken: &Broken) -> Error {
         match (&broken.values, broken.rule) {
             (RowValues::F32(roi), 0) => batch_error(inputs, 1, broken.row, roi, plan.batches),
             (RowValues::I32(v), _) => inputs.error(
@@ -309,7 +308,7 @@ impl Rules for PsRoiPoolBackward {
 impl crate::ops::operator::Operator for PsRoiPoolBackward {
     const NAME: &'static str = "PsRoiPoolBackward";
     const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool_backward.json");
-    type Plan = Plan;
+    type Plan = Dims;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         Self::new(
@@ -320,15 +319,15 @@ impl crate::ops::operator::Operator for PsRoiPoolBackward {
         )
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let plan = self.shape_rules(inputs)?;
         check_values(self, inputs, &plan)?;
-        Ok((vec![self.output_spec(&plan)], plan))
+        Ok((self.output_specs(&plan), plan))
     }
 
     fn execute(
         &self,
-        plan: Plan,
+        plan: Dims,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
@@ -337,7 +336,7 @@ impl crate::ops::operator::Operator for PsRoiPoolBackward {
         let rois = inputs.get::<f32>(1)?.data;
         let mapping = inputs.get::<i32>(2)?.data;
         let out = outputs.take::<f32>(0)?;
-        let Plan { rois: r_count, batches, height, width } = plan;
+        let Dims { rois: r_count, batches, height, width } = plan;
         let (p, od, channels) = (self.pooled, self.output_dim, self.channels);
         let bin_len = p * p * od;
         let row_len = width * channels;

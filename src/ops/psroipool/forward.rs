@@ -12,7 +12,7 @@
 //! scratch copy. The sums and their order are the same either way, so is the result.
 //! On the card: MLU-OPS only (mluops.rs).
 
-use super::Plan;
+use super::Dims;
 use super::backward::{PsRoiPoolBackward, Span, batch_error, batch_rule};
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
@@ -70,19 +70,10 @@ impl PsRoiPool {
     }
 }
 
-impl PsRoiPool {
-    /// output and mapping_channel, both [R, ph, pw, output_dim].
-    pub(super) fn output_specs(&self, plan: &Plan) -> [OutputSpec; 2] {
-        let d = &self.0;
-        let shape = [plan.rois, d.pooled, d.pooled, d.output_dim];
-        [OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)]
-    }
-}
-
 impl Rules for PsRoiPool {
-    type Dims = Plan;
+    type Dims = Self::Plan;
 
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Plan> {
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let d = &self.0;
         let input = inputs.shaped::<f32>(
             0,
@@ -108,14 +99,21 @@ impl Rules for PsRoiPool {
                 format!("[R, ph, pw, output_dim] with R = {r} is too large"),
             ));
         }
-        Ok(Plan { rois: r, batches, height, width })
+        Ok(Dims { rois: r, batches, height, width })
     }
 
-    fn value_rules(&self, plan: &Plan) -> Vec<ValueRule> {
+    /// output and mapping_channel, both [R, ph, pw, output_dim].
+    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+        let d = &self.0;
+        let shape = [plan.rois, d.pooled, d.pooled, d.output_dim];
+        vec![OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)]
+    }
+
+    fn value_rules(&self, plan: &Dims) -> Vec<ValueRule> {
         vec![batch_rule(1, plan.batches)]
     }
 
-    fn describe(&self, inputs: &Inputs<'_>, plan: &Plan, broken: &Broken) -> Error {
+    fn describe(&self, inputs: &Inputs<'_>, plan: &Dims, broken: &Broken) -> Error {
         match &broken.values {
             RowValues::F32(roi) => batch_error(inputs, 1, broken.row, roi, plan.batches),
             values => {
@@ -128,21 +126,21 @@ impl Rules for PsRoiPool {
 impl Operator for PsRoiPool {
     const NAME: &'static str = "PsRoiPool";
     const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool.json");
-    type Plan = Plan;
+    type Plan = Dims;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         <PsRoiPoolBackward as Operator>::from_attributes(attrs).map(PsRoiPool)
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let plan = self.shape_rules(inputs)?;
         check_values(self, inputs, &plan)?;
-        Ok((self.output_specs(&plan).to_vec(), plan))
+        Ok((self.output_specs(&plan), plan))
     }
 
     fn execute(
         &self,
-        plan: Plan,
+        plan: Dims,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
@@ -152,7 +150,7 @@ impl Operator for PsRoiPool {
         let rois = inputs.get::<f32>(1)?.data;
         let out = outputs.take::<f32>(0)?;
         let mapping = outputs.take::<i32>(1)?;
-        let Plan { rois: r_count, height, width, .. } = plan;
+        let Dims { rois: r_count, height, width, .. } = plan;
         let (p, od, channels) = (d.pooled, d.output_dim, d.channels);
         let per_roi = p * p * od;
         if out.len() != r_count * per_roi || mapping.len() != out.len() || rois.len() != r_count * 5

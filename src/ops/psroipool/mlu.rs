@@ -6,11 +6,12 @@
 //! case (b) otherwise, one bin in chunks of `deal` elements. The host computes every bin's
 //! batch and pixel spans (`bin_spans`): the kernel does no float geometry.
 
-use super::Plan;
+use super::Dims;
 use super::backward::{PsRoiPoolBackward, Span};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::rules::Rules;
 use crate::scratch;
 use std::ffi::c_void;
 
@@ -50,7 +51,7 @@ impl PsRoiPoolBackward {
     /// Every bin's (batch, hstart, hend, wstart, wend) from the contract's float32 geometry
     /// (the CPU kernel's `roi_spans`), batch -1 for a roi that contributes nothing. So the
     /// card's division and rounding never decide a bin edge (docs/CONTRACT.md §6.5).
-    fn bin_spans(&self, rois: &[f32], plan: &Plan) -> Result<Vec<i32>> {
+    fn bin_spans(&self, rois: &[f32], plan: &Dims) -> Result<Vec<i32>> {
         let p = self.pooled;
         let mut spans = scratch::filled(plan.rois * p * p * SPAN_INTS, 0i32, "the bins' spans")?;
         let mut rows = scratch::filled(p, Span::default(), "a roi's row spans")?;
@@ -98,8 +99,8 @@ impl MluOperator for PsRoiPoolBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "psroipool"];
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &Plan) -> Result<Launch> {
-        let out_len = self.output_spec(plan).numel();
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
+        let out_len = self.output_specs(plan)[0].numel();
         let top = plan.rois * self.pooled * self.pooled * self.output_dim;
         let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
         if out_len > i32::MAX as usize || top > i32::MAX as usize || spans > i32::MAX as usize {
@@ -124,13 +125,13 @@ impl MluOperator for PsRoiPoolBackward {
 
     fn mlu_compute(
         &self,
-        plan: &Plan,
+        plan: &Dims,
         l: &Launch,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = self.output_spec(plan);
-        let out = outputs.allocate(0, &spec)?;
+        let spec = &self.output_specs(plan)[0];
+        let out = outputs.allocate(0, spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
         unsafe { card.device.zero_raw(out, spec.bytes())? };
         let bins = plan.rois * self.pooled * self.pooled;
@@ -196,7 +197,7 @@ mod tests {
     #[test]
     fn spans_are_batch_then_row_then_column_per_bin() {
         let op = PsRoiPoolBackward::new(2, 2, 1.0, 1).expect("valid attributes");
-        let plan = Plan { rois: 2, batches: 2, height: 5, width: 8 };
+        let plan = Dims { rois: 2, batches: 2, height: 5, width: 8 };
         // Roi 0: batch 1.7 -> 1, x 0..3 (4 wide: bins of 2), y 0..5 (6 high: bins of 3,
         // the second clamped to height 5). Roi 1: a NaN coordinate.
         let rois = [1.7, 0.0, 0.0, 3.0, 5.0, 0.0, f32::NAN, 0.0, 1.0, 1.0];

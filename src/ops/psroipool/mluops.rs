@@ -14,11 +14,12 @@
 
 use super::backward::PsRoiPoolBackward;
 use super::forward::PsRoiPool;
-use super::{MIN_ROI_EXTENT, Plan};
+use super::{Dims, MIN_ROI_EXTENT};
 use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::rules::Rules;
 use crate::scratch;
 use std::ffi::c_void;
 
@@ -205,19 +206,19 @@ impl MluOpsOperator for PsRoiPoolBackward {
         self.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Plan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
         byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
     }
 
     fn mluops_compute(
         &self,
-        plan: &Plan,
+        plan: &Dims,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = self.output_spec(plan);
-        let out = outputs.allocate(0, &spec)?;
+        let spec = &self.output_specs(plan)[0];
+        let out = outputs.allocate(0, spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
         unsafe { card.device.zero_raw(out, spec.bytes())? };
         // R = 0 is BAD_PARAM there and the contract's all-zero output here.
@@ -271,7 +272,7 @@ impl MluOpsOperator for PsRoiPool {
         self.0.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Plan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
         if plan.rois > 0 && plan.batches * plan.height * plan.width == 0 {
             // psroipool.cpp:132-135 at v1.4.0: success with nothing written, where the
             // contract fills mapping_channel.
@@ -282,7 +283,7 @@ impl MluOpsOperator for PsRoiPool {
 
     fn mluops_compute(
         &self,
-        plan: &Plan,
+        plan: &Dims,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
@@ -298,9 +299,10 @@ impl MluOpsOperator for PsRoiPool {
                 self.0.pooled
             )));
         }
-        let [spec, map_spec] = self.output_specs(plan);
-        let out = outputs.allocate(0, &spec)?;
-        let mapping = outputs.allocate(1, &map_spec)?;
+        let specs = self.output_specs(plan);
+        let (spec, map_spec) = (&specs[0], &specs[1]);
+        let out = outputs.allocate(0, spec)?;
+        let mapping = outputs.allocate(1, map_spec)?;
         // R = 0 (or output_dim 0) is BAD_PARAM there and empty outputs here.
         if spec.numel() == 0 {
             return Ok(());

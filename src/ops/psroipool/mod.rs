@@ -18,7 +18,7 @@ const MIN_ROI_EXTENT: f32 = 0.1;
 /// Sizes validated by the shape rules, the same for both operators: `rois` rois over
 /// `batches` maps of `height` x `width`.
 #[derive(Debug, Clone, Copy)]
-pub struct Plan {
+pub struct Dims {
     rois: usize,
     batches: usize,
     height: usize,

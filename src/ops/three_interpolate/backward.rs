@@ -102,7 +102,7 @@ impl Operator for ThreeInterpolateBackward {
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let d = self.shape_rules(inputs)?;
         check_values(self, inputs, &d)?;
-        Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])], d))
+        Ok((self.output_specs(&d), d))
     }
 
     fn execute(
@@ -127,10 +127,15 @@ impl Operator for ThreeInterpolateBackward {
 }
 
 impl Rules for ThreeInterpolateBackward {
-    type Dims = Dims;
+    type Dims = Self::Plan;
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         self.dims(inputs)
+    }
+
+    /// grad_features [B, C, m].
+    fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(d.dtype, [d.b, d.c, d.m])]
     }
 
     fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {

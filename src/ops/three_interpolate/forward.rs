@@ -95,7 +95,7 @@ impl Operator for ThreeInterpolate {
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let d = self.shape_rules(inputs)?;
         check_values(self, inputs, &d)?;
-        Ok((vec![OutputSpec::new(d.dtype, [d.b, d.c, d.n])], d))
+        Ok((self.output_specs(&d), d))
     }
 
     fn execute(
@@ -119,10 +119,15 @@ impl Operator for ThreeInterpolate {
 }
 
 impl Rules for ThreeInterpolate {
-    type Dims = Dims;
+    type Dims = Self::Plan;
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         Self::dims(inputs)
+    }
+
+    /// output [B, C, N].
+    fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(d.dtype, [d.b, d.c, d.n])]
     }
 
     fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {

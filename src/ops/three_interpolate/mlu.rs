@@ -9,7 +9,8 @@ use super::backward::ThreeInterpolateBackward;
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
-use crate::tensor::{DType, OutputSpec};
+use crate::ops::rules::Rules;
+use crate::tensor::DType;
 use std::ffi::c_void;
 
 /// Largest channel tile (floats; a multiple of 32 keeps rows whole 128-byte vectors).
@@ -110,7 +111,7 @@ impl MluOperator for ThreeInterpolateBackward {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.m]))?;
+        let out = outputs.allocate(0, &self.output_specs(d)[0])?;
         if d.b * d.c * d.m == 0 {
             return Ok(());
         }

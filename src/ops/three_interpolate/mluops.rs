@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{self, Functions, Layout, Library, Status, TensorDescPtr};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
-use crate::tensor::{DType, OutputSpec};
+use crate::ops::rules::Rules;
+use crate::tensor::DType;
 use std::ffi::c_void;
 
 /// The library's rules shared by both directions: float32, and every tensor below 2^31
@@ -111,7 +112,7 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.m]))?;
+        let out = outputs.allocate(0, &self.output_specs(d)[0])?;
         if d.b * d.c * d.m == 0 {
             return Ok(());
         }
@@ -159,7 +160,7 @@ impl MluOpsOperator for ThreeInterpolate {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let out = outputs.allocate(0, &OutputSpec::new(d.dtype, [d.b, d.c, d.n]))?;
+        let out = outputs.allocate(0, &self.output_specs(d)[0])?;
         // An empty output is BAD_PARAM there and nothing to write here; M = 0 with N > 0 is
         // a broken value rule, reported before this runs.
         if d.b * d.c * d.n == 0 {

@@ -67,7 +67,7 @@ pub struct VoxelPoolingForward {
 
 /// Sizes validated by `plan`.
 #[derive(Debug, Clone, Copy)]
-pub struct VoxelPlan {
+pub struct Dims {
     pub(super) batches: usize,
     pub(super) points: usize,
     pub(super) channels: usize,
@@ -102,9 +102,9 @@ impl VoxelPoolingForward {
 
 /// No value rules: a point outside the grid is skipped, never an error.
 impl Rules for VoxelPoolingForward {
-    type Dims = VoxelPlan;
+    type Dims = Self::Plan;
 
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<VoxelPlan> {
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let geom = inputs.shaped::<i32>(0, &[None, None, Some(3)], "[B, N, 3]")?;
         let (batches, points) = (geom[0], geom[1]);
         let feats = inputs.shaped::<f32>(
@@ -138,12 +138,11 @@ impl Rules for VoxelPoolingForward {
                 batches,
             )?;
         }
-        Ok(VoxelPlan { batches, points, channels })
+        Ok(Dims { batches, points, channels })
     }
-}
 
-impl VoxelPoolingForward {
-    pub(super) fn output_specs(&self, plan: &VoxelPlan) -> Vec<OutputSpec> {
+    /// output_features [B, ny, nx, C] and pos_memo [B, N, 3].
+    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
         vec![
             OutputSpec::new(DType::F32, [plan.batches, self.ny, self.nx, plan.channels]),
             OutputSpec::new(DType::I32, [plan.batches, plan.points, 3]),
@@ -155,24 +154,20 @@ impl crate::ops::operator::Operator for VoxelPoolingForward {
     const NAME: &'static str = "VoxelPoolingForward";
     const SCHEMA: &'static str =
         include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
-    type Plan = VoxelPlan;
+    type Plan = Dims;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         Self::new(attrs.ints_n::<3>("voxel_num")?)
     }
 
-    fn plan(
-        &self,
-        inputs: &Inputs<'_>,
-        _par: &dyn Parallel,
-    ) -> Result<(Vec<OutputSpec>, VoxelPlan)> {
+    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
         let plan = self.shape_rules(inputs)?;
         Ok((self.output_specs(&plan), plan))
     }
 
     fn execute(
         &self,
-        plan: VoxelPlan,
+        plan: Dims,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
@@ -181,7 +176,7 @@ impl crate::ops::operator::Operator for VoxelPoolingForward {
         let feats = inputs.get::<f32>(1)?.data;
         let out = outputs.take::<f32>(0)?;
         let pos_memo = outputs.take::<i32>(1)?;
-        let VoxelPlan { batches, points, channels } = plan;
+        let Dims { batches, points, channels } = plan;
         if geom.len() != batches * points * 3
             || feats.len() != batches * points * channels
             || out.len() != batches * self.cells * channels

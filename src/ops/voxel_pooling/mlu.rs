@@ -4,10 +4,11 @@
 //! per core: 13 int32 per point of the tile (geom 3, x/y/z 3, mask, tmp, batch, pos 3,
 //! cell offset) plus one feature chunk of `tile_channels` floats.
 
-use super::forward::{VoxelPlan, VoxelPoolingForward};
+use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::rules::Rules;
 
 /// Largest feature chunk moved per __memcpy / atomic add.
 const MAX_TILE_CHANNELS: usize = 8192;
@@ -23,7 +24,7 @@ pub struct Policy {
 }
 
 impl Policy {
-    pub fn new(info: &mlu::DeviceInfo, plan: &VoxelPlan) -> Self {
+    pub fn new(info: &mlu::DeviceInfo, plan: &Dims) -> Self {
         let tile_channels = plan.channels.clamp(1, MAX_TILE_CHANNELS);
         let free = NRAM_BUDGET - (tile_channels * 4).next_multiple_of(64) - TILES * 64;
         // Multiples of 32 points keep every int32 vector a whole number of 128-byte units.
@@ -67,7 +68,7 @@ impl MluOperator for VoxelPoolingForward {
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &VoxelPlan) -> Result<Launch> {
+    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
@@ -96,7 +97,7 @@ impl MluOperator for VoxelPoolingForward {
 
     fn mlu_compute(
         &self,
-        plan: &VoxelPlan,
+        plan: &Dims,
         l: &Launch,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,

@@ -1,10 +1,11 @@
 //! VoxelPoolingForward on Cambricon's MLU-OPS library (`mluOpVoxelPoolingForward`).
 
-use super::forward::{VoxelPlan, VoxelPoolingForward};
+use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::rules::Rules;
 
 impl VoxelPoolingForward {
     /// The output [B, ny, nx, C] must stay below 2^31 elements, as every MLU-OPS tensor.
@@ -40,7 +41,7 @@ impl MluOpsOperator for VoxelPoolingForward {
         }
     }
 
-    fn mluops_fits(&self, plan: &VoxelPlan) -> Result<()> {
+    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
         // Every integer argument must be > 0: the library has no zero-element path.
         if plan.batches == 0 || plan.points == 0 || plan.channels == 0 {
             return Err(Error::declined(format!(
@@ -53,7 +54,7 @@ impl MluOpsOperator for VoxelPoolingForward {
 
     fn mluops_compute(
         &self,
-        plan: &VoxelPlan,
+        plan: &Dims,
         lib: &Library,
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,

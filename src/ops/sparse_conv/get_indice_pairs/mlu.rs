@@ -12,9 +12,10 @@ use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::rules::Rules;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
-use crate::tensor::{DType, Data, Inputs, OutputSpec, TensorRef};
+use crate::tensor::{Data, Inputs, TensorRef};
 use std::ffi::c_void;
 
 /// Tiles carved by the widest kernel (each rounded up to 64 bytes).
@@ -176,10 +177,11 @@ impl MluOperator for GetIndicePairs {
         let device = card.device;
         // Non-negative: narrowed from a word count.
         let words = nwords as usize;
-        let pairs = outputs.allocate(0, &OutputSpec::new(DType::I32, [k, 2, l]))?;
-        let num = outputs.allocate(2, &OutputSpec::new(DType::I32, [k]))?;
+        let specs = self.output_specs(d);
+        let pairs = outputs.allocate(0, &specs[0])?;
+        let num = outputs.allocate(2, &specs[2])?;
         if l == 0 {
-            outputs.allocate(1, &OutputSpec::new(DType::I32, [0, 4]))?;
+            outputs.allocate(1, &specs[1])?;
             // SAFETY: `num` was just allocated for K int32.
             return unsafe { device.zero_raw(num, k * 4) };
         }
@@ -268,7 +270,7 @@ impl MluOperator for GetIndicePairs {
         if self.sub_m && num_out != l {
             return Err(self.duplicate_sites(card, l, num_out));
         }
-        let out = outputs.allocate(1, &OutputSpec::new(DType::I32, [num_out, 4]))?;
+        let out = outputs.allocate(1, &Self::out_indices_spec(num_out))?;
         if self.sub_m {
             // SAFETY: `out` holds L*4 int32 (num_out == L), the input as many.
             unsafe { device.copy_raw(out, indices.cast(), l * 16, Direction::DeviceToDevice)? };

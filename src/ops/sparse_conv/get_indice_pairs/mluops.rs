@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library, SparseConvParams};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
-use crate::tensor::{self, OutputSpec};
+use crate::ops::rules::Rules;
 
 /// The library's scale limits (get_indice_pairs_structs.h at v1.4.0; docs/MLUOPS_BINDING.md).
 const MAX_K: usize = 4096;
@@ -134,10 +134,11 @@ impl MluOpsOperator for GetIndicePairs {
     ) -> Result<()> {
         let (l, k) = (d.l, d.k);
         let device = card.device;
-        let pairs = outputs.allocate(0, &OutputSpec::new(tensor::DType::I32, [k, 2, l]))?;
-        let num = outputs.allocate(2, &OutputSpec::new(tensor::DType::I32, [k]))?;
+        let specs = self.output_specs(d);
+        let pairs = outputs.allocate(0, &specs[0])?;
+        let num = outputs.allocate(2, &specs[2])?;
         if l == 0 {
-            outputs.allocate(1, &OutputSpec::new(tensor::DType::I32, [0, 4]))?;
+            outputs.allocate(1, &specs[1])?;
             // SAFETY: `num` was just allocated for K int32.
             return unsafe { device.zero_raw(num, k * 4) };
         }
@@ -222,7 +223,7 @@ impl MluOpsOperator for GetIndicePairs {
                 )));
             }
         }
-        let out = outputs.allocate(1, &OutputSpec::new(tensor::DType::I32, [num_out, 4]))?;
+        let out = outputs.allocate(1, &Self::out_indices_spec(num_out))?;
         // The queue must hold nothing of the library's before the copy reads its output.
         card.queue.sync()?;
         // SAFETY: `out` holds num_out*4 int32; `out_bound` at least as many (bound >= num_out).

@@ -212,6 +212,13 @@ impl GetIndicePairs {
     }
 }
 
+impl GetIndicePairs {
+    /// out_indices [num_out, 4] for `num_out` output sites.
+    pub(super) fn out_indices_spec(num_out: usize) -> OutputSpec {
+        OutputSpec::new(DType::I32, [num_out, 4])
+    }
+}
+
 /// The sizes GetIndicePairs' shape rules find: L input rows, K kernel offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GipDims {
@@ -238,6 +245,19 @@ impl Rules for GetIndicePairs {
             ));
         }
         Ok(GipDims { l, k })
+    }
+
+    /// indice_pairs [K, 2, L], out_indices and indice_num [K]. The declared exception:
+    /// out_indices has a row per unique output site, a count only the indices' values give
+    /// (found by `plan` on the host, on the card by the kernels or the library). It is
+    /// declared here with none, its shape when L = 0; every path allocates it as
+    /// [`GetIndicePairs::out_indices_spec`] once it has counted the sites.
+    fn output_specs(&self, d: &GipDims) -> Vec<OutputSpec> {
+        vec![
+            OutputSpec::new(DType::I32, [d.k, 2, d.l]),
+            Self::out_indices_spec(0),
+            OutputSpec::new(DType::I32, [d.k]),
+        ]
     }
 
     /// Every row's batch in [0, batch_size) and z, y, x inside `spatial_shape`.
@@ -414,11 +434,8 @@ impl Operator for GetIndicePairs {
             };
             (n, Some(book))
         };
-        let specs = vec![
-            OutputSpec::new(DType::I32, [k, 2, l]),
-            OutputSpec::new(DType::I32, [num_out, 4]),
-            OutputSpec::new(DType::I32, [k]),
-        ];
+        let mut specs = self.output_specs(&GipDims { l, k });
+        specs[1] = Self::out_indices_spec(num_out);
         Ok((specs, Plan { l, k, num_out, book }))
     }
 

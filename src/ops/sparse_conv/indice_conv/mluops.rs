@@ -28,10 +28,10 @@ use crate::error::{Error, Result};
 use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::rules::Rules;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::scratch;
-use crate::tensor::{self, OutputSpec};
 use std::ffi::c_void;
 
 /// indice_pairs' last dimension at most (INDICE_IN_LARGE_TENSOR_NUM, get_indice_pairs_structs.h:36).
@@ -254,21 +254,21 @@ impl MluOpsOperator for IndiceConv {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = OutputSpec::new(tensor::DType::F32, [d.rows, d.cout]);
+        let spec = &self.output_specs(d)[0];
         if spec.numel() == 0 {
-            outputs.allocate(0, &spec)?;
+            outputs.allocate(0, spec)?;
             return Ok(());
         }
         let total: usize = d.counts.iter().sum();
         if d.l == 0 || d.cin == 0 || total == 0 {
             // No pair contributes: the bias (or zeros), without the library.
-            let out = outputs.allocate(0, &spec)?;
+            let out = outputs.allocate(0, spec)?;
             // SAFETY: `out` was just allocated for the spec's bytes.
             unsafe { card.device.zero_raw(out, spec.bytes())? };
             return self.epilogue(d, card, out);
         }
         self.distinct_destinations(d, card, outputs)?;
-        let out = outputs.allocate(0, &spec)?;
+        let out = outputs.allocate(0, spec)?;
         let counts =
             scratch::collect(d.counts.iter().map(|&n| n as i64), "indice_num for MLU-OPS")?;
         let features = lib.tensor(Layout::Array, DType::Float, &[d.l, d.cin])?;

@@ -230,6 +230,11 @@ impl Rules for IndiceConv {
         Ok(ConvDims { l, cin, k: k_count, cout, p, rows, counts, bias, epilogue })
     }
 
+    /// output [num_out, Cout].
+    fn output_specs(&self, d: &ConvDims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [d.rows, d.cout])]
+    }
+
     /// For each offset k with pairs, in order: its sources in [0, L), then its destinations
     /// in [0, num_out), over its first indice_num[k] slots.
     fn value_rules(&self, d: &ConvDims) -> Vec<ValueRule> {
@@ -278,7 +283,7 @@ impl Rules for IndiceConv {
 impl Operator for IndiceConv {
     const NAME: &'static str = "IndiceConv";
     const SCHEMA: &'static str = include_str!("../../../../schemas/sparse_conv/indice_conv.json");
-    type Plan = ConvPlan;
+    type Plan = Plan;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         let inverse = match attrs.int("inverse")? {
@@ -299,7 +304,7 @@ impl Operator for IndiceConv {
         Ok(IndiceConv { inverse, activation })
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, ConvPlan)> {
+    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
         let dims = self.shape_rules(inputs)?;
         let ConvDims { l, k: k_count, cout, p, rows, ref counts, .. } = dims;
         let pairs = inputs.get::<i32>(PAIRS)?;
@@ -311,10 +316,9 @@ impl Operator for IndiceConv {
 
         match in_place(pairs.data, counts, p, slots, [l, rows], shift, par)? {
             InPlace::Found(reads, starts) => {
-                let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
                 return Ok((
-                    specs,
-                    ConvPlan { dims, shift, book: Book::InPlace { reads, starts } },
+                    self.output_specs(&dims),
+                    Plan { dims, shift, book: Book::InPlace { reads, starts } },
                 ));
             }
             InPlace::OutOfRange => {
@@ -408,13 +412,12 @@ impl Operator for IndiceConv {
             return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
         }
         errors.into_result()?;
-        let specs = vec![OutputSpec::new(DType::F32, [rows, cout])];
-        Ok((specs, ConvPlan { dims, shift, book: Book::Grouped(books) }))
+        Ok((self.output_specs(&dims), Plan { dims, shift, book: Book::Grouped(books) }))
     }
 
     fn execute(
         &self,
-        r: ConvPlan,
+        r: Plan,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
@@ -563,7 +566,7 @@ impl Operator for IndiceConv {
                             // A tile holding a destination starts below 2^31.
                             let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
-                                let js = ConvPlan::in_place(starts, tiles, k, t);
+                                let js = Plan::in_place(starts, tiles, k, t);
                                 let (src, dst) = offset_pairs(
                                     pairs,
                                     &r.dims.counts,

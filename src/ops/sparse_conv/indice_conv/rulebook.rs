@@ -32,7 +32,7 @@ pub(super) enum Book {
 
 /// The validated rulebook, by row tile.
 #[derive(Debug)]
-pub struct ConvPlan {
+pub struct Plan {
     /// What the shape rules found.
     pub(super) dims: ConvDims,
     /// log2 of the rows per tile: tile t holds output rows [t << shift, (t + 1) << shift).
@@ -40,7 +40,7 @@ pub struct ConvPlan {
     pub(super) book: Book,
 }
 
-impl ConvPlan {
+impl Plan {
     pub(super) fn tiles(&self) -> usize {
         self.dims.rows.div_ceil(1 << self.shift)
     }
