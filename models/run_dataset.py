@@ -1,5 +1,5 @@
 """Model-level regression over a dataset of frames, in this process or on Ray: this checkout's
-python/onnxruntime_ep_mlu/regression.py (``python -m onnxruntime_ep_mlu.regression`` where
+python/onnxruntime_ep_mlu/regression/ (``python -m onnxruntime_ep_mlu.regression`` where
 the package is installed), with the same arguments. models/run_zoo.py runs the zoo's one
 frame per model; this runs many frames per model, generated from the zoo's or read from a
 folder (<dir>/<model>/<frame>.npz with in.<input> arrays and optional out.<output> goldens).

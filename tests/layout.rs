@@ -1,7 +1,7 @@
 //! The layering rules of docs/LAYOUT.md that a grep can check: only src/ffi/ calls ONNX
 //! Runtime and, under it, only the custom-op host names the operators; the device runtime
 //! (src/mlu/) and the MLU-OPS binding (src/mluops/) know no operator; unit tests over 150
-//! lines live in their own file.
+//! lines live in their own file; and every path docs/LAYOUT.md names exists.
 
 use std::path::{Path, PathBuf};
 
@@ -182,4 +182,160 @@ fn one_error_type_and_one_status_conversion() {
         bare || (l.contains("CreateStatus") && !f.ends_with("ffi/mod.rs"))
     });
     assert!(found.is_empty(), "a second error type or status conversion:\n{}", found.join("\n"));
+}
+
+/// File extensions that make a backticked name in docs/LAYOUT.md a repository file.
+const PATH_EXTENSIONS: &[&str] =
+    &["rs", "py", "md", "json", "toml", "sh", "h", "cpp", "txt", "onnx"];
+
+/// Whether a backticked span of docs/LAYOUT.md names a repository path: no spaces (a command
+/// is checked by its first word), no `::`, and a `/` or a file extension. Build outputs
+/// (`target/...`) are not in a checkout.
+fn layout_path(span: &str) -> Option<&str> {
+    let word = span.split_whitespace().next()?;
+    let looks = !word.contains("::")
+        && !word.starts_with(['-', '.'])
+        && !word.starts_with("target/")
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || "_-./<>{},".contains(c))
+        && (word.contains('/')
+            || word.rsplit_once('.').is_some_and(|(_, ext)| PATH_EXTENSIONS.contains(&ext)));
+    looks.then_some(word)
+}
+
+/// `{a,b}` alternatives expanded (one group per path segment at most).
+fn alternatives(segment: &str) -> Vec<String> {
+    match (segment.find('{'), segment.find('}')) {
+        (Some(open), Some(close)) if open < close => segment[open + 1..close]
+            .split(',')
+            .map(|alt| format!("{}{alt}{}", &segment[..open], &segment[close + 1..]))
+            .collect(),
+        _ => vec![segment.to_owned()],
+    }
+}
+
+/// Whether `name` matches `pattern`, where each `<placeholder>` stands for any non-empty text.
+fn matches(pattern: &str, name: &str) -> bool {
+    let Some(open) = pattern.find('<') else { return pattern == name };
+    let close = pattern[open..].find('>').map_or(pattern.len(), |c| open + c + 1);
+    let (head, rest) = (&pattern[..open], &pattern[close..]);
+    name.strip_prefix(head).is_some_and(|tail| {
+        (1..=tail.len()).any(|n| tail.is_char_boundary(n) && matches(rest, &tail[n..]))
+    })
+}
+
+/// Whether `segments` name an entry under `dir`: a `<placeholder>` segment when any entry
+/// matches, `{a,b}` when every alternative exists (each is a name the layout vouches for); a
+/// trailing `/` asks for a folder.
+fn exists_under(dir: &Path, segments: &[&str], folder: bool) -> bool {
+    let Some((first, rest)) = segments.split_first() else {
+        return !folder || dir.is_dir();
+    };
+    alternatives(first).iter().all(|segment| {
+        let candidates: Vec<PathBuf> = if segment.contains('<') {
+            std::fs::read_dir(dir)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|e| matches(segment, &e.file_name().to_string_lossy()))
+                        .map(|e| e.path())
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            vec![dir.join(segment)]
+        };
+        candidates.iter().any(|c| c.exists() && exists_under(c, rest, folder))
+    })
+}
+
+/// The paths docs/LAYOUT.md names that are not in the checkout. A name is looked up from the
+/// repository root, else from the folders of the paths named before it in the same entry
+/// and their parents (`backward.rs` in the entry of `src/ops/<family>/`).
+fn missing_layout_paths(layout: &str, root: &Path) -> Vec<String> {
+    let mut missing = Vec::new();
+    let mut bases: Vec<String> = Vec::new();
+    for (n, line) in layout.lines().enumerate() {
+        if line.starts_with("- ") || line.starts_with('#') {
+            bases.clear();
+        }
+        for span in line.split('`').skip(1).step_by(2) {
+            let Some(path) = layout_path(span) else { continue };
+            let folder = path.ends_with('/');
+            let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+            let mut dirs = vec![String::new()];
+            for base in &bases {
+                let mut b = base.as_str();
+                while !b.is_empty() {
+                    dirs.push(b.to_owned());
+                    b = b.rsplit_once('/').map_or("", |(parent, _)| parent);
+                }
+            }
+            let found = dirs.iter().find(|d| {
+                let full: Vec<&str> = d
+                    .split('/')
+                    .filter(|s| !s.is_empty())
+                    .chain(segments.iter().copied())
+                    .collect();
+                exists_under(root, &full, folder)
+            });
+            let Some(found) = found else {
+                missing.push(format!("docs/LAYOUT.md:{}: `{path}`", n + 1));
+                continue;
+            };
+            // Later names of the entry may be relative to this one's folder.
+            let dir = if folder {
+                path.trim_end_matches('/')
+            } else {
+                path.rsplit_once('/').map_or("", |(d, _)| d)
+            };
+            if !dir.is_empty() {
+                bases.push(if found.is_empty() {
+                    dir.to_owned()
+                } else {
+                    format!("{found}/{dir}")
+                });
+            }
+        }
+    }
+    missing
+}
+
+#[test]
+fn the_layout_pattern_finds_paths_and_only_paths() {
+    assert_eq!(layout_path("src/ops/<family>/"), Some("src/ops/<family>/"));
+    assert_eq!(layout_path("backward.rs"), Some("backward.rs"));
+    assert_eq!(layout_path("scripts/fuzz.sh --merge"), Some("scripts/fuzz.sh"));
+    for not_a_path in [
+        "ops::ALL",
+        "cargo run --example build_models",
+        "onnxruntime_ep_mlu.torch",
+        "CardNode",
+        ".npz",
+        "target/fuzz/corpus",
+    ] {
+        assert_eq!(layout_path(not_a_path), None, "{not_a_path}");
+    }
+    assert!(matches("<op>.json", "indice_conv.json") && !matches("<op>.json", ".json"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let planted = "- `src/ops/<family>/` — `backward.rs`, `no_such_file.rs`, `get_indice_pairs/{mod,nope}.rs`\n";
+    assert_eq!(
+        missing_layout_paths(planted, root),
+        [
+            "docs/LAYOUT.md:1: `no_such_file.rs`",
+            "docs/LAYOUT.md:1: `get_indice_pairs/{mod,nope}.rs`"
+        ],
+        "names found nowhere, and each alternative, are reported"
+    );
+}
+
+#[test]
+fn every_path_docs_layout_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let layout = std::fs::read_to_string(root.join("docs/LAYOUT.md")).expect("docs/LAYOUT.md");
+    let missing = missing_layout_paths(&layout, root);
+    assert!(
+        missing.is_empty(),
+        "docs/LAYOUT.md names paths that do not exist:\n{}",
+        missing.join("\n")
+    );
 }

@@ -1,0 +1,7 @@
+"""``python -m onnxruntime_ep_mlu.regression``."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())
