@@ -184,11 +184,16 @@ def _fold_once(graph) -> bool:
         # The IndiceConv now writes the folded node's output; its own output name is gone.
         conv.output[0] = node.output[0]
         graph.node.remove(node)
-        info = [v for v in graph.value_info if v.name != y]
-        del graph.value_info[:]
-        graph.value_info.extend(info)
+        _forget_value_info(graph, y)
         return True
     return False
+
+
+def _forget_value_info(graph, name: str) -> None:
+    """Drops the shape record of ``name``, a tensor the fold removed from the graph."""
+    info = [v for v in graph.value_info if v.name != name]
+    del graph.value_info[:]
+    graph.value_info.extend(info)
 
 
 def _has_epilogue(conv) -> bool:
@@ -301,9 +306,7 @@ def _fuse_once(graph, notes: list[str]) -> bool:
         graph.node.remove(conv)
         graph.node.insert(at - 1, conv)
         graph.node.remove(node)
-        info = [v for v in graph.value_info if v.name != y]
-        del graph.value_info[:]
-        graph.value_info.extend(info)
+        _forget_value_info(graph, y)
         return True
     return False
 
