@@ -109,6 +109,10 @@ fi
 source scripts/setup.sh --test
 # The host suite tests the emulated card (its clusters and modes), also on a card host.
 export MLU_EP_TEST_DEVICE=emulated
+# Property tests draw their cases from a fixed seed here, so that a failure replays exactly
+# (`PROPTEST_RNG_SEED=<n> cargo test` explores other cases; proptest keeps what fails in
+# the tests' *.proptest-regressions files, replayed first).
+export PROPTEST_RNG_SEED=1
 stage "format: cargo fmt --check (rustfmt.toml), the crate and the fuzz targets"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml

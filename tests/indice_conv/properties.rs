@@ -64,7 +64,19 @@ proptest! {
         match conv.run(inverse as i64, &Threads(2)) {
             Ok(got) => {
                 prop_assert!(!num_bad && !pair_bad, "accepted an invalid rulebook: {:?}", conv);
-                assert_accumulating(&got, &reference(&conv, inverse), "output");
+                // A few random terms can cancel to almost nothing, and a tensor of a few
+                // such elements has no rms to speak of: each element is judged against the
+                // magnitude of its own terms (the reference on |features|, |filters|,
+                // |bias|), where float32's rounding lives (docs/CONTRACT.md 1.5).
+                let want = reference(&conv, inverse);
+                let terms = reference(&conv.magnitudes(), inverse);
+                for (i, ((&a, &b), &t)) in got.iter().zip(&want).zip(&terms).enumerate() {
+                    let bound = ELEM_REL * (b.abs() + t);
+                    prop_assert!(
+                        (f64::from(a) - b).abs() <= bound,
+                        "output [{}]: got {}, reference {}, its terms' magnitude {}", i, a, b, t
+                    );
+                }
                 let serial = conv.run(inverse as i64, &Serial).expect("runs");
                 prop_assert_eq!(bits(&serial), bits(&got));
             }

@@ -46,6 +46,20 @@ pub fn attrs(inverse: i64) -> HashMap<String, AttrValue> {
 }
 
 /// The rulebook reference: float64, straight from the contract's loop.
+impl Conv {
+    /// The same node on the inputs' magnitudes: its reference is, per output element, the
+    /// sum of the magnitudes of the terms that element adds up.
+    pub fn magnitudes(&self) -> Conv {
+        let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+        Conv {
+            features: abs(&self.features),
+            filters: abs(&self.filters),
+            bias: self.bias.as_deref().map(abs),
+            ..self.clone()
+        }
+    }
+}
+
 pub fn reference(c: &Conv, inverse: bool) -> Vec<f64> {
     let (cin, cout, p) = (c.cin, c.cout, c.p);
     let mut out = vec![0f64; c.num_out * cout];
