@@ -25,17 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from onnxruntime_ep_mlu import placement
 from onnxruntime_ep_mlu import torch as mlu_torch
 
 from .common import Case, Graph, export, mluops_only, numpy_out, tensor
 
 GROUP, CLASSES, BOX = 7, 21, 8
 STRIDE = 16
-#: Why PsRoiPool and PsRoiPoolBackward leave MLU-OPS at run time on these rois: boxes on a
-#: 16-pixel stride put bin edges on integers, where the library's on-card division and
-#: floor/ceil may land one row off (docs/MLUOPS_BINDING.md, "within one ulp of an integer");
-#: PsRoiPool then runs on the CPU (no BANG kernel), the backward on the BANG kernel under auto.
-ULP_EDGES = "rois with a bin edge within one ulp of an integer leave MLU-OPS"
 
 
 class RFCNHead(nn.Module):
@@ -176,16 +172,21 @@ def case(scale: str, seed: int) -> Case:
             (grad,) = torch.autograd.grad(loss, net.rfcn_cls.weight)
         return {"grad_rfcn_cls_weight": numpy_out(grad[:, :, 0, 0])}
 
+    # PsRoiPool and PsRoiPoolBackward leave MLU-OPS at run time on these rois: boxes on a
+    # 16-pixel stride put bin edges on integers, where the library's on-card division and
+    # floor/ceil may land one row off (docs/MLUOPS_BINDING.md, "within one ulp of an integer");
+    # PsRoiPool then runs on the CPU (no BANG kernel), the backward on the BANG kernel under auto.
+    ulp = placement.ULP_EDGES
     return Case(
         "rfcn_head",
         f"{cin} x {height} x {width} map, {count} rois, 7x7 bins, 21 classes",
         [
             Graph("forward", fwd, {"features": x, "rois": rois}, peer_forward, "torchvision ps_roi_pool",
                   note="torchvision gets (x1, y1, x2 + 1, y2 + 1)",
-                  off_card={**mluops_only("PsRoiPool"), "mluops": ULP_EDGES, "auto": ULP_EDGES},
-                  run_time={"mluops": (2, 0, ULP_EDGES), "auto": (2, 0, ULP_EDGES)}),
+                  off_card={**mluops_only("PsRoiPool"), "mluops": ulp, "auto": ulp},
+                  run_time={"mluops": (2, 0, ulp), "auto": (2, 0, ulp)}),
             Graph("gradient", grad_model, {"features": x, "rois": rois, "grad_score": grad_score}, peer_gradient,
-                  "torchvision autograd", off_card={"mluops": ULP_EDGES},
-                  run_time={"mluops": (2, 0, ULP_EDGES), "auto": (1, 1, ULP_EDGES)}),
+                  "torchvision autograd", off_card={"mluops": ulp},
+                  run_time={"mluops": (2, 0, ulp), "auto": (1, 1, ulp)}),
         ],
     )

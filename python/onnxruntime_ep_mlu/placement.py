@@ -44,6 +44,8 @@ _DECLINER = re.compile(r"(?:^|; )(mluops|bang): ")
 #: avoid: a PsRoiPool roi with a bin edge within one ulp of an integer leaves MLU-OPS
 #: (docs/MLUOPS_BINDING.md). Counted apart (``documented_run_time``), never as unexpected.
 DOCUMENTED_RUN_TIME = ("within one ulp of an integer",)
+#: Why a runner expects those declines of PsRoiPool's rois (networks/rfcn.py, models/zoo.json).
+ULP_EDGES = "rois with a bin edge within one ulp of an integer leave MLU-OPS"
 
 
 def emulated_mluops(library: str | os.PathLike | None) -> bool:
