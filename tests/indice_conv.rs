@@ -28,7 +28,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 mod common;
 #[path = "reference/indice_conv.rs"]
 mod reference;
-use common::{ELEM_REL, Rng, assert_accumulating};
+use common::{ELEM_REL, Rng, assert_accumulating, judge_against_terms};
 use reference::{Conv, Epilogue, attrs, index_errors, reference};
 
 // ---------------------------------------------------------------- IndiceConv inputs

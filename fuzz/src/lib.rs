@@ -318,6 +318,17 @@ pub fn judge(got: &[f32], want: &[f64], elem_rel: f64, what: &str) {
     }
 }
 
+/// [`common::judge_against_terms`] (outputs of a few random signed terms per element), as
+/// [`judge`]: panics on a failure and keeps the worst ratio.
+pub fn judge_terms(got: &[f32], want: &[f64], terms: &[f64], elem_rel: f64, what: &str) {
+    match common::judge_against_terms(got, want, terms, elem_rel) {
+        Ok(worst) => {
+            WORST.fetch_max((worst / elem_rel).to_bits(), Ordering::Relaxed);
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
 /// Runs operator `op` on `inputs` on every path: the CPU kernel at one thread and at two
 /// (bit-identical, or the same error; at these sizes most kernels take their one-task path
 /// either way), then, for operators a card backend runs, each backend alone and then `auto`
