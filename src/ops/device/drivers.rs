@@ -1,7 +1,7 @@
 //! The host-tensor drivers of the tests and benches: a node run on a card through the
 //! provider's node runner, with inputs and outputs in host memory.
 
-use super::{Backend, CardBackends, CardNode, DeviceOutputs, MluOperator, Ran, bang};
+use super::{Backend, Bang, CardBackends, CardNode, DeviceOutputs, MluOperator, Ran, path};
 use crate::error::{Error, Result};
 use crate::mlu::{Buffer, Device};
 use crate::ops::operator::Kernel;
@@ -91,7 +91,7 @@ pub fn run_on_device<O: MluOperator + Clone>(
     let backends =
         CardBackends { order: &[Backend::Bang], mluops: Err(Error::declined("not used")) };
     let op = Arc::new(op.clone());
-    let (_, path) = bang(&op, &backends);
+    let path = path::<O, Bang>(&op, &backends);
     let cpu: Arc<dyn Kernel> = op;
     let node = CardNode {
         op: O::NAME,

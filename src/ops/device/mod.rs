@@ -23,14 +23,18 @@
 //! the node's outputs are dropped, after that synchronisation.
 
 mod backends;
+mod bang;
 mod checks;
 mod drivers;
+mod mluops;
 
-pub use backends::{Backend, Bang, CardBackends, CardPath, MluOperator, MluOps, MluOpsOperator};
+pub use backends::{Backend, CardBackends, CardPath, PathOf, path};
+pub use bang::{Bang, MluOperator};
 pub use checks::{
     StaticShapes, bounded, int32_inputs, int32_output, narrow, static_dim, static_numel,
 };
 pub use drivers::{run_node_on_device, run_on_device};
+pub use mluops::{MluOps, MluOpsOperator};
 
 use super::host::OwnedOutputs;
 use super::operator::Kernel;
@@ -206,19 +210,6 @@ pub struct CardNode {
     pub size_inputs: &'static [usize],
 }
 
-/// A path constructor: operator `O` on one backend, given the provider's backends.
-pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> (Backend, Box<dyn CardKernel>);
-
-/// `O` on our BANG kernels.
-pub fn bang<O: MluOperator>(op: &Arc<O>, _: &CardBackends) -> (Backend, Box<dyn CardKernel>) {
-    (Backend::Bang, Box::new(OnCard { op: Arc::clone(op), path: Bang }))
-}
-
-/// `O` on Cambricon's MLU-OPS library.
-pub fn mluops<O: MluOpsOperator>(op: &Arc<O>, b: &CardBackends) -> (Backend, Box<dyn CardKernel>) {
-    (Backend::MluOps, Box::new(OnCard { op: Arc::clone(op), path: MluOps(b.mluops.clone()) }))
-}
-
 /// Builds a node of `O` with the paths of `paths` the provider allows, in its order.
 pub fn card_node<O: Rules>(
     attrs: &Attrs<'_>,
@@ -226,12 +217,13 @@ pub fn card_node<O: Rules>(
     paths: &[PathOf<O>],
 ) -> Result<CardNode> {
     let op = Arc::new(O::from_attributes(attrs)?);
-    let mut all: Vec<(Backend, Box<dyn CardKernel>)> =
-        paths.iter().map(|p| p(&op, backends)).collect();
-    // The provider's order; a backend the operator has no path for is skipped.
-    all.sort_by_key(|(b, _)| backends.order.iter().position(|x| x == b).unwrap_or(usize::MAX));
-    let paths =
-        all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)| k).collect();
+    let mut paths: Vec<Box<dyn CardKernel>> = paths
+        .iter()
+        .map(|p| p(&op, backends))
+        .filter(|k| backends.order.contains(&k.backend()))
+        .collect();
+    // The provider's order; a backend the provider does not use is left out.
+    paths.sort_by_key(|k| backends.order.iter().position(|x| *x == k.backend()));
     let cpu: Arc<dyn Kernel> = op;
     Ok(CardNode { op: O::NAME, schema: O::schema(), cpu, paths, size_inputs: O::SIZE_INPUTS })
 }
