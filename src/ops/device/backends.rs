@@ -4,7 +4,7 @@
 //! backend's path and the trait operators implement for it are its own file (`bang.rs`,
 //! `mluops.rs`).
 
-use super::{Card, CardKernel, DeviceOutputs, OnCard, StaticShapes};
+use super::{Card, DeviceOutputs, NodePath, OpPath, StaticShapes};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::Library;
@@ -125,9 +125,9 @@ pub trait CardPath<O: Rules>: Send + Sync + Sized + 'static {
 }
 
 /// A path constructor: operator `O` on one backend, given the provider's backends.
-pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> Box<dyn CardKernel>;
+pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> Box<dyn NodePath>;
 
 /// `O` on the backend of path `P` (the registry's `card!` lists these).
-pub fn path<O: Rules, P: CardPath<O>>(op: &Arc<O>, backends: &CardBackends) -> Box<dyn CardKernel> {
-    Box::new(OnCard { op: Arc::clone(op), path: P::new(backends) })
+pub fn path<O: Rules, P: CardPath<O>>(op: &Arc<O>, backends: &CardBackends) -> Box<dyn NodePath> {
+    Box::new(OpPath { op: Arc::clone(op), path: P::new(backends) })
 }

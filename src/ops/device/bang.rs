@@ -1,5 +1,5 @@
 //! The BANG backend: our kernels (kernels/), the path [`Bang`] and the trait
-//! [`MluOperator`] an operator with BANG kernels implements (`ops/<family>/mlu.rs`).
+//! [`BangOperator`] an operator with BANG kernels implements (`ops/<family>/mlu.rs`).
 
 use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
 use crate::error::Result;
@@ -7,9 +7,9 @@ use crate::mlu::DeviceInfo;
 use crate::ops::rules::Rules;
 
 /// An operator with BANG kernels (the [`Bang`] path).
-pub trait MluOperator: Rules {
+pub trait BangOperator: Rules {
     /// The kernels' arguments for one node's run-time sizes: every size narrowed to the
-    /// int32 the kernels' ABI takes and the tiling chosen ([`MluOperator::mlu_launch`]), so
+    /// int32 the kernels' ABI takes and the tiling chosen ([`BangOperator::mlu_launch`]), so
     /// that enqueueing meets no size limit.
     type Launch;
 
@@ -45,7 +45,7 @@ pub trait MluOperator: Rules {
 /// Our BANG kernels.
 pub struct Bang;
 
-impl<O: MluOperator> CardPath<O> for Bang {
+impl<O: BangOperator> CardPath<O> for Bang {
     const BACKEND: Backend = Backend::Bang;
     const HOST_GATE: bool = false;
     fn new(_: &CardBackends) -> Self {

@@ -2,7 +2,7 @@
 //! claims runs on one of the card backends ([`Backend`]: Cambricon's MLU-OPS library, our
 //! BANG kernels), tried in the provider's order, else on the host CPU. Each backend is a
 //! [`CardPath`] with a trait operators implement ([`MluOpsOperator`] in
-//! `ops/<family>/mluops.rs`, [`MluOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
+//! `ops/<family>/mluops.rs`, [`BangOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
 //! type-erased ([`CardNode`]) and [`CardNode::run`] is the one node runner, for the provider
 //! and for the tests' driver ([`run_node_on_device`]) alike. The device runtime (`crate::mlu`)
 //! and the MLU-OPS binding (`crate::mluops`) know nothing of this.
@@ -29,7 +29,7 @@ mod drivers;
 mod mluops;
 
 pub use backends::{Backend, CardBackends, CardPath, PathOf, path};
-pub use bang::{Bang, MluOperator};
+pub use bang::{Bang, BangOperator};
 pub use checks::{
     StaticShapes, bounded, int32_inputs, int32_output, narrow, static_dim, static_numel,
 };
@@ -93,7 +93,7 @@ impl Card<'_> {
 }
 
 /// One card path of one node, type-erased: what a [`CardNode`] tries in order.
-pub trait CardKernel: Send + Sync {
+pub trait NodePath: Send + Sync {
     fn backend(&self) -> Backend;
     /// As [`CardPath::supported`].
     fn supported(&self) -> Result<()>;
@@ -116,12 +116,12 @@ pub trait CardKernel: Send + Sync {
 }
 
 /// Operator `O`'s nodes on path `P`.
-pub struct OnCard<O, P> {
+pub struct OpPath<O, P> {
     op: Arc<O>,
     path: P,
 }
 
-impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
+impl<O: Rules, P: CardPath<O>> NodePath for OpPath<O, P> {
     fn backend(&self) -> Backend {
         P::BACKEND
     }
@@ -206,7 +206,7 @@ pub struct CardNode {
     /// `op`'s schema (its inputs' and outputs' names).
     pub schema: &'static Schema,
     pub cpu: Arc<dyn Kernel>,
-    pub paths: Vec<Box<dyn CardKernel>>,
+    pub paths: Vec<Box<dyn NodePath>>,
     pub size_inputs: &'static [usize],
 }
 
@@ -217,7 +217,7 @@ pub fn card_node<O: Rules>(
     paths: &[PathOf<O>],
 ) -> Result<CardNode> {
     let op = Arc::new(O::from_attributes(attrs)?);
-    let mut paths: Vec<Box<dyn CardKernel>> = paths
+    let mut paths: Vec<Box<dyn NodePath>> = paths
         .iter()
         .map(|p| p(&op, backends))
         .filter(|k| backends.order.contains(&k.backend()))
@@ -300,7 +300,7 @@ impl CardNode {
             Err(e) => return (None, Err(e)),
         };
         let mut declined = Vec::new();
-        let usable = |p: &dyn CardKernel| {
+        let usable = |p: &dyn NodePath| {
             device.info.has_families(p.families()).and_then(|()| p.supported()).is_ok()
         };
         for p in self.paths.iter().filter(|p| usable(p.as_ref())) {
