@@ -42,6 +42,7 @@
 //! example's directory. Exits 1 when a session fails, an output misses its golden or the
 //! assignment is not the expected one.
 
+use onnxruntime_ep_mlu::ops::{self, device::Backend};
 use ort::AsPointer;
 use ort::environment::Environment;
 use ort::logging::LogLevel;
@@ -56,15 +57,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 const EP: &str = "MLUExecutionProvider";
-/// The operators with an MLU kernel, and their forward partners (CPU only).
-const MLU_OPS: [&str; 5] = [
-    "DynamicScatterBackward",
-    "ThreeInterpolateBackward",
-    "GetIndicePairs",
-    "VoxelPoolingForward",
-    "PsRoiPoolBackward",
-];
-const CPU_ONLY_OPS: [&str; 4] = ["DynamicScatter", "IndiceConv", "ThreeInterpolate", "PsRoiPool"];
 const DEMO_TOLERANCE: f64 = 3e-3;
 
 type Result<T> = std::result::Result<T, String>;
@@ -613,21 +605,22 @@ fn real_main() -> Result<bool> {
                 }
             }
         }
-        // With every model (no --models): each of the nine operators ran in a session of this
-        // path, and on `mlu` each of the five MLU operators on the MLU EP.
+        // With every model (no --models): each operator of the registry ran in a session of
+        // this path, and on `mlu` each the BANG backend runs (the provider's `auto` without an
+        // MLU-OPS library) on the MLU EP.
         if args.models.is_none() {
-            let missing: Vec<&str> = MLU_OPS
-                .iter()
-                .chain(&CPU_ONLY_OPS)
-                .copied()
-                .filter(|op| !ran.contains(*op))
-                .collect();
+            let missing: Vec<&str> =
+                ops::ALL.iter().map(|e| e.name).filter(|op| !ran.contains(*op)).collect();
             if !missing.is_empty() {
                 println!("FAIL {path}: no session ran {}", missing.join(", "));
                 ok = false;
             }
-            let missing: Vec<&str> =
-                MLU_OPS.iter().copied().filter(|op| !ran_on_mlu.contains(*op)).collect();
+            let missing: Vec<&str> = ops::ALL
+                .iter()
+                .filter(|e| e.card_backends.contains(&Backend::Bang))
+                .map(|e| e.name)
+                .filter(|op| !ran_on_mlu.contains(*op))
+                .collect();
             if path == PathKind::Mlu && !missing.is_empty() {
                 println!("FAIL never ran on {EP}: {}", missing.join(", "));
                 ok = false;

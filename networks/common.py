@@ -16,12 +16,10 @@ from onnxruntime_ep_mlu import placement as placement_report
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import compare as compare_output
 
-#: The op types every card backend of the MLUExecutionProvider runs: the nodes a network must
-#: place on the card (the forward partners run on ONNX Runtime's CPU provider inside the EP
-#: session, except ThreeInterpolate and PsRoiPool on the MLU-OPS backend).
-MLU_OPS = frozenset(
-    {"DynamicScatterBackward", "ThreeInterpolateBackward", "GetIndicePairs", "VoxelPoolingForward", "PsRoiPoolBackward"}
-)
+#: The op types the BANG backend runs (the library's registry): the nodes a network must place
+#: on the card with the provider's defaults (the forward partners run on ONNX Runtime's CPU
+#: provider inside the EP session, except ThreeInterpolate and PsRoiPool on the MLU-OPS backend).
+MLU_OPS = frozenset(row["op"] for row in mlu.operators() if "bang" in row["backends"])
 SCALES = ("ci", "full")
 #: The MLU rows of networks/run.py: the provider's defaults (auto without an MLU-OPS library:
 #: the BANG kernels), then each mlu_backend with the MLU-OPS library.

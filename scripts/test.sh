@@ -163,7 +163,7 @@ stage "session fuzz: 9,000 fixed-seed cases (all nine operators, both paths, thr
 stage "session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
 MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libmluops_emulated.so" \
     "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 4800 \
-    --ops DynamicScatterBackward,ThreeInterpolateBackward,GetIndicePairs,VoxelPoolingForward,PsRoiPoolBackward,IndiceConv,ThreeInterpolate,PsRoiPool
+    --ops-on mluops
 stage "every operator's session on both paths under valgrind (memcheck)"
 scripts/valgrind.sh
 stage "the kernel profile: callgrind's instruction and cache-miss counts of every bench case (scripts/profile.sh)"

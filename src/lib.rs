@@ -129,3 +129,26 @@ pub extern "C" fn MluEpDoctorReport() -> *const c_char {
     });
     report.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
 }
+
+/// The registry (`ops::ALL`) for scripts and tests, so that none lists the operators itself:
+/// a JSON array, in the registry's order, of `{"op": name, "backends": [card backends]}`, for
+/// `onnxruntime_ep_mlu.operators()`. Made once per process; the string lives as long as the
+/// library. Null if making it panicked.
+#[unsafe(no_mangle)]
+pub extern "C" fn MluEpOperators() -> *const c_char {
+    static LIST: std::sync::OnceLock<Option<std::ffi::CString>> = std::sync::OnceLock::new();
+    let list = LIST.get_or_init(|| {
+        std::panic::catch_unwind(|| {
+            let rows: Vec<_> = ops::ALL
+                .iter()
+                .map(|e| {
+                    let backends: Vec<&str> = e.card_backends.iter().map(|b| b.name()).collect();
+                    serde_json::json!({"op": e.name, "backends": backends})
+                })
+                .collect();
+            ffi::cstring(&serde_json::Value::from(rows).to_string())
+        })
+        .ok()
+    });
+    list.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
+}

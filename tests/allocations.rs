@@ -35,6 +35,8 @@ const AUDITED: &[(&str, &str, &str)] = &[
         "let order: Vec<&str> = ep.backends.order.iter().map(|b| b.name()).collect",
         META,
     ),
+    ("src/ep/provider.rs", "serde_json::Value::Object(map.collect())", META),
+    ("src/ops/device/backends.rs", "std::iter::once(\"auto\").chain(Backend::NAMES", META),
     ("src/mluops/mod.rs", ".collect::<Result<_>>()?;", META),
     ("src/ops/sparse_conv/get_indice_pairs/mluops.rs", "let mut counts = vec![0i32; k];", CONST),
     (
@@ -227,12 +229,6 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ),
     ("src/ops/host.rs", ".collect()", META),
     ("src/ops/host.rs", ".collect();", META),
-    ("src/ops/device/mod.rs", "paths.iter().map(|p| p(&op, backends)).collect();", META),
-    (
-        "src/ops/device/mod.rs",
-        "all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)|",
-        META,
-    ),
     (
         "src/ops/device/mod.rs",
         "staged.iter().map(|t| t.as_ref().map(Tensor::view)).collect();",

@@ -5,7 +5,7 @@
 
 use half::f16;
 use onnxruntime_ep_mlu::mlu::Device;
-use onnxruntime_ep_mlu::ops::device::{MluOperator, run_on_device};
+use onnxruntime_ep_mlu::ops::device::{BangOperator, run_on_device};
 use onnxruntime_ep_mlu::ops::{descriptor, run};
 use onnxruntime_ep_mlu::parallel::Threads;
 use onnxruntime_ep_mlu::schema::AttrValue;
@@ -41,7 +41,7 @@ impl Rng {
 }
 
 /// Runs `op` on CPU and on the card under test.
-fn both<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>]) -> (Vec<Tensor>, Vec<Tensor>) {
+fn both<O: BangOperator + Clone>(op: &O, inputs: &[Option<&Tensor>]) -> (Vec<Tensor>, Vec<Tensor>) {
     let cpu = run(op, inputs, &Threads(2)).expect("CPU kernel runs");
     let mlu = run_on_device(&device(), op, inputs).expect("BANG kernels run on the card");
     assert_eq!(cpu.len(), mlu.len());
@@ -688,7 +688,7 @@ mod bad_input {
     use onnxruntime_ep_mlu::ops::three_interpolate::backward::ThreeInterpolateBackward;
     use onnxruntime_ep_mlu::ops::voxel_pooling::forward::VoxelPoolingForward;
 
-    fn same_error<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>], rule: &str) {
+    fn same_error<O: BangOperator + Clone>(op: &O, inputs: &[Option<&Tensor>], rule: &str) {
         let cpu = run(op, inputs, &Threads(2)).expect_err("CPU rejects").to_string();
         let mlu = run_on_device(&device(), op, inputs).expect_err("MLU rejects").to_string();
         assert_eq!(cpu, mlu);
@@ -838,7 +838,7 @@ mod fuzz {
     use proptest::prelude::*;
 
     /// CPU and MLU agree: the same outputs, or the same error.
-    fn agree<O: MluOperator + Clone>(op: &O, inputs: &[Option<&Tensor>], exact: bool) {
+    fn agree<O: BangOperator + Clone>(op: &O, inputs: &[Option<&Tensor>], exact: bool) {
         let cpu = run(op, inputs, &Threads(2));
         let mlu = run_on_device(&device(), op, inputs);
         match (cpu, mlu) {

@@ -35,6 +35,7 @@ __all__ = [
     "library_candidates",
     "models_dir",
     "node_assignment",
+    "operators",
     "register_execution_provider",
     "session_options",
     "zoo",
@@ -302,6 +303,22 @@ def register_execution_provider(library: str | None = None, *, emulate: bool | N
 
 def _has_emulated(devices) -> bool:
     return any(dict(d.device.metadata).get("emulated") == "true" for d in devices)
+
+
+def operators(library: str | None = None) -> list[dict]:
+    """The library's registry, in its order: ``[{"op": op_type, "backends": [...]}]``, the
+    card backends (``mlu_backend`` names) that run each operator, empty for CPU only
+    (``MluEpOperators``; ONNX Runtime is not loaded)."""
+    import ctypes
+    import json
+
+    make = ctypes.CDLL(library or get_library_path()).MluEpOperators
+    make.restype = ctypes.c_char_p
+    make.argtypes = []
+    raw = make()
+    if raw is None:
+        raise RuntimeError("MluEpOperators gave no list (it failed inside the library)")
+    return json.loads(raw.decode())
 
 
 def node_assignment(session) -> dict[str, str]:

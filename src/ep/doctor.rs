@@ -117,7 +117,10 @@ pub fn report(found: &Found) -> String {
             }
         }
         let Ok(order) = order else {
-            line(format!("card {id}: MLU_EP_BACKEND={backend} is not one of auto, mluops, bang"));
+            line(format!(
+                "card {id}: MLU_EP_BACKEND={backend} is not one of {}",
+                Backend::values()
+            ));
             continue;
         };
         let mluops = if order.contains(&Backend::MluOps) {

@@ -328,7 +328,7 @@ fn backends(options: *const OrtSessionOptions, card: &Device) -> Result<CardBack
     }
     let explicit = option("mluops_library")?.or_else(|| env("MLU_EP_MLUOPS_LIBRARY"));
     let mluops = mluops::open(explicit.as_deref(), card);
-    if let (Err(why), false) = (&mluops, order.contains(&Backend::Bang)) {
+    if let (Err(why), true) = (&mluops, order.iter().all(|b| *b == Backend::MluOps)) {
         return Err(Error::attribute(
             format!("{EP_NAME} {from}"),
             format!("{value} asks for MLU-OPS, which is not usable: {why}"),

@@ -25,44 +25,52 @@ use std::sync::{Arc, Mutex};
 /// to the traffic report when the session ends.
 #[derive(Default, Debug)]
 pub struct Counts {
-    claimed: [AtomicUsize; 2],
-    runs: [AtomicUsize; 2],
+    claimed: PerBackend,
+    runs: PerBackend,
     /// Run-time declines by a backend whose node then ran on a later one.
-    passed_over: [AtomicUsize; 2],
+    passed_over: PerBackend,
     fallbacks: AtomicUsize,
     /// The nodes declined at `GetCapability`: op, node and reason of each.
     declines: Mutex<Vec<serde_json::Value>>,
 }
 
-fn slot(b: Backend) -> usize {
-    match b {
-        Backend::MluOps => 0,
-        Backend::Bang => 1,
-    }
+/// One counter per card backend, in [`Backend::ALL`]'s order.
+type PerBackend = [AtomicUsize; Backend::COUNT];
+
+fn count(counters: &PerBackend, b: Backend) {
+    counters[b.index()].fetch_add(1, Ordering::Relaxed);
+}
+
+/// The counters keyed by the backends' names.
+fn per_backend(counters: &PerBackend) -> serde_json::Value {
+    let map = Backend::ALL
+        .iter()
+        .map(|b| (b.name().to_owned(), json!(counters[b.index()].load(Ordering::Relaxed))));
+    serde_json::Value::Object(map.collect())
 }
 
 impl Counts {
     pub fn ran(&self, ran: &Ran) {
-        let counter = match ran {
+        match ran {
             Ran::Card(b, declined) => {
                 for (d, _) in declined {
-                    self.passed_over[slot(*d)].fetch_add(1, Ordering::Relaxed);
+                    count(&self.passed_over, *d);
                 }
-                &self.runs[slot(*b)]
+                count(&self.runs, *b);
             }
-            Ran::Host(_) => &self.fallbacks,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+            Ran::Host(_) => {
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn json(&self) -> serde_json::Value {
-        let per = |a: &[AtomicUsize; 2]| json!({"mluops": a[0].load(Ordering::Relaxed), "bang": a[1].load(Ordering::Relaxed)});
         let declines = self.declines.lock().unwrap_or_else(|e| e.into_inner());
         json!({
-            "claimed": per(&self.claimed),
+            "claimed": per_backend(&self.claimed),
             "declined": declines.len(),
-            "card_runs": per(&self.runs),
-            "run_time_declines": per(&self.passed_over),
+            "card_runs": per_backend(&self.runs),
+            "run_time_declines": per_backend(&self.passed_over),
             "cpu_fallbacks": self.fallbacks.load(Ordering::Relaxed),
             "declines": *declines,
         })
@@ -260,7 +268,7 @@ fn capability(ep: &Ep, graph: Graph<'_>, info: SupportInfo<'_>) -> Result<()> {
         match choice {
             Ok((backend, passed_over)) => {
                 info.claim(node)?;
-                ep.counts.claimed[slot(backend)].fetch_add(1, Ordering::Relaxed);
+                count(&ep.counts.claimed, backend);
                 let after = if passed_over.is_empty() {
                     String::new()
                 } else {

@@ -6,7 +6,7 @@
 //!   kernels/emulator ([`emulator`]).
 //!
 //! This is the device runtime only: it knows no operator (the operators' side of the card,
-//! `MluOperator`, is `crate::ops::device`); the kernels' launch entries are its ABI table.
+//! `BangOperator`, is `crate::ops::device`); the kernels' launch entries are its ABI table.
 
 pub mod cnrt;
 pub mod emulator;
@@ -42,7 +42,7 @@ pub struct DeviceInfo {
     pub nram_reserved_bytes: u64,
     /// The kernel families this card cannot launch, each with why (cncc failed on it when
     /// the kernel library was built, or the library lacks an entry of it): the card paths
-    /// that need one decline (src/ops/device/, `CardKernel::families`).
+    /// that need one decline (src/ops/device/, `NodePath::families`).
     pub missing_families: Vec<(String, String)>,
 }
 

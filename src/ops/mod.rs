@@ -20,7 +20,7 @@ pub use operator::{Kernel, Operator, check_i32_range, descriptor, run};
 
 use crate::error::Result;
 use crate::schema::{self, Attrs, Schema};
-use device::{CardBackends, CardNode, PathOf, bang, card_node, mluops};
+use device::{Bang, CardBackends, CardNode, CardPath, MluOps, PathOf, card_node, path};
 
 /// Builds a node's card side (its CPU kernel and card paths) for a provider's backends.
 pub type CreateCard = fn(&Attrs<'_>, &CardBackends) -> Result<CardNode>;
@@ -43,21 +43,19 @@ fn create<O: Operator>(attrs: &Attrs<'_>) -> Result<Box<dyn Kernel>> {
     Ok(Box::new(O::from_attributes(attrs)?))
 }
 
-/// An operator and the card backends that run it: each name is a function of `device`
-/// building that backend's path ([`device::mluops`], [`device::bang`]).
+/// An operator and the card backends that run it: each name is a backend's path type
+/// ([`MluOps`], [`Bang`]: [`CardPath`]), which names its backend.
 macro_rules! card {
-    (@backend mluops) => { device::Backend::MluOps };
-    (@backend bang) => { device::Backend::Bang };
     ($t:ty, [$($path:ident),+]) => {
         OpEntry {
             name: <$t>::NAME,
             schema: <$t>::SCHEMA,
             create: create::<$t>,
             create_card: Some(|attrs, backends| {
-                const PATHS: &[PathOf<$t>] = &[$($path::<$t>),+];
+                const PATHS: &[PathOf<$t>] = &[$(path::<$t, $path>),+];
                 card_node::<$t>(attrs, backends, PATHS)
             }),
-            card_backends: &[$(card!(@backend $path)),+],
+            card_backends: &[$(<$path as CardPath<$t>>::BACKEND),+],
         }
     };
 }
@@ -77,15 +75,15 @@ macro_rules! cpu_only {
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
 /// partners the models need (three of them on MLU-OPS: docs/MLUOPS_BINDING.md §4).
 pub const ALL: &[OpEntry] = &[
-    card!(dynamic_scatter::DynamicScatterBackward, [mluops, bang]),
-    card!(three_interpolate::ThreeInterpolateBackward, [mluops, bang]),
-    card!(sparse_conv::GetIndicePairs, [mluops, bang]),
-    card!(voxel_pooling::VoxelPoolingForward, [mluops, bang]),
-    card!(psroipool::PsRoiPoolBackward, [mluops, bang]),
+    card!(dynamic_scatter::DynamicScatterBackward, [MluOps, Bang]),
+    card!(three_interpolate::ThreeInterpolateBackward, [MluOps, Bang]),
+    card!(sparse_conv::GetIndicePairs, [MluOps, Bang]),
+    card!(voxel_pooling::VoxelPoolingForward, [MluOps, Bang]),
+    card!(psroipool::PsRoiPoolBackward, [MluOps, Bang]),
     cpu_only!(dynamic_scatter::DynamicScatter),
-    card!(sparse_conv::IndiceConv, [mluops]),
-    card!(three_interpolate::ThreeInterpolate, [mluops]),
-    card!(psroipool::PsRoiPool, [mluops]),
+    card!(sparse_conv::IndiceConv, [MluOps]),
+    card!(three_interpolate::ThreeInterpolate, [MluOps]),
+    card!(psroipool::PsRoiPool, [MluOps]),
 ];
 
 pub fn entry(name: &str) -> Option<&'static OpEntry> {

@@ -39,7 +39,7 @@ from pathlib import Path
 # The harness's modules sit beside this file, also when it is loaded by path (a test
 # imports it as a module); fuzz_cases puts tests/python and python/ on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_cases import MUTATORS, OPS, PATHS, STARTUP_GRACE, make_case  # noqa: E402
+from fuzz_cases import MUTATORS, OPS, PATHS, STARTUP_GRACE, make_case, operators  # noqa: E402
 from fuzz_checks import binding_note, documented_offcard  # noqa: E402
 from fuzz_worker import Runner, cap_address_space, worker_main  # noqa: E402
 
@@ -309,6 +309,7 @@ def main() -> int:
     p.add_argument("--minutes", type=float, help="run new cases for this long")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--ops-on", metavar="BACKEND", help="the operators card backend BACKEND runs (the library's registry), not --ops")
     p.add_argument("--paths", default="cpu,mlu")
     p.add_argument("--mem-gib", type=float, default=6.0, help="RLIMIT_AS of each worker")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
@@ -322,6 +323,10 @@ def main() -> int:
         worker_main(args)
         return 0
     args.ops = args.ops.split(",")
+    if args.ops_on:
+        args.ops = [row["op"] for row in operators(args.lib) if args.ops_on in row["backends"]]
+        if not args.ops:
+            p.error(f"no operator of the registry runs on card backend {args.ops_on!r}")
     args.paths = args.paths.split(",")
     unknown = [o for o in args.ops if o not in OPS] + [x for x in args.paths if x not in PATHS]
     if unknown:

@@ -16,7 +16,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 
-from conftest import SCHEMAS  # noqa: E402
+from conftest import SCHEMAS, library_path  # noqa: E402
 from reference import (  # noqa: E402
     dsb_inputs,
     dsb_reference,
@@ -36,21 +36,13 @@ from reference_models import (  # noqa: E402
 )
 
 sys.path.insert(0, str(REPO / "python"))
+from onnxruntime_ep_mlu import operators  # noqa: E402
 from onnxruntime_ep_mlu.regression import DEFAULT_FLOAT  # noqa: E402
 
 EP = "MLUExecutionProvider"
-# Fixed order: an op's index seeds its cases, so an op's cases do not depend on --ops.
-OPS = [
-    "DynamicScatterBackward",
-    "ThreeInterpolateBackward",
-    "GetIndicePairs",
-    "VoxelPoolingForward",
-    "PsRoiPoolBackward",
-    "DynamicScatter",
-    "IndiceConv",
-    "ThreeInterpolate",
-    "PsRoiPool",
-]
+# The registry's order (ops::ALL, read from the library): an op's index seeds its cases, so an
+# op's cases do not depend on --ops.
+OPS = [row["op"] for row in operators(str(library_path()))]
 PATHS = ["cpu", "mlu"]
 #: The accumulating class (§1.5) with regression.compare's per-element bound, by result
 #: dtype: float32's is regression's default; a float16 result is rounded to 2^-11 of each

@@ -1,46 +1,79 @@
-//! The card backends ([`Backend`]: their names and the order `mlu_backend` tries them),
-//! what a backend is to an operator ([`CardPath`], with the per-backend traits operators
-//! implement: [`MluOperator`], [`MluOpsOperator`]) and the two paths ([`Bang`], [`MluOps`]).
+//! The card backends as one table ([`backends!`]: each backend's name, its place in the order
+//! `mlu_backend` = `auto` tries them, its counters' slot and its report key), what a backend
+//! is to an operator ([`CardPath`]) and the provider's backends ([`CardBackends`]). Each
+//! backend's path and the trait operators implement for it are its own file (`bang.rs`,
+//! `mluops.rs`).
 
-use super::{Card, DeviceOutputs, StaticShapes};
+use super::{Card, DeviceOutputs, NodePath, OpPath, StaticShapes};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::Library;
 use crate::ops::rules::Rules;
 use std::sync::Arc;
 
-/// The card backends. `auto` tries them in this order: Cambricon's library where it supports
-/// the node (tested by the vendor on cards), then our BANG kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// Cambricon's MLU-OPS library (`crate::mluops`, `ops/<family>/mluops.rs`).
-    MluOps,
-    /// Our BANG kernels (kernels/, `ops/<family>/mlu.rs`).
-    Bang,
+/// Declares [`Backend`] from one row per backend, in the order `auto` tries them: its
+/// variant and its name (the option `mlu_backend`, the log and the reports).
+macro_rules! backends {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
+        /// The card backends (one row each in this file's table).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Backend {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl Backend {
+            /// Every backend, in the order `auto` tries them; a backend's position is its
+            /// counters' slot ([`Backend::index`]).
+            pub const ALL: &'static [Backend] = &[$(Backend::$variant),+];
+            const NAMES: &'static [&'static str] = &[$($name),+];
+        }
+    };
+}
+
+backends! {
+    /// Cambricon's MLU-OPS library where it supports the node (tested by the vendor on cards):
+    /// `crate::mluops`, `ops/<family>/mluops.rs`, the path `device/mluops.rs`.
+    MluOps = "mluops",
+    /// Our BANG kernels: kernels/, `ops/<family>/mlu.rs`, the path `device/bang.rs`.
+    Bang = "bang",
 }
 
 impl Backend {
-    /// The name the option `mlu_backend`, the log and the traffic report use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::MluOps => "mluops",
-            Backend::Bang => "bang",
-        }
+    /// How many backends there are: the length of the per-backend counters.
+    pub const COUNT: usize = Backend::ALL.len();
+
+    /// Its position in [`Backend::ALL`] (the variants are declared in that order).
+    pub fn index(self) -> usize {
+        self as usize
     }
 
-    /// The backends `mlu_backend` = `value` allows, in the order they are tried.
+    /// The name the option `mlu_backend`, the log and the traffic report use.
+    pub fn name(self) -> &'static str {
+        Backend::NAMES[self.index()]
+    }
+
+    /// The values `mlu_backend` takes: `auto`, then each backend's name.
+    pub fn values() -> String {
+        std::iter::once("auto").chain(Backend::NAMES.iter().copied()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The backends `mlu_backend` = `value` allows, in the order they are tried: all of them
+    /// for `auto`, else the one named.
     pub fn order(value: &str) -> Result<&'static [Backend]> {
         match value.trim() {
-            "auto" => Ok(&[Backend::MluOps, Backend::Bang]),
-            "mluops" => Ok(&[Backend::MluOps]),
-            "bang" => Ok(&[Backend::Bang]),
-            other => Err(Error::Argument(format!("'{other}' is not one of auto, mluops, bang"))),
+            "auto" => Ok(Backend::ALL),
+            other => match Backend::NAMES.iter().position(|n| *n == other) {
+                Some(i) => Ok(&Backend::ALL[i..=i]),
+                None => {
+                    Err(Error::Argument(format!("'{other}' is not one of {}", Backend::values())))
+                }
+            },
         }
     }
 }
 
 /// The card backends a provider runs nodes with: their order, and the MLU-OPS library or
-/// why there is none.
+/// why there is none (the one backend with state of its own).
 #[derive(Debug, Clone)]
 pub struct CardBackends {
     pub order: &'static [Backend],
@@ -59,12 +92,14 @@ impl CardBackends {
 
 /// One backend's way of running one operator's nodes (candle's per-backend methods, as a
 /// type per backend): what it supports, its size limits, and the enqueueing of its calls.
-pub trait CardPath<O: Rules>: Send + Sync + 'static {
+pub trait CardPath<O: Rules>: Send + Sync + Sized + 'static {
     const BACKEND: Backend;
     /// True when the backend's calls cannot read the value checks' records (a library's
     /// functions): the driver then waits for the checks, and reports a broken rule, before
     /// anything of the backend is enqueued.
     const HOST_GATE: bool;
+    /// The path with what the provider's backends hold for it (a library, or nothing).
+    fn new(backends: &CardBackends) -> Self;
     /// `Ok` when this configuration (attributes) is supported, else the reason.
     fn supported(&self, op: &O) -> Result<()>;
     /// The kernel families of kernels/ this path launches: a card whose kernel library
@@ -89,131 +124,10 @@ pub trait CardPath<O: Rules>: Send + Sync + 'static {
     ) -> Result<()>;
 }
 
-/// An operator with BANG kernels (the [`Bang`] path).
-pub trait MluOperator: Rules {
-    /// The kernels' arguments for one node's run-time sizes: every size narrowed to the
-    /// int32 the kernels' ABI takes and the tiling chosen ([`MluOperator::mlu_launch`]), so
-    /// that enqueueing meets no size limit.
-    type Launch;
+/// A path constructor: operator `O` on one backend, given the provider's backends.
+pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> Box<dyn NodePath>;
 
-    /// The kernel families its BANG path launches: `check` (the value checks) and its own.
-    const BANG_FAMILIES: &'static [&'static str];
-
-    /// `Ok` when the BANG kernels support this configuration, else the reason.
-    fn mlu_supported(&self) -> Result<()> {
-        Ok(())
-    }
-
-    /// `Ok` unless the static input shapes exceed a size limit of the kernels beyond the
-    /// driver's int32 element check (int32 products, NRAM rows); else the reason.
-    fn mlu_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> Result<()> {
-        Ok(())
-    }
-
-    /// The launch arguments for the run-time sizes, or why the kernels cannot take them
-    /// (the node goes to the next path, nothing launched).
-    fn mlu_launch(&self, info: &DeviceInfo, dims: &Self::Dims) -> Result<Self::Launch>;
-
-    /// Allocates the outputs and enqueues the kernels with `launch`. Kernels that address
-    /// memory with input values take `card.gate()`.
-    fn mlu_compute(
-        &self,
-        dims: &Self::Dims,
-        launch: &Self::Launch,
-        card: &Card<'_>,
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()>;
-}
-
-/// An operator Cambricon's MLU-OPS library runs (the [`MluOps`] path).
-pub trait MluOpsOperator: Rules {
-    /// The kernel families of ours its MLU-OPS path launches around the library's calls:
-    /// the value checks, and whatever its pre-call steps need.
-    const PRE_CALL_FAMILIES: &'static [&'static str] = &["check"];
-    /// `Ok` when MLU-OPS supports this configuration and its documented semantics give the
-    /// contract's answer (docs/MLUOPS_BINDING.md), else the reason.
-    fn mluops_supported(&self) -> Result<()>;
-    /// `Ok` unless the static shapes exceed a documented scale limitation on this card:
-    /// decided when the node is claimed, so that a node the library cannot take is never
-    /// claimed for it and then declined at every run.
-    fn mluops_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> Result<()> {
-        Ok(())
-    }
-    /// `Ok` unless the run-time sizes exceed a documented scale limitation.
-    fn mluops_fits(&self, dims: &Self::Dims) -> Result<()>;
-    /// Allocates the outputs and calls the library on the card's queue, after the value
-    /// checks passed.
-    fn mluops_compute(
-        &self,
-        dims: &Self::Dims,
-        lib: &Library,
-        card: &Card<'_>,
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()>;
-}
-
-/// Our BANG kernels.
-pub struct Bang;
-
-impl<O: MluOperator> CardPath<O> for Bang {
-    const BACKEND: Backend = Backend::Bang;
-    const HOST_GATE: bool = false;
-    fn supported(&self, op: &O) -> Result<()> {
-        op.mlu_supported()
-    }
-    fn families(&self) -> &'static [&'static str] {
-        O::BANG_FAMILIES
-    }
-    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
-        op.mlu_supported_shapes(info, shapes)
-    }
-    type Fit = O::Launch;
-    fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<O::Launch> {
-        op.mlu_launch(info, dims)
-    }
-    fn enqueue(
-        &self,
-        op: &O,
-        dims: &O::Dims,
-        launch: &O::Launch,
-        card: &Card<'_>,
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        op.mlu_compute(dims, launch, card, outputs)
-    }
-}
-
-/// Cambricon's MLU-OPS library, or why the provider has none.
-pub struct MluOps(pub Result<Arc<Library>>);
-
-impl<O: MluOpsOperator> CardPath<O> for MluOps {
-    const BACKEND: Backend = Backend::MluOps;
-    const HOST_GATE: bool = true;
-    fn supported(&self, op: &O) -> Result<()> {
-        self.0.as_ref().map_err(Clone::clone)?;
-        op.mluops_supported()
-    }
-    fn families(&self) -> &'static [&'static str] {
-        O::PRE_CALL_FAMILIES
-    }
-    fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
-        op.mluops_supported_shapes(info, shapes)
-    }
-    type Fit = ();
-    fn fits(&self, op: &O, _: &DeviceInfo, dims: &O::Dims) -> Result<()> {
-        op.mluops_fits(dims)
-    }
-    fn enqueue(
-        &self,
-        op: &O,
-        dims: &O::Dims,
-        _: &(),
-        card: &Card<'_>,
-        outputs: &mut dyn DeviceOutputs,
-    ) -> Result<()> {
-        let lib =
-            self.0.as_ref().map_err(|why| Error::Runtime(format!("no MLU-OPS library: {why}")))?;
-        card.device.bind_thread()?;
-        op.mluops_compute(dims, lib, card, outputs)
-    }
+/// `O` on the backend of path `P` (the registry's `card!` lists these).
+pub fn path<O: Rules, P: CardPath<O>>(op: &Arc<O>, backends: &CardBackends) -> Box<dyn NodePath> {
+    Box::new(OpPath { op: Arc::clone(op), path: P::new(backends) })
 }

@@ -1,7 +1,7 @@
 //! The host-tensor drivers of the tests and benches: a node run on a card through the
 //! provider's node runner, with inputs and outputs in host memory.
 
-use super::{Backend, CardBackends, CardNode, DeviceOutputs, MluOperator, Ran, bang};
+use super::{Backend, Bang, BangOperator, CardBackends, CardNode, DeviceOutputs, Ran, path};
 use crate::error::{Error, Result};
 use crate::mlu::{Buffer, Device};
 use crate::ops::operator::Kernel;
@@ -83,7 +83,7 @@ pub fn run_node_on_device(
 
 /// Runs `op` on our BANG kernels on `device` (the tests' driver): an error unless the node
 /// ran on the card.
-pub fn run_on_device<O: MluOperator + Clone>(
+pub fn run_on_device<O: BangOperator + Clone>(
     device: &Arc<Device>,
     op: &O,
     inputs: &[Option<&Tensor>],
@@ -91,7 +91,7 @@ pub fn run_on_device<O: MluOperator + Clone>(
     let backends =
         CardBackends { order: &[Backend::Bang], mluops: Err(Error::declined("not used")) };
     let op = Arc::new(op.clone());
-    let (_, path) = bang(&op, &backends);
+    let path = path::<O, Bang>(&op, &backends);
     let cpu: Arc<dyn Kernel> = op;
     let node = CardNode {
         op: O::NAME,

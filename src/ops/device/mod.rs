@@ -2,7 +2,7 @@
 //! claims runs on one of the card backends ([`Backend`]: Cambricon's MLU-OPS library, our
 //! BANG kernels), tried in the provider's order, else on the host CPU. Each backend is a
 //! [`CardPath`] with a trait operators implement ([`MluOpsOperator`] in
-//! `ops/<family>/mluops.rs`, [`MluOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
+//! `ops/<family>/mluops.rs`, [`BangOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
 //! type-erased ([`CardNode`]) and [`CardNode::run`] is the one node runner, for the provider
 //! and for the tests' driver ([`run_node_on_device`]) alike. The device runtime (`crate::mlu`)
 //! and the MLU-OPS binding (`crate::mluops`) know nothing of this.
@@ -23,14 +23,18 @@
 //! the node's outputs are dropped, after that synchronisation.
 
 mod backends;
+mod bang;
 mod checks;
 mod drivers;
+mod mluops;
 
-pub use backends::{Backend, Bang, CardBackends, CardPath, MluOperator, MluOps, MluOpsOperator};
+pub use backends::{Backend, CardBackends, CardPath, PathOf, path};
+pub use bang::{Bang, BangOperator};
 pub use checks::{
     StaticShapes, bounded, int32_inputs, int32_output, narrow, static_dim, static_numel,
 };
 pub use drivers::{run_node_on_device, run_on_device};
+pub use mluops::{MluOps, MluOpsOperator};
 
 use super::host::OwnedOutputs;
 use super::operator::Kernel;
@@ -89,7 +93,7 @@ impl Card<'_> {
 }
 
 /// One card path of one node, type-erased: what a [`CardNode`] tries in order.
-pub trait CardKernel: Send + Sync {
+pub trait NodePath: Send + Sync {
     fn backend(&self) -> Backend;
     /// As [`CardPath::supported`].
     fn supported(&self) -> Result<()>;
@@ -112,12 +116,12 @@ pub trait CardKernel: Send + Sync {
 }
 
 /// Operator `O`'s nodes on path `P`.
-pub struct OnCard<O, P> {
+pub struct OpPath<O, P> {
     op: Arc<O>,
     path: P,
 }
 
-impl<O: Rules, P: CardPath<O>> CardKernel for OnCard<O, P> {
+impl<O: Rules, P: CardPath<O>> NodePath for OpPath<O, P> {
     fn backend(&self) -> Backend {
         P::BACKEND
     }
@@ -202,21 +206,8 @@ pub struct CardNode {
     /// `op`'s schema (its inputs' and outputs' names).
     pub schema: &'static Schema,
     pub cpu: Arc<dyn Kernel>,
-    pub paths: Vec<Box<dyn CardKernel>>,
+    pub paths: Vec<Box<dyn NodePath>>,
     pub size_inputs: &'static [usize],
-}
-
-/// A path constructor: operator `O` on one backend, given the provider's backends.
-pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> (Backend, Box<dyn CardKernel>);
-
-/// `O` on our BANG kernels.
-pub fn bang<O: MluOperator>(op: &Arc<O>, _: &CardBackends) -> (Backend, Box<dyn CardKernel>) {
-    (Backend::Bang, Box::new(OnCard { op: Arc::clone(op), path: Bang }))
-}
-
-/// `O` on Cambricon's MLU-OPS library.
-pub fn mluops<O: MluOpsOperator>(op: &Arc<O>, b: &CardBackends) -> (Backend, Box<dyn CardKernel>) {
-    (Backend::MluOps, Box::new(OnCard { op: Arc::clone(op), path: MluOps(b.mluops.clone()) }))
 }
 
 /// Builds a node of `O` with the paths of `paths` the provider allows, in its order.
@@ -226,12 +217,13 @@ pub fn card_node<O: Rules>(
     paths: &[PathOf<O>],
 ) -> Result<CardNode> {
     let op = Arc::new(O::from_attributes(attrs)?);
-    let mut all: Vec<(Backend, Box<dyn CardKernel>)> =
-        paths.iter().map(|p| p(&op, backends)).collect();
-    // The provider's order; a backend the operator has no path for is skipped.
-    all.sort_by_key(|(b, _)| backends.order.iter().position(|x| x == b).unwrap_or(usize::MAX));
-    let paths =
-        all.into_iter().filter(|(b, _)| backends.order.contains(b)).map(|(_, k)| k).collect();
+    let mut paths: Vec<Box<dyn NodePath>> = paths
+        .iter()
+        .map(|p| p(&op, backends))
+        .filter(|k| backends.order.contains(&k.backend()))
+        .collect();
+    // The provider's order; a backend the provider does not use is left out.
+    paths.sort_by_key(|k| backends.order.iter().position(|x| *x == k.backend()));
     let cpu: Arc<dyn Kernel> = op;
     Ok(CardNode { op: O::NAME, schema: O::schema(), cpu, paths, size_inputs: O::SIZE_INPUTS })
 }
@@ -308,7 +300,7 @@ impl CardNode {
             Err(e) => return (None, Err(e)),
         };
         let mut declined = Vec::new();
-        let usable = |p: &dyn CardKernel| {
+        let usable = |p: &dyn NodePath| {
             device.info.has_families(p.families()).and_then(|()| p.supported()).is_ok()
         };
         for p in self.paths.iter().filter(|p| usable(p.as_ref())) {

@@ -11,7 +11,7 @@ use super::Reduce;
 use super::backward::{Dims, DynamicScatterBackward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::rules::Rules;
 
 /// int32 per fill copy (a multiple of 32).
@@ -58,7 +58,7 @@ impl Policy {
     }
 }
 
-impl MluOperator for DynamicScatterBackward {
+impl BangOperator for DynamicScatterBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "dynamic_scatter"];
 

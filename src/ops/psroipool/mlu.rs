@@ -10,7 +10,7 @@ use super::Dims;
 use super::backward::{PsRoiPoolBackward, Span};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::rules::Rules;
 use crate::scratch;
 use std::ffi::c_void;
@@ -95,7 +95,7 @@ pub struct Launch {
     deal: i32,
 }
 
-impl MluOperator for PsRoiPoolBackward {
+impl BangOperator for PsRoiPoolBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "psroipool"];
 

@@ -8,7 +8,7 @@ use super::Dims;
 use super::backward::ThreeInterpolateBackward;
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::rules::Rules;
 use crate::tensor::DType;
 use std::ffi::c_void;
@@ -54,7 +54,7 @@ pub struct Launch {
     sizes: [i32; 7],
 }
 
-impl MluOperator for ThreeInterpolateBackward {
+impl BangOperator for ThreeInterpolateBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "three_interpolate"];
 

@@ -7,7 +7,7 @@
 use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::rules::Rules;
 
 /// Largest feature chunk moved per __memcpy / atomic add.
@@ -42,7 +42,7 @@ pub struct Launch {
     sizes: [i32; 8],
 }
 
-impl MluOperator for VoxelPoolingForward {
+impl BangOperator for VoxelPoolingForward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "voxel_pooling"];
 

@@ -11,7 +11,7 @@
 use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOperator};
+use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::rules::Rules;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
@@ -81,7 +81,7 @@ pub struct Launch {
     tile: i32,
 }
 
-impl MluOperator for GetIndicePairs {
+impl BangOperator for GetIndicePairs {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "sparse_conv"];
 
@@ -361,7 +361,7 @@ impl GetIndicePairs {
 
 #[cfg(test)]
 mod tests {
-    use super::{GetIndicePairs, GipDims, MluOperator};
+    use super::{BangOperator, GetIndicePairs, GipDims};
     use crate::schema::AttrValue;
 
     /// An L whose expand row stride in bytes reaches 2^31 is declined (the node runs on CPU);
