@@ -62,18 +62,6 @@ macro_rules! card {
     };
 }
 
-macro_rules! cpu_only {
-    ($t:ty) => {
-        OpEntry {
-            name: <$t>::NAME,
-            schema: <$t>::SCHEMA,
-            create: create::<$t>,
-            create_card: None,
-            card_backends: &[],
-        }
-    };
-}
-
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
 /// partners the models need (three of them on MLU-OPS: docs/MLUOPS_BINDING.md §4).
 pub const ALL: &[OpEntry] = &[
@@ -82,7 +70,7 @@ pub const ALL: &[OpEntry] = &[
     card!(sparse_conv::GetIndicePairs, [mluops, bang]),
     card!(voxel_pooling::VoxelPoolingForward, [mluops, bang]),
     card!(psroipool::PsRoiPoolBackward, [mluops, bang]),
-    cpu_only!(dynamic_scatter::DynamicScatter),
+    card!(dynamic_scatter::DynamicScatter, [bang]),
     card!(sparse_conv::IndiceConv, [mluops]),
     card!(three_interpolate::ThreeInterpolate, [mluops]),
     card!(psroipool::PsRoiPool, [mluops]),
