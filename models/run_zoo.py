@@ -13,8 +13,9 @@ the ones a model's inputs cause on MLU-OPS that zoo.json states (``mluops_run_ti
 ``mlu_backend``, the fallbacks and declines of one run and whether anything stays on the
 card, with why).
 
-The EP declines the nodes no card backend of it runs (the forward partners DynamicScatter
-and IndiceConv; ThreeInterpolate and PsRoiPool too without an MLU-OPS library;
+The EP declines the nodes no card backend of it runs (the forward partners IndiceConv,
+ThreeInterpolate and PsRoiPool without an MLU-OPS library, DynamicScatter under
+mlu_backend=mluops;
 DynamicScatterBackward mean/sum; GetIndicePairs transpose): they run on ONNX Runtime's CPU provider inside the EP session, and the table
 lists them.
 

@@ -1,7 +1,8 @@
-//! DynamicScatter (CPU only: no card backend runs it, docs/MLUOPS_BINDING.md §4): reduce
-//! type (or its default), shapes (D = 0 is an error) and coordinates (negative ones drop
-//! points, repeats share voxels) and values from the fuzzer's bytes; the CPU kernel at 1
-//! and 2 threads, exactly against the suite's reference (tests/reference/).
+//! DynamicScatter: reduce type (or its default), shapes (D = 0 is an error) and coordinates
+//! (negative ones drop points, repeats share voxels) and values from the fuzzer's bytes; the
+//! CPU kernel at 1 and 2 threads, exactly against the suite's reference (tests/reference/),
+//! and the BANG kernels on the emulated card where claimed (`bang`, `auto`), bit for bit
+//! against the CPU kernel (the harness, `Class::Exact`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

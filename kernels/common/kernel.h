@@ -78,6 +78,23 @@ __mlu_func__ void mluops_share(int32_t total, int32_t task, int32_t tasks, int32
 // The items a loop at `at` takes next: `tile`, or what is left before `end`.
 __mlu_func__ int32_t mluops_chunk(int32_t at, int32_t end, int32_t tile) { return end - at < tile ? end - at : tile; }
 
+// ---- bitmaps of linear indices ---------------------------------------------------------
+// A bitmap of int32 words (bit i of word w: index 32 w + i) ranked by sparse_conv's rank
+// kernel: word_rank[w] = set bits before word w. Shared by GetIndicePairs (output sites)
+// and DynamicScatter (voxels in their coordinate box). Scalar GDRAM loads: the allow-list.
+__mlu_func__ uint32_t mluops_popcount(uint32_t v) {
+  v = v - ((v >> 1) & 0x55555555u);
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return (((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24;
+}
+
+// Rank of an index whose bit is set: its row among the set indices in ascending order.
+__mlu_func__ int32_t mluops_bitmap_rank(const int32_t *bitmap, const int32_t *word_rank, int32_t lin) {
+  const uint32_t word = static_cast<uint32_t>(bitmap[lin >> 5]);
+  const uint32_t below = word & ((1u << (lin & 31)) - 1u);
+  return word_rank[lin >> 5] + static_cast<int32_t>(mluops_popcount(below));
+}
+
 // ---- launch ---------------------------------------------------------------------------
 // Every kernel has a C-ABI launch entry `mluops_<op>[_<step>](queue, dim..., args...)`
 // returning 0 or a runtime error code, declared in its family's <family>/<family>.h (the

@@ -60,18 +60,6 @@ macro_rules! card {
     };
 }
 
-macro_rules! cpu_only {
-    ($t:ty) => {
-        OpEntry {
-            name: <$t>::NAME,
-            schema: <$t>::SCHEMA,
-            create: create::<$t>,
-            create_card: None,
-            card_backends: &[],
-        }
-    };
-}
-
 /// Every operator of the domain: the five of docs/CONTRACT.md (§2-§6) in its order, then the forward
 /// partners the models need (three of them on MLU-OPS: docs/MLUOPS_BINDING.md §4).
 pub const ALL: &[OpEntry] = &[
@@ -80,7 +68,7 @@ pub const ALL: &[OpEntry] = &[
     card!(sparse_conv::GetIndicePairs, [MluOps, Bang]),
     card!(voxel_pooling::VoxelPoolingForward, [MluOps, Bang]),
     card!(psroipool::PsRoiPoolBackward, [MluOps, Bang]),
-    cpu_only!(dynamic_scatter::DynamicScatter),
+    card!(dynamic_scatter::DynamicScatter, [Bang]),
     card!(sparse_conv::IndiceConv, [MluOps]),
     card!(three_interpolate::ThreeInterpolate, [MluOps]),
     card!(psroipool::PsRoiPool, [MluOps]),

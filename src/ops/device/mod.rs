@@ -19,7 +19,7 @@
 //! Queue synchronisation: the driver synchronises once per node after everything is
 //! enqueued (and once before a host-gated path's calls). A path's work only enqueues, except
 //! where the contract makes an output's size depend on data (GetIndicePairs waits once for
-//! its site count). Scratch memory comes from [`DeviceOutputs::workspace`] and lives until
+//! its site count, DynamicScatter twice: its coordinate box, then its voxel count). Scratch memory comes from [`DeviceOutputs::workspace`] and lives until
 //! the node's outputs are dropped, after that synchronisation.
 
 mod backends;
@@ -104,7 +104,9 @@ pub trait NodePath: Send + Sync {
     /// Runs the node on the card: `inputs` are the host's view (shapes, dtypes, the size
     /// inputs' values), `device_inputs` the tensors in card memory. Synchronises `queue`.
     /// An [`Error::Declined`] comes before anything is launched, except where a library's
-    /// known defect is found after its call (the next path then rewrites the outputs).
+    /// known defect is found after its call (the next path then rewrites the outputs) or a
+    /// size the data gives is measured on the card first (DynamicScatter's coordinate box,
+    /// before any output is allocated).
     fn run(
         &self,
         device: &Arc<Device>,

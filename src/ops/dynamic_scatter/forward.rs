@@ -6,13 +6,14 @@
 //! runs in ascending coordinate order and, inside a run, ascending point order. `execute`
 //! then writes the index outputs and reduces each voxel's rows in point order, parallel over
 //! blocks of voxels (each task owns its voxels' output rows), so the result is the same
-//! bits whatever the thread count. No MLU kernel: the EP declines it.
+//! bits whatever the thread count. The BANG path (`mlu.rs`) gives the same bits on the card.
 
 use super::Reduce;
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
 use crate::ops::radix::radix_sort;
+use crate::ops::rules::Rules;
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
 use crate::scratch::{self, FirstError};
@@ -47,6 +48,59 @@ impl Voxels {
     }
 }
 
+/// The sizes DynamicScatter's shape rules find: N points, C channels, D coordinate columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub n: usize,
+    pub c: usize,
+    pub d: usize,
+}
+
+impl Dims {
+    /// The outputs for M voxels: voxel_feats [M, C], voxel_coors [M, D], point2voxel_map
+    /// [N], voxel_points_count [M], voxel_num [1].
+    pub fn specs(&self, m: usize) -> Vec<OutputSpec> {
+        vec![
+            OutputSpec::new(DType::F32, [m, self.c]),
+            OutputSpec::new(DType::I32, [m, self.d]),
+            OutputSpec::new(DType::I32, [self.n]),
+            OutputSpec::new(DType::I32, [m]),
+            OutputSpec::new(DType::I32, [1]),
+        ]
+    }
+}
+
+impl Rules for DynamicScatter {
+    type Dims = Dims;
+
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        let shape = inputs.shaped::<f32>(FEATS, &[None, None], "[N, C]")?;
+        let (n, c) = (shape[0], shape[1]);
+        let d =
+            inputs.shaped::<i32>(COORS, &[Some(n), None], &format!("[N, D] (N = {n} of feats)"))?
+                [1];
+        if d == 0 {
+            return Err(
+                inputs.error(COORS, "must have at least one coordinate column (D >= 1), got D = 0")
+            );
+        }
+        // Point and voxel indices are int32 outputs.
+        crate::ops::operator::check_i32_range(
+            || inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")),
+            n,
+        )?;
+        Ok(Dims { n, c, d })
+    }
+
+    /// The declared exception with GetIndicePairs' out_indices: M, the voxel count, is known
+    /// only from the coordinates' values (found by `plan` on the host, on the card by the
+    /// kernels), so the outputs are declared here with M = 0; every path allocates
+    /// [`Dims::specs`] once it has counted the voxels.
+    fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
+        d.specs(0)
+    }
+}
+
 impl Operator for DynamicScatter {
     const NAME: &'static str = "DynamicScatter";
     const SCHEMA: &'static str =
@@ -60,25 +114,8 @@ impl Operator for DynamicScatter {
     }
 
     fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Voxels)> {
-        let feats = inputs.get_shaped::<f32>(FEATS, &[None, None], "[N, C]")?;
-        let (n, c) = (feats.shape[0], feats.shape[1]);
-        let coors = inputs.get_shaped::<i32>(
-            COORS,
-            &[Some(n), None],
-            &format!("[N, D] (N = {n} of feats)"),
-        )?;
-        let d = coors.shape[1];
-        if d == 0 {
-            return Err(
-                inputs.error(COORS, "must have at least one coordinate column (D >= 1), got D = 0")
-            );
-        }
-        // Point and voxel indices are int32 outputs.
-        crate::ops::operator::check_i32_range(
-            || inputs.error(FEATS, format!("N = {n} points do not fit int32 indices")),
-            n,
-        )?;
-        let coors = coors.data;
+        let Dims { n, c, d } = self.shape_rules(inputs)?;
+        let coors = inputs.get::<i32>(COORS)?.data;
         let row = |i: u32| &coors[i as usize * d..(i as usize + 1) * d];
         let mut order = scratch::collect(
             (0..n as u32).filter(|&i| row(i).iter().all(|&x| x >= 0)),
@@ -124,14 +161,7 @@ impl Operator for DynamicScatter {
         }
         scratch::push(&mut starts, order.len(), "the voxels' first points")?;
         let m = starts.len() - 1;
-        let specs = vec![
-            OutputSpec::new(DType::F32, [m, c]),
-            OutputSpec::new(DType::I32, [m, d]),
-            OutputSpec::new(DType::I32, [n]),
-            OutputSpec::new(DType::I32, [m]),
-            OutputSpec::new(DType::I32, [1]),
-        ];
-        Ok((specs, Voxels { n, c, d, order, starts }))
+        Ok((Dims { n, c, d }.specs(m), Voxels { n, c, d, order, starts }))
     }
 
     fn execute(

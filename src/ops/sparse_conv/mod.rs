@@ -8,7 +8,7 @@ crate::mlu::kernel_abi!("sparse_conv");
 
 /// Entries per tile of the family's streaming BANG kernels (mark, rank, out, pairs; int32,
 /// a multiple of 32).
-const STREAM_TILE: usize = 16 * 1024;
+pub(crate) const STREAM_TILE: usize = 16 * 1024;
 
 pub use get_indice_pairs::GetIndicePairs;
 pub use indice_conv::IndiceConv;
