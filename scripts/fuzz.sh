@@ -15,7 +15,7 @@
 # one way the tracked corpus changes; run it after a long run, before the next run empties
 # the scratch corpus.
 # --self-test builds VoxelPoolingForward's target with one wrong element planted in its CPU
-# kernel (--cfg mlu_ep_planted_fault, src/ops/voxel_pooling/forward.rs), replays the tracked
+# kernel (the feature planted-fault, src/ops/voxel_pooling/forward.rs), replays the tracked
 # corpus in name order, and fails unless a replayed input catches the fault; it prints how
 # many inputs it took.
 set -euo pipefail
@@ -51,14 +51,14 @@ SANCOV="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 -Cllvm-ar
 -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
 planted=()
 if [ "$mode" = self-test ]; then
-    planted=(--cfg mlu_ep_planted_fault)
+    planted=(--features planted-fault)
 fi
 echo "== fuzz: building ${#targets[@]} targets with coverage instrumentation${planted[*]:+ and ${planted[*]}}"
-# --target: build scripts (which compile the C++ emulator) are not instrumented. Cargo keeps
-# the planted build's artifacts apart from the normal ones (RUSTFLAGS are in their hash), so
-# neither rebuilds the other.
-RUSTFLAGS="$SANCOV ${planted[*]}" \
-    cargo build --quiet --release --manifest-path fuzz/Cargo.toml --target "$TRIPLE" \
+# --target: build scripts (which compile the C++ emulator) are not instrumented. The planted
+# build shares the dependencies with the normal one (same RUSTFLAGS); cargo keeps this crate's
+# two builds apart (features are in their hash), so neither rebuilds the other.
+RUSTFLAGS="$SANCOV" \
+    cargo build --quiet --release --manifest-path fuzz/Cargo.toml --target "$TRIPLE" "${planted[@]}" \
     $(printf -- '--bin %s ' "${targets[@]}")
 run() { # target, log, libFuzzer arguments...
     local t="$1" log="$2"

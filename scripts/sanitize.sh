@@ -10,9 +10,11 @@
 #                                 Core::poison_onchip in kernels/emulator/emu_runtime.cc), or
 #                                 undefined behaviour fails the run.
 # Only the C++ (kernels/, compiled by build.rs through the cc crate, which honours CXXFLAGS)
-# is instrumented; the Rust code is not. The build goes to target/sanitize-<kind>, so the
-# normal build is untouched. Each card size of MLU_EMU_CLUSTERS (default "2 4") is one run
-# of the already-built test binaries. Exits nonzero on a failing test or any sanitizer report.
+# is instrumented; the Rust code is not. The build shares the normal target/ (the debug
+# profile): the dependencies are the ones `cargo test` built, only this crate is rebuilt
+# with the instrumented C++, and the next plain build rebuilds it again (cc's CXXFLAGS are
+# tracked). Each card size of MLU_EMU_CLUSTERS (default "2 4") is one run of the two built
+# test binaries. Exits nonzero on a failing test or any sanitizer report.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -36,28 +38,20 @@ for rt in "${runtimes[@]}"; do
     libs+=("$path")
 done
 
-host="$(rustc -vV | sed -n 's/^host: //p')"
-host_var="$(echo "$host" | tr 'a-z-' 'A-Z_')"
-export CARGO_TARGET_DIR="$ROOT/target/sanitize-$kind"
-mkdir -p "$CARGO_TARGET_DIR"
-log="$CARGO_TARGET_DIR/sanitize.log"
+out="${CARGO_TARGET_DIR:-$ROOT/target}/sanitize-$kind"
+mkdir -p "$out"
+log="$out/sanitize.log"
 : >"$log"
 
 # C++: instrumented, with frame pointers and line info for the reports; MLU_EMU_SANITIZE
 # switches on the emulator's poisoning of on-chip memory (a no-op without ASan).
 export CXXFLAGS="-fsanitize=$sanitizers -g -O1 -fno-omit-frame-pointer -DMLU_EMU_SANITIZE"
 # Rust: rustc links with -nodefaultlibs, so -fsanitize at link time adds no runtime: name it.
-# `--target` below keeps these flags off build scripts and proc macros, which run during the
-# build without the preloaded runtime.
-RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-fsanitize=$sanitizers"
-for rt in "${runtimes[@]}"; do RUSTFLAGS+=" -C link-arg=-l$rt"; done
-export RUSTFLAGS
-# The runtime must be the first library of the process (ASan refuses to start otherwise, TSan
-# must see every thread and allocation): the test binaries run with it preloaded, through a
-# cargo runner so that cargo and rustc themselves do not load it. ASan's runtime only: the
-# UBSan runtime is an ordinary dependency of the binary.
-export "CARGO_TARGET_${host_var}_RUNNER=env LD_PRELOAD=${libs[0]}"
-
+# Only on the two test binaries' link (`cargo rustc` passes what follows `--` to the named
+# target alone): the dependencies, build scripts and proc macros stay those of the plain
+# debug build, so nothing but this crate is compiled again (RUSTFLAGS would rebuild them all).
+link=(-C "link-arg=-fsanitize=$sanitizers")
+for rt in "${runtimes[@]}"; do link+=(-C "link-arg=-l$rt"); done
 # Every report ends the process with a nonzero status, so the run fails.
 # TSan: only the C++ is instrumented; the Rust side (test harness channels, OnceLock, the CPU
 # kernels' threads) synchronises with atomics and futexes TSan cannot see, so the memcpy,
@@ -73,18 +67,31 @@ export TSAN_OPTIONS="halt_on_error=1:exitcode=66:ignore_interceptors_accesses=1:
 export ASAN_OPTIONS="halt_on_error=1:exitcode=66:detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:exitcode=66:print_stacktrace=1"
 
-echo "== build: kernels and emulator with -fsanitize=$sanitizers ($CARGO_TARGET_DIR)"
+echo "== build: kernels and emulator with -fsanitize=$sanitizers (the test binaries' paths in $out/bins)"
 start=$SECONDS
-cargo test --quiet --target "$host" --test mlu_kernels --test emulator --no-run 2>&1 | tee -a "$log"
+: >"$out/bins"
+for t in mlu_kernels emulator; do
+    cargo rustc --quiet --profile test --test "$t" --message-format=json-render-diagnostics -- "${link[@]}" \
+        2> >(tee -a "$log" >&2) \
+        | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable")]' >>"$out/bins"
+done
+mapfile -t bins <"$out/bins"
+[ ${#bins[@]} -eq 2 ] || { echo "error: cargo reported ${#bins[@]} test executables, not 2 (see $out/bins)" >&2; exit 1; }
 echo "   built in $((SECONDS - start)) s"
 
+# The runtime must be the first library of the process (ASan refuses to start otherwise, TSan
+# must see every thread and allocation): the test binaries run with it preloaded, as cargo
+# test runs them (from the package root); cargo and rustc themselves never load it. ASan's
+# runtime only: the UBSan runtime is an ordinary dependency of the binary.
 status=0
 for clusters in ${MLU_EMU_CLUSTERS:-2 4}; do
     echo "== tests on an emulated card of $clusters clusters under -fsanitize=$sanitizers"
     start=$SECONDS
-    if ! MLU_EMU_CLUSTERS=$clusters cargo test --quiet --no-fail-fast --target "$host" --test mlu_kernels --test emulator 2>&1 | tee -a "$log"; then
-        status=1
-    fi
+    for bin in "${bins[@]}"; do
+        if ! MLU_EMU_CLUSTERS=$clusters CARGO_MANIFEST_DIR="$ROOT" LD_PRELOAD="${libs[0]}" "$bin" -q 2>&1 | tee -a "$log"; then
+            status=1
+        fi
+    done
     echo "   ran in $((SECONDS - start)) s"
 done
 

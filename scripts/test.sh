@@ -29,18 +29,83 @@ fi
 # exit, on a failure too, a table of every stage's duration.
 stage_names=()
 stage_starts=()
+stage_ends=()
+fg=-1 # the foreground stage running
 stage() {
+    [ "$fg" -lt 0 ] || stage_ends[fg]=$SECONDS
     stage_names+=("$*")
     stage_starts+=("$SECONDS")
+    fg=$((${#stage_names[@]} - 1))
     echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"
 }
+# stage_beside <name> <command...>: a stage that runs in the background, beside the stages
+# that follow until stage_join: one that keeps one core busy (valgrind runs a program's
+# threads one at a time) while the other core works. Its output goes to a log of its own,
+# printed whole when it is joined; its status is checked there.
+beside_pids=()
+beside_stages=()
+stage_beside() {
+    local name="$1" i log
+    shift
+    stage_names+=("$name")
+    stage_starts+=("$SECONDS")
+    i=$((${#stage_names[@]} - 1))
+    log="$ROOT/target/test-stages/$i.log"
+    mkdir -p "$ROOT/target/test-stages"
+    rm -f "$log" "$log.status" "$log.end"
+    echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $name (in the background beside the next stages; its output when it ends)"
+    # $SECONDS goes on counting in the subshell from the script's start. The command runs in
+    # a process group of its own (set -m), which the subshell ends when it is stopped itself.
+    (
+        set +e -m
+        "$@" >"$log" 2>&1 &
+        child=$!
+        set +m
+        trap 'kill -- -$child 2>/dev/null; exit 143' TERM
+        wait "$child"
+        echo $? >"$log.status"
+        echo "$SECONDS" >"$log.end"
+    ) &
+    beside_pids+=($!)
+    beside_stages+=("$i")
+}
+# stage_join: waits for every background stage, prints its output, and stops the script with
+# the status of the first that failed.
+stage_join() {
+    local k i log status
+    # The foreground stage ended here; the wait below is the background stages' own time.
+    [ "$fg" -lt 0 ] || stage_ends[fg]=$SECONDS
+    fg=-1
+    for k in "${!beside_pids[@]}"; do
+        i=${beside_stages[k]}
+        log="$ROOT/target/test-stages/$i.log"
+        wait "${beside_pids[k]}" || true
+        stage_ends[i]=$(cat "$log.end")
+        status=$(cat "$log.status")
+        echo "== the output of \"${stage_names[i]:0:110}\" (exit $status):"
+        cat "$log"
+        if [ "$status" != 0 ]; then
+            failed=$i
+            beside_pids=("${beside_pids[@]:k+1}")
+            exit "$status"
+        fi
+    done
+    beside_pids=()
+    beside_stages=()
+}
 stage_table() {
-    local status=$? i end
+    local status=$? i end pid
+    # Background stages still running when a foreground stage fails are stopped with it.
+    for pid in "${beside_pids[@]}"; do
+        kill -- "$pid" 2>/dev/null || true
+    done
+    [ "$fg" -lt 0 ] || stage_ends[fg]=$SECONDS
     if [ ${#stage_names[@]} -gt 0 ]; then
-        echo "== stage times ($([ "$status" = 0 ] && echo "all passed" || echo "stopped with exit $status in the last"), $((SECONDS / 60))m$((SECONDS % 60))s in all)"
+        echo "== stage times ($([ "$status" = 0 ] && echo "all passed" || echo "stopped with exit $status in the stage marked FAILED"), $((SECONDS / 60))m$((SECONDS % 60))s in all; \"beside\": run in the background beside the stages below it)"
         for i in "${!stage_names[@]}"; do
-            end=${stage_starts[$((i + 1))]:-$SECONDS}
-            printf '%4dm%02ds  %s\n' $(((end - stage_starts[i]) / 60)) $(((end - stage_starts[i]) % 60)) "${stage_names[$i]:0:110}"
+            end=${stage_ends[i]:-$SECONDS}
+            printf '%4dm%02ds  %s%s\n' $(((end - stage_starts[i]) / 60)) $(((end - stage_starts[i]) % 60)) \
+                "$([ "$status" != 0 ] && [ "$i" = "${failed:-$fg}" ] && echo "FAILED: ")" "${stage_names[$i]:0:110}"
         done
     fi
     return "$status"
@@ -154,7 +219,9 @@ MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test 
 stage "BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
 stage "python session tests"
-"$VENV/bin/python" -m pytest tests/python -q -rs  # -rs: every skip says why (the C++ example NOT RUN without headers)
+# -rs: every skip says why (the C++ example NOT RUN without headers); -n 2: pytest-xdist's two
+# worker processes, one per core (most tests drive one session at a time).
+"$VENV/bin/python" -m pytest tests/python -q -rs -n 2
 stage "in-process coverage-guided fuzzing: each operator's target over its corpus, then new cases up to 1,500 runs at -seed=1 into a scratch corpus, every path; then the self-test: a planted wrong element the corpus replay must catch (fuzz/, scripts/fuzz.sh)"
 scripts/fuzz.sh --runs 1500 --seed 1
 scripts/fuzz.sh --self-test
@@ -164,12 +231,16 @@ stage "session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, 
 MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libmluops_emulated.so" \
     "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 4800 \
     --ops-on mluops
-stage "every operator's session on both paths under valgrind (memcheck)"
-scripts/valgrind.sh
-stage "the kernel profile: callgrind's instruction and cache-miss counts of every bench case (scripts/profile.sh)"
-scripts/profile.sh
+stage "builds of the two valgrind stages (release library and driver, the ops bench)"
+# Here, before they run side by side, so that neither's build rewrites a library that the
+# other stages have loaded: in the stages, both cargo commands find everything fresh.
+cargo build --release --lib --example valgrind_sessions
+cargo bench --bench ops --no-run
+stage_beside "beside: every operator's session on both paths under valgrind (memcheck)" scripts/valgrind.sh
+stage_beside "beside: the kernel profile: callgrind's instruction and cache-miss counts of every bench case (scripts/profile.sh)" scripts/profile.sh
 stage "the ONNX Runtime range: 1.24.4 and 1.32.0 (own environments), 1.23.2 refused"
 scripts/ort_range.sh
+stage_join
 stage "the wheel: scripts/wheel.sh (manylinux_2_35, auditwheel), installed with no compiler on PATH with onnxruntime 1.31.1 and numpy only, both paths, README's snippets and the regression tool from outside the checkout"
 scripts/wheel_check.sh
 stage "model fixtures are what the builder writes"

@@ -192,7 +192,7 @@ impl crate::ops::operator::Operator for VoxelPoolingForward {
         }
         // The planted fault of `scripts/fuzz.sh --self-test` (never in a normal build): one
         // wrong element, the first nonzero sum zeroed, which the fuzz corpus must catch.
-        #[cfg(mlu_ep_planted_fault)]
+        #[cfg(feature = "planted-fault")]
         if let Some(v) = out.iter_mut().find(|v| **v != 0.0) {
             *v = 0.0;
         }
