@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO))
 import onnx  # noqa: E402
 import torch  # noqa: E402
 
+from networks import common  # noqa: E402  (puts python/ on the path)
 import onnxruntime_ep_mlu as mlu  # noqa: E402
-from networks import common  # noqa: E402
 
 DETECTORS = {"centerpoint": "centerpoint", "pointpillars": "pointpillars", "bevdepth": "bevdepth"}
 LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_ALL")
@@ -142,7 +142,8 @@ def shares(per: dict[str, float], top: int) -> str:
 
 
 def load() -> str:
-    return " ".join(os.getloadavg().__repr__().strip("()").split(", "))
+    """uptime's load averages (1, 5, 15 minutes)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv=None) -> int:
@@ -166,9 +167,13 @@ def main(argv=None) -> int:
           f"best of {args.repeat} interleaved rounds; profiles over {args.profile_runs} runs after a warm-up")
     for name in [n.strip() for n in args.networks.split(",") if n.strip()]:
         mod = importlib.import_module(f"networks.{DETECTORS[name]}")
-        case = mod.case(args.scale, args.seed)
-        g = next(x for x in case.graphs if x.name == "detections")
-        print(f"# {name} detections: {case.config}")
+        if hasattr(mod, "detector_graph"):
+            # CenterPoint's case also exports the encoder alone: only the detector is needed.
+            g, config = mod.detector_graph(args.scale, args.seed), f"{args.scale} scale"
+        else:
+            case = mod.case(args.scale, args.seed)
+            g, config = next(x for x in case.graphs if x.name == "detections"), case.config
+        print(f"# {name} detections: {config}; peer {g.peer_name}; {', '.join(f'{k} {v.shape}' for k, v in g.feeds.items())}")
         print(f"  exported: {graph_facts(g.model)}")
         custom = {n.op_type for n in onnx.load_from_string(g.model).graph.node if n.domain == mlu.DOMAIN}
         with tempfile.TemporaryDirectory() as where:
