@@ -78,8 +78,9 @@ class LSSViewTransform(nn.Module):
         x = self.depth_net(img_feats)  # [cams, D + C, h, w]
         depth = x[:, : self.depth_bins].softmax(dim=1)
         context = x[:, self.depth_bins:]
-        feats = depth.unsqueeze(1) * context.unsqueeze(2)  # [cams, C, D, h, w]
-        feats = feats.permute(0, 2, 3, 4, 1).reshape(1, -1, CHANNELS)  # [1, cams*D*h*w, C]
+        # Formed in VoxelPoolingForward's layout, [cams, D, h, w, C]: the small context is
+        # transposed, not the D times larger product (the same products, bit for bit).
+        feats = (depth.unsqueeze(-1) * context.permute(0, 2, 3, 1).unsqueeze(1)).reshape(1, -1, CHANNELS)
         bev = self.pool(geom_xyz, feats).permute(0, 3, 1, 2)  # [1, C, ny, nx]
         return bev, self.heatmap(self.head(bev))
 
@@ -165,8 +166,9 @@ class BEVDepthDetector(nn.Module):
 
     def forward(self, img_feats, cam_params, geom_xyz):
         depth, context = self.depth_net(img_feats, cam_params)
-        feats = depth.softmax(dim=1).unsqueeze(1) * context.unsqueeze(2)  # [cams, C, D, h, w]
-        x = self.pool(geom_xyz, feats.permute(0, 2, 3, 4, 1).reshape(1, -1, CHANNELS)).permute(0, 3, 1, 2)
+        # [cams, D, h, w, C] directly, as LSSViewTransform does.
+        feats = depth.softmax(dim=1).unsqueeze(-1) * context.permute(0, 2, 3, 1).unsqueeze(1)
+        x = self.pool(geom_xyz, feats.reshape(1, -1, CHANNELS)).permute(0, 3, 1, 2)
         ups = [self.fpn[0](x)]
         for stage, up in zip(self.stages, self.fpn[1:]):
             x = stage(x)

@@ -112,11 +112,12 @@ def mlu_session(model: bytes, library: str, provider_options: dict | None = None
     return ort.InferenceSession(model, so)
 
 
-def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | None = None):
-    """One inference in a new MLU session (mlu_session) with the provider's traffic report
-    and ONNX Runtime's warnings captured (onnxruntime_ep_mlu.placement): (the outputs by
-    name, the run's seconds, placement(), the report's counts with the warnings', its
-    session line). The session ends before this returns: its end writes the session line."""
+def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | None = None, runs: int = 1):
+    """``runs`` inferences in a new MLU session (mlu_session) with the provider's traffic
+    report and ONNX Runtime's warnings captured (onnxruntime_ep_mlu.placement): (the last
+    run's outputs by name, the first run's seconds, placement(), the report's counts with the
+    warnings', its session line, the session's node assignment). The session ends before this
+    returns: its end writes the session line."""
     import gc
 
     with placement_report.traffic_report() as report, placement_report.ort_warnings() as warned:
@@ -124,15 +125,18 @@ def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | No
         t0 = time.perf_counter()
         outs = sess.run(None, feeds)
         seconds = time.perf_counter() - t0
+        for _ in range(runs - 1):
+            outs = sess.run(None, feeds)
         out = dict(zip([o.name for o in sess.get_outputs()], outs))
         placed = placement(model, sess)
+        where = mlu.node_assignment(sess)
         del sess
         gc.collect()
         lines = placement_report.read_report(report)
     sessions = [x for x in lines if "session" in x]
     if len(sessions) != 1:
         raise RuntimeError(f"expected one session line in the traffic report, got {len(sessions)}")
-    return out, seconds, placed, placement_report.counts(lines, warned), sessions[0]
+    return out, seconds, placed, placement_report.counts(lines, warned), sessions[0], where
 
 
 def placement(model: bytes, sess) -> tuple[int, int, int, list[str]]:
@@ -146,6 +150,82 @@ def placement(model: bytes, sess) -> tuple[int, int, int, list[str]]:
     on = [n for n, ep in where.items() if ep == mlu.EP_NAME]
     missed = sorted(f"{want[n]} {n}" for n in want if where.get(n) != mlu.EP_NAME)
     return len(on), len(want), len(where), missed
+
+
+@dataclass
+class Crossings:
+    """What one inference must move between host and card given where ONNX Runtime put the
+    nodes (card_boundary): ``to_card``, the tensors made on the host (graph inputs, CPU
+    nodes' outputs) that a card node reads; ``back``, the tensors a card node makes that a
+    CPU node or the graph's outputs read; ``weights``, the initializers and Constant outputs a
+    card node reads, which a session copies once. Each a list of (tensor, producer op,
+    consumer ops, bytes) in one inference on the graph's feeds."""
+
+    to_card: list[tuple[str, str, str, int]]
+    back: list[tuple[str, str, str, int]]
+    weights: list[tuple[str, str, str, int]]
+
+    @property
+    def minimum(self) -> int:
+        """The card segment's inputs plus outputs, per inference (the weights apart)."""
+        return sum(b for *_, b in self.to_card + self.back)
+
+
+def card_boundary(model: bytes, where: dict[str, str], feeds: dict, library: str) -> Crossings:
+    """The tensors that cross between the card and the host in one inference of ``model``
+    when the nodes named in ``where`` (mlu.node_assignment) with the MLUExecutionProvider
+    run on the card and every other node on the host (a node ONNX Runtime fused or renamed
+    is not on the card: only mluops nodes are claimed). Sizes are measured: the boundary
+    tensors made graph outputs of a CPU session on ``feeds``. Any operator the provider
+    claims counts alike, so a node newly placed on the card changes the figures by itself."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load_from_string(model)
+    graph = m.graph
+    card = {n.name for n in graph.node if where.get(n.name) == mlu.EP_NAME}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            if i:
+                consumers.setdefault(i, []).append(n)
+    stored = {t.name: t for t in graph.initializer}
+    constants = {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    outputs = {o.name for o in graph.output}
+    to_card, back, weights = [], [], []
+    for name, users in consumers.items():
+        made = producer.get(name)
+        on_card = made is not None and made.name in card
+        read_on_card = sorted({u.op_type for u in users if u.name in card})
+        read_on_host = sorted({u.op_type for u in users if u.name not in card})
+        what = made.op_type if made is not None else ("initializer" if name in stored else "graph input")
+        if name in stored or name in constants:
+            if read_on_card:
+                weights.append((name, what, ", ".join(read_on_card), -1))
+        elif not on_card and read_on_card:
+            to_card.append((name, what, ", ".join(read_on_card), -1))
+        elif on_card and (read_on_host or name in outputs):
+            back.append((name, what, ", ".join(read_on_host + (["graph output"] if name in outputs else [])), -1))
+    for n in graph.node:
+        if n.name in card:
+            back += [(o, n.op_type, "graph output", -1) for o in n.output if o in outputs and o not in consumers]
+    measured = [t[0] for t in to_card + back + weights if t[0] not in stored and t[0] not in feeds]
+    extra = [o for o in dict.fromkeys(measured) if o not in outputs]
+    graph.output.extend(onnx.ValueInfoProto(name=o) for o in extra)
+    sess = cpu_session(m.SerializeToString(), 1, library)
+    fetch = [o.name for o in sess.get_outputs() if o.name in measured]
+    values = dict(zip(fetch, sess.run(fetch, feeds))) if fetch else {}
+
+    def size(name: str) -> int:
+        if name in stored:
+            return int(numpy_helper.to_array(stored[name]).nbytes)
+        if name in feeds:
+            return int(np.asarray(feeds[name]).nbytes)
+        return int(np.asarray(values[name]).nbytes)
+
+    sized = [[(n, p, c, size(n)) for n, p, c, _ in part] for part in (to_card, back, weights)]
+    return Crossings(*sized)
 
 
 def compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], canonical, tolerances=None) -> tuple[float, str]:

@@ -10,7 +10,12 @@ an MLU kernel) and, on the MLU path, how many nodes ONNX Runtime assigned in all
 line per card backend (`mlu_backend` = bang, mluops, auto: the MLU-OPS and auto rows use the emulated
 libmluops unless --mluops-library names another, and say so where MLU-OPS ran nodes:
 "emulated MLU-OPS = our CPU kernels: binding check") with the nodes it claimed and declined
-and the host<->card bytes of one inference, ONNX Runtime's copies around CPU nodes included.
+and the host<->card bytes, ONNX Runtime's copies around CPU nodes included: those of one
+inference (a session of two inferences less the row's session of one) against the minimum,
+the card segment's inputs plus outputs (the tensors crossing between the nodes ONNX Runtime
+put on the card and the rest, sized on the graph's inputs: common.card_boundary), and apart
+the session's own bytes (the card nodes' weights, copied once per session); --crossings N
+lists the N largest crossing tensors of each kind under each row.
 Every MLU row reads the provider's traffic report and ONNX Runtime's warnings of its session
 (onnxruntime_ep_mlu.placement): the node runs on the card per backend, the run-time CPU
 fallbacks and declines, and its expectation; it fails when no node ran on the card (unless
@@ -30,7 +35,7 @@ outputs at 1 and 2 threads are not bit-identical, a node that must run on the ML
 an MLU row's placement fails, or a session fails. Speed is reported, never asserted.
 
     python networks/run.py [--scale ci|full] [--networks centerpoint,...] [--repeat N]
-                           [--seed S] [--library path/to/libonnxruntime_ep_mlu.so]
+                           [--seed S] [--library path/to/libonnxruntime_ep_mlu.so] [--crossings N]
 
 --scale ci (the test command) runs reduced sizes (each network module says which);
 --scale full the published configurations. The library defaults to $MLU_EP_LIB, else
@@ -66,8 +71,31 @@ NETWORKS = {
 }
 
 
-def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mluops_library: str) -> tuple[list[str], bool]:
-    rows, ok = [], True
+def bytes_row(g: common.Graph, library: str, options: dict, session: dict, where: dict, row: str, crossings: int,
+              notes: list[str]) -> str:
+    """The host<->card bytes of one inference under a card backend against the minimum
+    (common.card_boundary: the card segment's inputs plus outputs), and the session's own
+    (the weights, copied once): a second session of two inferences, less the row's session of
+    one, is one inference. With ``crossings``, the largest crossing tensors go to ``notes``."""
+    t = session["traffic"]
+    twice = common.mlu_run(g.model, library, g.feeds, options, runs=2)[4]["traffic"]
+    per = {k: twice[k] - t[k] for k in ("h2d", "d2h")}
+    once = {k: t[k] - per[k] for k in ("h2d", "d2h")}
+    cross = common.card_boundary(g.model, where, g.feeds, library)
+    least, moved = cross.minimum, per["h2d"] + per["d2h"]
+    for side, part in (("to card", cross.to_card), ("back", cross.back), ("weights", cross.weights)):
+        for name, made, read, b in sorted(part, key=lambda x: -x[3])[:crossings]:
+            notes.append(f"{'':23}{row:<6} {side:<7} {b:>13,} B  {name} ({made} -> {read})")
+    return (f"per inference {per['h2d']:,} B to the card + {per['d2h']:,} B back = "
+            + (f"{moved / least:.2f}x" if least else "-") + f" the minimum {least:,} B (the card segment's inputs "
+            f"{sum(b for *_, b in cross.to_card):,} + outputs {sum(b for *_, b in cross.back):,}); once per session "
+            f"{once['h2d']:,} B to the card, {once['d2h']:,} B back (the card nodes' weights: "
+            f"{sum(b for *_, b in cross.weights):,} B)")
+
+
+def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mluops_library: str,
+              crossings: int = 0) -> tuple[list[str], bool]:
+    rows, ok, notes = [], True, []
     label = f"{case.network:<13} {g.name:<9}"
     cpu = {t: common.cpu_session(g.model, t, library) for t in (1, 2)}
     names = [o.name for o in cpu[1].get_outputs()]
@@ -113,7 +141,7 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
     for row in common.MLU_ROWS:
         # The MLU row: the provider's defaults (auto, no MLU-OPS library: the BANG kernels).
         options = None if row == "MLU" else {"mlu_backend": row, "mluops_library": mluops_library}
-        out, emu, (on, want, assigned, missed), counts, session = common.mlu_run(g.model, library, g.feeds, options)
+        out, emu, (on, want, assigned, missed), counts, session, where = common.mlu_run(g.model, library, g.feeds, options)
         ratio, text = common.compare(out, ref, g.canonical, g.tolerances)
         fallbacks, declines, why = g.run_time.get(row, (0, 0, ""))
         expect = placement.Expectation(off_card=g.off_card.get(row, ""), cpu_fallbacks=fallbacks,
@@ -129,7 +157,7 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
             wrong.append(f"{counts['bang']} nodes ran on bang, {on_mlu} on the MLU row")
         good = ratio <= 1.0 and not wrong
         ok &= good
-        t = session["traffic"]
+        bus = "" if row == "MLU" else bytes_row(g, library, options, session, where, row, crossings, notes)
         peer = f" [{placement.EMULATED_MLUOPS}]" if row in ("mluops", "auto") and counts["mluops"] and \
             placement.emulated_mluops(mluops_library) else ""
         what = "; ".join([text] + wrong)
@@ -140,8 +168,9 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         else:
             rows.append(f"{label} {row:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  {placement.summary(counts)}, "
                         f"{sum(session['claimed'].values())} claimed, {session['declined']} declined; {described}; "
-                        f"host<->card in the session (its creation's weight copies and one inference) {t['h2d']:,} B "
-                        f"to the card, {t['d2h']:,} B back (ONNX Runtime's copies included){peer}   {what}")
+                        f"host<->card (ONNX Runtime's copies included) {bus}{peer}   {what}")
+            rows += notes
+            notes.clear()
     return rows, ok
 
 
@@ -155,6 +184,9 @@ def main(argv=None) -> int:
                     or str(REPO / "target" / "release" / "libonnxruntime_ep_mlu.so"))
     ap.add_argument("--mluops-library", help="the libmluops.so of the mluops backend rows (default: the emulated "
                     "one beside the library, examples/libmluops_emulated.so)")
+    ap.add_argument("--crossings", type=int, default=0, metavar="N",
+                    help="under each card backend's row, the N largest tensors of each kind that cross between "
+                    "host and card (to the card, back, weights) with their producer and readers")
     args = ap.parse_args(argv)
     chosen = [n.strip() for n in args.networks.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in NETWORKS]
@@ -192,7 +224,7 @@ def main(argv=None) -> int:
         print(f"# {name}: {case.config}; peer {peers} (built and exported in {time.perf_counter() - t0:.1f} s)")
         for g in case.graphs:
             try:
-                rows, ok = run_graph(case, g, library, args.repeat, mluops_library)
+                rows, ok = run_graph(case, g, library, args.repeat, mluops_library, args.crossings)
             except Exception:
                 traceback.print_exc()
                 failed.append(f"{name} {g.name}: a session failed")

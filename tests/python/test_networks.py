@@ -5,6 +5,7 @@ themselves are in scripts/test.sh (`networks/run.py --scale ci`)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 
 import numpy as np
@@ -138,3 +139,28 @@ def test_the_regression_runner_checks_a_detector_box_by_box(mlu_lib, tmp_path):
     bad = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "FAIL scan1" in bad.stdout and "FAIL scan0" not in bad.stdout and "FAIL scan2" not in bad.stdout, bad.stdout
+
+
+def test_the_bytes_row_counts_one_inference_against_the_card_segment(bev_case, mlu_lib):
+    """The view transform's one card node, VoxelPoolingForward, reads geom_xyz [B, N, 3] int32
+    and features [B, N, C] float32 and writes the BEV [B, 128, 128, C] (pos_memo unread): the
+    minimum is exactly those bytes, no weight crosses, and one inference moves the minimum
+    plus the node's few bytes of value-check records and nothing else."""
+    graph = bev_case.graphs[0]  # the view transform
+    options = {"mlu_backend": "bang"}
+    _, _, _, _, session, where = common.mlu_run(graph.model, str(mlu_lib), graph.feeds, options)
+    cross = common.card_boundary(graph.model, where, graph.feeds, str(mlu_lib))
+    geom = graph.feeds["geom_xyz"]
+    b, n, _ = geom.shape
+    c = next(size for _, made, _, size in cross.to_card if made != "graph input") // (b * n * 4)
+    assert [(name, size) for name, _, _, size in cross.to_card if name == "geom_xyz"] == [("geom_xyz", geom.nbytes)]
+    assert cross.minimum == geom.nbytes + b * n * c * 4 + b * 128 * 128 * c * 4, cross
+    assert cross.weights == []
+    notes: list[str] = []
+    row = run.bytes_row(graph, str(mlu_lib), options, session, where, "bang", 1, notes)
+    h2d, d2h = (int(x.replace(",", "")) for x in re.search(r"per inference ([\d,]+) B to the card \+ ([\d,]+) B back",
+                                                           row).groups())
+    inputs, outputs = (sum(size for *_, size in part) for part in (cross.to_card, cross.back))
+    assert 0 <= h2d - inputs <= 64 and 0 <= d2h - outputs <= 64, row
+    assert "once per session 0 B to the card, 0 B back (the card nodes' weights: 0 B)" in row, row
+    assert len(notes) == 2 and "(VoxelPoolingForward -> " in notes[-1], notes
