@@ -685,7 +685,7 @@ mod dynamic_scatter {
     use super::*;
     use onnxruntime_ep_mlu::ops::Kernel;
     use onnxruntime_ep_mlu::ops::device::{
-        Backend, CardBackends, CardNode, Ran, bang, run_node_on_device,
+        Backend, Bang, CardBackends, CardNode, Ran, path, run_node_on_device,
     };
     use onnxruntime_ep_mlu::ops::dynamic_scatter::DynamicScatter;
     use onnxruntime_ep_mlu::ops::dynamic_scatter::mlu::BOX_CELLS;
@@ -839,12 +839,12 @@ mod dynamic_scatter {
         };
         let run_node = |coors: Vec<i32>| {
             let op = Arc::new(op("sum"));
-            let (_, path) = bang(&op, &backends);
+            let bang = path::<DynamicScatter, Bang>(&op, &backends);
             let node = CardNode {
                 op: "DynamicScatter",
                 schema: onnxruntime_ep_mlu::ops::schema("DynamicScatter"),
                 cpu: Arc::clone(&op) as Arc<dyn Kernel>,
-                paths: vec![path],
+                paths: vec![bang],
                 size_inputs: &[],
             };
             let f = Tensor::f32([2, 1], vec![1.0, 2.0]);
