@@ -19,11 +19,29 @@ const CONST: &str = "bounded by a constant";
 const TASKS: &str = "one per task";
 /// Per-task scratch of one row of an output that is already allocated and non-empty.
 const OUTPUT_ROW: &str = "one row of an allocated, non-empty output";
+/// DynamicScatter's D coordinate columns on the card: a row of D int32 fits the NRAM tile
+/// (`forward_tiles` declines the launch otherwise), so D < NRAM_BUDGET / 12.
+const NRAM_ROW: &str = "D columns, one NRAM row (forward_tiles)";
 /// Inside a capacity reserved fallibly just before, or the fallible helpers themselves.
 const FALLIBLE: &str = "within a fallible reservation";
 
 /// (file, the line's start, why it needs no fallible allocation).
 const AUDITED: &[(&str, &str, &str)] = &[
+    (
+        "src/ops/dynamic_scatter/mlu.rs",
+        "let host: Vec<i32> = bx.lo.iter().chain(&bx.stride)",
+        NRAM_ROW,
+    ),
+    (
+        "src/ops/dynamic_scatter/mlu.rs",
+        "(0..specs.len()).map(|i| outputs.allocate(i, &specs[i]))",
+        META,
+    ),
+    ("src/ops/dynamic_scatter/mlu.rs", "let mut lo = vec![i32::MAX; dd];", NRAM_ROW),
+    ("src/ops/dynamic_scatter/mlu.rs", "let mut hi = vec![-1i32; dd];", NRAM_ROW),
+    ("src/ops/dynamic_scatter/mlu.rs", "return Ok(CoordinateBox { lo: vec![0; dd]", NRAM_ROW),
+    ("src/ops/dynamic_scatter/mlu.rs", "let extents: Vec<u64> = lo.iter().zip(&hi)", NRAM_ROW),
+    ("src/ops/dynamic_scatter/mlu.rs", "let mut stride = vec![1i32; dd];", NRAM_ROW),
     (
         "src/ep/factory.rs",
         "let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.d",
