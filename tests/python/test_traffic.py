@@ -2,7 +2,10 @@
 claimed node of the zoo reports its card traffic, and no node reads more than 64 bytes back
 from the card (records and size inputs; no input comes back to the host) except
 PsRoiPoolBackward, whose bin spans the host computes from the rois (docs/CONTRACT.md §6.5):
-exactly R * 20 bytes of rois back and R * ph * pw * 20 bytes of spans to the card."""
+exactly R * 20 bytes of rois back and R * ph * pw * 20 bytes of spans to the card, and
+DynamicScatter, whose host sizes the voxel bitmap from the coordinates' box: each task's box
+(2 x D int32) and the voxel count back, the box's least corner and strides (2 x D int32) to
+the card (src/ops/dynamic_scatter/mlu.rs)."""
 
 import re
 import subprocess
@@ -29,9 +32,10 @@ def test_traffic_table_of_the_zoo(mlu_lib):
     m = LAST.match(lines[-1])
     assert m, lines[-1]
     nodes = int(m.group(1))
-    # The zoo's claimed nodes: one DynamicScatterBackward, three GetIndicePairs, one each of
-    # VoxelPoolingForward, ThreeInterpolateBackward and PsRoiPoolBackward.
-    assert nodes == 7, run.stdout
+    # The zoo's claimed nodes: one each of DynamicScatter and DynamicScatterBackward, three
+    # GetIndicePairs, one each of VoxelPoolingForward, ThreeInterpolateBackward and
+    # PsRoiPoolBackward.
+    assert nodes == 8, run.stdout
     on_bang = "|".join(row["op"] for row in operators(str(mlu_lib)) if "bang" in row["backends"])
     rows = [l for l in lines if re.match(rf"^\w+\s+({on_bang})\s", l)]
     assert len(rows) == nodes
@@ -47,5 +51,10 @@ def test_traffic_table_of_the_zoo(mlu_lib):
         if r.split()[1] == "PsRoiPoolBackward":
             assert h2d == rois * pooled * pooled * 20, r
             assert rois * 20 <= d2h <= rois * 20 + 64, r
+        elif r.split()[1] == "DynamicScatter":
+            box = h2d  # 2 x D int32: the least corner and the strides
+            assert box > 0 and box % 8 == 0, r
+            tasks, rest = divmod(d2h - 4, box)
+            assert rest == 0 and 1 <= tasks <= 64, r
         else:
             assert h2d == 0 and d2h <= 64, r
