@@ -171,17 +171,38 @@ class Crossings:
         return sum(b for *_, b in self.to_card + self.back)
 
 
+def optimized_graph(model: bytes, library: str) -> bytes:
+    """The graph ONNX Runtime runs: ``model`` after its optimizations at its default level,
+    the MLU sessions' (saved by a CPU session; the mluops nodes keep their names). The
+    boundary is found on it because the level's rewrites move it: a Cast to the type its input
+    already has is removed, so CenterPoint's GetIndicePairs reads DynamicScatter's coordinates
+    on the card, where the exported graph has them cross twice."""
+    import tempfile
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as where:
+        path = Path(where) / "optimized.onnx"
+        so = mlu.session_options(library=library)
+        so.optimized_model_filepath = str(path)
+        so.log_severity_level = 3  # the NCHWc transformer's "hardware specific" warning
+        ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        return path.read_bytes()
+
+
 def card_boundary(model: bytes, where: dict[str, str], feeds: dict, library: str) -> Crossings:
     """The tensors that cross between the card and the host in one inference of ``model``
     when the nodes named in ``where`` (mlu.node_assignment) with the MLUExecutionProvider
     run on the card and every other node on the host (a node ONNX Runtime fused or renamed
-    is not on the card: only mluops nodes are claimed). Sizes are measured: the boundary
-    tensors made graph outputs of a CPU session on ``feeds``. Any operator the provider
-    claims counts alike, so a node newly placed on the card changes the figures by itself."""
+    is not on the card: only mluops nodes are claimed), in the graph ONNX Runtime runs
+    (optimized_graph). Sizes are measured: the boundary tensors made graph outputs of a CPU
+    session on ``feeds``. Any operator the provider claims counts alike, so a node newly
+    placed on the card changes the figures by itself."""
     import onnx
     from onnx import numpy_helper
 
-    m = onnx.load_from_string(model)
+    m = onnx.load_from_string(optimized_graph(model, library))
     graph = m.graph
     card = {n.name for n in graph.node if where.get(n.name) == mlu.EP_NAME}
     producer = {o: n for n in graph.node for o in n.output if o}

@@ -13,9 +13,10 @@ libmluops unless --mluops-library names another, and say so where MLU-OPS ran no
 and the host<->card bytes, ONNX Runtime's copies around CPU nodes included: those of one
 inference (a session of two inferences less the row's session of one) against the minimum,
 the card segment's inputs plus outputs (the tensors crossing between the nodes ONNX Runtime
-put on the card and the rest, sized on the graph's inputs: common.card_boundary), and apart
-the session's own bytes (the card nodes' weights, copied once per session); --crossings N
-lists the N largest crossing tensors of each kind under each row.
+put on the card and the rest in the graph ONNX Runtime runs after its optimizations, sized on
+the graph's inputs: common.card_boundary; a row moving less than that fails, its accounting
+being wrong), and apart the session's own bytes (the card nodes' weights, copied once per
+session); --crossings N lists the N largest crossing tensors of each kind under each row.
 Every MLU row reads the provider's traffic report and ONNX Runtime's warnings of its session
 (onnxruntime_ep_mlu.placement): the node runs on the card per backend, the run-time CPU
 fallbacks and declines, and its expectation; it fails when no node ran on the card (unless
@@ -72,11 +73,12 @@ NETWORKS = {
 
 
 def bytes_row(g: common.Graph, library: str, options: dict, session: dict, where: dict, row: str, crossings: int,
-              notes: list[str]) -> str:
+              notes: list[str]) -> tuple[str, list[str]]:
     """The host<->card bytes of one inference under a card backend against the minimum
     (common.card_boundary: the card segment's inputs plus outputs), and the session's own
     (the weights, copied once): a second session of two inferences, less the row's session of
-    one, is one inference. With ``crossings``, the largest crossing tensors go to ``notes``."""
+    one, is one inference. With ``crossings``, the largest crossing tensors go to ``notes``.
+    Also what is wrong: fewer bytes than the minimum means the accounting missed a rewrite."""
     t = session["traffic"]
     twice = common.mlu_run(g.model, library, g.feeds, options, runs=2)[4]["traffic"]
     per = {k: twice[k] - t[k] for k in ("h2d", "d2h")}
@@ -86,11 +88,13 @@ def bytes_row(g: common.Graph, library: str, options: dict, session: dict, where
     for side, part in (("to card", cross.to_card), ("back", cross.back), ("weights", cross.weights)):
         for name, made, read, b in sorted(part, key=lambda x: -x[3])[:crossings]:
             notes.append(f"{'':23}{row:<6} {side:<7} {b:>13,} B  {name} ({made} -> {read})")
+    wrong = [f"{moved:,} B moved, below the minimum {least:,} B: the boundary is not the graph run"] \
+        if moved < least else []
     return (f"per inference {per['h2d']:,} B to the card + {per['d2h']:,} B back = "
             + (f"{moved / least:.2f}x" if least else "-") + f" the minimum {least:,} B (the card segment's inputs "
             f"{sum(b for *_, b in cross.to_card):,} + outputs {sum(b for *_, b in cross.back):,}); once per session "
             f"{once['h2d']:,} B to the card, {once['d2h']:,} B back (the card nodes' weights: "
-            f"{sum(b for *_, b in cross.weights):,} B)")
+            f"{sum(b for *_, b in cross.weights):,} B)"), wrong
 
 
 def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mluops_library: str,
@@ -155,9 +159,12 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         elif row == "bang" and counts["bang"] != on_mlu:
             # Without a library the default (auto) path is the BANG one: the same nodes.
             wrong.append(f"{counts['bang']} nodes ran on bang, {on_mlu} on the MLU row")
+        bus = ""
+        if row != "MLU":
+            bus, below = bytes_row(g, library, options, session, where, row, crossings, notes)
+            wrong += below
         good = ratio <= 1.0 and not wrong
         ok &= good
-        bus = "" if row == "MLU" else bytes_row(g, library, options, session, where, row, crossings, notes)
         peer = f" [{placement.EMULATED_MLUOPS}]" if row in ("mluops", "auto") and counts["mluops"] and \
             placement.emulated_mluops(mluops_library) else ""
         what = "; ".join([text] + wrong)
