@@ -275,7 +275,7 @@ const AUDITED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/ops/sparse_conv/indice_conv/mod.rs",
-        "cuts.iter().map(|&t| (t * tile_rows).min(r.dims.rows) * cout).collect();",
+        "cuts.iter().map(|&t| (t * tile_rows).min(dims.rows) * cout).collect();",
         TASKS,
     ),
     ("src/ops/voxel_pooling/forward.rs", ".collect())", TASKS),

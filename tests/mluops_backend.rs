@@ -48,7 +48,7 @@ fn device() -> Arc<Device> {
 fn node(op: &str, attrs: &[(&str, AttrValue)], order: &'static [Backend]) -> CardNode {
     let map: HashMap<String, AttrValue> =
         attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    let create = ops::entry(op).and_then(|e| e.create_card).expect("a card operator");
+    let create = ops::entry(op).map(|e| e.create_card).expect("a card operator");
     create(&Attrs::new(ops::schema(op), &map), &backends(order)).expect("valid attributes")
 }
 
@@ -509,7 +509,7 @@ fn a_failing_mluopcreate_declines_the_backend_with_its_status_and_auto_runs_bang
     // `auto` then passes MLU-OPS over at placement, with that reason, for our kernels.
     let max: HashMap<String, AttrValue> =
         [("reduce_type".to_owned(), AttrValue::String("max".into()))].into();
-    let create = ops::entry("DynamicScatterBackward").and_then(|e| e.create_card).expect("card op");
+    let create = ops::entry("DynamicScatterBackward").map(|e| e.create_card).expect("card op");
     let backends = CardBackends { order: AUTO, mluops: refused };
     let n =
         create(&Attrs::new(ops::schema("DynamicScatterBackward"), &max), &backends).expect("valid");

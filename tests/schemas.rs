@@ -53,12 +53,12 @@ fn every_operator_has_exactly_one_schema_in_domain_mluops() {
     }
 }
 
-/// Every operator of `ops::ALL` has a card path (DynamicScatter's BANG kernels were the last),
-/// and its entry lists the card backends that have one.
+/// Every operator of `ops::ALL` has a card path (DynamicScatter's BANG kernels were the last;
+/// `OpEntry::create_card` is not optional), and its entry lists the card backends that have
+/// one.
 #[test]
 fn every_operator_has_a_card_path() {
     for e in ops::ALL {
-        assert!(e.create_card.is_some(), "{}: a card path", e.name);
         assert!(!e.card_backends.is_empty(), "{}: its card backends", e.name);
     }
 }

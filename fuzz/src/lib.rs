@@ -353,7 +353,7 @@ pub fn check(
     if serial.is_err() {
         count(CPU_ERRORS);
     }
-    let Some(create) = ops::entry(op).and_then(|e| e.create_card) else { return serial };
+    let Some(create) = ops::entry(op).map(|e| e.create_card) else { return serial };
     let card = card();
     let shapes: Vec<Option<Vec<Option<usize>>>> = inputs
         .iter()

@@ -22,8 +22,8 @@ use ort_sys::{OrtKernelContext, OrtKernelInfo, OrtStatusPtr};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// Builds the registry: the operators a card backend runs (domain `mluops`; MLU-OPS, our BANG
-/// kernels or both) and the copies ONNX Runtime inserts between CPU nodes and MLU nodes,
+/// Builds the registry: every operator (domain `mluops`; each has a card backend, MLU-OPS, our
+/// BANG kernels or both) and the copies ONNX Runtime inserts between CPU nodes and MLU nodes,
 /// which run as this EP's `MemcpyFromHost` / `MemcpyToHost` kernels (ONNX domain; host side
 /// declared as CPU memory). No type constraints are added: the `mluops` schemas already fix
 /// each input's element type, a backend declines a node of a type it does not run, with the
@@ -40,7 +40,7 @@ pub fn registry() -> Result<KernelRegistry> {
         // OpEntry or Direction.
         unsafe { registry.add(op, domain, EP_NAME, host, create, state.cast_mut()) }
     };
-    for entry in ALL.iter().filter(|e| e.create_card.is_some()) {
+    for entry in ALL {
         add(
             entry.name,
             schema::DOMAIN,
@@ -177,12 +177,9 @@ unsafe extern "system" fn create_kernel(
         let schema = crate::ops::schema(entry.name);
         let node = || -> Result<(CardNode, *const Ep)> {
             let ep = kernel_ep(info)?;
-            let create_card = entry
-                .create_card
-                .ok_or_else(|| Error::Runtime("no card backend runs this operator".into()))?;
             let source = info.attributes();
             // SAFETY: the EP outlives the kernels of its sessions.
-            Ok((create_card(&Attrs::new(schema, &source), unsafe { &*ep }.backends())?, ep))
+            Ok(((entry.create_card)(&Attrs::new(schema, &source), unsafe { &*ep }.backends())?, ep))
         };
         let (node, ep) = node().map_err(|e| e.at(entry.name, &node_name))?;
         let k = Box::new(EpKernel {

@@ -232,16 +232,13 @@ impl Ep {
     fn choice(&self, node: Node<'_>, op_type: &str) -> Result<(Backend, Vec<String>)> {
         let entry = ops::entry(op_type)
             .ok_or_else(|| Error::declined("not an operator of this library"))?;
-        let create_card = entry.create_card.ok_or_else(|| {
-            Error::declined("no card backend runs this operator (its CPU kernel runs it)")
+        let card = (entry.create_card)(
+            &Attrs::new(ops::schema(op_type), &node.attributes()),
+            &self.backends,
+        )
+        .map_err(|e| {
+            Error::declined(format!("invalid attributes ({e}); the CPU kernel reports the error"))
         })?;
-        let card =
-            create_card(&Attrs::new(ops::schema(op_type), &node.attributes()), &self.backends)
-                .map_err(|e| {
-                    Error::declined(format!(
-                        "invalid attributes ({e}); the CPU kernel reports the error"
-                    ))
-                })?;
         let shapes = node
             .input_shapes()
             .map_err(|m| Error::declined(format!("its input shapes cannot be read: {m}")))?;

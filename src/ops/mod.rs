@@ -25,15 +25,14 @@ use device::{Bang, CardBackends, CardNode, CardPath, MluOps, PathOf, card_node, 
 /// Builds a node's card side (its CPU kernel and card paths) for a provider's backends.
 pub type CreateCard = fn(&Attrs<'_>, &CardBackends) -> Result<CardNode>;
 
-/// Registry entry: how to build a node's kernel from its attributes, for the CPU path and,
-/// for the operators a card backend runs, for the card.
+/// Registry entry: how to build a node's kernel from its attributes, for the CPU path and
+/// for the card.
 pub struct OpEntry {
     pub name: &'static str,
     /// The schema file's text (parsed once, by [`schema::embedded`]).
     pub schema: &'static str,
     pub create: fn(&Attrs<'_>) -> Result<Box<dyn Kernel>>,
-    /// `None`: no card backend runs it; the EP declines the operator's nodes, which run on CPU.
-    pub create_card: Option<CreateCard>,
+    pub create_card: CreateCard,
     /// The card backends that have a path for it, in `card!`'s order (the provider's order
     /// decides which is tried first).
     pub card_backends: &'static [device::Backend],
@@ -51,10 +50,10 @@ macro_rules! card {
             name: <$t>::NAME,
             schema: <$t>::SCHEMA,
             create: create::<$t>,
-            create_card: Some(|attrs, backends| {
+            create_card: |attrs, backends| {
                 const PATHS: &[PathOf<$t>] = &[$(path::<$t, $path>),+];
                 card_node::<$t>(attrs, backends, PATHS)
-            }),
+            },
             card_backends: &[$(<$path as CardPath<$t>>::BACKEND),+],
         }
     };

@@ -4,11 +4,13 @@
 //! rules, the rules on index values, are data ([`ValueRule`]): the CPU path checks them on
 //! the host ([`check_values`]), the MLU path on the card (kernels/check, through
 //! `ops::device`), and both report the first broken row through the operator's
-//! [`Rules::describe`], so the two paths give the same error text.
+//! [`Operator::describe`], so the two paths give the same error text. Each operator states
+//! its rules in its [`Operator`] impl; this module holds the value rules' data and the
+//! host's checks.
 
 use super::operator::Operator;
-use crate::error::{Error, Result};
-use crate::tensor::{Inputs, OutputSpec};
+use crate::error::Result;
+use crate::tensor::Inputs;
 
 /// What a value rule requires of the rows of one input.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -86,42 +88,10 @@ pub enum RowValues {
 /// The first row that broke a rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Broken {
-    /// Index into the operator's [`Rules::value_rules`].
+    /// Index into the operator's [`Operator::value_rules`].
     pub rule: usize,
     pub row: usize,
     pub values: RowValues,
-}
-
-/// An operator's rules as the two paths run them (every operator with a card path: our BANG
-/// kernels, MLU-OPS or both).
-pub trait Rules: Operator {
-    /// Inputs whose values the shape rules read: sizes of at most [`SIZE_INPUT_BYTES`] each
-    /// (the MLU path copies these, and only these, to the host).
-    const SIZE_INPUTS: &'static [usize] = &[];
-    /// What the shape rules learn: the sizes every later step works from. Operators whose
-    /// `execute` needs nothing more declare `type Dims = Self::Plan`, so the two are one type
-    /// under one name.
-    type Dims: Clone + Send + Sync + std::fmt::Debug;
-
-    /// The shape rules: reads shapes, dtypes and the [`Self::SIZE_INPUTS`] values only.
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Self::Dims>;
-
-    /// The outputs' dtypes and shapes for `dims`: declared once, so that the CPU path and
-    /// every card backend allocate the same outputs. GetIndicePairs is the one exception:
-    /// its out_indices has a row per unique output site, a count only the data gives.
-    fn output_specs(&self, dims: &Self::Dims) -> Vec<OutputSpec>;
-
-    /// The value rules, in the order they are reported.
-    fn value_rules(&self, _dims: &Self::Dims) -> Vec<ValueRule> {
-        Vec::new()
-    }
-
-    /// The contract error of a broken value rule (operators with value rules say it in
-    /// the contract's words).
-    fn describe(&self, inputs: &Inputs<'_>, dims: &Self::Dims, broken: &Broken) -> Error {
-        let input = self.value_rules(dims).get(broken.rule).map_or(0, |r| r.input);
-        inputs.error(input, format!("row {} = {:?} breaks a value rule", broken.row, broken.values))
-    }
 }
 
 /// The most bytes of a size input the card path reads (PsRoiPoolBackward's `bottom_shape`: 4
@@ -149,7 +119,7 @@ pub(super) fn first_broken_float(
 
 /// Checks the value rules on host data (the CPU path), in order; the first broken one is
 /// the error.
-pub fn check_values<O: Rules>(op: &O, inputs: &Inputs<'_>, dims: &O::Dims) -> Result<()> {
+pub fn check_values<O: Operator>(op: &O, inputs: &Inputs<'_>, dims: &O::Dims) -> Result<()> {
     for (rule, r) in op.value_rules(dims).iter().enumerate() {
         let broken = match r.check {
             Check::Int { cols, bounds } => {

@@ -8,7 +8,7 @@ use super::{Card, DeviceOutputs, NodePath, OpPath, StaticShapes};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::Library;
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use std::sync::Arc;
 
 /// Declares [`Backend`] from one row per backend, in the order `auto` tries them: its
@@ -92,7 +92,7 @@ impl CardBackends {
 
 /// One backend's way of running one operator's nodes (candle's per-backend methods, as a
 /// type per backend): what it supports, its size limits, and the enqueueing of its calls.
-pub trait CardPath<O: Rules>: Send + Sync + Sized + 'static {
+pub trait CardPath<O: Operator>: Send + Sync + Sized + 'static {
     const BACKEND: Backend;
     /// True when the backend's calls cannot read the value checks' records (a library's
     /// functions): the driver then waits for the checks, and reports a broken rule, before
@@ -128,6 +128,9 @@ pub trait CardPath<O: Rules>: Send + Sync + Sized + 'static {
 pub type PathOf<O> = fn(&Arc<O>, &CardBackends) -> Box<dyn NodePath>;
 
 /// `O` on the backend of path `P` (the registry's `card!` lists these).
-pub fn path<O: Rules, P: CardPath<O>>(op: &Arc<O>, backends: &CardBackends) -> Box<dyn NodePath> {
+pub fn path<O: Operator, P: CardPath<O>>(
+    op: &Arc<O>,
+    backends: &CardBackends,
+) -> Box<dyn NodePath> {
     Box::new(OpPath { op: Arc::clone(op), path: P::new(backends) })
 }

@@ -4,10 +4,10 @@
 use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
 use crate::error::Result;
 use crate::mlu::DeviceInfo;
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 
 /// An operator with BANG kernels (the [`Bang`] path).
-pub trait BangOperator: Rules {
+pub trait BangOperator: Operator {
     /// The kernels' arguments for one node's run-time sizes: every size narrowed to the
     /// int32 the kernels' ABI takes and the tiling chosen ([`BangOperator::mlu_launch`]), so
     /// that enqueueing meets no size limit.

@@ -5,11 +5,11 @@ use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::Library;
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use std::sync::Arc;
 
 /// An operator Cambricon's MLU-OPS library runs (the [`MluOps`] path).
-pub trait MluOpsOperator: Rules {
+pub trait MluOpsOperator: Operator {
     /// The kernel families of ours its MLU-OPS path launches around the library's calls:
     /// the value checks, and whatever its pre-call steps need.
     const PRE_CALL_FAMILIES: &'static [&'static str] = &["check"];

@@ -37,8 +37,8 @@ pub use drivers::{run_node_on_device, run_on_device};
 pub use mluops::{MluOps, MluOpsOperator};
 
 use super::host::OwnedOutputs;
-use super::operator::Kernel;
-use super::rules::{Rules, SIZE_INPUT_BYTES};
+use super::operator::{Kernel, Operator};
+use super::rules::SIZE_INPUT_BYTES;
 use crate::error::{Error, Result};
 use crate::mlu::{Device, DeviceInfo, Direction, Queue};
 use crate::parallel::Serial;
@@ -123,7 +123,7 @@ pub struct OpPath<O, P> {
     path: P,
 }
 
-impl<O: Rules, P: CardPath<O>> NodePath for OpPath<O, P> {
+impl<O: Operator, P: CardPath<O>> NodePath for OpPath<O, P> {
     fn backend(&self) -> Backend {
         P::BACKEND
     }
@@ -213,7 +213,7 @@ pub struct CardNode {
 }
 
 /// Builds a node of `O` with the paths of `paths` the provider allows, in its order.
-pub fn card_node<O: Rules>(
+pub fn card_node<O: Operator>(
     attrs: &Attrs<'_>,
     backends: &CardBackends,
     paths: &[PathOf<O>],

@@ -25,7 +25,7 @@ use super::Reduce;
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
-use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, Check, RowValues, ValueRule};
 use crate::parallel::{Parallel, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -57,23 +57,16 @@ pub struct Dims {
     pub(super) v: usize,
 }
 
-/// Points grouped by voxel, each group in ascending point order.
+/// Points grouped by voxel, each group in ascending point order: what `execute` needs for
+/// `max` beyond the sizes.
 #[derive(Debug)]
-struct Csr {
+pub struct Csr {
     /// `offsets[v]..offsets[v + 1]` are voxel v's CSR positions; length V + 1.
     offsets: Vec<usize>,
     /// The point at each CSR position.
     order: Vec<usize>,
     /// The CSR position of each point (unused for dropped points).
     pos: Vec<usize>,
-}
-
-/// What `plan` hands to `execute`.
-#[derive(Debug)]
-pub struct Plan {
-    pub(super) dims: Dims,
-    /// Built for `max` only, and only when there is something to compute.
-    csr: Option<Csr>,
 }
 
 /// The typed input data after the shape checks.
@@ -136,48 +129,6 @@ fn views<'a>(inputs: &'a Inputs<'_>, dims: Dims) -> Result<Views<'a>> {
     })
 }
 
-impl Rules for DynamicScatterBackward {
-    const SIZE_INPUTS: &'static [usize] = &[VOXEL_NUM];
-    type Dims = Dims;
-
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
-        dims(inputs)
-    }
-
-    /// grad_feats [N, C].
-    fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
-        vec![OutputSpec::new(DType::F32, [d.n, d.c])]
-    }
-
-    /// Every map value in [-1, V). The `mean` rule on counts reads the count a value points
-    /// at, so it is no row rule: `scan_map` checks it (the MLU kernels run `max` only).
-    fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
-        let (_, hi) = Check::half_open(-1, d.v);
-        vec![ValueRule::whole(MAP, Check::int_range(-1, hi))]
-    }
-
-    fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
-        let (i, v) = (broken.row, d.v);
-        let value = match &broken.values {
-            RowValues::I32(x) => x.first().copied().unwrap_or(0),
-            RowValues::F32(_) => 0,
-        };
-        if value < -1 {
-            inputs.error(
-                MAP,
-                format!(
-                    "point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)"
-                ),
-            )
-        } else {
-            inputs.error(
-                MAP,
-                format!("point2voxel_map[{i}] = {value} must be < voxel_num V = {v} (rows >= V are not valid voxels)"),
-            )
-        }
-    }
-}
-
 /// Checks every map value (and, for `mean`, the count of every voxel a point maps to);
 /// for `max`, also groups the points by voxel.
 fn scan_map(inputs: &Inputs<'_>, x: &Views<'_>, reduce: Reduce) -> Result<Option<Csr>> {
@@ -236,33 +187,70 @@ impl Operator for DynamicScatterBackward {
     const NAME: &'static str = "DynamicScatterBackward";
     const SCHEMA: &'static str =
         include_str!("../../../schemas/dynamic_scatter/dynamic_scatter_backward.json");
-    type Plan = Plan;
+    const SIZE_INPUTS: &'static [usize] = &[VOXEL_NUM];
+    type Dims = Dims;
+    /// Built for `max` only, and only when there is something to compute.
+    type Found = Option<Csr>;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         Ok(DynamicScatterBackward { reduce: Reduce::from_attributes(attrs)? })
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
-        let d = dims(inputs)?;
-        check_values(self, inputs, &d)?;
-        let x = views(inputs, d)?;
-        let csr = scan_map(inputs, &x, self.reduce)?;
-        Ok((self.output_specs(&x.dims), Plan { dims: x.dims, csr }))
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
+        dims(inputs)
+    }
+
+    /// grad_feats [N, C].
+    fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [d.n, d.c])]
+    }
+
+    /// Every map value in [-1, V). The `mean` rule on counts reads the count a value points
+    /// at, so it is no row rule: `scan_map` checks it (the MLU kernels run `max` only).
+    fn value_rules(&self, d: &Dims) -> Vec<ValueRule> {
+        let (_, hi) = Check::half_open(-1, d.v);
+        vec![ValueRule::whole(MAP, Check::int_range(-1, hi))]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
+        let (i, v) = (broken.row, d.v);
+        let value = match &broken.values {
+            RowValues::I32(x) => x.first().copied().unwrap_or(0),
+            RowValues::F32(_) => 0,
+        };
+        if value < -1 {
+            inputs.error(
+                MAP,
+                format!(
+                    "point2voxel_map[{i}] = {value} is below -1 (only -1 marks a dropped point)"
+                ),
+            )
+        } else {
+            inputs.error(
+                MAP,
+                format!("point2voxel_map[{i}] = {value} must be < voxel_num V = {v} (rows >= V are not valid voxels)"),
+            )
+        }
+    }
+
+    fn find(&self, inputs: &Inputs<'_>, d: &Dims, _: &dyn Parallel) -> Result<Option<Csr>> {
+        scan_map(inputs, &views(inputs, *d)?, self.reduce)
     }
 
     fn execute(
         &self,
-        plan: Plan,
+        plan: Dims,
+        csr: Option<Csr>,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
     ) -> Result<()> {
         let x = views(inputs, dims(inputs)?)?;
-        if x.dims != plan.dims {
+        if x.dims != plan {
             return Err(Error::Runtime(format!(
                 "{}: inputs changed between plan and execute ({:?} vs {:?})",
                 Self::NAME,
-                plan.dims,
+                plan,
                 x.dims
             )));
         }
@@ -276,7 +264,7 @@ impl Operator for DynamicScatterBackward {
         if out.is_empty() {
             return Ok(());
         }
-        match (self.reduce, plan.csr) {
+        match (self.reduce, csr) {
             (Reduce::Max, Some(csr)) => max(&x, &csr, out, par)?,
             (Reduce::Max, None) => out.fill(0.0),
             (reduce, _) => sum_or_mean(&x, reduce == Reduce::Mean, out, par),

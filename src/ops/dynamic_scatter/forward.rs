@@ -13,7 +13,6 @@ use crate::cache;
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
 use crate::ops::radix::radix_sort;
-use crate::ops::rules::Rules;
 use crate::parallel::{Parallel, for_each_part_mut};
 use crate::schema::Attrs;
 use crate::scratch::{self, FirstError};
@@ -30,12 +29,9 @@ pub struct DynamicScatter {
     pub reduce: Reduce,
 }
 
-/// The voxels found by `plan`.
+/// The voxels found by `plan`: what `execute` needs beyond the sizes.
 #[derive(Debug)]
 pub struct Voxels {
-    pub(super) n: usize,
-    pub(super) c: usize,
-    d: usize,
     /// Kept points sorted by (coordinate row, point index).
     order: Vec<u32>,
     /// `order[starts[v]..starts[v + 1]]` are voxel v's points; length M + 1.
@@ -70,8 +66,18 @@ impl Dims {
     }
 }
 
-impl Rules for DynamicScatter {
+impl Operator for DynamicScatter {
+    const NAME: &'static str = "DynamicScatter";
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/dynamic_scatter/dynamic_scatter.json");
     type Dims = Dims;
+    type Found = Voxels;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        // Same attribute, same rule as the backward op.
+        let reduce = Reduce::from_attributes(attrs)?;
+        Ok(DynamicScatter { reduce })
+    }
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let shape = inputs.shaped::<f32>(FEATS, &[None, None], "[N, C]")?;
@@ -99,22 +105,9 @@ impl Rules for DynamicScatter {
     fn output_specs(&self, d: &Dims) -> Vec<OutputSpec> {
         d.specs(0)
     }
-}
 
-impl Operator for DynamicScatter {
-    const NAME: &'static str = "DynamicScatter";
-    const SCHEMA: &'static str =
-        include_str!("../../../schemas/dynamic_scatter/dynamic_scatter.json");
-    type Plan = Voxels;
-
-    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        // Same attribute, same rule as the backward op.
-        let reduce = Reduce::from_attributes(attrs)?;
-        Ok(DynamicScatter { reduce })
-    }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Voxels)> {
-        let Dims { n, c, d } = self.shape_rules(inputs)?;
+    fn find(&self, inputs: &Inputs<'_>, dims: &Dims, _: &dyn Parallel) -> Result<Voxels> {
+        let Dims { n, d, .. } = *dims;
         let coors = inputs.get::<i32>(COORS)?.data;
         let row = |i: u32| &coors[i as usize * d..(i as usize + 1) * d];
         let mut order = scratch::collect(
@@ -160,12 +153,17 @@ impl Operator for DynamicScatter {
             }
         }
         scratch::push(&mut starts, order.len(), "the voxels' first points")?;
-        let m = starts.len() - 1;
-        Ok((Dims { n, c, d }.specs(m), Voxels { n, c, d, order, starts }))
+        Ok(Voxels { order, starts })
+    }
+
+    /// The outputs for the M voxels found.
+    fn found_specs(&self, dims: &Dims, v: &Voxels) -> Vec<OutputSpec> {
+        dims.specs(v.m())
     }
 
     fn execute(
         &self,
+        dims: Dims,
         v: Voxels,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
@@ -178,7 +176,7 @@ impl Operator for DynamicScatter {
         let map = outputs.take::<i32>(2)?;
         let count = outputs.take::<i32>(3)?;
         let voxel_num = outputs.take::<i32>(4)?;
-        let (n, c, d, m) = (v.n, v.c, v.d, v.m());
+        let (Dims { n, c, d }, m) = (dims, v.m());
         if feats.len() != n * c
             || coors.len() != n * d
             || voxel_feats.len() != m * c
@@ -219,7 +217,7 @@ impl Operator for DynamicScatter {
         let (reduce, stream) = (self.reduce, cache::worth_streaming(size_of_val(voxel_feats)));
         let errors = FirstError::default();
         for_each_part_mut(par, voxel_feats, &bounds, |t, part| {
-            errors.record(reduce_block(&v, feats, reduce, bounds[t] / c, part, stream));
+            errors.record(reduce_block(&v, c, feats, reduce, bounds[t] / c, part, stream));
         });
         errors.into_result()
     }
@@ -229,17 +227,17 @@ impl Operator for DynamicScatter {
 /// hint: the rows are scattered over feats and each is read once.
 const AHEAD: usize = 4;
 
-/// Reduces the voxels `first..` whose output rows `part` holds, each voxel's points in
-/// ascending order. `stream`: write the rows with non-temporal stores.
+/// Reduces the voxels `first..` whose output rows (of `c` channels) `part` holds, each
+/// voxel's points in ascending order. `stream`: write the rows with non-temporal stores.
 fn reduce_block(
     v: &Voxels,
+    c: usize,
     feats: &[f32],
     reduce: Reduce,
     first: usize,
     part: &mut [f32],
     stream: bool,
 ) -> Result<()> {
-    let c = v.c;
     let feats_row = |i: u32| feats.get(i as usize * c..(i as usize + 1) * c);
     let (Some(&base), Some(&end)) = (v.starts.get(first), v.starts.get(first + part.len() / c))
     else {
@@ -304,7 +302,7 @@ mod tests {
             &attrs,
         ))
         .unwrap();
-        let (_, v) = op.plan(&inputs, &crate::parallel::Serial).unwrap();
+        let (_, _, v) = op.plan(&inputs, &crate::parallel::Serial).unwrap();
         v.starts.windows(2).map(|w| v.order[w[0]..w[1]].to_vec()).collect()
     }
 

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library, ReduceMode};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use std::ffi::c_void;
 
 /// The library's NRAM bound, 5N + 20C + 4 bytes of `nram` (BAD_PARAM beyond it;

@@ -13,7 +13,8 @@
 
 use super::{Dims, MIN_ROI_EXTENT};
 use crate::error::{Error, Result};
-use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
+use crate::ops::operator::Operator;
+use crate::ops::rules::{Broken, Check, RowValues, ValueRule};
 use crate::parallel::{Parallel, balanced_cuts, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -212,9 +213,21 @@ pub(super) fn batch_error(
     )
 }
 
-impl Rules for PsRoiPoolBackward {
+impl Operator for PsRoiPoolBackward {
+    const NAME: &'static str = "PsRoiPoolBackward";
+    const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool_backward.json");
     const SIZE_INPUTS: &'static [usize] = &[BOTTOM_SHAPE];
-    type Dims = Self::Plan;
+    type Dims = Dims;
+    type Found = ();
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        Self::new(
+            attrs.int("pooled_height")?,
+            attrs.int("pooled_width")?,
+            attrs.float("spatial_scale")?,
+            attrs.int("output_dim")?,
+        )
+    }
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let (p, od) = (Some(self.pooled), Some(self.output_dim));
@@ -303,31 +316,15 @@ impl Rules for PsRoiPoolBackward {
             }
         }
     }
-}
 
-impl crate::ops::operator::Operator for PsRoiPoolBackward {
-    const NAME: &'static str = "PsRoiPoolBackward";
-    const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool_backward.json");
-    type Plan = Dims;
-
-    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        Self::new(
-            attrs.int("pooled_height")?,
-            attrs.int("pooled_width")?,
-            attrs.float("spatial_scale")?,
-            attrs.int("output_dim")?,
-        )
-    }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let plan = self.shape_rules(inputs)?;
-        check_values(self, inputs, &plan)?;
-        Ok((self.output_specs(&plan), plan))
+    fn find(&self, _: &Inputs<'_>, _: &Dims, _: &dyn Parallel) -> Result<()> {
+        Ok(())
     }
 
     fn execute(
         &self,
         plan: Dims,
+        (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,

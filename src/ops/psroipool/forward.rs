@@ -16,7 +16,7 @@ use super::Dims;
 use super::backward::{PsRoiPoolBackward, Span, batch_error, batch_rule};
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
-use crate::ops::rules::{Broken, RowValues, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, RowValues, ValueRule};
 use crate::parallel::{Parallel, for_each_chunk_mut};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -70,8 +70,15 @@ impl PsRoiPool {
     }
 }
 
-impl Rules for PsRoiPool {
-    type Dims = Self::Plan;
+impl Operator for PsRoiPool {
+    const NAME: &'static str = "PsRoiPool";
+    const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool.json");
+    type Dims = Dims;
+    type Found = ();
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        <PsRoiPoolBackward as Operator>::from_attributes(attrs).map(PsRoiPool)
+    }
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let d = &self.0;
@@ -121,26 +128,15 @@ impl Rules for PsRoiPool {
             }
         }
     }
-}
 
-impl Operator for PsRoiPool {
-    const NAME: &'static str = "PsRoiPool";
-    const SCHEMA: &'static str = include_str!("../../../schemas/psroipool/psroipool.json");
-    type Plan = Dims;
-
-    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        <PsRoiPoolBackward as Operator>::from_attributes(attrs).map(PsRoiPool)
-    }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let plan = self.shape_rules(inputs)?;
-        check_values(self, inputs, &plan)?;
-        Ok((self.output_specs(&plan), plan))
+    fn find(&self, _: &Inputs<'_>, _: &Dims, _: &dyn Parallel) -> Result<()> {
+        Ok(())
     }
 
     fn execute(
         &self,
         plan: Dims,
+        (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,

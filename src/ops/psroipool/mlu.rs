@@ -11,7 +11,7 @@ use super::backward::{PsRoiPoolBackward, Span};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::scratch;
 use std::ffi::c_void;
 

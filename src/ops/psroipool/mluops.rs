@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::scratch;
 use std::ffi::c_void;
 

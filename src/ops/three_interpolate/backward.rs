@@ -18,7 +18,7 @@ use super::{INDICES, WEIGHTS};
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
-use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, ValueRule};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
@@ -90,7 +90,8 @@ impl Operator for ThreeInterpolateBackward {
     const NAME: &'static str = "ThreeInterpolateBackward";
     const SCHEMA: &'static str =
         include_str!("../../../schemas/three_interpolate/three_interpolate_backward.json");
-    type Plan = Dims;
+    type Dims = Dims;
+    type Found = ();
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         let m = attrs.int("m")?;
@@ -98,36 +99,6 @@ impl Operator for ThreeInterpolateBackward {
             .map_err(|_| Error::attribute("m", format!("must be >= 0, got {m}")))?;
         Ok(ThreeInterpolateBackward { m })
     }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let d = self.shape_rules(inputs)?;
-        check_values(self, inputs, &d)?;
-        Ok((self.output_specs(&d), d))
-    }
-
-    fn execute(
-        &self,
-        plan: Dims,
-        inputs: &Inputs<'_>,
-        outputs: &mut Outputs<'_>,
-        par: &dyn Parallel,
-    ) -> Result<()> {
-        let d = self.dims(inputs)?;
-        if d != plan {
-            return Err(Error::Runtime(format!(
-                "{}: inputs changed between plan and execute",
-                Self::NAME
-            )));
-        }
-        match d.dtype {
-            DType::F16 => run::<f16>(self, &d, inputs, outputs, par),
-            _ => run::<f32>(self, &d, inputs, outputs, par),
-        }
-    }
-}
-
-impl Rules for ThreeInterpolateBackward {
-    type Dims = Self::Plan;
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         self.dims(inputs)
@@ -144,6 +115,31 @@ impl Rules for ThreeInterpolateBackward {
 
     fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
         indices_error(inputs, d.n, d.m, "m", broken)
+    }
+
+    fn find(&self, _: &Inputs<'_>, _: &Dims, _: &dyn Parallel) -> Result<()> {
+        Ok(())
+    }
+
+    fn execute(
+        &self,
+        plan: Dims,
+        (): (),
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
+        let d = self.dims(inputs)?;
+        if d != plan {
+            return Err(Error::Runtime(format!(
+                "{}: inputs changed between plan and execute",
+                Self::NAME
+            )));
+        }
+        match d.dtype {
+            DType::F16 => run::<f16>(self, &d, inputs, outputs, par),
+            _ => run::<f32>(self, &d, inputs, outputs, par),
+        }
     }
 }
 

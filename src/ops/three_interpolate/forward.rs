@@ -17,7 +17,7 @@ use super::{Dims, Real, float_dtype, indices_error, indices_rule};
 use super::{INDICES, WEIGHTS};
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
-use crate::ops::rules::{Broken, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, ValueRule};
 use crate::parallel::Parallel;
 use crate::schema::Attrs;
 use crate::tensor::{DType, Element, Inputs, OutputSpec, Outputs};
@@ -86,40 +86,12 @@ impl Operator for ThreeInterpolate {
     const NAME: &'static str = "ThreeInterpolate";
     const SCHEMA: &'static str =
         include_str!("../../../schemas/three_interpolate/three_interpolate.json");
-    type Plan = Dims;
+    type Dims = Dims;
+    type Found = ();
 
     fn from_attributes(_: &Attrs<'_>) -> Result<Self> {
         Ok(ThreeInterpolate)
     }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let d = self.shape_rules(inputs)?;
-        check_values(self, inputs, &d)?;
-        Ok((self.output_specs(&d), d))
-    }
-
-    fn execute(
-        &self,
-        plan: Dims,
-        inputs: &Inputs<'_>,
-        outputs: &mut Outputs<'_>,
-        par: &dyn Parallel,
-    ) -> Result<()> {
-        if Self::dims(inputs)? != plan {
-            return Err(Error::Runtime(format!(
-                "{}: inputs changed between plan and execute",
-                Self::NAME
-            )));
-        }
-        match plan.dtype {
-            DType::F16 => run::<f16>(&plan, inputs, outputs, par),
-            _ => run::<f32>(&plan, inputs, outputs, par),
-        }
-    }
-}
-
-impl Rules for ThreeInterpolate {
-    type Dims = Self::Plan;
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         Self::dims(inputs)
@@ -136,6 +108,30 @@ impl Rules for ThreeInterpolate {
 
     fn describe(&self, inputs: &Inputs<'_>, d: &Dims, broken: &Broken) -> Error {
         indices_error(inputs, d.n, d.m, "M", broken)
+    }
+
+    fn find(&self, _: &Inputs<'_>, _: &Dims, _: &dyn Parallel) -> Result<()> {
+        Ok(())
+    }
+
+    fn execute(
+        &self,
+        plan: Dims,
+        (): (),
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<()> {
+        if Self::dims(inputs)? != plan {
+            return Err(Error::Runtime(format!(
+                "{}: inputs changed between plan and execute",
+                Self::NAME
+            )));
+        }
+        match plan.dtype {
+            DType::F16 => run::<f16>(&plan, inputs, outputs, par),
+            _ => run::<f32>(&plan, inputs, outputs, par),
+        }
     }
 }
 

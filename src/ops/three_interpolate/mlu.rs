@@ -9,7 +9,7 @@ use super::backward::ThreeInterpolateBackward;
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::tensor::DType;
 use std::ffi::c_void;
 

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{self, Functions, Layout, Library, Status, TensorDescPtr};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::tensor::DType;
 use std::ffi::c_void;
 

@@ -30,7 +30,7 @@
 //!    the chunk's in-range points; then the scratch grids into the output.
 
 use crate::error::{Error, Result};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch;
@@ -101,8 +101,16 @@ impl VoxelPoolingForward {
 }
 
 /// No value rules: a point outside the grid is skipped, never an error.
-impl Rules for VoxelPoolingForward {
-    type Dims = Self::Plan;
+impl Operator for VoxelPoolingForward {
+    const NAME: &'static str = "VoxelPoolingForward";
+    const SCHEMA: &'static str =
+        include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
+    type Dims = Dims;
+    type Found = ();
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        Self::new(attrs.ints_n::<3>("voxel_num")?)
+    }
 
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<Dims> {
         let geom = inputs.shaped::<i32>(0, &[None, None, Some(3)], "[B, N, 3]")?;
@@ -148,26 +156,15 @@ impl Rules for VoxelPoolingForward {
             OutputSpec::new(DType::I32, [plan.batches, plan.points, 3]),
         ]
     }
-}
 
-impl crate::ops::operator::Operator for VoxelPoolingForward {
-    const NAME: &'static str = "VoxelPoolingForward";
-    const SCHEMA: &'static str =
-        include_str!("../../../schemas/voxel_pooling/voxel_pooling_forward.json");
-    type Plan = Dims;
-
-    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        Self::new(attrs.ints_n::<3>("voxel_num")?)
-    }
-
-    fn plan(&self, inputs: &Inputs<'_>, _par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Dims)> {
-        let plan = self.shape_rules(inputs)?;
-        Ok((self.output_specs(&plan), plan))
+    fn find(&self, _: &Inputs<'_>, _: &Dims, _: &dyn Parallel) -> Result<()> {
+        Ok(())
     }
 
     fn execute(
         &self,
         plan: Dims,
+        (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,

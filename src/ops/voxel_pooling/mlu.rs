@@ -8,7 +8,7 @@ use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 
 /// Largest feature chunk moved per __memcpy / atomic add.
 const MAX_TILE_CHANNELS: usize = 8192;

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 
 impl VoxelPoolingForward {
     /// The output [B, ny, nx, C] must stay below 2^31 elements, as every MLU-OPS tensor.

@@ -12,7 +12,7 @@ use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
 use crate::tensor::{Data, Inputs, TensorRef};

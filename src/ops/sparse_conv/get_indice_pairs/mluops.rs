@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library, SparseConvParams};
 use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 
 /// The library's scale limits (get_indice_pairs_structs.h at v1.4.0; docs/MLUOPS_BINDING.md).
 const MAX_K: usize = 4096;

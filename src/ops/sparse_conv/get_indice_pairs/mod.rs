@@ -45,7 +45,7 @@
 
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
-use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule, check_values};
+use crate::ops::rules::{Broken, Check, RowValues, ValueRule, check_values};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch::{self, FirstError};
@@ -183,10 +183,9 @@ enum Book {
     Subm128(SubmBook<u128>),
 }
 
-/// What `plan` hands to `execute`: sizes and the rulebook (`None` when L = 0).
-pub struct Plan {
-    l: usize,
-    k: usize,
+/// What `plan` finds beyond the sizes: the output site count and the rulebook (`None`
+/// when L = 0).
+pub struct Rulebook {
     num_out: usize,
     book: Option<Book>,
 }
@@ -196,19 +195,24 @@ fn rows4(data: &[i32]) -> impl Iterator<Item = [i32; 4]> + '_ {
     data.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]])
 }
 
+/// The largest value of each column of indices that passed the value rule (every value in
+/// [0, limit) of its column).
+fn column_maxima(indices: &[i32]) -> [u32; 4] {
+    let mut max = [0u32; 4];
+    for row in rows4(indices) {
+        for f in 0..4 {
+            max[f] = max[f].max(row[f] as u32);
+        }
+    }
+    max
+}
+
 impl GetIndicePairs {
     /// The shape and value rules (the CPU path), and the largest value of each column.
     pub(super) fn validate(&self, inputs: &Inputs<'_>) -> Result<(usize, usize, [u32; 4])> {
         let d = self.shape_rules(inputs)?;
         check_values(self, inputs, &d)?;
-        let mut max = [0u32; 4];
-        // Every value is in [0, limit) of its column (the value rule, checked above).
-        for row in rows4(inputs.get::<i32>(INDICES)?.data) {
-            for f in 0..4 {
-                max[f] = max[f].max(row[f] as u32);
-            }
-        }
-        Ok((d.l, d.k, max))
+        Ok((d.l, d.k, column_maxima(inputs.get::<i32>(INDICES)?.data)))
     }
 }
 
@@ -226,78 +230,12 @@ pub struct GipDims {
     pub k: usize,
 }
 
-impl Rules for GetIndicePairs {
-    type Dims = GipDims;
-
-    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<GipDims> {
-        let l = inputs.shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?[0];
-        let k = self.kernel_volume();
-        // Every element offset of indice_pairs (and so every row index, L * K and the
-        // output count) must fit int32.
-        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
-        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
-            return Err(Error::output(
-                "indice_pairs",
-                format!(
-                    "K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})",
-                    i32::MAX
-                ),
-            ));
-        }
-        Ok(GipDims { l, k })
-    }
-
-    /// indice_pairs [K, 2, L], out_indices and indice_num [K]. The declared exception:
-    /// out_indices has a row per unique output site, a count only the indices' values give
-    /// (found by `plan` on the host, on the card by the kernels or the library). It is
-    /// declared here with none, its shape when L = 0; every path allocates it as
-    /// [`GetIndicePairs::out_indices_spec`] once it has counted the sites.
-    fn output_specs(&self, d: &GipDims) -> Vec<OutputSpec> {
-        vec![
-            OutputSpec::new(DType::I32, [d.k, 2, d.l]),
-            Self::out_indices_spec(0),
-            OutputSpec::new(DType::I32, [d.k]),
-        ]
-    }
-
-    /// Every row's batch in [0, batch_size) and z, y, x inside `spatial_shape`.
-    fn value_rules(&self, _: &GipDims) -> Vec<ValueRule> {
-        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
-        let bounds = limits.map(|n| Check::half_open(0, usize::try_from(n).unwrap_or(0)));
-        vec![ValueRule::whole(INDICES, Check::Int { cols: 4, bounds })]
-    }
-
-    fn describe(&self, inputs: &Inputs<'_>, _: &GipDims, broken: &Broken) -> Error {
-        let r = broken.row;
-        let RowValues::I32(row) = &broken.values else {
-            return inputs.error(
-                INDICES,
-                format!("row {r} = {:?} breaks the coordinate rule", broken.values),
-            );
-        };
-        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
-        let f = (0..4)
-            .find(|&f| row.get(f).is_some_and(|&v| v < 0 || i64::from(v) >= limits[f]))
-            .unwrap_or(0);
-        let v = row.get(f).copied().unwrap_or(0);
-        let what = match f {
-            0 => format!("batch {v} is outside [0, batch_size = {})", self.batch),
-            _ => format!(
-                "coordinate {v} on axis {} is outside [0, {}) of spatial_shape {:?}",
-                AXIS[f - 1],
-                limits[f],
-                self.input_space
-            ),
-        };
-        inputs.error(INDICES, format!("row {r} = {row:?}: {what}"))
-    }
-}
-
 impl Operator for GetIndicePairs {
     const NAME: &'static str = "GetIndicePairs";
     const SCHEMA: &'static str =
         include_str!("../../../../schemas/sparse_conv/get_indice_pairs.json");
-    type Plan = Plan;
+    type Dims = GipDims;
+    type Found = Rulebook;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         let batch = attrs.int("batch_size")?;
@@ -409,10 +347,73 @@ impl Operator for GetIndicePairs {
         Ok(op)
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
-        let (l, k, max) = self.validate(inputs)?;
+    fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<GipDims> {
+        let l = inputs.shaped::<i32>(INDICES, &[None, Some(4)], "[L, 4]")?[0];
+        let k = self.kernel_volume();
+        // Every element offset of indice_pairs (and so every row index, L * K and the
+        // output count) must fit int32.
+        let pairs_len = k.checked_mul(2).and_then(|n| n.checked_mul(l));
+        if pairs_len.is_none_or(|n| n > i32::MAX as usize) {
+            return Err(Error::output(
+                "indice_pairs",
+                format!(
+                    "K * 2 * L = {k} * 2 * {l} elements exceed the int32 index range (max {})",
+                    i32::MAX
+                ),
+            ));
+        }
+        Ok(GipDims { l, k })
+    }
+
+    /// indice_pairs [K, 2, L], out_indices and indice_num [K]. The declared exception:
+    /// out_indices has a row per unique output site, a count only the indices' values give
+    /// (found by `plan` on the host, on the card by the kernels or the library). It is
+    /// declared here with none, its shape when L = 0; every path allocates it as
+    /// [`GetIndicePairs::out_indices_spec`] once it has counted the sites.
+    fn output_specs(&self, d: &GipDims) -> Vec<OutputSpec> {
+        vec![
+            OutputSpec::new(DType::I32, [d.k, 2, d.l]),
+            Self::out_indices_spec(0),
+            OutputSpec::new(DType::I32, [d.k]),
+        ]
+    }
+
+    /// Every row's batch in [0, batch_size) and z, y, x inside `spatial_shape`.
+    fn value_rules(&self, _: &GipDims) -> Vec<ValueRule> {
+        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
+        let bounds = limits.map(|n| Check::half_open(0, usize::try_from(n).unwrap_or(0)));
+        vec![ValueRule::whole(INDICES, Check::Int { cols: 4, bounds })]
+    }
+
+    fn describe(&self, inputs: &Inputs<'_>, _: &GipDims, broken: &Broken) -> Error {
+        let r = broken.row;
+        let RowValues::I32(row) = &broken.values else {
+            return inputs.error(
+                INDICES,
+                format!("row {r} = {:?} breaks the coordinate rule", broken.values),
+            );
+        };
+        let limits = [self.batch, self.input_space[0], self.input_space[1], self.input_space[2]];
+        let f = (0..4)
+            .find(|&f| row.get(f).is_some_and(|&v| v < 0 || i64::from(v) >= limits[f]))
+            .unwrap_or(0);
+        let v = row.get(f).copied().unwrap_or(0);
+        let what = match f {
+            0 => format!("batch {v} is outside [0, batch_size = {})", self.batch),
+            _ => format!(
+                "coordinate {v} on axis {} is outside [0, {}) of spatial_shape {:?}",
+                AXIS[f - 1],
+                limits[f],
+                self.input_space
+            ),
+        };
+        inputs.error(INDICES, format!("row {r} = {row:?}: {what}"))
+    }
+
+    fn find(&self, inputs: &Inputs<'_>, d: &GipDims, par: &dyn Parallel) -> Result<Rulebook> {
         let v = inputs.get::<i32>(INDICES)?;
-        let (num_out, book) = if l == 0 {
+        let max = column_maxima(v.data);
+        let (num_out, book) = if d.l == 0 {
             (0, None)
         } else if self.sub_m {
             let wide = Layout::new(max).bits > u64::BITS;
@@ -421,7 +422,7 @@ impl Operator for GetIndicePairs {
             } else {
                 Book::Subm64(self.subm_book(inputs, v.data, max)?)
             };
-            (l, Some(book))
+            (d.l, Some(book))
         } else {
             let o = self.output_space.map(|o| (o - 1) as u32);
             let wide = Layout::new([max[0], o[0], o[1], o[2]]).bits > u64::BITS;
@@ -434,19 +435,25 @@ impl Operator for GetIndicePairs {
             };
             (n, Some(book))
         };
-        let mut specs = self.output_specs(&GipDims { l, k });
-        specs[1] = Self::out_indices_spec(num_out);
-        Ok((specs, Plan { l, k, num_out, book }))
+        Ok(Rulebook { num_out, book })
+    }
+
+    /// out_indices with a row per output site found.
+    fn found_specs(&self, d: &GipDims, found: &Rulebook) -> Vec<OutputSpec> {
+        let mut specs = self.output_specs(d);
+        specs[1] = Self::out_indices_spec(found.num_out);
+        specs
     }
 
     fn execute(
         &self,
-        plan: Plan,
+        d: GipDims,
+        found: Rulebook,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
     ) -> Result<()> {
-        let Plan { l, k, num_out, book } = plan;
+        let (GipDims { l, k }, Rulebook { num_out, book }) = (d, found);
         let indices =
             inputs.get_shaped::<i32>(INDICES, &[Some(l), Some(4)], "[L, 4] as planned")?;
         let pairs = outputs.take::<i32>(0)?;

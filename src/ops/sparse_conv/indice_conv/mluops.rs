@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
-use crate::ops::rules::Rules;
+use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::scratch;

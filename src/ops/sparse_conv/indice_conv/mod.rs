@@ -62,7 +62,7 @@ use rulebook::*;
 use crate::cache;
 use crate::error::{Error, Result};
 use crate::ops::operator::Operator;
-use crate::ops::rules::{Broken, Check, RowValues, Rules, ValueRule};
+use crate::ops::rules::{Broken, Check, RowValues, ValueRule};
 use crate::parallel::{Parallel, balanced_cuts, for_each_chunk_mut, for_each_part_mut, pieces};
 use crate::schema::Attrs;
 use crate::scratch::{self, FirstError};
@@ -143,9 +143,31 @@ impl IndiceConv {
     }
 }
 
-impl Rules for IndiceConv {
+impl Operator for IndiceConv {
+    const NAME: &'static str = "IndiceConv";
+    const SCHEMA: &'static str = include_str!("../../../../schemas/sparse_conv/indice_conv.json");
     const SIZE_INPUTS: &'static [usize] = &[NUM];
     type Dims = ConvDims;
+    type Found = Rulebook;
+
+    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
+        let inverse = match attrs.int("inverse")? {
+            0 => false,
+            1 => true,
+            v => return Err(Error::attribute("inverse", format!("must be 0 or 1, got {v}"))),
+        };
+        let activation = match attrs.string("activation")?.as_str() {
+            "none" => Activation::None,
+            "relu" => Activation::Relu,
+            v => {
+                return Err(Error::attribute(
+                    "activation",
+                    format!("must be \"none\" or \"relu\", got \"{v}\""),
+                ));
+            }
+        };
+        Ok(IndiceConv { inverse, activation })
+    }
 
     /// Shapes, dtypes and indice_num (read on the host on both paths).
     fn shape_rules(&self, inputs: &Inputs<'_>) -> Result<ConvDims> {
@@ -278,35 +300,23 @@ impl Rules for IndiceConv {
             )),
         }
     }
-}
 
-impl Operator for IndiceConv {
-    const NAME: &'static str = "IndiceConv";
-    const SCHEMA: &'static str = include_str!("../../../../schemas/sparse_conv/indice_conv.json");
-    type Plan = Plan;
-
-    fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
-        let inverse = match attrs.int("inverse")? {
-            0 => false,
-            1 => true,
-            v => return Err(Error::attribute("inverse", format!("must be 0 or 1, got {v}"))),
-        };
-        let activation = match attrs.string("activation")?.as_str() {
-            "none" => Activation::None,
-            "relu" => Activation::Relu,
-            v => {
-                return Err(Error::attribute(
-                    "activation",
-                    format!("must be \"none\" or \"relu\", got \"{v}\""),
-                ));
-            }
-        };
-        Ok(IndiceConv { inverse, activation })
+    /// The value rules are checked while the pairs are grouped ([`Operator::find`]), not in
+    /// a pass of their own: the same rules, in the same order, with the same errors.
+    fn plan(
+        &self,
+        inputs: &Inputs<'_>,
+        par: &dyn Parallel,
+    ) -> Result<(Vec<OutputSpec>, ConvDims, Rulebook)> {
+        let dims = self.shape_rules(inputs)?;
+        let found = self.find(inputs, &dims, par)?;
+        Ok((self.output_specs(&dims), dims, found))
     }
 
-    fn plan(&self, inputs: &Inputs<'_>, par: &dyn Parallel) -> Result<(Vec<OutputSpec>, Plan)> {
-        let dims = self.shape_rules(inputs)?;
-        let ConvDims { l, k: k_count, cout, p, rows, ref counts, .. } = dims;
+    /// The rulebook by row tile, read in place where every offset's pairs ascend by
+    /// destination, else grouped; checks the value rules on the way.
+    fn find(&self, inputs: &Inputs<'_>, dims: &ConvDims, par: &dyn Parallel) -> Result<Rulebook> {
+        let ConvDims { l, k: k_count, cout, p, rows, ref counts, .. } = *dims;
         let pairs = inputs.get::<i32>(PAIRS)?;
         let slots = self.slots();
         let total: usize = counts.iter().sum();
@@ -316,10 +326,7 @@ impl Operator for IndiceConv {
 
         match in_place(pairs.data, counts, p, slots, [l, rows], shift, par)? {
             InPlace::Found(reads, starts) => {
-                return Ok((
-                    self.output_specs(&dims),
-                    Plan { dims, shift, book: Book::InPlace { reads, starts } },
-                ));
+                return Ok(Rulebook { shift, tiles, book: Book::InPlace { reads, starts } });
             }
             InPlace::OutOfRange => {
                 return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
@@ -412,12 +419,13 @@ impl Operator for IndiceConv {
             return Err(first_bad_pair(inputs, pairs.data, counts, p, slots, [l, rows]));
         }
         errors.into_result()?;
-        Ok((self.output_specs(&dims), Plan { dims, shift, book: Book::Grouped(books) }))
+        Ok(Rulebook { shift, tiles, book: Book::Grouped(books) })
     }
 
     fn execute(
         &self,
-        r: Plan,
+        dims: ConvDims,
+        r: Rulebook,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
@@ -433,9 +441,9 @@ impl Operator for IndiceConv {
             activation: self.activation,
         };
         let out = outputs.take::<f32>(0)?;
-        let (cin, cout) = (r.dims.cin, r.dims.cout);
-        if out.len() != r.dims.rows * cout
-            || features.len() != r.dims.l * cin
+        let (cin, cout) = (dims.cin, dims.cout);
+        if out.len() != dims.rows * cout
+            || features.len() != dims.l * cin
             || filters.len() % (cin * cout).max(1) != 0
             || epilogue.residual.is_some_and(|r| r.len() != out.len())
         {
@@ -445,7 +453,7 @@ impl Operator for IndiceConv {
             return Ok(());
         }
         let tile_rows = 1usize << r.shift;
-        let tiles = r.tiles();
+        let tiles = r.tiles;
         // Tasks of whole tiles, about GRAIN multiply-adds each (any split gives the same bits).
         // (Saturating: with no pairs, Cin and Cout are bounded by no tensor's size.)
         let weight = |t: usize| {
@@ -459,7 +467,7 @@ impl Operator for IndiceConv {
             pieces(usize::try_from(work).unwrap_or(usize::MAX), GRAIN),
         );
         let bounds: Vec<usize> =
-            cuts.iter().map(|&t| (t * tile_rows).min(r.dims.rows) * cout).collect();
+            cuts.iter().map(|&t| (t * tile_rows).min(dims.rows) * cout).collect();
         #[cfg(target_arch = "x86_64")]
         let fused = Fused::detect(cout);
         #[cfg(not(target_arch = "x86_64"))]
@@ -566,15 +574,9 @@ impl Operator for IndiceConv {
                             // A tile holding a destination starts below 2^31.
                             let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
-                                let js = Plan::in_place(starts, tiles, k, t);
-                                let (src, dst) = offset_pairs(
-                                    pairs,
-                                    &r.dims.counts,
-                                    r.dims.p,
-                                    self.slots(),
-                                    k,
-                                    how,
-                                );
+                                let js = Rulebook::in_place(starts, tiles, k, t);
+                                let (src, dst) =
+                                    offset_pairs(pairs, &dims.counts, dims.p, self.slots(), k, how);
                                 let (src, dst) = (&src[js.clone()], &dst[js]);
                                 // (Validated: sources in [0, L), destinations in this tile.)
                                 for (src, dst) in src.chunks(chunk_rows).zip(dst.chunks(chunk_rows))

@@ -1,4 +1,5 @@
-//! IndiceConv's plan: the validated rulebook by row tile, read in place or grouped.
+//! IndiceConv's rulebook (what `plan` finds): the validated pairs by row tile, read in place
+//! or grouped.
 
 use super::*;
 
@@ -30,21 +31,17 @@ pub(super) enum Book {
     Grouped(Vec<Piece>),
 }
 
-/// The validated rulebook, by row tile.
+/// The validated rulebook, by row tile: what `execute` needs beyond the sizes.
 #[derive(Debug)]
-pub struct Plan {
-    /// What the shape rules found.
-    pub(super) dims: ConvDims,
+pub struct Rulebook {
     /// log2 of the rows per tile: tile t holds output rows [t << shift, (t + 1) << shift).
     pub(super) shift: u32,
+    /// The tiles of num_out rows.
+    pub(super) tiles: usize,
     pub(super) book: Book,
 }
 
-impl Plan {
-    pub(super) fn tiles(&self) -> usize {
-        self.dims.rows.div_ceil(1 << self.shift)
-    }
-
+impl Rulebook {
     /// Tile t's pairs of offset k read in place: the range of j.
     pub(super) fn in_place(
         starts: &[usize],
@@ -58,7 +55,7 @@ impl Plan {
     pub(super) fn tile_len(&self, t: usize) -> usize {
         match &self.book {
             Book::InPlace { reads, starts, .. } => {
-                (0..reads.len()).map(|k| Self::in_place(starts, self.tiles(), k, t).len()).sum()
+                (0..reads.len()).map(|k| Self::in_place(starts, self.tiles, k, t).len()).sum()
             }
             Book::Grouped(pieces) => pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum(),
         }
