@@ -19,6 +19,7 @@ expects (none, unless it says otherwise).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -152,7 +153,10 @@ def summary(c: dict) -> str:
 @contextlib.contextmanager
 def traffic_report():
     """Sets ``MLU_EP_TRAFFIC`` to a fresh file for the block (the provider reads it at every
-    node run and when a session ends) and yields its path; restores the variable after."""
+    node run and when a session ends) and yields its path; restores the variable after.
+    Sessions no longer referenced are collected first: one held in a reference cycle would
+    otherwise end, and write its session line, inside the block, whenever the collector ran."""
+    gc.collect()
     before = os.environ.get("MLU_EP_TRAFFIC")
     with tempfile.TemporaryDirectory(prefix="mlu-traffic-") as tmp:
         path = os.path.join(tmp, "traffic.jsonl")

@@ -157,7 +157,8 @@ def test_the_bytes_row_counts_one_inference_against_the_card_segment(bev_case, m
     assert cross.minimum == geom.nbytes + b * n * c * 4 + b * 128 * 128 * c * 4, cross
     assert cross.weights == []
     notes: list[str] = []
-    row = run.bytes_row(graph, str(mlu_lib), options, session, where, "bang", 1, notes)
+    row, wrong = run.bytes_row(graph, str(mlu_lib), options, session, where, "bang", 1, notes)
+    assert wrong == [], wrong
     h2d, d2h = (int(x.replace(",", "")) for x in re.search(r"per inference ([\d,]+) B to the card \+ ([\d,]+) B back",
                                                            row).groups())
     inputs, outputs = (sum(size for *_, size in part) for part in (cross.to_card, cross.back))
