@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use onnxruntime_ep_mlu_fuzz::{Bytes, Class, check, common, judge, outcome};
+use onnxruntime_ep_mlu_fuzz::{Bytes, Class, check, common, judge_terms, outcome};
 
 mod psroi;
 #[path = "../../tests/reference/psroipool_backward.rs"]
@@ -41,6 +41,14 @@ fuzz_target!(|data: &[u8]| {
     let class = Class::Accumulating(&magnitudes);
     if let Some(out) = outcome(check("PsRoiPoolBackward", &a.map(), &inputs, class), valid) {
         let got = out[0].data.f32().expect("float32 bottom_grad");
-        judge(got, &reference(&case, a), common::ELEM_REL, "bottom_grad against the reference");
+        // Its terms can cancel too (found: -2.4e-7 in float32 against 4.4e-16 in float64, each
+        // the rounding of its own top_diff / area): each element against their magnitude.
+        judge_terms(
+            got,
+            &reference(&case, a),
+            &reference(&abs, a),
+            common::ELEM_REL,
+            "bottom_grad against the reference",
+        );
     }
 });
