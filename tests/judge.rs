@@ -16,7 +16,9 @@ use onnxruntime_ep_mlu::tensor::Tensor;
 use std::collections::{BTreeSet, HashMap};
 mod common;
 use common::psroi::Attrs as PsRoiAttrs;
-use common::{ELEM_REL, ELEM_REL_F16, Rng, assert_rejects_planted, judge_accumulating};
+use common::{
+    ELEM_REL, ELEM_REL_F16, Rng, assert_rejects_planted, judge_accumulating, judge_against_terms,
+};
 #[path = "reference/get_indice_pairs.rs"]
 #[allow(dead_code)]
 mod gip_reference;
@@ -108,6 +110,44 @@ fn float16_bound_admits_float16_steps_and_rejects_a_1_percent_error() {
     per_element(judge_accumulating(&got, &want, ELEM_REL).expect_err("not under float32's E"));
     got[999] = (want[999] * 1.01) as f32;
     per_element(judge_accumulating(&got, &want, ELEM_REL_F16).expect_err("1% off"));
+}
+
+#[test]
+fn cancelling_terms_are_judged_against_their_magnitude_and_wrong_elements_still_fail() {
+    // The PsRoiPoolBackward fuzz finding (its input in fuzz/corpus/psroipool_backward): the
+    // output's one nonzero cell adds these; the CPU in bin order gets 0, the card's atomics
+    // in another order 1e-40. Against the CPU result's rms (0) the card fails; against the
+    // terms' magnitude (27.25) it is well within the class.
+    let terms = [1e-40f32, -13.625, 4.5, 9.125];
+    let in_order = terms.iter().fold(0f32, |s, &x| s + x);
+    let reordered = terms.iter().rev().fold(0f32, |s, &x| s + x);
+    assert_eq!((in_order, reordered), (0.0, 1e-40));
+    let magnitude: f64 = terms.iter().map(|x| f64::from(x.abs())).sum();
+    let (want, t) = ([f64::from(in_order), 0.0], [magnitude, 0.0]);
+    judge_accumulating(&[reordered, 0.0], &want, ELEM_REL).expect_err("no rms to scale by");
+    judge_against_terms(&[reordered, 0.0], &want, &t, ELEM_REL).expect("within the class");
+    // Beyond the class: off by just over E x 27.25, a term lost, and the empty cell nonzero.
+    for got in [[9e-4, 0.0], [4.5, 0.0], [-13.625, 0.0], [reordered, 1e-40]] {
+        judge_against_terms(&got, &want, &t, ELEM_REL).expect_err(&format!("{got:?}"));
+    }
+    // A thousand sums of four random signed terms: float32 in order passes; the median
+    // element zeroed, sign-flipped or 1% off fails, as under the rms rule.
+    let mut rng = Rng(50);
+    let sums: Vec<[f32; 4]> = (0..1000).map(|_| [(); 4].map(|_| rng.f32())).collect();
+    let got: Vec<f32> = sums.iter().map(|s| s.iter().sum()).collect();
+    let want: Vec<f64> = sums.iter().map(|s| s.iter().map(|&x| f64::from(x)).sum()).collect();
+    let t: Vec<f64> = sums.iter().map(|s| s.iter().map(|x| f64::from(x.abs())).sum()).collect();
+    judge_against_terms(&got, &want, &t, ELEM_REL).expect("float32 sums pass");
+    assert_rejects_planted(&got, &want, ELEM_REL, "four-term sums, rms rule");
+    let mut order: Vec<usize> = (0..got.len()).collect();
+    order.sort_by(|&i, &j| want[i].abs().total_cmp(&want[j].abs()));
+    let at = order[order.len() / 2];
+    for value in [0.0, -got[at], got[at] * 1.01] {
+        let mut planted = got.clone();
+        planted[at] = value;
+        judge_against_terms(&planted, &want, &t, ELEM_REL)
+            .expect_err(&format!("element {at}: {} -> {value}", got[at]));
+    }
 }
 
 /// The CPU kernel's outputs of `op` on `inputs` (valid inputs expected).

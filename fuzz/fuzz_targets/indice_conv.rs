@@ -66,14 +66,23 @@ fuzz_target!(|data: &[u8]| {
     let shift = (plain_sums && u.one_in(2)).then(|| u.floats(cout));
     let residual = (plain_sums && u.one_in(2)).then(|| u.floats(num_out * cout));
     let epilogue = Epilogue { scale, shift, residual, relu: u.one_in(2) };
-    let plain = outcome(check("IndiceConv", &attrs(inverse), &inputs, Class::Accumulating), valid);
+    // Each output element adds feature x filter products (and the bias): the kernel on their
+    // magnitudes adds the terms' magnitudes; with the epilogue on magnitudes too it gives
+    // |scale| x that + |shift| + |residual|, the fused element's terms (relu, 1-Lipschitz,
+    // the identity on them).
+    let abs_conv = conv.magnitudes();
+    let magnitudes: Vec<_> = abs_conv.tensors().into_iter().map(Some).collect();
+    let plain = outcome(
+        check("IndiceConv", &attrs(inverse), &inputs, Class::Accumulating(&magnitudes)),
+        valid,
+    );
     if let Some(out) = &plain {
         let got = out[0].data.f32().expect("float32 output");
         // Random signed terms can cancel: each element against its terms' magnitude.
         judge_terms(
             got,
             &reference(&conv, inverse == 1),
-            &reference(&conv.magnitudes(), inverse == 1),
+            &reference(&abs_conv, inverse == 1),
             common::ELEM_REL,
             "output against the reference",
         );
@@ -92,8 +101,16 @@ fuzz_target!(|data: &[u8]| {
     if unknown {
         fused_attrs.insert("activation".into(), AttrValue::String("gelu".into()));
     }
+    let abs = |v: &Option<Vec<f32>>| v.as_ref().map(|v| v.iter().map(|x| x.abs()).collect());
+    let abs_epilogue = Epilogue {
+        scale: abs(&epilogue.scale),
+        shift: abs(&epilogue.shift),
+        residual: abs(&epilogue.residual),
+        relu: epilogue.relu,
+    };
+    let fused_magnitudes = abs_epilogue.inputs(&abs_conv);
     let fused = outcome(
-        check("IndiceConv", &fused_attrs, &fused_inputs, Class::Accumulating),
+        check("IndiceConv", &fused_attrs, &fused_inputs, Class::Accumulating(&fused_magnitudes)),
         valid && !bad_shape && !unknown,
     );
     if let (Some(plain), Some(fused)) = (plain, fused) {

@@ -28,12 +28,18 @@ fuzz_target!(|data: &[u8]| {
         u.floats(b * n * 3).into_iter().map(|x| representable(ty, f64::from(x))).collect();
     let case = Case { b, c, n, m, ty, grad_output, indices, weights };
     let inputs: Vec<_> = case.tensors().into_iter().map(Some).collect();
+    // grad_features adds grad_output x weight per point and neighbour: the kernel on
+    // |grad_output| and |weight| (indices as they are) adds the terms' magnitudes.
+    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect();
+    let magnitudes =
+        Case { grad_output: abs(&case.grad_output), weights: abs(&case.weights), ..case.clone() };
+    let magnitudes: Vec<_> = magnitudes.tensors().into_iter().map(Some).collect();
     let valid = m >= 0 && case.indices.iter().all(|&j| j >= 0 && i64::from(j) < m);
     let result = check(
         "ThreeInterpolateBackward",
         &attrs(&[("m", AttrValue::Int(m))]),
         &inputs,
-        Class::Accumulating,
+        Class::Accumulating(&magnitudes),
     );
     if let Some(out) = outcome(result, valid) {
         let got: Vec<f32> =

@@ -19,10 +19,21 @@ fuzz_target!(|data: &[u8]| {
     let geom = (0..b * n * 3).map(|i| u.below(voxel_num[i % 3] as usize + 3) as i32 - 1).collect();
     let case = Case { b, n, c, geom, feats: u.floats(b * n * c) };
     let (g, f) = case.tensors();
+    // output_features adds the features of the points in each voxel: the kernel on |features|
+    // (geom as it is) adds the terms' magnitudes.
+    let abs = Case {
+        b,
+        n,
+        c,
+        geom: case.geom.clone(),
+        feats: case.feats.iter().map(|x| x.abs()).collect(),
+    };
+    let (abs_g, abs_f) = abs.tensors();
+    let magnitudes = [Some(abs_g), Some(abs_f)];
     let valid = voxel_num.iter().all(|&v| v > 0);
     let attrs = attrs(&[("voxel_num", AttrValue::Ints(voxel_num.to_vec()))]);
     if let Some(out) = outcome(
-        check("VoxelPoolingForward", &attrs, &[Some(g), Some(f)], Class::Accumulating),
+        check("VoxelPoolingForward", &attrs, &[Some(g), Some(f)], Class::Accumulating(&magnitudes)),
         valid,
     ) {
         let (want, want_memo) = reference(&case, voxel_num);
