@@ -688,7 +688,7 @@ mod dynamic_scatter {
         Backend, Bang, CardBackends, CardNode, Ran, path, run_node_on_device,
     };
     use onnxruntime_ep_mlu::ops::dynamic_scatter::DynamicScatter;
-    use onnxruntime_ep_mlu::ops::dynamic_scatter::mlu::BOX_CELLS;
+    use onnxruntime_ep_mlu::ops::dynamic_scatter::bang::BOX_CELLS;
 
     const REDUCES: [&str; 3] = ["max", "mean", "sum"];
 

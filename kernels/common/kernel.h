@@ -17,7 +17,7 @@
 
 // ---- the NRAM budget: the one place it is computed ----------------------------------
 // MLU370 (mtp_372): 768 KB NRAM per core, 128 KB of it reserved for the stack. The host
-// policy (src/ops/*/mlu.rs) splits exactly this many bytes into tiles; mluops_nram_budget()
+// policy (src/ops/*/bang.rs) splits exactly this many bytes into tiles; mluops_nram_budget()
 // exports it so a test pins the Rust copy to this one.
 #define MLUOPS_NRAM_BYTES (768 * 1024)
 #define MLUOPS_NRAM_STACK_BYTES (128 * 1024)
@@ -50,7 +50,7 @@
 
 // Device index arithmetic is 32-bit, as mlu-ops keeps it on mtp_372 (Cambricon/mlu-ops@v1.4.0
 // kernels/kernel.h:83-85 makes even sizeof 32-bit there): every host launch policy
-// (src/ops/*/mlu.rs) bounds the element counts a kernel indexes below 2^31, and loops step
+// (src/ops/*/bang.rs) bounds the element counts a kernel indexes below 2^31, and loops step
 // by the chunk they took (never past their end), so no sum leaves int32.
 template <typename T>
 __mlu_func__ T *mluops_carve(int8_t *&cursor, int32_t count) {

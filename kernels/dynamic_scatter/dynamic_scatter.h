@@ -13,7 +13,7 @@ MLUOPS_EXPORT int mluops_dynamic_scatter_backward_max(cnrtQueue_t queue, uint32_
                                                       float *grad_feats, const int32_t *gate, int32_t gates);
 
 // DynamicScatter (the forward partner): the steps of dynamic_scatter.mlu's forward section,
-// launched by the host between its two reads (src/ops/dynamic_scatter/mlu.rs).
+// launched by the host between its two reads (src/ops/dynamic_scatter/bang.rs).
 MLUOPS_EXPORT int mluops_dynamic_scatter_bounds(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type,
                                                 int32_t points, int32_t dims, int32_t tile_points,
                                                 const int32_t *coors, int32_t *partial);

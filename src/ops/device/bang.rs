@@ -1,5 +1,5 @@
 //! The BANG backend: our kernels (kernels/), the path [`Bang`] and the trait
-//! [`BangOperator`] an operator with BANG kernels implements (`ops/<family>/mlu.rs`).
+//! [`BangOperator`] an operator with BANG kernels implements (`ops/<family>/bang.rs`).
 
 use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
 use crate::error::Result;

@@ -2,7 +2,7 @@
 //! claims runs on one of the card backends ([`Backend`]: Cambricon's MLU-OPS library, our
 //! BANG kernels), tried in the provider's order, else on the host CPU. Each backend is a
 //! [`CardPath`] with a trait operators implement ([`MluOpsOperator`] in
-//! `ops/<family>/mluops.rs`, [`BangOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
+//! `ops/<family>/mluops.rs`, [`BangOperator`] in `ops/<family>/bang.rs`); a node holds its paths
 //! type-erased ([`CardNode`]) and [`CardNode::run`] is the one node runner, for the provider
 //! and for the tests' driver ([`run_node_on_device`]) alike. The device runtime (`crate::mlu`)
 //! and the MLU-OPS binding (`crate::mluops`) know nothing of this.
