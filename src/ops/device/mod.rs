@@ -76,7 +76,7 @@ impl Card<'_> {
     }
 
     /// The gate kernels that address memory with input values take: the records and their
-    /// count (kernels/common/kernel.h, `mluops_gate_closed`).
+    /// count (kernels/common/kernel.h, `bang_gate_closed`).
     pub fn gate(&self) -> (*const i32, i32) {
         (self.records, self.rules as i32)
     }
