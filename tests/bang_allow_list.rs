@@ -180,7 +180,7 @@ fn compiles(expr: &str) -> Result<(), String> {
     let file = dir
         .join(format!("k{}.cc", expr.len() * 7919 + expr.bytes().map(usize::from).sum::<usize>()));
     let src = format!(
-        "#include \"kernel.h\"\nMLUOPS_NRAM_BUFFER(nram_buffer);\n__mlu_global__ void K(float *out) {{\n  if (__is_mpu()) return;\n  float v = out[0];\n  out[0] = {expr};\n}}\n"
+        "#include \"kernel.h\"\nBANG_NRAM_BUFFER(nram_buffer);\n__mlu_global__ void K(float *out) {{\n  if (__is_mpu()) return;\n  float v = out[0];\n  out[0] = {expr};\n}}\n"
     );
     std::fs::write(&file, src).unwrap();
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());

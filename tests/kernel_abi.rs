@@ -56,9 +56,9 @@ fn every_header_generates_and_the_library_check_lists_every_entry() {
 fn c_types_map_to_their_rust_types() {
     let rust = abi::generate(
         "demo_family",
-        "// a comment\n#pragma once\ntypedef struct MluopsDemo { int32_t lo[4]; float scale; } MluopsDemo;\n\
-         BANG_EXPORT int mluops_demo(cnrtQueue_t queue, uint32_t task_dim, const half *x, half *y,\n\
-             const MluopsDemo *demo, int64_t n, const float *f, int32_t *out);",
+        "// a comment\n#pragma once\ntypedef struct BangDemo { int32_t lo[4]; float scale; } BangDemo;\n\
+         BANG_EXPORT int bang_demo(cnrtQueue_t queue, uint32_t task_dim, const half *x, half *y,\n\
+             const BangDemo *demo, int64_t n, const float *f, int32_t *out);",
     )
     .unwrap();
     assert!(
@@ -67,9 +67,9 @@ fn c_types_map_to_their_rust_types() {
     );
     let sig = "queue: crate::mlu::QueuePtr, task_dim: u32, x: *const u16, y: *mut u16, demo: *const Demo, n: i64, \
                f: *const f32, out: *mut i32";
-    assert!(rust.contains(&format!("pub struct DemoFamilyKernels {{\n    pub mluops_demo: unsafe extern \"C\" fn({sig}) -> i32,")), "{rust}");
-    assert!(rust.contains(&format!("pub fn mluops_demo({sig}) -> i32;")), "{rust}");
-    assert!(rust.contains("(lib, crate::mlu::KERNEL_LIBRARY, \"mluops_demo\\0\") }?"), "{rust}");
+    assert!(rust.contains(&format!("pub struct DemoFamilyKernels {{\n    pub bang_demo: unsafe extern \"C\" fn({sig}) -> i32,")), "{rust}");
+    assert!(rust.contains(&format!("pub fn bang_demo({sig}) -> i32;")), "{rust}");
+    assert!(rust.contains("(lib, crate::mlu::KERNEL_LIBRARY, \"bang_demo\\0\") }?"), "{rust}");
 }
 
 #[test]

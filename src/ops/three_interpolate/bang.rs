@@ -119,7 +119,7 @@ impl BangOperator for ThreeInterpolateBackward {
         let (go, idx, w) = (card.input::<c_void>(0), card.input::<i32>(1), card.input::<c_void>(2));
         let k = card.device.kernels::<super::abi::ThreeInterpolateKernels>()?;
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
-        card.queue.launch("mluops_three_interpolate_backward", |q| unsafe {
+        card.queue.launch("bang_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {
                 (k.bang_three_interpolate_backward_f16)(
                     q,
