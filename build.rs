@@ -4,8 +4,8 @@
 //!   this crate: the emulated MLU card runs these.
 //! - When a Cambricon toolkit is present (NEUWARE_HOME with bin/cncc): the same sources
 //!   compiled one by one by cncc (for MLU_EP_BANG_ARCH, default mtp_372) and linked into
-//!   `libmluops_kernels_mlu.so` (build_support/cncc.rs), which the Cambricon runtime path
-//!   opens with libloading; its path is baked in as MLUOPS_DEVICE_KERNELS.
+//!   `libbang_kernels_mlu.so` (build_support/cncc.rs), which the Cambricon runtime path
+//!   opens with libloading; its path is baked in as BANG_DEVICE_KERNELS.
 //! - The Rust side of each family's C header kernels/<family>/<family>.h, into
 //!   `$OUT_DIR/kernels/` (build_support/abi.rs), and the list of every launch entry.
 
@@ -52,7 +52,7 @@ fn main() {
     for f in &mlu {
         build.file(f);
     }
-    build.compile("mluops_kernels_emu");
+    build.compile("bang_kernels_emu");
 
     let device_lib = std::env::var_os("NEUWARE_HOME").and_then(|home| {
         let home = PathBuf::from(home);
@@ -94,14 +94,14 @@ fn main() {
     std::fs::write(out_dir.join("kernels/cncc_failed.rs"), table)
         .unwrap_or_else(|e| fail(&format!("error: {e}")));
     println!(
-        "cargo:rustc-env=MLUOPS_DEVICE_KERNELS={}",
+        "cargo:rustc-env=BANG_DEVICE_KERNELS={}",
         device_lib.as_ref().map(|b| b.library.display().to_string()).unwrap_or_default()
     );
     // The architecture that library was compiled for: a card of the Cambricon runtime is
     // of it (src/mluops: MLU-OPS versions are checked against it).
     let arch = std::env::var("MLU_EP_BANG_ARCH").ok().filter(|a| !a.is_empty());
     println!(
-        "cargo:rustc-env=MLUOPS_DEVICE_ARCH={}",
+        "cargo:rustc-env=BANG_DEVICE_ARCH={}",
         device_lib
             .map(|_| arch.unwrap_or_else(|| cncc::DEFAULT_ARCH.to_owned()))
             .unwrap_or_default()

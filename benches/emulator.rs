@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 #[path = "../tests/common/selftest.rs"]
 mod selftest;
 
-use selftest::{mluops_emu_selftest_f32, op};
+use selftest::{bang_emu_selftest_f32, op};
 
 const N: usize = 64;
 
@@ -43,7 +43,7 @@ fn main() {
         let launch = || {
             // SAFETY: `a` and `out` are device buffers of N floats.
             let code = unsafe {
-                mluops_emu_selftest_f32(
+                bang_emu_selftest_f32(
                     q.ptr(),
                     tasks,
                     task_type,

@@ -3,7 +3,7 @@
 //! by the family's `kernel_abi!`): the `#[repr(C)]` structs, and a table of the launch
 //! entries' function pointers (`<Family>Kernels`) taken from the emulated card's linked
 //! host build or from the cncc-built library. A header holds nothing but
-//! `typedef struct X { ... } X;` and `MLUOPS_EXPORT int name(...);`, in the C types of
+//! `typedef struct X { ... } X;` and `BANG_EXPORT int name(...);`, in the C types of
 //! [`rust_of_c`]; anything else stops the build with the header's name.
 //! tests/kernel_abi.rs includes this file to test it.
 
@@ -111,9 +111,9 @@ impl<'a> Cursor<'a> {
         Ok(&self.toks[start..start + len])
     }
 
-    /// `MLUOPS_EXPORT int name(type name, ...)`, the cursor on MLUOPS_EXPORT.
+    /// `BANG_EXPORT int name(type name, ...)`, the cursor on BANG_EXPORT.
     fn prototype(&mut self) -> Result<Entry, String> {
-        self.expect("MLUOPS_EXPORT")?;
+        self.expect("BANG_EXPORT")?;
         self.expect("int")?;
         let name = self.next()?.to_owned();
         self.expect("(")?;
@@ -134,7 +134,7 @@ fn decl(toks: &[String]) -> Result<Decl, String> {
     }
 }
 
-/// A header: `typedef struct X { ... } X;` and `MLUOPS_EXPORT int ...(...);`, nothing else.
+/// A header: `typedef struct X { ... } X;` and `BANG_EXPORT int ...(...);`, nothing else.
 pub fn parse_header(src: &str) -> Result<Header, String> {
     let toks = tokens(src);
     let mut c = Cursor { toks: &toks, at: 0 };
@@ -156,7 +156,7 @@ pub fn parse_header(src: &str) -> Result<Header, String> {
                 c.expect(";")?;
                 header.structs.push(CStruct { name, fields });
             }
-            "MLUOPS_EXPORT" => {
+            "BANG_EXPORT" => {
                 header.entries.push(c.prototype()?);
                 c.expect(";")?;
             }
@@ -170,7 +170,7 @@ pub fn parse_header(src: &str) -> Result<Header, String> {
 fn mlu_definitions(src: &str) -> Result<Vec<Entry>, String> {
     let toks = tokens(src);
     let mut out = Vec::new();
-    for at in (0..toks.len()).filter(|&i| toks[i] == "MLUOPS_EXPORT") {
+    for at in (0..toks.len()).filter(|&i| toks[i] == "BANG_EXPORT") {
         let mut c = Cursor { toks: &toks, at };
         out.push(c.prototype()?);
         c.expect("{")?;
@@ -178,11 +178,11 @@ fn mlu_definitions(src: &str) -> Result<Vec<Entry>, String> {
     Ok(out)
 }
 
-/// The Rust name of a header's struct: its C name without the `Mluops` prefix.
+/// The Rust name of a header's struct: its C name without the `Bang` prefix.
 pub fn rust_struct_name(c: &str) -> Result<&str, String> {
-    c.strip_prefix("Mluops")
+    c.strip_prefix("Bang")
         .filter(|n| !n.is_empty())
-        .ok_or(format!("struct {c}: its name must start with Mluops"))
+        .ok_or(format!("struct {c}: its name must start with Bang"))
 }
 
 /// The Rust type of a C declaration; `structs` are the header's own.

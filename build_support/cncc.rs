@@ -1,5 +1,5 @@
 //! The Cambricon-toolkit build of kernels/: each `.mlu` compiled by cncc, the objects linked
-//! into `libmluops_kernels_mlu.so` (without the kernel families cncc failed on). Plain std Rust without dependencies, included by build.rs
+//! into `libbang_kernels_mlu.so` (without the kernel families cncc failed on). Plain std Rust without dependencies, included by build.rs
 //! and by tests/cncc_build.rs (`#[path]`), so the test runs the very commands the build runs.
 //!
 //! Precedents, Cambricon's public build code:
@@ -22,7 +22,7 @@ use std::process::Command;
 pub const DEFAULT_ARCH: &str = "mtp_372";
 
 /// What build.rs produces and the runtime opens (src/mlu/cnrt.rs).
-const LIBRARY: &str = "libmluops_kernels_mlu.so";
+const LIBRARY: &str = "libbang_kernels_mlu.so";
 
 /// The toolkit's compiler, `None` when `neuware_home` has none (then only the emulated card's
 /// kernels are built).
@@ -91,7 +91,7 @@ pub struct Built {
 }
 
 /// Compiles every source into `out_dir/cncc/`, then links the objects into
-/// `out_dir/libmluops_kernels_mlu.so`. A source cncc fails on leaves its kernel family out
+/// `out_dir/libbang_kernels_mlu.so`. A source cncc fails on leaves its kernel family out
 /// of the library (the provider then runs that family's nodes elsewhere: src/mlu/cnrt.rs);
 /// the build fails when no source compiles or the link fails.
 pub fn build_library(

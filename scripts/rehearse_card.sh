@@ -58,7 +58,7 @@ summary="$(grep '^== card mode: all passed' "$OUT/test-card.log" | tail -n 1)"
 
 echo "== rehearse_card: provenance (cards through libcnrt, nodes through the cncc kernel library and the toolkit's libmluops)"
 LIB="$CHECKOUT/target/release/libonnxruntime_ep_mlu.so"
-KERNELS="$(grep -a -o '/[^[:space:][:cntrl:]]*/libmluops_kernels_mlu\.so' "$LIB" | head -n 1)"
+KERNELS="$(grep -a -o '/[^[:space:][:cntrl:]]*/libbang_kernels_mlu\.so' "$LIB" | head -n 1)"
 [ -f "$KERNELS" ] || { echo "rehearse_card: the library names no built kernel library ($KERNELS)" >&2; exit 1; }
 NEUWARE_HOME="$TOOLKIT" "$ROOT/.venv/bin/python" "$CHECKOUT/tests/standin_neuware/provenance.py" "$LIB" "$TOOLKIT" "$KERNELS"
 

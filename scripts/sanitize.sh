@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the emulated-card tests (tests/mlu_kernels.rs, tests/emulator.rs) with the BANG
+# Runs the emulated-card tests (tests/bang_kernels.rs, tests/emulator.rs) with the BANG
 # kernels and the host emulator built under a sanitizer:
 #   scripts/sanitize.sh thread    ThreadSanitizer: a data race between emulated cores (two
 #                                 host threads storing the same GDRAM element without an
@@ -70,7 +70,7 @@ export UBSAN_OPTIONS="halt_on_error=1:exitcode=66:print_stacktrace=1"
 echo "== build: kernels and emulator with -fsanitize=$sanitizers (the test binaries' paths in $out/bins)"
 start=$SECONDS
 : >"$out/bins"
-for t in mlu_kernels emulator; do
+for t in bang_kernels emulator; do
     cargo rustc --quiet --profile test --test "$t" --message-format=json-render-diagnostics -- "${link[@]}" \
         2> >(tee -a "$log" >&2) \
         | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable")]' >>"$out/bins"

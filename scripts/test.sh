@@ -130,8 +130,8 @@ print(sum(d.ep_name == "MLUExecutionProvider" and dict(d.device.metadata).get("e
     fi
     for ((i = 0; i < cards; i++)); do
         echo "== card $i of $cards: the BANG kernels against the CPU kernels, seed and network scale"
-        MLU_EP_TEST_DEVICE=$i cargo test --release --test mlu_kernels
-        MLU_EP_TEST_DEVICE=$i MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
+        MLU_EP_TEST_DEVICE=$i cargo test --release --test bang_kernels
+        MLU_EP_TEST_DEVICE=$i MLU_EP_FULL_SCALE=1 cargo test --release --test bang_kernels -- network_scale
     done
     # The backends this host has: `bang` whenever there is a card (the cncc kernel library is
     # loaded with it); `mluops` when the provider finds a usable libmluops (it says why not;
@@ -193,13 +193,13 @@ cargo build --example mluops_emulated
 cargo test --all-targets
 stage "BANG kernels and emulator rules on emulated cards of 1 and 4 clusters (2 above)"
 # (The emulator's self-tests launch 8 tasks: they need 2 clusters or more.)
-MLU_EMU_CLUSTERS=1 cargo test --quiet --test mlu_kernels
-MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
+MLU_EMU_CLUSTERS=1 cargo test --quiet --test bang_kernels
+MLU_EMU_CLUSTERS=4 cargo test --quiet --test bang_kernels --test emulator
 stage "BANG kernels and emulator rules in each emulator mode: denormals flushed, async copies landing at issue, clusters one at a time last first"
 # What a card may do differently from the host (kernels/README.md, "Modes"): a kernel whose
 # result depends on the mode is a bug.
 for mode in MLU_EMU_FTZ=1 MLU_EMU_ASYNC=early MLU_EMU_ORDER=serial; do
-    env "$mode" MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator
+    env "$mode" MLU_EMU_CLUSTERS=4 cargo test --quiet --test bang_kernels --test emulator
 done
 stage "the same, the C++ (emulator, kernels, self-tests) built at -std=c++17 -Werror by g++-11, then clang-14"
 # A Cambricon host's compiler is older than Debian 12's g++ 12 (docs/USAGE.md, toolchain).
@@ -207,7 +207,7 @@ stage "the same, the C++ (emulator, kernels, self-tests) built at -std=c++17 -We
 # next plain debug build rebuilds them with the default compiler again.
 for cxx in g++-11 clang++-14; do
     start=$SECONDS
-    CXX=$cxx CXXFLAGS=-Werror MLU_EMU_CLUSTERS=4 cargo test --quiet --test mlu_kernels --test emulator --test bang_allow_list
+    CXX=$cxx CXXFLAGS=-Werror MLU_EMU_CLUSTERS=4 cargo test --quiet --test bang_kernels --test emulator --test bang_allow_list
     echo "   $cxx: built and ran in $((SECONDS - start)) s"
 done
 stage "BANG kernels and emulator under ThreadSanitizer, then Address+UndefinedBehaviorSanitizer (4 clusters)"
@@ -217,7 +217,7 @@ stage "seed cases at network scale (release)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
     --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
 stage "BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
-MLU_EP_FULL_SCALE=1 cargo test --release --test mlu_kernels -- network_scale
+MLU_EP_FULL_SCALE=1 cargo test --release --test bang_kernels -- network_scale
 stage "python session tests"
 # -rs: every skip says why (the C++ example NOT RUN without headers); -n 2: pytest-xdist's two
 # worker processes, one per core (most tests drive one session at a time).

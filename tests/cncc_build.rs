@@ -182,7 +182,7 @@ fn each_kernel_source_is_compiled_alone_then_all_are_linked_against_cnrt() {
         assert!(has(link, o), "object {o} not linked: {link:?}");
     }
     assert_eq!(after(link, "-o"), lib.display().to_string());
-    assert_eq!(lib, tk.out.join("libmluops_kernels_mlu.so"));
+    assert_eq!(lib, tk.out.join("libbang_kernels_mlu.so"));
     assert!(lib.is_file(), "the link wrote the library");
 }
 
@@ -225,7 +225,7 @@ fn a_failing_cncc_stops_the_build_with_its_own_diagnostics() {
     );
     assert!(err.contains("exit status: 1"), "{err}");
     assert!(calls(&tk.log).is_empty(), "nothing runs after the failure (no link)");
-    assert!(!tk.out.join("libmluops_kernels_mlu.so").exists());
+    assert!(!tk.out.join("libbang_kernels_mlu.so").exists());
 }
 
 #[test]
@@ -268,7 +268,7 @@ fn a_kernel_family_cncc_fails_on_is_left_out_with_its_diagnostics() {
     let objects: Vec<&String> = link.iter().filter(|a| a.ends_with(".o")).collect();
     assert_eq!(objects.len(), sources.len() - 1, "every other source is linked: {link:?}");
     assert!(!objects.iter().any(|o| o.contains("sparse_conv")), "{link:?}");
-    assert_eq!(built.library, tk.out.join("libmluops_kernels_mlu.so"));
+    assert_eq!(built.library, tk.out.join("libbang_kernels_mlu.so"));
     assert!(built.library.is_file());
 }
 

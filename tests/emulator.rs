@@ -11,8 +11,8 @@ use std::sync::Arc;
 mod selftest;
 
 use selftest::{
-    Entry, OPS, mluops_emu_selftest_broken, mluops_emu_selftest_f32, mluops_emu_selftest_fresh,
-    mluops_emu_selftest_i32, mluops_emu_selftest_nram_over_budget, mluops_emu_selftest_order, op,
+    Entry, OPS, bang_emu_selftest_broken, bang_emu_selftest_f32, bang_emu_selftest_fresh,
+    bang_emu_selftest_i32, bang_emu_selftest_nram_over_budget, bang_emu_selftest_order, op,
 };
 
 /// The emulator mode `name` is set to `value` (kernels/README.md, "Modes").
@@ -117,7 +117,7 @@ fn elementwise_intrinsics_match_their_scalar_definitions() {
     let (ai, bi): (Vec<i32>, Vec<i32>) =
         ((0..N as i32).map(|i| i % 7 - 3).collect(), (0..N as i32).map(|i| i % 5 - 2).collect());
     for name in &OPS[..12] {
-        let got = run(mluops_emu_selftest_f32, name, 4, N, 0, 1.5, &a, &b, &vec![0.0; N]);
+        let got = run(bang_emu_selftest_f32, name, 4, N, 0, 1.5, &a, &b, &vec![0.0; N]);
         for i in 0..N {
             let want =
                 scalar_def(name, a[i], b[i], 1.5, 1.0, |x, y| x + y, |x, y| x - y, |x, y| x * y)
@@ -130,7 +130,7 @@ fn elementwise_intrinsics_match_their_scalar_definitions() {
                 b[i]
             );
         }
-        let got = run(mluops_emu_selftest_i32, name, 4, N, 0, -2, &ai, &bi, &vec![0; N]);
+        let got = run(bang_emu_selftest_i32, name, 4, N, 0, -2, &ai, &bi, &vec![0; N]);
         for i in 0..N {
             let want =
                 scalar_def(name, ai[i], bi[i], -2, 1, |x, y| x + y, |x, y| x - y, |x, y| x * y)
@@ -145,14 +145,14 @@ fn transpose_conversion_and_copy_intrinsics() {
     let a: Vec<f32> = (0..N).map(|i| i as f32 * 0.5 - 7.0).collect();
     // 16 x 16 transpose of 256 floats.
     let t: Vec<f32> = (0..256).map(|i| i as f32).collect();
-    let got = run(mluops_emu_selftest_f32, "transpose", 4, 256, 16, 0.0, &t, &t, &vec![0.0; 256]);
+    let got = run(bang_emu_selftest_f32, "transpose", 4, 256, 16, 0.0, &t, &t, &vec![0.0; 256]);
     assert!((0..16).all(|h| (0..16).all(|w| got[w * 16 + h] == t[h * 16 + w])));
     // float -> half -> float rounds to nearest even, as half::f16 does.
     let v: Vec<f32> =
         (0..N).map(|i| 1.0 + i as f32 * 0.000_37 - 0.01).chain(std::iter::empty()).collect();
-    let got = run(mluops_emu_selftest_f32, "half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
+    let got = run(bang_emu_selftest_f32, "half_round_trip", 4, N, 0, 0.0, &v, &v, &vec![0.0; N]);
     assert!((0..N).all(|i| got[i] == half::f16::from_f32(v[i]).to_f32()), "half rounding");
-    let got = run(mluops_emu_selftest_f32, "strided_copy", 4, N, 0, 0.0, &a, &a, &[0.0; N / 2]);
+    let got = run(bang_emu_selftest_f32, "strided_copy", 4, N, 0, 0.0, &a, &a, &[0.0; N / 2]);
     assert!((0..N / 2).all(|i| got[i] == a[2 * i]));
 }
 
@@ -194,7 +194,7 @@ fn half_conversions_round_to_nearest_even_over_the_whole_range() {
     v.resize(v.len().div_ceil(CHUNK) * CHUNK, 0.0);
     for (c, chunk) in v.chunks(CHUNK).enumerate() {
         let got = run(
-            mluops_emu_selftest_f32,
+            bang_emu_selftest_f32,
             "half_round_trip",
             4,
             CHUNK,
@@ -220,9 +220,9 @@ fn half_conversions_round_to_nearest_even_over_the_whole_range() {
 #[test]
 fn atomics_combine_every_task() {
     let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let got = run(mluops_emu_selftest_f32, "atomic_add", 8, N, 0, 0.0, &a, &a, &vec![0.0; N]);
+    let got = run(bang_emu_selftest_f32, "atomic_add", 8, N, 0, 0.0, &a, &a, &vec![0.0; N]);
     assert!((0..N).all(|i| got[i] == 8.0 * a[i]), "atomic add over 8 tasks");
-    let got = run(mluops_emu_selftest_f32, "atomic_add_value", 8, N, 0, 0.0, &a, &a, &vec![1.0; N]);
+    let got = run(bang_emu_selftest_f32, "atomic_add_value", 8, N, 0, 0.0, &a, &a, &vec![1.0; N]);
     assert!((0..N).all(|i| got[i] == 1.0 + 8.0 * a[i]), "single-value atomic add over 8 tasks");
 }
 
@@ -232,8 +232,7 @@ fn broken(rule: i32, tasks: u32, task_type: i32) -> String {
     let buf = dev.upload(&[1.0f32; 256]).unwrap();
     let q = dev.queue().unwrap();
     // SAFETY: `buf` is a device buffer of 256 floats; the kernel breaks emulator rules only.
-    let code =
-        unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, task_type, rule, buf.ptr(), 256) };
+    let code = unsafe { bang_emu_selftest_broken(q.ptr(), tasks, task_type, rule, buf.ptr(), 256) };
     assert_eq!(code, 0, "launch");
     q.sync().expect_err("the broken rule is caught").to_string()
 }
@@ -295,7 +294,7 @@ fn the_memory_core_runs_union_kernels_without_nram() {
     let buf = dev.upload(&[1.0f32; 256]).unwrap();
     let q = dev.queue().unwrap();
     // SAFETY: `buf` is a device buffer of 256 floats.
-    let code = unsafe { mluops_emu_selftest_broken(q.ptr(), 1, TASK_BLOCK, 16, buf.ptr(), 256) };
+    let code = unsafe { bang_emu_selftest_broken(q.ptr(), 1, TASK_BLOCK, 16, buf.ptr(), 256) };
     q.launched("selftest", code).unwrap();
     q.sync().unwrap();
 }
@@ -309,7 +308,7 @@ fn a_union_barrier_reaches_the_clusters_of_its_task_and_no_further() {
     let buf = dev.upload(&[1.0f32; 256]).unwrap();
     let q = dev.queue().unwrap();
     // SAFETY: `buf` is a device buffer of 256 floats.
-    let code = unsafe { mluops_emu_selftest_broken(q.ptr(), 8, TASK_UNION1, 17, buf.ptr(), 256) };
+    let code = unsafe { bang_emu_selftest_broken(q.ptr(), 8, TASK_UNION1, 17, buf.ptr(), 256) };
     q.launched("selftest", code).unwrap();
     q.sync().expect("one barrier per cluster under UNION1");
     let msg = broken(17, 8, TASK_UNION2);
@@ -322,7 +321,7 @@ fn file_scope_nram_is_counted_per_translation_unit() {
     let buf = dev.upload(&[1.0f32; 64]).unwrap();
     let q = dev.queue().unwrap();
     // SAFETY: `buf` is a device buffer of 64 floats.
-    let code = unsafe { mluops_emu_selftest_nram_over_budget(q.ptr(), buf.ptr()) };
+    let code = unsafe { bang_emu_selftest_nram_over_budget(q.ptr(), buf.ptr()) };
     q.launched("selftest", code).unwrap();
     let msg = q.sync().expect_err("two budget-sized buffers in one file").to_string();
     assert!(
@@ -338,7 +337,7 @@ fn async_copies_land_at_the_sync() {
     let buf = dev.upload(&host).unwrap();
     let q = dev.queue().unwrap();
     // SAFETY: `buf` is a device buffer of 256 floats.
-    let code = unsafe { mluops_emu_selftest_broken(q.ptr(), 1, TASK_BLOCK, 15, buf.ptr(), 256) };
+    let code = unsafe { bang_emu_selftest_broken(q.ptr(), 1, TASK_BLOCK, 15, buf.ptr(), 256) };
     assert_eq!(code, 0);
     q.sync().unwrap();
     dev.download(&buf, &mut host).unwrap();
@@ -353,8 +352,7 @@ fn async_copies_land_at_the_sync() {
 #[test]
 fn denormals_follow_mlu_emu_ftz() {
     let tiny = f32::from_bits(1 << 20); // a float32 denormal
-    let out =
-        run(mluops_emu_selftest_f32, "mul", 4, 64, 1, 0.0, &[tiny; 64], &[1.0; 64], &[0.0; 64]);
+    let out = run(bang_emu_selftest_f32, "mul", 4, 64, 1, 0.0, &[tiny; 64], &[1.0; 64], &[0.0; 64]);
     let want = if mode("MLU_EMU_FTZ", "1") { 0.0 } else { tiny };
     assert!(out.iter().all(|&v| v == want), "denormal x 1: {:?}, expected {want:e}", &out[..4]);
 }
@@ -367,8 +365,7 @@ fn task_order_follows_mlu_emu_order() {
         let buf = dev.upload(&vec![-1i32; tasks]).unwrap();
         let q = dev.queue().unwrap();
         // SAFETY: `buf` holds one int32 per task.
-        let code =
-            unsafe { mluops_emu_selftest_order(q.ptr(), tasks as u32, task_type, buf.ptr()) };
+        let code = unsafe { bang_emu_selftest_order(q.ptr(), tasks as u32, task_type, buf.ptr()) };
         q.launched("selftest", code).unwrap();
         q.sync().unwrap();
         let mut tickets = vec![0i32; tasks];
@@ -415,7 +412,7 @@ fn on_chip_memory_written_by_an_earlier_task_reads_as_poison() {
             let q = dev.queue().unwrap();
             // SAFETY: `src` holds N floats, `out` 2N per task and N per cluster.
             let code = unsafe {
-                mluops_emu_selftest_fresh(
+                bang_emu_selftest_fresh(
                     q.ptr(),
                     tasks as u32,
                     task_type,
@@ -448,7 +445,7 @@ fn launch_configuration_rules() {
     for (tasks, why) in [(3, "multiple of 4"), (4 * 64, "the card's cores")] {
         // SAFETY: rejected before anything runs.
         let code =
-            unsafe { mluops_emu_selftest_broken(q.ptr(), tasks, TASK_UNION1, 4, buf.ptr(), 256) };
+            unsafe { bang_emu_selftest_broken(q.ptr(), tasks, TASK_UNION1, 4, buf.ptr(), 256) };
         let msg = q.launched("selftest", code).expect_err("rejected launch").to_string();
         assert!(msg.contains(why), "{tasks} UNION1 tasks: {msg}");
     }

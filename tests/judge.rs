@@ -2,7 +2,7 @@
 //! oracle share): its per-element bound rejects single wrong elements that diff1 and diff2
 //! alone pass, at network scale; one planted wrong element (zeroed, sign-flipped, 1% off)
 //! fails it in VoxelPoolingForward's, IndiceConv's and PsRoiPool's outputs (the BANG kernel
-//! tests, tests/mlu_kernels.rs, plant it in the card's VoxelPoolingForward,
+//! tests, tests/bang_kernels.rs, plant it in the card's VoxelPoolingForward,
 //! ThreeInterpolateBackward and PsRoiPoolBackward outputs).
 
 use onnxruntime_ep_mlu::ops::psroipool::PsRoiPool;
@@ -56,7 +56,7 @@ fn one_large_element_does_not_hide_ten_zeroed_small_ones() {
 }
 
 /// VoxelPoolingForward's output at the seed's grid (2 x 128 x 128 x 80 = 2.6M), from the CPU
-/// kernel on 60,000 points per batch (mlu_kernels' reduced network scale).
+/// kernel on 60,000 points per batch (bang_kernels' reduced network scale).
 fn voxel_pooling_output() -> Vec<f32> {
     let grid = [128i64, 128, 1];
     let (b, n, c) = (2, 60_000, 80);

@@ -48,8 +48,7 @@ fn every_header_generates_and_the_library_check_lists_every_entry() {
         .collect();
     assert_eq!(listed, names);
     assert!(
-        listed.contains(&"mluops_get_indice_pairs_mark")
-            && listed.contains(&"mluops_check_float_rows")
+        listed.contains(&"bang_get_indice_pairs_mark") && listed.contains(&"bang_check_float_rows")
     );
 }
 
@@ -57,9 +56,9 @@ fn every_header_generates_and_the_library_check_lists_every_entry() {
 fn c_types_map_to_their_rust_types() {
     let rust = abi::generate(
         "demo_family",
-        "// a comment\n#pragma once\ntypedef struct MluopsDemo { int32_t lo[4]; float scale; } MluopsDemo;\n\
-         MLUOPS_EXPORT int mluops_demo(cnrtQueue_t queue, uint32_t task_dim, const half *x, half *y,\n\
-             const MluopsDemo *demo, int64_t n, const float *f, int32_t *out);",
+        "// a comment\n#pragma once\ntypedef struct BangDemo { int32_t lo[4]; float scale; } BangDemo;\n\
+         BANG_EXPORT int bang_demo(cnrtQueue_t queue, uint32_t task_dim, const half *x, half *y,\n\
+             const BangDemo *demo, int64_t n, const float *f, int32_t *out);",
     )
     .unwrap();
     assert!(
@@ -68,30 +67,30 @@ fn c_types_map_to_their_rust_types() {
     );
     let sig = "queue: crate::mlu::QueuePtr, task_dim: u32, x: *const u16, y: *mut u16, demo: *const Demo, n: i64, \
                f: *const f32, out: *mut i32";
-    assert!(rust.contains(&format!("pub struct DemoFamilyKernels {{\n    pub mluops_demo: unsafe extern \"C\" fn({sig}) -> i32,")), "{rust}");
-    assert!(rust.contains(&format!("pub fn mluops_demo({sig}) -> i32;")), "{rust}");
-    assert!(rust.contains("(lib, crate::mlu::KERNEL_LIBRARY, \"mluops_demo\\0\") }?"), "{rust}");
+    assert!(rust.contains(&format!("pub struct DemoFamilyKernels {{\n    pub bang_demo: unsafe extern \"C\" fn({sig}) -> i32,")), "{rust}");
+    assert!(rust.contains(&format!("pub fn bang_demo({sig}) -> i32;")), "{rust}");
+    assert!(rust.contains("(lib, crate::mlu::KERNEL_LIBRARY, \"bang_demo\\0\") }?"), "{rust}");
 }
 
 #[test]
 fn a_header_outside_the_mapping_is_refused() {
     let refused = [
-        ("MLUOPS_EXPORT int e(cnrtQueue_t queue, long n);", "no Rust type for C `long`"),
+        ("BANG_EXPORT int e(cnrtQueue_t queue, long n);", "no Rust type for C `long`"),
         (
-            "MLUOPS_EXPORT int e(cnrtQueue_t queue, unsigned int n);",
+            "BANG_EXPORT int e(cnrtQueue_t queue, unsigned int n);",
             "unsupported C type `unsigned int`",
         ),
         (
-            "MLUOPS_EXPORT int e(int32_t n, cnrtQueue_t queue);",
+            "BANG_EXPORT int e(int32_t n, cnrtQueue_t queue);",
             "the first parameter must be the cnrtQueue_t",
         ),
         (
-            "typedef struct Geometry { int32_t a; } Geometry; MLUOPS_EXPORT int e(cnrtQueue_t q);",
-            "must start with Mluops",
+            "typedef struct Geometry { int32_t a; } Geometry; BANG_EXPORT int e(cnrtQueue_t q);",
+            "must start with Bang",
         ),
-        ("MLUOPS_EXPORT int e(cnrtQueue_t queue, const Other *o);", "no Rust type for C `Other`"),
-        ("static int x; MLUOPS_EXPORT int e(cnrtQueue_t queue);", "unexpected `static`"),
-        ("MLUOPS_EXPORT void e(cnrtQueue_t queue);", "expected `int`, found `void`"),
+        ("BANG_EXPORT int e(cnrtQueue_t queue, const Other *o);", "no Rust type for C `Other`"),
+        ("static int x; BANG_EXPORT int e(cnrtQueue_t queue);", "unexpected `static`"),
+        ("BANG_EXPORT void e(cnrtQueue_t queue);", "expected `int`, found `void`"),
         ("#pragma once\n", "no launch entry"),
     ];
     for (src, why) in refused {
@@ -102,19 +101,21 @@ fn a_header_outside_the_mapping_is_refused() {
 
 #[test]
 fn definitions_must_use_the_headers_parameter_names() {
-    let header = "MLUOPS_EXPORT int mluops_mark(cnrtQueue_t queue, int32_t count, int32_t words);";
-    let same = "MLUOPS_EXPORT int mluops_mark(cnrtQueue_t queue, int32_t count, int32_t words) { return 0; }";
+    let header = "BANG_EXPORT int bang_mark(cnrtQueue_t queue, int32_t count, int32_t words);";
+    let same =
+        "BANG_EXPORT int bang_mark(cnrtQueue_t queue, int32_t count, int32_t words) { return 0; }";
     abi::check_definitions(same, header).unwrap();
     // Same types, so the compiler accepts the swap; the build does not.
-    let swapped = "MLUOPS_EXPORT int mluops_mark(cnrtQueue_t queue, int32_t words, int32_t count) { return 0; }";
+    let swapped =
+        "BANG_EXPORT int bang_mark(cnrtQueue_t queue, int32_t words, int32_t count) { return 0; }";
     let err = abi::check_definitions(swapped, header).unwrap_err();
     assert!(
-        err.contains(r#"mluops_mark: parameters ["queue", "words", "count"] in the .mlu"#),
+        err.contains(r#"bang_mark: parameters ["queue", "words", "count"] in the .mlu"#),
         "{err}"
     );
-    let extra = "MLUOPS_EXPORT int mluops_other(cnrtQueue_t queue) { return 0; }";
+    let extra = "BANG_EXPORT int bang_other(cnrtQueue_t queue) { return 0; }";
     let err = abi::check_definitions(extra, header).unwrap_err();
-    assert!(err.contains("mluops_other: defined in the .mlu, not declared in the header"), "{err}");
+    assert!(err.contains("bang_other: defined in the .mlu, not declared in the header"), "{err}");
 }
 
 /// The generated structs' size and member offsets against the C compiler's, for the
@@ -136,10 +137,10 @@ fn struct_layouts_match_the_c_compilers() {
     std::fs::write(
         &program,
         format!(
-            "#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n#define MLUOPS_EXPORT\ntypedef void *cnrtQueue_t;\n\
+            "#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n#define BANG_EXPORT\ntypedef void *cnrtQueue_t;\n\
              #include \"sparse_conv/sparse_conv.h\"\n#include \"check/check.h\"\nint main(void) {{\n{}{}  return 0;\n}}\n",
-            members("MluopsGipGeometry", &gip),
-            members("MluopsIntBounds", &bounds)
+            members("BangGipGeometry", &gip),
+            members("BangIntBounds", &bounds)
         ),
     )
     .unwrap();
@@ -156,17 +157,17 @@ fn struct_layouts_match_the_c_compilers() {
     let out = String::from_utf8(Command::new(&exe).output().unwrap().stdout).unwrap();
     use std::mem::{offset_of, size_of};
     let rust = [
-        ("MluopsGipGeometry", size_of::<GipGeometry>()),
-        ("MluopsGipGeometry.in_space", offset_of!(GipGeometry, in_space)),
-        ("MluopsGipGeometry.out_space", offset_of!(GipGeometry, out_space)),
-        ("MluopsGipGeometry.kernel", offset_of!(GipGeometry, kernel)),
-        ("MluopsGipGeometry.stride", offset_of!(GipGeometry, stride)),
-        ("MluopsGipGeometry.pad", offset_of!(GipGeometry, pad)),
-        ("MluopsGipGeometry.dilation", offset_of!(GipGeometry, dilation)),
-        ("MluopsGipGeometry.subm", offset_of!(GipGeometry, subm)),
-        ("MluopsIntBounds", size_of::<IntBounds>()),
-        ("MluopsIntBounds.lo", offset_of!(IntBounds, lo)),
-        ("MluopsIntBounds.hi", offset_of!(IntBounds, hi)),
+        ("BangGipGeometry", size_of::<GipGeometry>()),
+        ("BangGipGeometry.in_space", offset_of!(GipGeometry, in_space)),
+        ("BangGipGeometry.out_space", offset_of!(GipGeometry, out_space)),
+        ("BangGipGeometry.kernel", offset_of!(GipGeometry, kernel)),
+        ("BangGipGeometry.stride", offset_of!(GipGeometry, stride)),
+        ("BangGipGeometry.pad", offset_of!(GipGeometry, pad)),
+        ("BangGipGeometry.dilation", offset_of!(GipGeometry, dilation)),
+        ("BangGipGeometry.subm", offset_of!(GipGeometry, subm)),
+        ("BangIntBounds", size_of::<IntBounds>()),
+        ("BangIntBounds.lo", offset_of!(IntBounds, lo)),
+        ("BangIntBounds.hi", offset_of!(IntBounds, hi)),
     ];
     let rust: String = rust.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
     assert_eq!(out, rust);

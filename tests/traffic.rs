@@ -19,8 +19,8 @@ fn a_check_kernel_and_its_copies_are_counted_exactly() {
     let q = d.queue().unwrap();
     let k = d.kernels::<CheckKernels>().unwrap();
     // SAFETY: `data` holds `rows` int32; `scratch` the task slots and the record.
-    q.launch("mluops_check_int_rows", |qp| unsafe {
-        (k.mluops_check_int_rows)(
+    q.launch("bang_check_int_rows", |qp| unsafe {
+        (k.bang_check_int_rows)(
             qp,
             tasks,
             TASK_UNION1,

@@ -60,7 +60,8 @@ fuzz_target!(|data: &[u8]| {
     let inputs: Vec<_> = conv.tensors().into_iter().map(Some).collect();
     // Only without a bias: with one, MLU-OPS's sums round differently (the bias last) and a
     // shift or residual that cancels them leaves the difference beyond the class there (the
-    // card's fused result is its own unfused one bit for bit: tests/mluops_backend.rs).
+    // card's fused result is its own unfused one bit for bit:
+    // tests/mluops_backend/indice_conv.rs).
     let plain_sums = conv.bias.is_none();
     let scale = (plain_sums && u.one_in(2)).then(|| u.floats(cout));
     let shift = (plain_sums && u.one_in(2)).then(|| u.floats(cout));

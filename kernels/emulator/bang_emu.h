@@ -58,7 +58,7 @@ void *onchip_alloc(Loc at, Space s, size_t bytes, const char *name);
 // The calling core's part of a file-scope NRAM buffer (see NramBuffer).
 void *nram_static(Loc decl, size_t offset, size_t bytes, const char *name);
 
-// A file-scope `__nram__` array (MLUOPS_NRAM_BUFFER in kernels/common/kernel.h). The
+// A file-scope `__nram__` array (BANG_NRAM_BUFFER in kernels/common/kernel.h). The
 // buffers of one translation unit are laid out one after another and their total is
 // checked against the NRAM budget; using one yields the calling core's copy, and the
 // memory core, which has no NRAM, may not use it.
@@ -180,7 +180,7 @@ void atomic_reduce_add(Loc at, float *gdram, float value, long n);
 #ifndef BANG_EMU_RUNTIME
 #define __mlu_global__
 #define __mlu_func__ static inline
-// Raw on-chip qualifiers are not on the list: file-scope NRAM is MLUOPS_NRAM_BUFFER.
+// Raw on-chip qualifiers are not on the list: file-scope NRAM is BANG_NRAM_BUFFER.
 
 #define taskId (::bang_emu::builtins().taskId)
 #define taskDim (::bang_emu::builtins().taskDim)

@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-MLUOPS_NRAM_BUFFER(nram_buffer);
+BANG_NRAM_BUFFER(nram_buffer);
 
 // Every intrinsic of the allow-list (bang_emu.h).
 enum SelftestOp {
@@ -20,9 +20,9 @@ template <typename T>
 __mlu_global__ void MLUKernelSelftestIntrinsic(int op, long n, long m, T scalar, const T *a, const T *b, T *out) {
   if (__is_mpu()) return;
   int8_t *cursor = nram_buffer;
-  MLUOPS_CARVE(T, x, cursor, n);
-  MLUOPS_CARVE(T, y, cursor, n);
-  MLUOPS_CARVE(T, z, cursor, n);
+  BANG_CARVE(T, x, cursor, n);
+  BANG_CARVE(T, y, cursor, n);
+  BANG_CARVE(T, z, cursor, n);
   __memcpy(x, a, n * sizeof(T), GDRAM2NRAM);
   __memcpy(y, b, n * sizeof(T), GDRAM2NRAM);
   switch (op) {
@@ -41,7 +41,7 @@ __mlu_global__ void MLUKernelSelftestIntrinsic(int op, long n, long m, T scalar,
     case OP_TRANSPOSE: __bang_transpose(z, x, m, n / m); break;
     case OP_HALF_ROUND_TRIP: {
       // float -> half (round to nearest even) -> float
-      MLUOPS_CARVE(half, h, cursor, n);
+      BANG_CARVE(half, h, cursor, n);
       __bang_float2half_rn(h, reinterpret_cast<float *>(x), n);
       __bang_half2float(reinterpret_cast<float *>(z), h, n);
       break;
@@ -63,20 +63,20 @@ __mlu_global__ void MLUKernelSelftestIntrinsic(int op, long n, long m, T scalar,
   if (taskId == 0) __memcpy(out, z, n * sizeof(T), NRAM2GDRAM);
 }
 
-MLUOPS_EXPORT int mluops_emu_selftest_f32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t op,
-                                          int64_t n, int64_t m, float scalar, const float *a, const float *b,
-                                          float *out) {
+BANG_EXPORT int bang_emu_selftest_f32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t op,
+                                      int64_t n, int64_t m, float scalar, const float *a, const float *b,
+                                      float *out) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  MLUOPS_LAUNCH(MLUKernelSelftestIntrinsic<float>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
+  BANG_LAUNCH(MLUKernelSelftestIntrinsic<float>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
                        op, n, m, scalar, a, b, out);
   return 0;
 }
 
-MLUOPS_EXPORT int mluops_emu_selftest_i32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t op,
-                                          int64_t n, int64_t m, int32_t scalar, const int32_t *a, const int32_t *b,
-                                          int32_t *out) {
+BANG_EXPORT int bang_emu_selftest_i32(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t op,
+                                      int64_t n, int64_t m, int32_t scalar, const int32_t *a, const int32_t *b,
+                                      int32_t *out) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  MLUOPS_LAUNCH(MLUKernelSelftestIntrinsic<int32_t>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
+  BANG_LAUNCH(MLUKernelSelftestIntrinsic<int32_t>, dim, static_cast<cnrtFunctionType_t>(task_type), queue,
                        op, n, m, scalar, a, b, out);
   return 0;
 }
@@ -91,7 +91,7 @@ enum Broken {
 __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
   if (__is_mpu() && rule != MISSING_MPU_GUARD) return;
   int8_t *cursor = nram_buffer;
-  MLUOPS_CARVE(float, tile, cursor, 64);
+  BANG_CARVE(float, tile, cursor, 64);
   switch (rule) {
     case NRAM_CAPACITY:
       ::bang_emu::onchip_alloc(BANG_EMU_LOC, ::bang_emu::Space::NRAM, 64, "one_more");
@@ -143,10 +143,10 @@ __mlu_global__ void MLUKernelSelftestBroken(int rule, float *buf, long n) {
   }
 }
 
-MLUOPS_EXPORT int mluops_emu_selftest_broken(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rule,
-                                             float *buf, int64_t n) {
+BANG_EXPORT int bang_emu_selftest_broken(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t rule,
+                                         float *buf, int64_t n) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  MLUOPS_LAUNCH(MLUKernelSelftestBroken, dim, static_cast<cnrtFunctionType_t>(task_type), queue, rule, buf,
+  BANG_LAUNCH(MLUKernelSelftestBroken, dim, static_cast<cnrtFunctionType_t>(task_type), queue, rule, buf,
                        n);
   return 0;
 }
@@ -160,10 +160,10 @@ __mlu_global__ void MLUKernelSelftestOrder(int32_t *tickets) {
   tickets[taskId] = g_ticket++;
 }
 
-MLUOPS_EXPORT int mluops_emu_selftest_order(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t *tickets) {
+BANG_EXPORT int bang_emu_selftest_order(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, int32_t *tickets) {
   g_ticket = 0;
   cnrtDim3_t dim = {task_dim, 1, 1};
-  MLUOPS_LAUNCH(MLUKernelSelftestOrder, dim, static_cast<cnrtFunctionType_t>(task_type), queue, tickets);
+  BANG_LAUNCH(MLUKernelSelftestOrder, dim, static_cast<cnrtFunctionType_t>(task_type), queue, tickets);
   return 0;
 }
 
@@ -181,8 +181,8 @@ __mlu_global__ void MLUKernelSelftestFresh(const float *src, float *out, long n)
     return;
   }
   int8_t *cursor = nram_buffer;
-  MLUOPS_CARVE(float, seen, cursor, n);
-  MLUOPS_CARVE(float, staged, cursor, n);
+  BANG_CARVE(float, seen, cursor, n);
+  BANG_CARVE(float, staged, cursor, n);
   float *wram = static_cast<float *>(::bang_emu::onchip_alloc(BANG_EMU_LOC, ::bang_emu::Space::WRAM, bytes, "wram"));
   __memcpy(out + taskId * 2 * n, seen, bytes, NRAM2GDRAM);
   __memcpy(staged, wram, bytes, ::bang_emu::WRAM2NRAM);
@@ -191,9 +191,9 @@ __mlu_global__ void MLUKernelSelftestFresh(const float *src, float *out, long n)
   __memcpy(wram, src, bytes, ::bang_emu::GDRAM2WRAM);
 }
 
-MLUOPS_EXPORT int mluops_emu_selftest_fresh(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, const float *src,
-                                            float *out, int64_t n) {
+BANG_EXPORT int bang_emu_selftest_fresh(cnrtQueue_t queue, uint32_t task_dim, int32_t task_type, const float *src,
+                                        float *out, int64_t n) {
   cnrtDim3_t dim = {task_dim, 1, 1};
-  MLUOPS_LAUNCH(MLUKernelSelftestFresh, dim, static_cast<cnrtFunctionType_t>(task_type), queue, src, out, n);
+  BANG_LAUNCH(MLUKernelSelftestFresh, dim, static_cast<cnrtFunctionType_t>(task_type), queue, src, out, n);
   return 0;
 }

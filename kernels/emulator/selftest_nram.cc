@@ -2,18 +2,18 @@
 // file-scope NRAM buffers together exceed the budget, which the emulator must refuse.
 #include "../common/kernel.h"
 
-MLUOPS_NRAM_BUFFER(first_buffer);
-MLUOPS_NRAM_BUFFER(second_buffer);
+BANG_NRAM_BUFFER(first_buffer);
+BANG_NRAM_BUFFER(second_buffer);
 
 __mlu_global__ void MLUKernelSelftestNramOverBudget(float *buf) {
   if (__is_mpu()) return;
   int8_t *cursor = first_buffer;
-  MLUOPS_CARVE(float, tile, cursor, 32);
+  BANG_CARVE(float, tile, cursor, 32);
   __memcpy(tile, buf, 32 * sizeof(float), GDRAM2NRAM);
 }
 
-MLUOPS_EXPORT int mluops_emu_selftest_nram_over_budget(cnrtQueue_t queue, float *buf) {
+BANG_EXPORT int bang_emu_selftest_nram_over_budget(cnrtQueue_t queue, float *buf) {
   cnrtDim3_t dim = {1, 1, 1};
-  MLUOPS_LAUNCH(MLUKernelSelftestNramOverBudget, dim, cnrtFuncTypeBlock, queue, buf);
+  BANG_LAUNCH(MLUKernelSelftestNramOverBudget, dim, cnrtFuncTypeBlock, queue, buf);
   return 0;
 }

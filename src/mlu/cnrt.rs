@@ -45,7 +45,7 @@ struct Cnrt {
 /// Opens the Cambricon runtime as [`devices`] does with `open_global(runtime_path())`:
 /// RTLD_NOW | RTLD_GLOBAL.
 ///
-/// Global: the kernel library calls CNRT (kernels/common/kernel.h's MLUOPS_LAUNCH:
+/// Global: the kernel library calls CNRT (kernels/common/kernel.h's BANG_LAUNCH:
 /// cnrtGetLastError, the `<<<>>>` launch, cnrtPeekAtLastError). It is linked with -lcnrt
 /// (build_support/cncc.rs), and the loader satisfies that dependency with the copy opened
 /// here (same file, same soname). A kernel library without that dependency (one given
@@ -223,7 +223,7 @@ include!(concat!(env!("OUT_DIR"), "/kernels/cncc_failed.rs"));
 pub(crate) fn kernel_library_path() -> Option<String> {
     std::env::var("MLU_EP_KERNEL_LIBRARY")
         .ok()
-        .or_else(|| Some(env!("MLUOPS_DEVICE_KERNELS").to_owned()))
+        .or_else(|| Some(env!("BANG_DEVICE_KERNELS").to_owned()))
         .filter(|p| !p.is_empty())
 }
 

@@ -79,7 +79,7 @@ impl DeviceInfo {
 pub const NRAM_RESERVED_BYTES: u64 = 128 * 1024;
 
 /// The NRAM budget every kernel of kernels/ is built for (kernels/common/kernel.h:
-/// MLUOPS_NRAM_BUDGET; a test pins the two together): a 768 KiB core less the stack.
+/// BANG_NRAM_BUDGET; a test pins the two together): a 768 KiB core less the stack.
 pub const NRAM_BUDGET: usize = 768 * 1024 - NRAM_RESERVED_BYTES as usize;
 
 /// BANG task types (cnrtFunctionType_t values of CNRT 6.x cnrt.h).
@@ -185,13 +185,13 @@ pub enum KernelCode {
 }
 
 unsafe extern "C" {
-    fn mluops_nram_budget() -> u64;
+    fn bang_nram_budget() -> u64;
 }
 
 /// The kernel library's NRAM budget (what kernels/common/kernel.h was built with).
 pub fn kernel_nram_budget() -> usize {
     // SAFETY: a constant getter without arguments.
-    unsafe { mluops_nram_budget() as usize }
+    unsafe { bang_nram_budget() as usize }
 }
 
 /// One card: its runtime, description and kernels.

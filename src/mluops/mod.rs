@@ -291,7 +291,7 @@ pub fn card_arch(info: &crate::mlu::DeviceInfo) -> Option<String> {
         let digits = info.arch[at + 4..].chars().take_while(char::is_ascii_digit).count();
         return Some(info.arch[at..at + 4 + digits].to_owned());
     }
-    Some(env!("MLUOPS_DEVICE_ARCH").to_owned()).filter(|a| !info.emulated && !a.is_empty())
+    Some(env!("BANG_DEVICE_ARCH").to_owned()).filter(|a| !info.emulated && !a.is_empty())
 }
 
 /// Where the library is looked for, in order: `explicit` (the provider option

@@ -11,7 +11,7 @@ pub type Entry<T> =
     unsafe extern "C" fn(QueuePtr, u32, i32, i32, i64, i64, T, *const T, *const T, *mut T) -> i32;
 
 unsafe extern "C" {
-    pub fn mluops_emu_selftest_f32(
+    pub fn bang_emu_selftest_f32(
         q: QueuePtr,
         task_dim: u32,
         task_type: i32,
@@ -23,7 +23,7 @@ unsafe extern "C" {
         b: *const f32,
         out: *mut f32,
     ) -> i32;
-    pub fn mluops_emu_selftest_i32(
+    pub fn bang_emu_selftest_i32(
         q: QueuePtr,
         task_dim: u32,
         task_type: i32,
@@ -35,7 +35,7 @@ unsafe extern "C" {
         b: *const i32,
         out: *mut i32,
     ) -> i32;
-    pub fn mluops_emu_selftest_broken(
+    pub fn bang_emu_selftest_broken(
         q: QueuePtr,
         task_dim: u32,
         task_type: i32,
@@ -43,8 +43,8 @@ unsafe extern "C" {
         buf: *mut f32,
         n: i64,
     ) -> i32;
-    pub fn mluops_emu_selftest_nram_over_budget(q: QueuePtr, buf: *mut f32) -> i32;
-    pub fn mluops_emu_selftest_fresh(
+    pub fn bang_emu_selftest_nram_over_budget(q: QueuePtr, buf: *mut f32) -> i32;
+    pub fn bang_emu_selftest_fresh(
         q: QueuePtr,
         task_dim: u32,
         task_type: i32,
@@ -52,7 +52,7 @@ unsafe extern "C" {
         out: *mut f32,
         n: i64,
     ) -> i32;
-    pub fn mluops_emu_selftest_order(
+    pub fn bang_emu_selftest_order(
         q: QueuePtr,
         task_dim: u32,
         task_type: i32,

@@ -5,7 +5,7 @@ PsRoiPoolBackward, whose bin spans the host computes from the rois (docs/CONTRAC
 exactly R * 20 bytes of rois back and R * ph * pw * 20 bytes of spans to the card, and
 DynamicScatter, whose host sizes the voxel bitmap from the coordinates' box: each task's box
 (2 x D int32) and the voxel count back, the box's least corner and strides (2 x D int32) to
-the card (src/ops/dynamic_scatter/mlu.rs)."""
+the card (src/ops/dynamic_scatter/bang.rs)."""
 
 import re
 import subprocess

@@ -34,7 +34,7 @@ backends! {
     /// Cambricon's MLU-OPS library where it supports the node (tested by the vendor on cards):
     /// `crate::mluops`, `ops/<family>/mluops.rs`, the path `device/mluops.rs`.
     MluOps = "mluops",
-    /// Our BANG kernels: kernels/, `ops/<family>/mlu.rs`, the path `device/bang.rs`.
+    /// Our BANG kernels: kernels/, `ops/<family>/bang.rs`, the path `device/bang.rs`.
     Bang = "bang",
 }
 

@@ -1,5 +1,5 @@
 //! The BANG backend: our kernels (kernels/), the path [`Bang`] and the trait
-//! [`BangOperator`] an operator with BANG kernels implements (`ops/<family>/mlu.rs`).
+//! [`BangOperator`] an operator with BANG kernels implements (`ops/<family>/bang.rs`).
 
 use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
 use crate::error::Result;
@@ -9,7 +9,7 @@ use crate::ops::operator::Operator;
 /// An operator with BANG kernels (the [`Bang`] path).
 pub trait BangOperator: Operator {
     /// The kernels' arguments for one node's run-time sizes: every size narrowed to the
-    /// int32 the kernels' ABI takes and the tiling chosen ([`BangOperator::mlu_launch`]), so
+    /// int32 the kernels' ABI takes and the tiling chosen ([`BangOperator::bang_launch`]), so
     /// that enqueueing meets no size limit.
     type Launch;
 
@@ -17,23 +17,23 @@ pub trait BangOperator: Operator {
     const BANG_FAMILIES: &'static [&'static str];
 
     /// `Ok` when the BANG kernels support this configuration, else the reason.
-    fn mlu_supported(&self) -> Result<()> {
+    fn bang_supported(&self) -> Result<()> {
         Ok(())
     }
 
     /// `Ok` unless the static input shapes exceed a size limit of the kernels beyond the
     /// driver's int32 element check (int32 products, NRAM rows); else the reason.
-    fn mlu_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> Result<()> {
+    fn bang_supported_shapes(&self, _info: &DeviceInfo, _shapes: &StaticShapes) -> Result<()> {
         Ok(())
     }
 
     /// The launch arguments for the run-time sizes, or why the kernels cannot take them
     /// (the node goes to the next path, nothing launched).
-    fn mlu_launch(&self, info: &DeviceInfo, dims: &Self::Dims) -> Result<Self::Launch>;
+    fn bang_launch(&self, info: &DeviceInfo, dims: &Self::Dims) -> Result<Self::Launch>;
 
     /// Allocates the outputs and enqueues the kernels with `launch`. Kernels that address
     /// memory with input values take `card.gate()`.
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         dims: &Self::Dims,
         launch: &Self::Launch,
@@ -52,17 +52,17 @@ impl<O: BangOperator> CardPath<O> for Bang {
         Bang
     }
     fn supported(&self, op: &O) -> Result<()> {
-        op.mlu_supported()
+        op.bang_supported()
     }
     fn families(&self) -> &'static [&'static str] {
         O::BANG_FAMILIES
     }
     fn supported_shapes(&self, op: &O, info: &DeviceInfo, shapes: &StaticShapes) -> Result<()> {
-        op.mlu_supported_shapes(info, shapes)
+        op.bang_supported_shapes(info, shapes)
     }
     type Fit = O::Launch;
     fn fits(&self, op: &O, info: &DeviceInfo, dims: &O::Dims) -> Result<O::Launch> {
-        op.mlu_launch(info, dims)
+        op.bang_launch(info, dims)
     }
     fn enqueue(
         &self,
@@ -72,6 +72,6 @@ impl<O: BangOperator> CardPath<O> for Bang {
         card: &Card<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        op.mlu_compute(dims, launch, card, outputs)
+        op.bang_compute(dims, launch, card, outputs)
     }
 }

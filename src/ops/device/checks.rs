@@ -36,8 +36,8 @@ pub(super) fn launch_check(
             // SAFETY: `data` is the rule's input, `rows * cols` int32 in card memory (or
             // null for none); `task_first` and `record` are card scratch of the sizes the
             // kernel writes; the launch only enqueues.
-            queue.launch("mluops_check_int_rows", |q| unsafe {
-                (k.mluops_check_int_rows)(
+            queue.launch("bang_check_int_rows", |q| unsafe {
+                (k.bang_check_int_rows)(
                     q,
                     tasks,
                     TASK_UNION1,
@@ -54,8 +54,8 @@ pub(super) fn launch_check(
         Check::GuardedFloat { col, above, below, .. } => {
             let col = bounded("col", col)?;
             // SAFETY: as above, for float32 rows.
-            queue.launch("mluops_check_float_rows", |q| unsafe {
-                (k.mluops_check_float_rows)(
+            queue.launch("bang_check_float_rows", |q| unsafe {
+                (k.bang_check_float_rows)(
                     q,
                     tasks,
                     TASK_UNION1,

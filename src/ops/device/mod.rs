@@ -2,7 +2,7 @@
 //! claims runs on one of the card backends ([`Backend`]: Cambricon's MLU-OPS library, our
 //! BANG kernels), tried in the provider's order, else on the host CPU. Each backend is a
 //! [`CardPath`] with a trait operators implement ([`MluOpsOperator`] in
-//! `ops/<family>/mluops.rs`, [`BangOperator`] in `ops/<family>/mlu.rs`); a node holds its paths
+//! `ops/<family>/mluops.rs`, [`BangOperator`] in `ops/<family>/bang.rs`); a node holds its paths
 //! type-erased ([`CardNode`]) and [`CardNode::run`] is the one node runner, for the provider
 //! and for the tests' driver ([`run_node_on_device`]) alike. The device runtime (`crate::mlu`)
 //! and the MLU-OPS binding (`crate::mluops`) know nothing of this.
@@ -76,7 +76,7 @@ impl Card<'_> {
     }
 
     /// The gate kernels that address memory with input values take: the records and their
-    /// count (kernels/common/kernel.h, `mluops_gate_closed`).
+    /// count (kernels/common/kernel.h, `bang_gate_closed`).
     pub fn gate(&self) -> (*const i32, i32) {
         (self.records, self.rules as i32)
     }

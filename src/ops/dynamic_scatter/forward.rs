@@ -6,7 +6,7 @@
 //! runs in ascending coordinate order and, inside a run, ascending point order. `execute`
 //! then writes the index outputs and reduces each voxel's rows in point order, parallel over
 //! blocks of voxels (each task owns its voxels' output rows), so the result is the same
-//! bits whatever the thread count. The BANG path (`mlu.rs`) gives the same bits on the card.
+//! bits whatever the thread count. The BANG path (`bang.rs`) gives the same bits on the card.
 
 use super::Reduce;
 use crate::cache;

@@ -2,8 +2,8 @@
 //! partner (CPU), and DynamicScatterBackward (CPU and BANG kernels).
 
 pub mod backward;
+pub mod bang;
 pub mod forward;
-pub mod mlu;
 pub mod mluops;
 
 crate::mlu::kernel_abi!("dynamic_scatter");

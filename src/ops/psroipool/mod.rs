@@ -2,8 +2,8 @@
 //! (CPU), and PsRoiPoolBackward (CPU and BANG kernels).
 
 pub mod backward;
+pub mod bang;
 pub mod forward;
-pub mod mlu;
 pub mod mluops;
 
 crate::mlu::kernel_abi!("psroipool");

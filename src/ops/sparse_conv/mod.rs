@@ -3,6 +3,7 @@
 
 pub mod get_indice_pairs;
 pub mod indice_conv;
+pub(crate) mod rank;
 
 crate::mlu::kernel_abi!("sparse_conv");
 

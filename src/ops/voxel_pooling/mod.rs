@@ -1,8 +1,8 @@
 //! The voxel pooling family (BEVDepth's view transform): VoxelPoolingForward (CPU and BANG
 //! kernels).
 
+pub mod bang;
 pub mod forward;
-pub mod mlu;
 pub mod mluops;
 
 crate::mlu::kernel_abi!("voxel_pooling");

@@ -52,8 +52,8 @@ use crate::scratch::{self, FirstError};
 use crate::tensor::{DType, Inputs, OutputSpec, Outputs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+pub mod bang;
 mod keys;
-pub mod mlu;
 pub mod mluops;
 mod rulebook;
 

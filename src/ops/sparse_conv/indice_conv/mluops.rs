@@ -29,8 +29,8 @@ use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
 use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::ops::operator::Operator;
-use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::SparseConvKernels;
+use crate::ops::sparse_conv::rank::BitmapRank;
 use crate::scratch;
 use std::ffi::c_void;
 
@@ -62,50 +62,19 @@ impl IndiceConv {
         })?;
         // SAFETY: `bitmaps` was just allocated for that many int32.
         unsafe { device.zero_raw(bitmaps.cast(), active.len() * words * 4)? };
-        let word_rank = ints(outputs, words)?;
-        // One cluster: the rank kernel's barrier reaches the cores of one cluster only.
-        let rank_tasks = device.info.cores_per_cluster;
-        let core_totals = ints(outputs, rank_tasks as usize)?;
+        let rank = BitmapRank::new(card, outputs, words)?;
         let totals = ints(outputs, active.len())?;
-        let i = device::bounded;
-        let (nwords, tile) = (i("words", words)?, i("tile", STREAM_TILE)?);
-        let kernels = device.kernels::<SparseConvKernels>()?;
         let pairs = card.input::<i32>(PAIRS);
         for (a, &(k, n)) in active.iter().enumerate() {
-            let count = i("indice_num[k]", n)?;
-            // SAFETY (both launches): offset k's destination slot is P int32 of the [K, 2, P]
-            // rulebook, its first n checked to lie in [0, num_out) before this runs; bitmap a
-            // holds `words` int32, totals one per active offset; the launches only enqueue and
-            // the node's driver synchronises the queue before the workspace is freed.
+            let count = device::bounded("indice_num[k]", n)?;
+            // SAFETY (both blocks): offset k's destination slot is P int32 of the [K, 2, P] rulebook,
+            // its first n checked to lie in [0, num_out) before this runs; bitmap a holds
+            // `words` zeroed int32, totals one per active offset; the launches only enqueue
+            // and the node's driver synchronises the queue before the workspace is freed.
             let (dst, bitmap, total) =
                 unsafe { (pairs.add((k * 2 + 1) * d.p), bitmaps.add(a * words), totals.add(a)) };
             // SAFETY: as above.
-            card.queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
-                (kernels.mluops_get_indice_pairs_mark)(
-                    q,
-                    device.info.cores(),
-                    TASK_UNION1,
-                    count,
-                    nwords,
-                    tile,
-                    dst,
-                    bitmap,
-                )
-            })?;
-            // SAFETY: as above.
-            card.queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
-                (kernels.mluops_get_indice_pairs_rank)(
-                    q,
-                    rank_tasks,
-                    TASK_UNION1,
-                    nwords,
-                    tile,
-                    bitmap,
-                    word_rank,
-                    core_totals,
-                    total,
-                )
-            })?;
+            unsafe { rank.mark_and_rank(card, device.info.cores(), count, dst, bitmap, total)? };
         }
         card.queue.sync()?;
         let mut found =
@@ -161,8 +130,8 @@ impl IndiceConv {
         );
         // SAFETY: each non-null pointer is its [Cout] (residual: [num_out, Cout]) input and
         // `out` the [num_out, Cout] output in card memory; the launch only enqueues.
-        card.queue.launch("mluops_indice_conv_epilogue", |q| unsafe {
-            (kernels.mluops_indice_conv_epilogue)(
+        card.queue.launch("bang_indice_conv_epilogue", |q| unsafe {
+            (kernels.bang_indice_conv_epilogue)(
                 q,
                 device.info.cores(),
                 TASK_UNION1,

@@ -18,7 +18,7 @@ use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::STREAM_TILE;
-use crate::ops::sparse_conv::abi::SparseConvKernels;
+use crate::ops::sparse_conv::rank::BitmapRank;
 
 /// int32 per fill copy (a multiple of 32).
 const FILL_TILE: usize = 16 * 1024;
@@ -26,7 +26,7 @@ const FILL_TILE: usize = 16 * 1024;
 const TILES_INDEX: usize = 6;
 const TILES_SCATTER: usize = 2;
 
-/// The kernels' arguments (`mlu_launch`).
+/// The kernels' arguments (`bang_launch`).
 pub struct Launch {
     policy: Policy,
     points: i32,
@@ -68,7 +68,7 @@ impl BangOperator for DynamicScatterBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "dynamic_scatter"];
 
-    fn mlu_supported(&self) -> Result<()> {
+    fn bang_supported(&self) -> Result<()> {
         match self.reduce {
             Reduce::Max => Ok(()),
             _ => Err(Error::declined(
@@ -77,7 +77,7 @@ impl BangOperator for DynamicScatterBackward {
         }
     }
 
-    fn mlu_supported_shapes(
+    fn bang_supported_shapes(
         &self,
         _: &mlu::DeviceInfo,
         shapes: &device::StaticShapes,
@@ -91,7 +91,7 @@ impl BangOperator for DynamicScatterBackward {
         }
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
+    fn bang_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
         let too_big = d.n >= i32::MAX as usize
             || d.n * d.c > i32::MAX as usize
             || d.v * d.c > i32::MAX as usize;
@@ -114,7 +114,7 @@ impl BangOperator for DynamicScatterBackward {
         })
     }
 
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         d: &Dims,
         l: &Launch,
@@ -133,8 +133,8 @@ impl BangOperator for DynamicScatterBackward {
         // SAFETY: device buffers of the validated shapes and the workspace above; the
         // launches only enqueue (the node's driver synchronises before the workspace is
         // freed); the map is read only behind the value-check gate.
-        card.queue.launch("mluops_dynamic_scatter_backward_max", |q| unsafe {
-            (k.mluops_dynamic_scatter_backward_max)(
+        card.queue.launch("bang_dynamic_scatter_backward_max", |q| unsafe {
+            (k.bang_dynamic_scatter_backward_max)(
                 q,
                 l.policy.task_dim,
                 TASK_UNION1,
@@ -167,7 +167,7 @@ pub const BOX_CELLS: u64 = 1 << 28;
 const TILES_FORWARD: usize = 5;
 const PADDING: usize = 2 * 128;
 
-/// DynamicScatter's kernel arguments (`mlu_launch`): UNION1 over the card's cores (rank: one
+/// DynamicScatter's kernel arguments (`bang_launch`): UNION1 over the card's cores (rank: one
 /// cluster). Workspace: partial task_dim * 2D, box 2D, lin N, bitmap and word ranks 2 *
 /// ceil(cells / 32) int32. NRAM: bounds and linear take 4D + 4 bytes per point of their tile,
 /// reduce one half of the budget for P points (8 + 4 Cr bytes each) and the other for Vt
@@ -201,7 +201,7 @@ impl BangOperator for DynamicScatter {
     type Launch = ForwardLaunch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "dynamic_scatter", "sparse_conv"];
 
-    fn mlu_supported_shapes(
+    fn bang_supported_shapes(
         &self,
         _: &mlu::DeviceInfo,
         shapes: &device::StaticShapes,
@@ -216,7 +216,7 @@ impl BangOperator for DynamicScatter {
         Ok(())
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &forward::Dims) -> Result<ForwardLaunch> {
+    fn bang_launch(&self, info: &mlu::DeviceInfo, d: &forward::Dims) -> Result<ForwardLaunch> {
         let (row_tile, tile_points, tile_voxels) = forward_tiles(d.c, d.d).ok_or_else(|| {
             Error::declined(format!(
                 "C = {}, D = {}: a point's row does not fit the MLU kernels' NRAM tiles",
@@ -235,7 +235,7 @@ impl BangOperator for DynamicScatter {
         })
     }
 
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         d: &forward::Dims,
         l: &ForwardLaunch,
@@ -248,7 +248,6 @@ impl BangOperator for DynamicScatter {
         };
         let (coors, feats) = (card.input::<i32>(1), card.input::<f32>(0));
         let k = device.kernels::<super::abi::DynamicScatterKernels>()?;
-        let sc = device.kernels::<SparseConvKernels>()?;
         if d.n == 0 {
             // No point, no voxel: empty outputs and voxel_num = 0.
             for (i, spec) in d.specs(0).iter().enumerate() {
@@ -274,8 +273,8 @@ impl BangOperator for DynamicScatter {
         // inputs; each launch only enqueues, and the node's driver synchronises the queue
         // before the workspace is freed. Every kept row lies in the box (bounds), so
         // every lin is below its cell count and every rank below M.
-        queue.launch("mluops_dynamic_scatter_linear", |q| unsafe {
-            (k.mluops_dynamic_scatter_linear)(
+        queue.launch("bang_dynamic_scatter_linear", |q| unsafe {
+            (k.bang_dynamic_scatter_linear)(
                 q,
                 l.task_dim,
                 TASK_UNION1,
@@ -291,40 +290,12 @@ impl BangOperator for DynamicScatter {
         let bitmap = ints(outputs, words)?;
         // SAFETY: `bitmap` was just allocated for `words` int32.
         unsafe { device.zero_raw(bitmap.cast(), words * 4)? };
-        let word_rank = ints(outputs, words)?;
-        // One cluster: the rank kernel's barrier reaches the cores of one cluster only.
-        let rank_tasks = device.info.cores_per_cluster;
-        let core_totals = ints(outputs, rank_tasks as usize)?;
         let total = ints(outputs, 1)?;
         let (nwords, tile) =
             (device::narrow("words", words)?, device::narrow("tile", STREAM_TILE)?);
-        // SAFETY: as above.
-        queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
-            (sc.mluops_get_indice_pairs_mark)(
-                q,
-                l.task_dim,
-                TASK_UNION1,
-                l.points,
-                nwords,
-                tile,
-                lin,
-                bitmap,
-            )
-        })?;
-        // SAFETY: as above.
-        queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
-            (sc.mluops_get_indice_pairs_rank)(
-                q,
-                rank_tasks,
-                TASK_UNION1,
-                nwords,
-                tile,
-                bitmap,
-                word_rank,
-                core_totals,
-                total,
-            )
-        })?;
+        let rank = BitmapRank::new(card, outputs, words)?;
+        // SAFETY: as above: `lin` holds N cells of the box, each below its cell count.
+        unsafe { rank.mark_and_rank(card, l.task_dim, l.points, lin, bitmap, total)? };
         // The second wait: the outputs' size is the voxel count.
         queue.sync()?;
         let m = read_int(card, total)?;
@@ -334,8 +305,8 @@ impl BangOperator for DynamicScatter {
         // SAFETY: `out[4]` is voxel_num's one int32, `total` holds M.
         unsafe { device.copy_raw(out[4], total.cast(), 4, Direction::DeviceToDevice)? };
         // SAFETY: as above; the map [N] and voxel_coors [M, D] just allocated.
-        queue.launch("mluops_dynamic_scatter_index", |q| unsafe {
-            (k.mluops_dynamic_scatter_index)(
+        queue.launch("bang_dynamic_scatter_index", |q| unsafe {
+            (k.bang_dynamic_scatter_index)(
                 q,
                 l.task_dim,
                 TASK_UNION1,
@@ -346,7 +317,7 @@ impl BangOperator for DynamicScatter {
                 lin,
                 box_,
                 bitmap,
-                word_rank,
+                rank.word_rank,
                 out[2].cast(),
                 out[1].cast(),
             )
@@ -360,8 +331,8 @@ impl BangOperator for DynamicScatter {
             let voxels = device::narrow("M", m)?;
             // SAFETY: as above; voxel_feats [M, C] and voxel_points_count [M] just
             // allocated, the map written by the index kernel before it on the queue.
-            queue.launch("mluops_dynamic_scatter_reduce", |q| unsafe {
-                (k.mluops_dynamic_scatter_reduce)(
+            queue.launch("bang_dynamic_scatter_reduce", |q| unsafe {
+                (k.bang_dynamic_scatter_reduce)(
                     q,
                     l.task_dim,
                     TASK_UNION1,
@@ -418,8 +389,8 @@ impl DynamicScatter {
         let k = card.device.kernels::<super::abi::DynamicScatterKernels>()?;
         // SAFETY: `partial` holds 2D int32 per task, the input coors N * D; the launch only
         // enqueues, the sync below waits for it.
-        card.queue.launch("mluops_dynamic_scatter_bounds", |q| unsafe {
-            (k.mluops_dynamic_scatter_bounds)(
+        card.queue.launch("bang_dynamic_scatter_bounds", |q| unsafe {
+            (k.bang_dynamic_scatter_bounds)(
                 q,
                 l.task_dim,
                 TASK_UNION1,

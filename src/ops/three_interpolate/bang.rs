@@ -47,7 +47,7 @@ impl Policy {
     }
 }
 
-/// The kernel's arguments (`mlu_launch`).
+/// The kernel's arguments (`bang_launch`).
 pub struct Launch {
     task_dim: u32,
     /// B, C, N, M, then Mo, No, Co.
@@ -58,7 +58,7 @@ impl BangOperator for ThreeInterpolateBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "three_interpolate"];
 
-    fn mlu_supported_shapes(
+    fn bang_supported_shapes(
         &self,
         _: &mlu::DeviceInfo,
         shapes: &device::StaticShapes,
@@ -67,7 +67,7 @@ impl BangOperator for ThreeInterpolateBackward {
         device::int32_output(shapes, 0, [0, 1], self.m, "B*C*m")
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
+    fn bang_launch(&self, info: &mlu::DeviceInfo, d: &Dims) -> Result<Launch> {
         // The kernel's offsets are int32 products of these sizes.
         if [d.b * d.c * d.n, d.b * d.c * d.m, d.b * d.n * 3].iter().any(|&v| v > i32::MAX as usize)
         {
@@ -104,7 +104,7 @@ impl BangOperator for ThreeInterpolateBackward {
     }
 
     // Out-of-range indices need no gate: the kernel adds only indices inside its M tile.
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         d: &Dims,
         l: &Launch,
@@ -119,9 +119,9 @@ impl BangOperator for ThreeInterpolateBackward {
         let (go, idx, w) = (card.input::<c_void>(0), card.input::<i32>(1), card.input::<c_void>(2));
         let k = card.device.kernels::<super::abi::ThreeInterpolateKernels>()?;
         // SAFETY: device buffers of the validated shapes; the launch only enqueues.
-        card.queue.launch("mluops_three_interpolate_backward", |q| unsafe {
+        card.queue.launch("bang_three_interpolate_backward", |q| unsafe {
             if d.dtype == DType::F16 {
-                (k.mluops_three_interpolate_backward_f16)(
+                (k.bang_three_interpolate_backward_f16)(
                     q,
                     l.task_dim,
                     TASK_UNION1,
@@ -138,7 +138,7 @@ impl BangOperator for ThreeInterpolateBackward {
                     out.cast(),
                 )
             } else {
-                (k.mluops_three_interpolate_backward_f32)(
+                (k.bang_three_interpolate_backward_f32)(
                     q,
                     l.task_dim,
                     TASK_UNION1,
@@ -171,7 +171,7 @@ mod tests {
         let op = ThreeInterpolateBackward { m: 16 };
         let info = mlu::emulator::info().expect("the emulated card's description");
         let fits = |n: usize, m: usize, dtype| {
-            op.mlu_launch(&info, &Dims { b: 1, c: 1, n, m, dtype }).map(|_| ())
+            op.bang_launch(&info, &Dims { b: 1, c: 1, n, m, dtype }).map(|_| ())
         };
         for (n, m, dtype) in
             [(1usize << 29, 16, DType::F32), (16, 1 << 29, DType::F32), (16, 1 << 30, DType::F16)]

@@ -61,7 +61,7 @@ impl PsRoiPoolBackward {
                 self.roi_spans(roi, plan.height, plan.width, &mut rows, &mut cols).is_some()
             });
             // A batch outside [0, batches) closes the value-check gate: the kernel never
-            // reads it. Spans lie in [0, height] / [0, width], below 2^31 (mlu_launch).
+            // reads it. Spans lie in [0, height] / [0, width], below 2^31 (bang_launch).
             let batch = contributes.map_or(-1, |b| b as i32);
             for (k, bin) in bins.chunks_exact_mut(SPAN_INTS).enumerate() {
                 let (r, c) = if batch < 0 {
@@ -82,7 +82,7 @@ impl PsRoiPoolBackward {
     }
 }
 
-/// The kernel's arguments (`mlu_launch`).
+/// The kernel's arguments (`bang_launch`).
 pub struct Launch {
     policy: Policy,
     rois: i32,
@@ -99,7 +99,7 @@ impl BangOperator for PsRoiPoolBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "psroipool"];
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
+    fn bang_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
         let out_len = self.output_specs(plan)[0].numel();
         let top = plan.rois * self.pooled * self.pooled * self.output_dim;
         let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
@@ -123,7 +123,7 @@ impl BangOperator for PsRoiPoolBackward {
         })
     }
 
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         plan: &Dims,
         l: &Launch,
@@ -163,8 +163,8 @@ impl BangOperator for PsRoiPoolBackward {
         let k = card.device.kernels::<super::abi::PsroipoolKernels>()?;
         // SAFETY: device buffers of the validated shapes; the batch ids and channels are
         // used only behind the value-check gate; the launch only enqueues.
-        card.queue.launch("mluops_psroipool_backward", |q| unsafe {
-            (k.mluops_psroipool_backward)(
+        card.queue.launch("bang_psroipool_backward", |q| unsafe {
+            (k.bang_psroipool_backward)(
                 q,
                 l.policy.task_dim,
                 TASK_UNION1,

@@ -15,6 +15,7 @@ use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
 use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
+use crate::ops::sparse_conv::rank::BitmapRank;
 use crate::tensor::{Data, Inputs, TensorRef};
 use std::ffi::c_void;
 
@@ -66,7 +67,7 @@ fn ints(outputs: &mut dyn DeviceOutputs, n: usize) -> Result<*mut i32> {
     Ok(outputs.workspace(n * 4)?.cast())
 }
 
-/// The kernels' arguments (`mlu_launch`).
+/// The kernels' arguments (`bang_launch`).
 #[derive(Clone, Copy)]
 pub struct Launch {
     policy: Policy,
@@ -85,7 +86,7 @@ impl BangOperator for GetIndicePairs {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "sparse_conv"];
 
-    fn mlu_supported(&self) -> Result<()> {
+    fn bang_supported(&self) -> Result<()> {
         if self.transpose {
             return Err(Error::declined(
                 "transpose = 1: the MLU kernels implement transpose = 0 only (as MLU-OPS)",
@@ -116,8 +117,8 @@ impl BangOperator for GetIndicePairs {
         }
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, d: &GipDims) -> Result<Launch> {
-        self.mlu_supported()?;
+    fn bang_launch(&self, info: &mlu::DeviceInfo, d: &GipDims) -> Result<Launch> {
+        self.bang_supported()?;
         // BANG's __memcpy takes int byte strides: expand stores its K rows of a tile with a
         // GDRAM row stride of L int32 (sparse_conv.mlu).
         if d.l * 4 > i32::MAX as usize {
@@ -156,7 +157,7 @@ impl BangOperator for GetIndicePairs {
         })
     }
 
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         d: &GipDims,
         launch: &Launch,
@@ -189,10 +190,7 @@ impl BangOperator for GetIndicePairs {
         let bitmap = ints(outputs, words)?;
         // SAFETY: `bitmap` was just allocated for `words` int32.
         unsafe { device.zero_raw(bitmap.cast(), words * 4)? };
-        let word_rank = ints(outputs, words)?;
-        // One cluster: a UNION1 __sync_all_ipu synchronises the cores of one cluster only.
-        let rank_tasks = device.info.cores_per_cluster;
-        let core_totals = ints(outputs, rank_tasks as usize)?;
+        let rank = BitmapRank::new(card, outputs, words)?;
         let total = ints(outputs, 1)?;
         let (site, perm) = if self.sub_m {
             (ints(outputs, l)?, ints(outputs, l)?)
@@ -206,8 +204,8 @@ impl BangOperator for GetIndicePairs {
         // only enqueues, and the node's driver synchronises the queue before the workspace
         // is freed. Coordinates are read only behind the value-check gate (expand); the
         // later kernels read what expand wrote, each bounds-checked against the bitmap.
-        queue.launch("mluops_get_indice_pairs_expand", |q| unsafe {
-            (kernels.mluops_get_indice_pairs_expand)(
+        queue.launch("bang_get_indice_pairs_expand", |q| unsafe {
+            (kernels.bang_get_indice_pairs_expand)(
                 q,
                 p.task_dim,
                 TASK_UNION1,
@@ -223,33 +221,8 @@ impl BangOperator for GetIndicePairs {
         })?;
         // Subm marks the rows' own sites, the default mode every expanded one.
         let (marked, count) = if self.sub_m { (site, rows) } else { (expand, expanded) };
-        // SAFETY: as above.
-        queue.launch("mluops_get_indice_pairs_mark", |q| unsafe {
-            (kernels.mluops_get_indice_pairs_mark)(
-                q,
-                p.task_dim,
-                TASK_UNION1,
-                count,
-                nwords,
-                tile,
-                marked.cast_const(),
-                bitmap,
-            )
-        })?;
-        // SAFETY: as above.
-        queue.launch("mluops_get_indice_pairs_rank", |q| unsafe {
-            (kernels.mluops_get_indice_pairs_rank)(
-                q,
-                rank_tasks,
-                TASK_UNION1,
-                nwords,
-                tile,
-                bitmap,
-                word_rank,
-                core_totals,
-                total,
-            )
-        })?;
+        // SAFETY: as above: `marked` holds `count` sites, each below the bitmap's bits.
+        unsafe { rank.mark_and_rank(card, p.task_dim, count, marked.cast_const(), bitmap, total)? };
         // The one wait before the end: out_indices' size is the site count. The value
         // checks have run too, so a broken rule is reported here, before the count is used.
         queue.sync()?;
@@ -276,8 +249,8 @@ impl BangOperator for GetIndicePairs {
             unsafe { device.copy_raw(out, indices.cast(), l * 16, Direction::DeviceToDevice)? };
         }
         // SAFETY: as above.
-        queue.launch("mluops_get_indice_pairs_out", |q| unsafe {
-            (kernels.mluops_get_indice_pairs_out)(
+        queue.launch("bang_get_indice_pairs_out", |q| unsafe {
+            (kernels.bang_get_indice_pairs_out)(
                 q,
                 p.task_dim,
                 TASK_UNION1,
@@ -286,15 +259,15 @@ impl BangOperator for GetIndicePairs {
                 nwords,
                 tile,
                 bitmap,
-                word_rank,
+                rank.word_rank,
                 site,
                 if self.sub_m { std::ptr::null_mut() } else { out.cast() },
                 perm,
             )
         })?;
         // SAFETY: as above.
-        queue.launch("mluops_get_indice_pairs_pairs", |q| unsafe {
-            (kernels.mluops_get_indice_pairs_pairs)(
+        queue.launch("bang_get_indice_pairs_pairs", |q| unsafe {
+            (kernels.bang_get_indice_pairs_pairs)(
                 q,
                 mlu::union1_tasks(&device.info, k),
                 TASK_UNION1,
@@ -304,7 +277,7 @@ impl BangOperator for GetIndicePairs {
                 tile,
                 expand,
                 bitmap,
-                word_rank,
+                rank.word_rank,
                 perm,
                 pairs.cast(),
                 num.cast(),
@@ -377,9 +350,9 @@ mod tests {
         .collect();
         let op = crate::ops::operator::descriptor::<GetIndicePairs>(&attrs).expect("valid");
         let info = crate::mlu::emulator::info().expect("the emulated card's description");
-        assert!(op.mlu_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
+        assert!(op.bang_launch(&info, &GipDims { l: (1 << 29) - 1, k: 1 }).is_ok());
         let err = op
-            .mlu_launch(&info, &GipDims { l: 1 << 29, k: 1 })
+            .bang_launch(&info, &GipDims { l: 1 << 29, k: 1 })
             .err()
             .expect("a stride of 2^31 bytes")
             .to_string();
@@ -403,8 +376,8 @@ mod tests {
                 .expect("valid: the output is 4 x 4 x 4")
         };
         assert_eq!(op((1 << 30) - 1).output_space, [4, 4, 4]);
-        assert!(op((1 << 30) - 1).mlu_supported().is_ok());
-        let err = op(1 << 30).mlu_supported().expect_err("(3 - 1) * 2^30 = 2^31").to_string();
+        assert!(op((1 << 30) - 1).bang_supported().is_ok());
+        let err = op(1 << 30).bang_supported().expect_err("(3 - 1) * 2^30 = 2^31").to_string();
         assert!(err.contains("axis 0") && err.contains("int32 tap arithmetic"), "{err}");
     }
 }

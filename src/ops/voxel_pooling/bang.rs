@@ -35,7 +35,7 @@ impl Policy {
     }
 }
 
-/// The kernel's arguments (`mlu_launch`).
+/// The kernel's arguments (`bang_launch`).
 pub struct Launch {
     task_dim: u32,
     /// B, N, C, nx, ny, nz, tile_points, tile_channels.
@@ -46,7 +46,7 @@ impl BangOperator for VoxelPoolingForward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "voxel_pooling"];
 
-    fn mlu_supported(&self) -> Result<()> {
+    fn bang_supported(&self) -> Result<()> {
         // The kernel takes the grid as int32 values.
         match [("x", self.nx), ("y", self.ny), ("z", self.nz)]
             .into_iter()
@@ -59,7 +59,7 @@ impl BangOperator for VoxelPoolingForward {
         }
     }
 
-    fn mlu_supported_shapes(
+    fn bang_supported_shapes(
         &self,
         _: &mlu::DeviceInfo,
         shapes: &device::StaticShapes,
@@ -68,7 +68,7 @@ impl BangOperator for VoxelPoolingForward {
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
-    fn mlu_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
+    fn bang_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
         // The kernel addresses cells and points with int32 offsets.
         let cells = plan.batches * self.cells * plan.channels;
         let coords = plan.batches * plan.points * 3;
@@ -95,7 +95,7 @@ impl BangOperator for VoxelPoolingForward {
         Ok(Launch { task_dim: p.task_dim, sizes })
     }
 
-    fn mlu_compute(
+    fn bang_compute(
         &self,
         plan: &Dims,
         l: &Launch,
@@ -115,8 +115,8 @@ impl BangOperator for VoxelPoolingForward {
         let k = card.device.kernels::<super::abi::VoxelPoolingKernels>()?;
         // SAFETY: the pointers are device buffers of the validated sizes (inputs checked by
         // the shape rules, outputs allocated above); the launch only enqueues.
-        card.queue.launch("mluops_voxel_pooling_forward", |q| unsafe {
-            (k.mluops_voxel_pooling_forward)(
+        card.queue.launch("bang_voxel_pooling_forward", |q| unsafe {
+            (k.bang_voxel_pooling_forward)(
                 q,
                 l.task_dim,
                 TASK_UNION1,
