@@ -207,7 +207,7 @@ unsafe extern "system" fn release(this: *mut OrtKernelImpl) {
 
 /// Outputs allocated in card memory through the kernel context, and the node's scratch
 /// card memory, freed when this is dropped (after the queue's synchronisation).
-struct CardOutputs<'a> {
+struct ContextCardOutputs<'a> {
     ctx: KernelContext<'a>,
     schema: &'static Schema,
     device: Arc<Device>,
@@ -216,7 +216,7 @@ struct CardOutputs<'a> {
     output_bytes: usize,
 }
 
-impl DeviceOutputs for CardOutputs<'_> {
+impl DeviceOutputs for ContextCardOutputs<'_> {
     fn allocate(&mut self, index: usize, spec: &OutputSpec) -> Result<*mut c_void> {
         let name =
             self.schema.outputs.get(index).map_or_else(|| format!("#{index}"), |f| f.name.clone());
@@ -238,7 +238,7 @@ impl EpKernel {
         let names = self.schema.input_names();
         let tensors = ctx.tensors(names.len())?;
         let queue = ep.queue()?;
-        let mut card = CardOutputs {
+        let mut card = ContextCardOutputs {
             ctx,
             schema: self.schema,
             device: Arc::clone(device),

@@ -4,7 +4,7 @@
 //! backend's path and the trait operators implement for it are its own file (`bang.rs`,
 //! `mluops.rs`).
 
-use super::{Card, DeviceOutputs, NodePath, OpPath, StaticShapes};
+use super::{CardRun, DeviceOutputs, NodePath, OpPath, StaticShapes};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::Library;
@@ -119,7 +119,7 @@ pub trait CardPath<O: Operator>: Send + Sync + Sized + 'static {
         op: &O,
         dims: &O::Dims,
         fit: &Self::Fit,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()>;
 }

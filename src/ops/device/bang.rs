@@ -1,7 +1,7 @@
 //! The BANG backend: our kernels (kernels/), the path [`Bang`] and the trait
 //! [`BangOperator`] an operator with BANG kernels implements (`ops/<family>/bang.rs`).
 
-use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
+use super::{Backend, CardBackends, CardPath, CardRun, DeviceOutputs, StaticShapes};
 use crate::error::Result;
 use crate::mlu::DeviceInfo;
 use crate::ops::operator::Operator;
@@ -37,7 +37,7 @@ pub trait BangOperator: Operator {
         &self,
         dims: &Self::Dims,
         launch: &Self::Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()>;
 }
@@ -69,7 +69,7 @@ impl<O: BangOperator> CardPath<O> for Bang {
         op: &O,
         dims: &O::Dims,
         launch: &O::Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         op.bang_compute(dims, launch, card, outputs)

@@ -1,7 +1,7 @@
 //! The MLU-OPS backend: Cambricon's library (`crate::mluops`), the path [`MluOps`] and the
 //! trait [`MluOpsOperator`] an operator the library runs implements (`ops/<family>/mluops.rs`).
 
-use super::{Backend, Card, CardBackends, CardPath, DeviceOutputs, StaticShapes};
+use super::{Backend, CardBackends, CardPath, CardRun, DeviceOutputs, StaticShapes};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::Library;
@@ -30,7 +30,7 @@ pub trait MluOpsOperator: Operator {
         &self,
         dims: &Self::Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()>;
 }
@@ -63,7 +63,7 @@ impl<O: MluOpsOperator> CardPath<O> for MluOps {
         op: &O,
         dims: &O::Dims,
         _: &(),
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let lib =

@@ -56,9 +56,9 @@ pub trait DeviceOutputs {
     fn workspace(&mut self, bytes: usize) -> Result<*mut c_void>;
 }
 
-/// What an operator's kernels run with: the card, the node's queue, its inputs in card
-/// memory (null for absent or empty ones) and the value checks' records.
-pub struct Card<'a> {
+/// One node's run on the card, what its path's work runs with: the card, the node's queue,
+/// its inputs in card memory (null for absent or empty ones) and the value checks' records.
+pub struct CardRun<'a> {
     pub device: &'a Arc<Device>,
     pub queue: &'a Queue,
     inputs: &'a [*const c_void],
@@ -69,7 +69,7 @@ pub struct Card<'a> {
     verified: std::cell::Cell<bool>,
 }
 
-impl Card<'_> {
+impl CardRun<'_> {
     /// Input `i` in card memory.
     pub fn input<T>(&self, i: usize) -> *const T {
         self.inputs.get(i).map_or(std::ptr::null(), |p| p.cast())
@@ -162,7 +162,7 @@ impl<O: Operator, P: CardPath<O>> NodePath for OpPath<O, P> {
             let broken = read_records(device, inputs, &rules, records, device_inputs)?;
             broken.map_or(Ok(()), |b| Err(op.describe(inputs, &dims, &b)))
         };
-        let card = Card {
+        let card = CardRun {
             device,
             queue,
             inputs: device_inputs,

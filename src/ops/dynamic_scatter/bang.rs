@@ -15,7 +15,7 @@ use super::backward::{Dims, DynamicScatterBackward};
 use super::forward::{self, DynamicScatter};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
+use crate::ops::device::{self, BangOperator, CardRun, DeviceOutputs};
 use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::rank::BitmapRank;
@@ -118,7 +118,7 @@ impl BangOperator for DynamicScatterBackward {
         &self,
         d: &Dims,
         l: &Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let out = outputs.allocate(0, &self.output_specs(d)[0])?;
@@ -239,7 +239,7 @@ impl BangOperator for DynamicScatter {
         &self,
         d: &forward::Dims,
         l: &ForwardLaunch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let (device, queue) = (card.device, card.queue);
@@ -363,7 +363,7 @@ struct CoordinateBox {
 }
 
 /// One int32 the queue's kernels wrote, after its synchronisation.
-fn read_int(card: &Card<'_>, src: *const i32) -> Result<usize> {
+fn read_int(card: &CardRun<'_>, src: *const i32) -> Result<usize> {
     let mut value = [0i32];
     // SAFETY: `src` holds one int32; `value` has room for it.
     unsafe {
@@ -381,7 +381,7 @@ impl DynamicScatter {
         &self,
         d: &forward::Dims,
         l: &ForwardLaunch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<CoordinateBox> {
         let tasks = l.task_dim as usize;

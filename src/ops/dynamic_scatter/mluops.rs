@@ -6,7 +6,7 @@ use super::backward::{Dims, DynamicScatterBackward};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library, ReduceMode};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::device::{self, CardRun, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::ops::operator::Operator;
 use std::ffi::c_void;
 
@@ -55,7 +55,7 @@ impl MluOpsOperator for DynamicScatterBackward {
         &self,
         d: &Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         nram_bound(d.n, d.c, card.device.info.kernel_nram())?;

@@ -10,7 +10,7 @@ use super::Dims;
 use super::backward::{PsRoiPoolBackward, Span};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
+use crate::ops::device::{self, BangOperator, CardRun, DeviceOutputs};
 use crate::ops::operator::Operator;
 use crate::scratch;
 use std::ffi::c_void;
@@ -127,7 +127,7 @@ impl BangOperator for PsRoiPoolBackward {
         &self,
         plan: &Dims,
         l: &Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let spec = &self.output_specs(plan)[0];

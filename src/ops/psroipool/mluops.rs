@@ -18,7 +18,7 @@ use super::{Dims, MIN_ROI_EXTENT};
 use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library};
-use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::device::{CardRun, DeviceOutputs, MluOpsOperator};
 use crate::ops::operator::Operator;
 use crate::scratch;
 use std::ffi::c_void;
@@ -90,7 +90,7 @@ impl PsRoiPoolBackward {
         (rois, height, width): (usize, usize, usize),
         index: usize,
         nothing: Option<[f32; 5]>,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<*mut c_void> {
         let mut host = scratch::filled(rois * 5, 0f32, "the host copy of rois")?;
@@ -214,7 +214,7 @@ impl MluOpsOperator for PsRoiPoolBackward {
         &self,
         plan: &Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let spec = &self.output_specs(plan)[0];
@@ -285,7 +285,7 @@ impl MluOpsOperator for PsRoiPool {
         &self,
         plan: &Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         // The forward kernel's output channels per NRAM pass, FLOOR_ALIGN(NRAM / ((2 + 2 *

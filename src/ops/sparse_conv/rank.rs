@@ -6,7 +6,7 @@ use super::STREAM_TILE;
 use super::abi::SparseConvKernels;
 use crate::error::Result;
 use crate::mlu::TASK_UNION1;
-use crate::ops::device::{self, Card, DeviceOutputs};
+use crate::ops::device::{self, CardRun, DeviceOutputs};
 
 /// The rank kernel's scratch for bitmaps of `words` int32, reused by each bitmap a node
 /// ranks: the words' ranks and one total per core of the cluster the kernel runs on.
@@ -23,7 +23,7 @@ pub(crate) struct BitmapRank {
 
 impl BitmapRank {
     /// The scratch, from the node's workspace (`words` was checked against int32 before).
-    pub fn new(card: &Card<'_>, outputs: &mut dyn DeviceOutputs, words: usize) -> Result<Self> {
+    pub fn new(card: &CardRun<'_>, outputs: &mut dyn DeviceOutputs, words: usize) -> Result<Self> {
         let tasks = card.device.info.cores_per_cluster;
         Ok(BitmapRank {
             kernels: card.device.kernels()?,
@@ -45,7 +45,7 @@ impl BitmapRank {
     /// they and the workspace are freed.
     pub unsafe fn mark_and_rank(
         &self,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         mark_tasks: u32,
         count: i32,
         src: *const i32,

@@ -8,7 +8,7 @@ use super::Dims;
 use super::backward::ThreeInterpolateBackward;
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
+use crate::ops::device::{self, BangOperator, CardRun, DeviceOutputs};
 use crate::ops::operator::Operator;
 use crate::tensor::DType;
 use std::ffi::c_void;
@@ -108,7 +108,7 @@ impl BangOperator for ThreeInterpolateBackward {
         &self,
         d: &Dims,
         l: &Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let out = outputs.allocate(0, &self.output_specs(d)[0])?;

@@ -7,7 +7,7 @@ use super::{Dims, ThreeInterpolate};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{self, Functions, Layout, Library, Status, TensorDescPtr};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::device::{self, CardRun, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::ops::operator::Operator;
 use crate::tensor::DType;
 use std::ffi::c_void;
@@ -56,7 +56,7 @@ type Call = unsafe extern "C" fn(
 /// the output [B, C, `last`] at `out`.
 fn call(
     lib: &Library,
-    card: &Card<'_>,
+    card: &CardRun<'_>,
     name: &str,
     call: fn(&Functions) -> Call,
     d: &Dims,
@@ -109,7 +109,7 @@ impl MluOpsOperator for ThreeInterpolateBackward {
         &self,
         d: &Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let out = outputs.allocate(0, &self.output_specs(d)[0])?;
@@ -157,7 +157,7 @@ impl MluOpsOperator for ThreeInterpolate {
         &self,
         d: &Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let out = outputs.allocate(0, &self.output_specs(d)[0])?;

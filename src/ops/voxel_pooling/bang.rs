@@ -7,7 +7,7 @@
 use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::{self, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
+use crate::ops::device::{self, BangOperator, CardRun, DeviceOutputs};
 use crate::ops::operator::Operator;
 
 /// Largest feature chunk moved per __memcpy / atomic add.
@@ -99,7 +99,7 @@ impl BangOperator for VoxelPoolingForward {
         &self,
         plan: &Dims,
         l: &Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let specs = self.output_specs(plan);

@@ -4,7 +4,7 @@ use super::forward::{Dims, VoxelPoolingForward};
 use crate::error::{Error, Result};
 use crate::mlu::DeviceInfo;
 use crate::mluops::{DType, Layout, Library};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::device::{self, CardRun, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::ops::operator::Operator;
 
 impl VoxelPoolingForward {
@@ -56,7 +56,7 @@ impl MluOpsOperator for VoxelPoolingForward {
         &self,
         plan: &Dims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let specs = self.output_specs(plan);

@@ -11,7 +11,7 @@
 use super::{DIM_NB, GetIndicePairs, GipDims, INDICES, Layout};
 use crate::error::{Error, Result};
 use crate::mlu::{self, Direction, NRAM_BUDGET, TASK_UNION1};
-use crate::ops::device::{self, BangOperator, Card, DeviceOutputs};
+use crate::ops::device::{self, BangOperator, CardRun, DeviceOutputs};
 use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::STREAM_TILE;
 use crate::ops::sparse_conv::abi::{GipGeometry, SparseConvKernels};
@@ -161,7 +161,7 @@ impl BangOperator for GetIndicePairs {
         &self,
         d: &GipDims,
         launch: &Launch,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let Launch {
@@ -291,7 +291,7 @@ impl GetIndicePairs {
     /// The error of two subm rows holding one site, found on the card (fewer distinct sites
     /// than rows). Naming the rows takes the CPU check, so on this error path, and only
     /// here, `indices` comes to the host.
-    fn duplicate_sites(&self, card: &Card<'_>, l: usize, num_out: usize) -> Error {
+    fn duplicate_sites(&self, card: &CardRun<'_>, l: usize, num_out: usize) -> Error {
         let fallback = || {
             Error::input(
                 "indices",

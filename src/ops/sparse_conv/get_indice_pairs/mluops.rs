@@ -6,7 +6,7 @@ use super::{GetIndicePairs, GipDims, INDICES};
 use crate::error::{Error, Result};
 use crate::mlu::Direction;
 use crate::mluops::{DType, Layout, Library, SparseConvParams};
-use crate::ops::device::{Card, DeviceOutputs, MluOpsOperator};
+use crate::ops::device::{CardRun, DeviceOutputs, MluOpsOperator};
 use crate::ops::operator::Operator;
 
 /// The library's scale limits (get_indice_pairs_structs.h at v1.4.0; docs/MLUOPS_BINDING.md).
@@ -129,7 +129,7 @@ impl MluOpsOperator for GetIndicePairs {
         &self,
         d: &GipDims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let (l, k) = (d.l, d.k);

@@ -27,7 +27,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::mlu::{DeviceInfo, Direction, NRAM_BUDGET, TASK_UNION1};
 use crate::mluops::{DType, Layout, Library};
-use crate::ops::device::{self, Card, DeviceOutputs, MluOpsOperator, StaticShapes};
+use crate::ops::device::{self, CardRun, DeviceOutputs, MluOpsOperator, StaticShapes};
 use crate::ops::operator::Operator;
 use crate::ops::sparse_conv::abi::SparseConvKernels;
 use crate::ops::sparse_conv::rank::BitmapRank;
@@ -42,7 +42,7 @@ impl IndiceConv {
     fn distinct_destinations(
         &self,
         d: &ConvDims,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let device = card.device;
@@ -105,7 +105,7 @@ impl IndiceConv {
 
     /// The epilogue on the card (bias, scale, shift, residual, activation), when the node
     /// has any of it: one pass over the output.
-    fn epilogue(&self, d: &ConvDims, card: &Card<'_>, out: *mut c_void) -> Result<()> {
+    fn epilogue(&self, d: &ConvDims, card: &CardRun<'_>, out: *mut c_void) -> Result<()> {
         if !self.has_epilogue(d) {
             return Ok(());
         }
@@ -220,7 +220,7 @@ impl MluOpsOperator for IndiceConv {
         &self,
         d: &ConvDims,
         lib: &Library,
-        card: &Card<'_>,
+        card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
         let spec = &self.output_specs(d)[0];
