@@ -161,6 +161,7 @@ fn boxes_beyond_the_bitmap_are_declined_at_run_time() {
             schema: onnxruntime_ep_mlu::ops::schema("DynamicScatter"),
             cpu: Arc::clone(&op) as Arc<dyn Kernel>,
             paths: vec![bang],
+            elsewhere: Vec::new(),
             size_inputs: &[],
         };
         let f = Tensor::f32([2, 1], vec![1.0, 2.0]);

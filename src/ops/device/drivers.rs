@@ -98,6 +98,7 @@ pub fn run_on_device<O: BangOperator + Clone>(
         schema: O::schema(),
         cpu,
         paths: vec![path],
+        elsewhere: Vec::new(),
         size_inputs: O::SIZE_INPUTS,
     };
     node.paths[0].supported().map_err(|why| {

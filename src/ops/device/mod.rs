@@ -209,6 +209,9 @@ pub struct CardNode {
     pub schema: &'static Schema,
     pub cpu: Arc<dyn Kernel>,
     pub paths: Vec<Box<dyn NodePath>>,
+    /// The operator's card backends the provider leaves out (its `mlu_backend`), named in
+    /// the decline when no path is left.
+    pub elsewhere: Vec<Backend>,
     pub size_inputs: &'static [usize],
 }
 
@@ -219,15 +222,20 @@ pub fn card_node<O: Operator>(
     paths: &[PathOf<O>],
 ) -> Result<CardNode> {
     let op = Arc::new(O::from_attributes(attrs)?);
-    let mut paths: Vec<Box<dyn NodePath>> = paths
-        .iter()
-        .map(|p| p(&op, backends))
-        .filter(|k| backends.order.contains(&k.backend()))
-        .collect();
     // The provider's order; a backend the provider does not use is left out.
+    let (mut paths, left_out): (Vec<Box<dyn NodePath>>, Vec<_>) =
+        paths.iter().map(|p| p(&op, backends)).partition(|k| backends.order.contains(&k.backend()));
     paths.sort_by_key(|k| backends.order.iter().position(|x| *x == k.backend()));
+    let elsewhere = left_out.iter().map(|k| k.backend()).collect();
     let cpu: Arc<dyn Kernel> = op;
-    Ok(CardNode { op: O::NAME, schema: O::schema(), cpu, paths, size_inputs: O::SIZE_INPUTS })
+    Ok(CardNode {
+        op: O::NAME,
+        schema: O::schema(),
+        cpu,
+        paths,
+        elsewhere,
+        size_inputs: O::SIZE_INPUTS,
+    })
 }
 
 /// Where a node ran.
@@ -260,7 +268,14 @@ impl CardNode {
             }
         }
         if self.paths.is_empty() {
-            why.push("no card backend of this provider has kernels for it".into());
+            // Every registry row names a backend, so the operator has one the provider leaves out.
+            let names: Vec<_> = self.elsewhere.iter().map(|b| b.name()).collect();
+            why.push(format!(
+                "{} runs on the card only on {}, which this provider's mlu_backend leaves out \
+                 (docs/MLUOPS_BINDING.md §4)",
+                self.op,
+                names.join(" or ")
+            ));
         }
         Err(Error::declined(why.join("; ")))
     }
