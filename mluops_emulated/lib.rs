@@ -1,10 +1,11 @@
 //! The emulated MLU-OPS library: a stand-in for Cambricon's `libmluops.so` on the emulated
 //! card, so that the provider's MLU-OPS backend (src/mluops, ops/<family>/mluops.rs) runs end
 //! to end in the tests: version check, handles, descriptors, workspace queries, calls,
-//! num_act_out, statuses, declines. It exports the C functions the binding calls, with the
-//! C types of docs/MLUOPS_BINDING.md, and enforces each function's documented parameter
-//! rules (MLUOP_STATUS_BAD_PARAM for descriptor mismatches, MLUOP_STATUS_NOT_SUPPORTED past
-//! a scale limitation) as that table states them.
+//! num_act_out, statuses, declines. It exports the C functions the binding calls, each
+//! asserted at compile time to have the binding's type (`mluops::exports`, from the
+//! `functions!` table of src/mluops/mod.rs), and enforces each function's documented
+//! parameter rules (MLUOP_STATUS_BAD_PARAM for descriptor mismatches,
+//! MLUOP_STATUS_NOT_SUPPORTED past a scale limitation) as docs/MLUOPS_BINDING.md states them.
 //!
 //! What it computes with: this crate's CPU kernels, on the emulated card's memory (host
 //! memory), for every function. It stands in for the vendor's kernels; it is not our BANG
@@ -28,43 +29,33 @@ use onnxruntime_ep_mlu::parallel::Serial;
 use onnxruntime_ep_mlu::schema::AttrValue;
 use onnxruntime_ep_mlu::tensor::{OwnedData, Tensor};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-type Status = c_int;
-const SUCCESS: Status = 0;
-const BAD_PARAM: Status = 3;
-const INTERNAL_ERROR: Status = 4;
-const EXECUTION_FAILED: Status = 6;
-const NOT_SUPPORTED: Status = 7;
+// The statuses, enums and signatures are the binding's (src/mluops/mod.rs), which
+// tests/mluops_header.rs checks against the header: this library models the vendor's
+// behaviour, not its declarations. Its exports take an enum as C passes it, an `int`, so
+// that a value the binding does not know is rejected (BAD_PARAM) rather than undefined.
+use onnxruntime_ep_mlu::mluops::{
+    self, BAD_PARAM, DType, EXECUTION_FAILED, INTERNAL_ERROR, Layout, NOT_SUPPORTED, ReduceMode,
+    SUCCESS, Status, exports, status_name,
+};
 
-const DTYPE_HALF: c_int = 1;
-const DTYPE_FLOAT: c_int = 2;
-const DTYPE_INT32: c_int = 6;
+const DTYPE_HALF: c_int = DType::Half as c_int;
+const DTYPE_FLOAT: c_int = DType::Float as c_int;
+const DTYPE_INT32: c_int = DType::Int32 as c_int;
+/// `MLUOP_DTYPE_INT64` (mlu_op.h v1.4.0:170-178): accepted in descriptors as the vendor's
+/// library does, though the binding's `DType` has no use for it.
 const DTYPE_INT64: c_int = 9;
-const LAYOUT_NHWC: c_int = 1;
-const LAYOUT_ARRAY: c_int = 4;
-const REDUCE_MAX: c_int = 2;
+const LAYOUT_NHWC: c_int = Layout::Nhwc as c_int;
+const LAYOUT_ARRAY: c_int = Layout::Array as c_int;
+const REDUCE_MAX: c_int = ReduceMode::Max as c_int;
 
 /// Why the last call of this thread failed, printed to stderr as the vendor library logs.
 fn fail(status: Status, why: &str) -> Status {
-    eprintln!("[emulated MLU-OPS] {}: {why}", status_text(status));
+    eprintln!("[emulated MLU-OPS] {}: {why}", status_name(status));
     status
-}
-
-fn status_text(s: Status) -> &'static str {
-    match s {
-        0 => "MLUOP_STATUS_SUCCESS",
-        1 => "MLUOP_STATUS_NOT_INITIALIZED",
-        2 => "MLUOP_STATUS_ALLOC_FAILED",
-        3 => "MLUOP_STATUS_BAD_PARAM",
-        4 => "MLUOP_STATUS_INTERNAL_ERROR",
-        5 => "MLUOP_STATUS_ARCH_MISMATCH",
-        6 => "MLUOP_STATUS_EXECUTION_FAILED",
-        7 => "MLUOP_STATUS_NOT_SUPPORTED",
-        8 => "MLUOP_STATUS_NUMERICAL_OVERFLOW",
-        _ => "unknown status",
-    }
 }
 
 /// Runs an exported function's body; a panic becomes MLUOP_STATUS_INTERNAL_ERROR.
@@ -242,22 +233,18 @@ pub unsafe extern "C" fn mluOpGetLibVersion(
         }
     }
 }
+const _: exports::mluOpGetLibVersion = mluOpGetLibVersion;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpGetErrorString(s: Status) -> *const c_char {
-    match s {
-        0 => c"MLUOP_STATUS_SUCCESS".as_ptr(),
-        1 => c"MLUOP_STATUS_NOT_INITIALIZED".as_ptr(),
-        2 => c"MLUOP_STATUS_ALLOC_FAILED".as_ptr(),
-        3 => c"MLUOP_STATUS_BAD_PARAM".as_ptr(),
-        4 => c"MLUOP_STATUS_INTERNAL_ERROR".as_ptr(),
-        5 => c"MLUOP_STATUS_ARCH_MISMATCH".as_ptr(),
-        6 => c"MLUOP_STATUS_EXECUTION_FAILED".as_ptr(),
-        7 => c"MLUOP_STATUS_NOT_SUPPORTED".as_ptr(),
-        8 => c"MLUOP_STATUS_NUMERICAL_OVERFLOW".as_ptr(),
-        _ => c"MLUOP_STATUS_UNKNOWN".as_ptr(),
-    }
+    static NAMES: OnceLock<Vec<(Status, CString)>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let c = |name: &str| CString::new(name).expect("a C name has no NUL");
+        mluops::STATUS.values.iter().map(|&(name, v)| (v, c(name))).collect()
+    });
+    names.iter().find(|(v, _)| *v == s).map_or(c"MLUOP_STATUS_UNKNOWN".as_ptr(), |n| n.1.as_ptr())
 }
+const _: exports::mluOpGetErrorString = mluOpGetErrorString;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpCreate(h: *mut *mut c_void) -> Status {
@@ -269,6 +256,7 @@ pub unsafe extern "C" fn mluOpCreate(h: *mut *mut c_void) -> Status {
         Ok(())
     })
 }
+const _: exports::mluOpCreate = mluOpCreate;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpDestroy(h: *mut c_void) -> Status {
@@ -279,6 +267,7 @@ pub unsafe extern "C" fn mluOpDestroy(h: *mut c_void) -> Status {
         Ok(())
     })
 }
+const _: exports::mluOpDestroy = mluOpDestroy;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpSetQueue(h: *mut c_void, queue: *mut c_void) -> Status {
@@ -289,6 +278,7 @@ pub unsafe extern "C" fn mluOpSetQueue(h: *mut c_void, queue: *mut c_void) -> St
         Ok(())
     })
 }
+const _: exports::mluOpSetQueue = mluOpSetQueue;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpCreateTensorDescriptor(d: *mut *mut c_void) -> Status {
@@ -300,6 +290,7 @@ pub unsafe extern "C" fn mluOpCreateTensorDescriptor(d: *mut *mut c_void) -> Sta
         Ok(())
     })
 }
+const _: exports::mluOpCreateTensorDescriptor = mluOpCreateTensorDescriptor;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpSetTensorDescriptor(
@@ -331,6 +322,7 @@ pub unsafe extern "C" fn mluOpSetTensorDescriptor(
         Ok(())
     })
 }
+const _: exports::mluOpSetTensorDescriptor = mluOpSetTensorDescriptor;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpDestroyTensorDescriptor(d: *mut c_void) -> Status {
@@ -341,6 +333,7 @@ pub unsafe extern "C" fn mluOpDestroyTensorDescriptor(d: *mut c_void) -> Status 
         Ok(())
     })
 }
+const _: exports::mluOpDestroyTensorDescriptor = mluOpDestroyTensorDescriptor;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpCreateSparseConvolutionDescriptor(d: *mut *mut c_void) -> Status {
@@ -351,6 +344,7 @@ pub unsafe extern "C" fn mluOpCreateSparseConvolutionDescriptor(d: *mut *mut c_v
         Ok(())
     })
 }
+const _: exports::mluOpCreateSparseConvolutionDescriptor = mluOpCreateSparseConvolutionDescriptor;
 
 fn three(p: *const c_int, what: &str) -> Result<[i32; 3], Status> {
     require(!p.is_null(), BAD_PARAM, || format!("{what} is null"))?;
@@ -412,6 +406,7 @@ pub unsafe extern "C" fn mluOpSetSparseConvolutionDescriptor(
         Ok(())
     })
 }
+const _: exports::mluOpSetSparseConvolutionDescriptor = mluOpSetSparseConvolutionDescriptor;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpGetSparseConvolutionNumActOut(
@@ -427,6 +422,7 @@ pub unsafe extern "C" fn mluOpGetSparseConvolutionNumActOut(
         Ok(())
     })
 }
+const _: exports::mluOpGetSparseConvolutionNumActOut = mluOpGetSparseConvolutionNumActOut;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpDestroySparseConvolutionDescriptor(d: *mut c_void) -> Status {
@@ -437,6 +433,7 @@ pub unsafe extern "C" fn mluOpDestroySparseConvolutionDescriptor(d: *mut c_void)
         Ok(())
     })
 }
+const _: exports::mluOpDestroySparseConvolutionDescriptor = mluOpDestroySparseConvolutionDescriptor;
 
 mod operators;
 pub use operators::*;

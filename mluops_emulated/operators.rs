@@ -6,9 +6,10 @@ use onnxruntime_ep_mlu::ops::{
     dynamic_scatter, psroipool, sparse_conv, three_interpolate, voxel_pooling,
 };
 
-/// The vendor kernels' NRAM on MLU370 (NRAM less 128 KB, MAX_NRAM_SIZE of kernels/kernel.h):
-/// DynamicPointToVoxelBackward's bound 5N + 20C + 4 bytes, PsRoiPoolForward's passes.
-const MLU370_NRAM: usize = 768 * 1024 - 128 * 1024;
+// The vendor kernels' NRAM on MLU370 (MAX_NRAM_SIZE of mlu-ops kernels/kernel.h, the core's
+// 768 KiB less the 128 KiB stack) is the budget our kernels are built for too: it bounds
+// DynamicPointToVoxelBackward's 5N + 20C + 4 bytes and PsRoiPoolForward's passes.
+use onnxruntime_ep_mlu::mlu::NRAM_BUDGET;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(
@@ -40,6 +41,8 @@ pub unsafe extern "C" fn mluOpGetDynamicPointToVoxelBackwardWorkspaceSize(
         Ok(())
     })
 }
+const _: exports::mluOpGetDynamicPointToVoxelBackwardWorkspaceSize =
+    mluOpGetDynamicPointToVoxelBackwardWorkspaceSize;
 
 /// The shared checks of the two DynamicPointToVoxelBackward functions: (N, M).
 fn dpv_backward_check(
@@ -70,7 +73,7 @@ fn dpv_backward_check(
     expect(desc(count, "voxel_points_count")?, "voxel_points_count", DTYPE_INT32, &[m])?;
     expect(desc(voxel_num, "voxel_num")?, "voxel_num", DTYPE_INT32, &[1])?;
     require(n >= m, BAD_PARAM, || format!("N = {n} < M = {m}"))?;
-    require(5 * n + 20 * c + 4 <= MLU370_NRAM, BAD_PARAM, || {
+    require(5 * n + 20 * c + 4 <= NRAM_BUDGET, BAD_PARAM, || {
         format!("N = {n}, C = {c} exceed the NRAM bound")
     })?;
     Ok((n, m))
@@ -135,6 +138,7 @@ pub unsafe extern "C" fn mluOpDynamicPointToVoxelBackward(
         store(&out[0], grad_feats, "grad_feats")
     })
 }
+const _: exports::mluOpDynamicPointToVoxelBackward = mluOpDynamicPointToVoxelBackward;
 
 /// The dims of a ThreeInterpolate tensor of 3 dimensions, ARRAY layout, half or float
 /// (three_interpolate.cpp:273-287 at v1.4.0); `what` names it and its shape.
@@ -191,6 +195,7 @@ pub unsafe extern "C" fn mluOpThreeInterpolateBackward(
         store(&out[0], grad_features, "grad_features")
     })
 }
+const _: exports::mluOpThreeInterpolateBackward = mluOpThreeInterpolateBackward;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpThreeInterpolateForward(
@@ -240,6 +245,7 @@ pub unsafe extern "C" fn mluOpThreeInterpolateForward(
         store(&out[0], output, "output")
     })
 }
+const _: exports::mluOpThreeInterpolateForward = mluOpThreeInterpolateForward;
 
 fn sparse<'a>(d: *mut c_void) -> Result<&'a mut SparseConv, Status> {
     require(!d.is_null(), BAD_PARAM, || "sparse_conv_desc is null".into())?;
@@ -303,6 +309,7 @@ pub unsafe extern "C" fn mluOpGetIndicePairsWorkspaceSize(
         Ok(())
     })
 }
+const _: exports::mluOpGetIndicePairsWorkspaceSize = mluOpGetIndicePairsWorkspaceSize;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpGetIndicePairs(
@@ -381,6 +388,7 @@ pub unsafe extern "C" fn mluOpGetIndicePairs(
         Ok(())
     })
 }
+const _: exports::mluOpGetIndicePairs = mluOpGetIndicePairs;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpVoxelPoolingForward(
@@ -422,6 +430,7 @@ pub unsafe extern "C" fn mluOpVoxelPoolingForward(
         store(&result[1], pos, "pos_memo")
     })
 }
+const _: exports::mluOpVoxelPoolingForward = mluOpVoxelPoolingForward;
 
 /// The largest bin edge magnitude the vendor kernel converts to int without overflow.
 const INT_EDGE: f32 = 2_147_483_520.0;
@@ -607,6 +616,7 @@ pub unsafe extern "C" fn mluOpPsRoiPoolBackward(
         store(&result[0], bottom, "bottom_grad")
     })
 }
+const _: exports::mluOpPsRoiPoolBackward = mluOpPsRoiPoolBackward;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpPsRoiPoolForward(
@@ -643,7 +653,7 @@ pub unsafe extern "C" fn mluOpPsRoiPoolForward(
         // The kernel's output channels per NRAM pass (psroipool_block.mlu:199-203 at v1.4.0,
         // MLU370's 640 KiB): 0 is a division by zero there, a failed call here.
         let bins = (group_size as usize * group_size as usize).div_ceil(64) * 64;
-        require(MLU370_NRAM / ((2 + 2 * bins) * 4) >= 64, EXECUTION_FAILED, || {
+        require(NRAM_BUDGET / ((2 + 2 * bins) * 4) >= 64, EXECUTION_FAILED, || {
             format!(
                 "group_size {group_size}: no output channel block fits the vendor kernel's NRAM (division by zero)"
             )
@@ -680,6 +690,7 @@ pub unsafe extern "C" fn mluOpPsRoiPoolForward(
         store(&result[1], mapping, "mapping_channel")
     })
 }
+const _: exports::mluOpPsRoiPoolForward = mluOpPsRoiPoolForward;
 
 /// The checks of IndiceConvolutionForward's two functions (foolProof,
 /// indice_convolution_forward.cpp:37-167 at v1.4.0): (L, Cin, Cout, indice_num).
@@ -785,6 +796,8 @@ pub unsafe extern "C" fn mluOpGetIndiceConvolutionForwardWorkspaceSize(
         Ok(())
     })
 }
+const _: exports::mluOpGetIndiceConvolutionForwardWorkspaceSize =
+    mluOpGetIndiceConvolutionForwardWorkspaceSize;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mluOpIndiceConvolutionForward(
@@ -862,3 +875,4 @@ pub unsafe extern "C" fn mluOpIndiceConvolutionForward(
         store(&result[0], out, "features_out")
     })
 }
+const _: exports::mluOpIndiceConvolutionForward = mluOpIndiceConvolutionForward;

@@ -31,13 +31,15 @@ fn emulated_library() -> PathBuf {
 /// Serialises the tests that open the library: one of them changes the version it reports.
 static OPENING: Mutex<()> = Mutex::new(());
 
-fn backends(order: &'static [Backend]) -> CardBackends {
+/// The emulated library opened on the emulated card.
+fn library() -> onnxruntime_ep_mlu::error::Result<Arc<mluops::Library>> {
     let _one = OPENING.lock().unwrap_or_else(|e| e.into_inner());
     let path = emulated_library();
-    CardBackends {
-        order,
-        mluops: mluops::open(Some(path.to_str().expect("UTF-8 path")), &device()),
-    }
+    mluops::open(Some(path.to_str().expect("UTF-8 path")), &device())
+}
+
+fn backends(order: &'static [Backend]) -> CardBackends {
+    CardBackends::new(order).with_mluops(library())
 }
 
 fn device() -> Arc<Device> {

@@ -340,13 +340,24 @@ fn a_disagreeing_declaration_fails_the_check() {
 }
 
 /// The stand-in and docs/MLUOPS_BINDING.md name every function and enum value the binding
-/// declares (so the stand-in is the documented table, and a new binding gets a row).
+/// declares (so the stand-in is the documented table, and a new binding gets a row), and
+/// the emulated library asserts each export's type is the binding's (`mluops::exports`; the
+/// assertion is what fails its build when a signature drifts, this only sees it is there).
 #[test]
 fn the_table_and_the_standin_list_every_declaration() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/MLUOPS_BINDING.md")).unwrap();
     let standin = std::fs::read_to_string(standin_dir().join("mlu_op_standin.h")).unwrap();
+    let emulated = ["lib.rs", "operators.rs"]
+        .map(|f| std::fs::read_to_string(root.join("mluops_emulated").join(f)).unwrap())
+        .concat()
+        .replace(char::is_whitespace, "");
     for f in SIGNATURES {
+        let asserted = format!("const _: exports::{0} = {0};", f.name);
+        assert!(
+            emulated.contains(&asserted.replace(' ', "")),
+            "mluops_emulated/ lacks `{asserted}`"
+        );
         assert!(
             doc.contains(&format!("| {} |", f.name)),
             "docs/MLUOPS_BINDING.md §1.3 has no row for {}",

@@ -374,7 +374,7 @@ pub fn check(
     // The terms' magnitude per output element, once per case, when a card result needs it.
     let terms = OnceCell::new();
     for (o, &order) in ORDERS.iter().enumerate() {
-        let backends = CardBackends { order, mluops: card.mluops.clone() };
+        let backends = CardBackends::new(order).with_mluops(card.mluops.clone());
         let slot = 2 + 3 * o;
         let node = match create(&Attrs::new(ops::schema(op), attrs), &backends) {
             Err(e) => {

@@ -321,10 +321,9 @@ fn backends(options: *const OrtSessionOptions, card: &Device) -> Result<CardBack
     let order = Backend::order(&value)
         .map_err(|why| Error::attribute(format!("{EP_NAME} {from}"), why.to_string()))?;
     if !order.contains(&Backend::MluOps) {
-        return Ok(CardBackends {
-            order,
-            mluops: Err(Error::declined(format!("{from} = {value}"))),
-        });
+        return Ok(
+            CardBackends::new(order).with_mluops(Err(Error::declined(format!("{from} = {value}"))))
+        );
     }
     let explicit = option("mluops_library")?.or_else(|| env("MLU_EP_MLUOPS_LIBRARY"));
     let mluops = mluops::open(explicit.as_deref(), card);
@@ -334,7 +333,7 @@ fn backends(options: *const OrtSessionOptions, card: &Device) -> Result<CardBack
             format!("{value} asks for MLU-OPS, which is not usable: {why}"),
         ));
     }
-    Ok(CardBackends { order, mluops })
+    Ok(CardBackends::new(order).with_mluops(mluops))
 }
 
 unsafe extern "system" fn release_ep(_: *mut OrtEpFactory, ep: *mut OrtEp) {

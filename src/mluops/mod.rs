@@ -28,6 +28,12 @@ pub struct CEnum {
 /// `mluOpStatus_t` (mlu_op.h v1.4.0:64-94).
 pub type Status = c_int;
 pub const SUCCESS: Status = 0;
+/// A parameter the library's checks reject (the emulated library's descriptor mismatches).
+pub const BAD_PARAM: Status = 3;
+/// A failure inside the library (the emulated library's caught panics).
+pub const INTERNAL_ERROR: Status = 4;
+/// A kernel that failed (the emulated library's index values out of range).
+pub const EXECUTION_FAILED: Status = 6;
 /// A scale limitation the library reports from its parameter checks.
 pub const NOT_SUPPORTED: Status = 7;
 
@@ -38,10 +44,10 @@ pub const STATUS: CEnum = CEnum {
         ("MLUOP_STATUS_SUCCESS", SUCCESS),
         ("MLUOP_STATUS_NOT_INITIALIZED", 1),
         ("MLUOP_STATUS_ALLOC_FAILED", 2),
-        ("MLUOP_STATUS_BAD_PARAM", 3),
-        ("MLUOP_STATUS_INTERNAL_ERROR", 4),
+        ("MLUOP_STATUS_BAD_PARAM", BAD_PARAM),
+        ("MLUOP_STATUS_INTERNAL_ERROR", INTERNAL_ERROR),
         ("MLUOP_STATUS_ARCH_MISMATCH", 5),
-        ("MLUOP_STATUS_EXECUTION_FAILED", 6),
+        ("MLUOP_STATUS_EXECUTION_FAILED", EXECUTION_FAILED),
         ("MLUOP_STATUS_NOT_SUPPORTED", NOT_SUPPORTED),
         ("MLUOP_STATUS_NUMERICAL_OVERFLOW", 8),
     ],
@@ -60,6 +66,10 @@ macro_rules! c_enum {
 
         impl $name {
             pub const C: CEnum = CEnum { name: $c, values: &[$((stringify!($cv), $name::$v as i32)),*] };
+        }
+
+        impl CAbi for $name {
+            type C = c_int;
         }
     };
 }
@@ -87,6 +97,25 @@ c_enum! {
         Max = MLUOP_REDUCE_DMAX = 2,
     }
 }
+
+/// A type of the `functions!` table as C passes it: the type itself, but `int` for an enum
+/// (a C library takes any `int` where the header has an enum, which no Rust enum can hold).
+/// [`exports`] spells each function's type with it.
+pub trait CAbi {
+    type C;
+}
+
+/// The types of the `functions!` table that C passes as they are.
+macro_rules! c_abi_as_is {
+    ($($t:ty),*) => {
+        $(impl CAbi for $t {
+            type C = $t;
+        })*
+    };
+}
+
+c_abi_as_is!(c_int, *mut c_int, *const c_int, f32, i64, *const i64, usize, *mut usize);
+c_abi_as_is!(*const c_char, *const c_void, *mut c_void, *mut *mut c_void);
 
 /// The enums above with their C names and values.
 pub const ENUMS: &[CEnum] = &[STATUS, DType::C, Layout::C, ReduceMode::C];
@@ -185,6 +214,15 @@ macro_rules! functions {
                 params: &[$(CType::of(stringify!($ty), size_of::<$ty>())),*],
             },)*
         ];
+
+        /// Each function's type as the library exports it, its enums as C's `int`
+        /// ([`CAbi`]): the emulated library (mluops_emulated/) asserts each of its exports
+        /// has it, so that these declarations are the one source of its signatures.
+        #[allow(non_camel_case_types)]
+        pub mod exports {
+            use super::*;
+            $(pub type $name = unsafe extern "C" fn($(<$ty as CAbi>::C),*) $(-> <$ret as CAbi>::C)?;)*
+        }
 
         /// The library's functions, each resolved once when the library is opened.
         #[allow(non_snake_case)]

@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn statuses_name_the_call_and_the_status() {
-    let lib = backends(MLUOPS).mluops.expect("the emulated library opens");
+    let lib = library().expect("the emulated library opens");
     let err = lib
         .tensor(Layout::Array, DType::Float, &[])
         .err()
@@ -138,7 +138,7 @@ fn a_failing_mluopcreate_declines_the_backend_with_its_status_and_auto_runs_bang
     let max: HashMap<String, AttrValue> =
         [("reduce_type".to_owned(), AttrValue::String("max".into()))].into();
     let create = ops::entry("DynamicScatterBackward").map(|e| e.create_card).expect("card op");
-    let backends = CardBackends { order: AUTO, mluops: refused };
+    let backends = CardBackends::new(AUTO).with_mluops(refused);
     let n =
         create(&Attrs::new(ops::schema("DynamicScatterBackward"), &max), &backends).expect("valid");
     let (first, passed_over) = n.static_choice(&device().info, None).expect("BANG runs it");

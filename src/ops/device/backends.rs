@@ -73,14 +73,32 @@ impl Backend {
 }
 
 /// The card backends a provider runs nodes with: their order, and the MLU-OPS library or
-/// why there is none (the one backend with state of its own).
+/// why there is none (the one backend with state of its own). Built by [`CardBackends::new`]
+/// and the `with_` method of each backend with state, so that such a backend adds its field
+/// here and its opening where it is opened, and no other builder changes.
 #[derive(Debug, Clone)]
 pub struct CardBackends {
-    pub order: &'static [Backend],
-    pub mluops: Result<Arc<Library>>,
+    pub(crate) order: &'static [Backend],
+    pub(crate) mluops: Result<Arc<Library>>,
 }
 
 impl CardBackends {
+    /// The backends of `order`, with the state of none opened: a backend with state declines
+    /// every node until its `with_` method gives it.
+    pub fn new(order: &'static [Backend]) -> Self {
+        CardBackends { order, mluops: Err(Error::declined("the MLU-OPS library is not opened")) }
+    }
+
+    /// Our BANG kernels only (the tests' and benches' host-tensor drivers).
+    pub fn bang() -> Self {
+        CardBackends::new(&[Backend::Bang])
+    }
+
+    /// With the MLU-OPS library, or why there is none.
+    pub fn with_mluops(self, mluops: Result<Arc<Library>>) -> Self {
+        CardBackends { mluops, ..self }
+    }
+
     /// The MLU-OPS library in use, or why none is (for the log and the session summary).
     pub fn mluops_state(&self) -> String {
         match &self.mluops {

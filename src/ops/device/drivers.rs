@@ -1,7 +1,7 @@
 //! The host-tensor drivers of the tests and benches: a node run on a card through the
 //! provider's node runner, with inputs and outputs in host memory.
 
-use super::{Backend, Bang, BangOperator, CardBackends, CardNode, DeviceOutputs, Ran, path};
+use super::{Bang, BangOperator, CardBackends, CardNode, DeviceOutputs, Ran, path};
 use crate::error::{Error, Result};
 use crate::mlu::{Buffer, Device};
 use crate::ops::operator::Kernel;
@@ -88,8 +88,7 @@ pub fn run_on_device<O: BangOperator + Clone>(
     op: &O,
     inputs: &[Option<&Tensor>],
 ) -> Result<Vec<Tensor>> {
-    let backends =
-        CardBackends { order: &[Backend::Bang], mluops: Err(Error::declined("not used")) };
+    let backends = CardBackends::bang();
     let op = Arc::new(op.clone());
     let path = path::<O, Bang>(&op, &backends);
     let cpu: Arc<dyn Kernel> = op;

@@ -239,18 +239,18 @@ impl Operator for DynamicScatterBackward {
 
     fn execute(
         &self,
-        plan: Dims,
+        dims: Dims,
         csr: Option<Csr>,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
     ) -> Result<()> {
-        let x = views(inputs, dims(inputs)?)?;
-        if x.dims != plan {
+        let x = views(inputs, self::dims(inputs)?)?;
+        if x.dims != dims {
             return Err(Error::Runtime(format!(
                 "{}: inputs changed between plan and execute ({:?} vs {:?})",
                 Self::NAME,
-                plan,
+                dims,
                 x.dims
             )));
         }

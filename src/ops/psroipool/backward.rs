@@ -289,19 +289,19 @@ impl Operator for PsRoiPoolBackward {
     }
 
     /// grad_input [batches, height, width, channels].
-    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
-        vec![OutputSpec::new(DType::F32, [plan.batches, plan.height, plan.width, self.channels])]
+    fn output_specs(&self, dims: &Dims) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(DType::F32, [dims.batches, dims.height, dims.width, self.channels])]
     }
 
     /// The batch rule, then `mapping_channel` in [0, channels) everywhere.
-    fn value_rules(&self, plan: &Dims) -> Vec<ValueRule> {
+    fn value_rules(&self, dims: &Dims) -> Vec<ValueRule> {
         let (lo, hi) = Check::half_open(0, self.channels);
-        vec![batch_rule(1, plan.batches), ValueRule::whole(2, Check::int_range(lo, hi))]
+        vec![batch_rule(1, dims.batches), ValueRule::whole(2, Check::int_range(lo, hi))]
     }
 
-    fn describe(&self, inputs: &Inputs<'_>, plan: &Dims, broken: &Broken) -> Error {
+    fn describe(&self, inputs: &Inputs<'_>, dims: &Dims, broken: &Broken) -> Error {
         match (&broken.values, broken.rule) {
-            (RowValues::F32(roi), 0) => batch_error(inputs, 1, broken.row, roi, plan.batches),
+            (RowValues::F32(roi), 0) => batch_error(inputs, 1, broken.row, roi, dims.batches),
             (RowValues::I32(v), _) => inputs.error(
                 2,
                 format!(
@@ -323,7 +323,7 @@ impl Operator for PsRoiPoolBackward {
 
     fn execute(
         &self,
-        plan: Dims,
+        dims: Dims,
         (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
@@ -333,7 +333,7 @@ impl Operator for PsRoiPoolBackward {
         let rois = inputs.get::<f32>(1)?.data;
         let mapping = inputs.get::<i32>(2)?.data;
         let out = outputs.take::<f32>(0)?;
-        let Dims { rois: r_count, batches, height, width } = plan;
+        let Dims { rois: r_count, batches, height, width } = dims;
         let (p, od, channels) = (self.pooled, self.output_dim, self.channels);
         let bin_len = p * p * od;
         let row_len = width * channels;

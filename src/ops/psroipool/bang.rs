@@ -51,14 +51,14 @@ impl PsRoiPoolBackward {
     /// Every bin's (batch, hstart, hend, wstart, wend) from the contract's float32 geometry
     /// (the CPU kernel's `roi_spans`), batch -1 for a roi that contributes nothing. So the
     /// card's division and rounding never decide a bin edge (docs/CONTRACT.md §6.5).
-    fn bin_spans(&self, rois: &[f32], plan: &Dims) -> Result<Vec<i32>> {
+    fn bin_spans(&self, rois: &[f32], dims: &Dims) -> Result<Vec<i32>> {
         let p = self.pooled;
-        let mut spans = scratch::filled(plan.rois * p * p * SPAN_INTS, 0i32, "the bins' spans")?;
+        let mut spans = scratch::filled(dims.rois * p * p * SPAN_INTS, 0i32, "the bins' spans")?;
         let mut rows = scratch::filled(p, Span::default(), "a roi's row spans")?;
         let mut cols = scratch::filled(p, Span::default(), "a roi's column spans")?;
         for (roi, bins) in rois.chunks_exact(5).zip(spans.chunks_exact_mut(p * p * SPAN_INTS)) {
             let contributes = Self::finite_batch(roi).filter(|_| {
-                self.roi_spans(roi, plan.height, plan.width, &mut rows, &mut cols).is_some()
+                self.roi_spans(roi, dims.height, dims.width, &mut rows, &mut cols).is_some()
             });
             // A batch outside [0, batches) closes the value-check gate: the kernel never
             // reads it. Spans lie in [0, height] / [0, width], below 2^31 (bang_launch).
@@ -99,24 +99,24 @@ impl BangOperator for PsRoiPoolBackward {
     type Launch = Launch;
     const BANG_FAMILIES: &'static [&'static str] = &["check", "psroipool"];
 
-    fn bang_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
-        let out_len = self.output_specs(plan)[0].numel();
-        let top = plan.rois * self.pooled * self.pooled * self.output_dim;
-        let spans = plan.rois * self.pooled * self.pooled * SPAN_INTS;
+    fn bang_launch(&self, info: &mlu::DeviceInfo, dims: &Dims) -> Result<Launch> {
+        let out_len = self.output_specs(dims)[0].numel();
+        let top = dims.rois * self.pooled * self.pooled * self.output_dim;
+        let spans = dims.rois * self.pooled * self.pooled * SPAN_INTS;
         if out_len > i32::MAX as usize || top > i32::MAX as usize || spans > i32::MAX as usize {
             return Err(Error::declined(format!(
                 "{out_len} output, {top} top_grad or {spans} bin-span elements exceed the MLU kernel's int32 offsets"
             )));
         }
-        let policy = Policy::new(info, self.output_dim, plan.rois * self.pooled * self.pooled);
+        let policy = Policy::new(info, self.output_dim, dims.rois * self.pooled * self.pooled);
         let n = device::narrow;
         Ok(Launch {
             policy,
-            rois: n("R", plan.rois)?,
+            rois: n("R", dims.rois)?,
             pooled: n("pooled", self.pooled)?,
             output_dim: n("output_dim", self.output_dim)?,
-            height: n("height", plan.height)?,
-            width: n("width", plan.width)?,
+            height: n("height", dims.height)?,
+            width: n("width", dims.width)?,
             channels: n("channels", self.channels)?,
             bins_per_load: n("bins_per_load", policy.bins_per_load)?,
             deal: n("deal", policy.deal)?,
@@ -125,20 +125,20 @@ impl BangOperator for PsRoiPoolBackward {
 
     fn bang_compute(
         &self,
-        plan: &Dims,
+        dims: &Dims,
         l: &Launch,
         card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = &self.output_specs(plan)[0];
+        let spec = &self.output_specs(dims)[0];
         let out = outputs.allocate(0, spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
         unsafe { card.device.zero_raw(out, spec.bytes())? };
-        let bins = plan.rois * self.pooled * self.pooled;
+        let bins = dims.rois * self.pooled * self.pooled;
         if spec.numel() == 0 || bins * self.output_dim == 0 {
             return Ok(());
         }
-        let mut rois = scratch::filled(plan.rois * 5, 0f32, "the host copy of rois")?;
+        let mut rois = scratch::filled(dims.rois * 5, 0f32, "the host copy of rois")?;
         // SAFETY: `rois` holds R*5 floats; input 1 is the [R, 5] rois on the card.
         unsafe {
             card.device.copy_raw(
@@ -148,7 +148,7 @@ impl BangOperator for PsRoiPoolBackward {
                 Direction::DeviceToHost,
             )?
         };
-        let spans = self.bin_spans(&rois, plan)?;
+        let spans = self.bin_spans(&rois, dims)?;
         let spans_card = outputs.workspace(spans.len() * 4)?;
         // SAFETY: `spans_card` holds as many int32 of card memory as `spans` on the host.
         unsafe {
@@ -197,11 +197,11 @@ mod tests {
     #[test]
     fn spans_are_batch_then_row_then_column_per_bin() {
         let op = PsRoiPoolBackward::new(2, 2, 1.0, 1).expect("valid attributes");
-        let plan = Dims { rois: 2, batches: 2, height: 5, width: 8 };
+        let dims = Dims { rois: 2, batches: 2, height: 5, width: 8 };
         // Roi 0: batch 1.7 -> 1, x 0..3 (4 wide: bins of 2), y 0..5 (6 high: bins of 3,
         // the second clamped to height 5). Roi 1: a NaN coordinate.
         let rois = [1.7, 0.0, 0.0, 3.0, 5.0, 0.0, f32::NAN, 0.0, 1.0, 1.0];
-        let spans = op.bin_spans(&rois, &plan).expect("small");
+        let spans = op.bin_spans(&rois, &dims).expect("small");
         #[rustfmt::skip]
         let want = [
             1, 0, 3, 0, 2,   1, 0, 3, 2, 4,   1, 3, 5, 0, 2,   1, 3, 5, 2, 4,

@@ -110,19 +110,19 @@ impl Operator for PsRoiPool {
     }
 
     /// output and mapping_channel, both [R, ph, pw, output_dim].
-    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+    fn output_specs(&self, dims: &Dims) -> Vec<OutputSpec> {
         let d = &self.0;
-        let shape = [plan.rois, d.pooled, d.pooled, d.output_dim];
+        let shape = [dims.rois, d.pooled, d.pooled, d.output_dim];
         vec![OutputSpec::new(DType::F32, shape), OutputSpec::new(DType::I32, shape)]
     }
 
-    fn value_rules(&self, plan: &Dims) -> Vec<ValueRule> {
-        vec![batch_rule(1, plan.batches)]
+    fn value_rules(&self, dims: &Dims) -> Vec<ValueRule> {
+        vec![batch_rule(1, dims.batches)]
     }
 
-    fn describe(&self, inputs: &Inputs<'_>, plan: &Dims, broken: &Broken) -> Error {
+    fn describe(&self, inputs: &Inputs<'_>, dims: &Dims, broken: &Broken) -> Error {
         match &broken.values {
-            RowValues::F32(roi) => batch_error(inputs, 1, broken.row, roi, plan.batches),
+            RowValues::F32(roi) => batch_error(inputs, 1, broken.row, roi, dims.batches),
             values => {
                 Error::Runtime(format!("PsRoiPool: value rule {} reported {values:?}", broken.rule))
             }
@@ -135,7 +135,7 @@ impl Operator for PsRoiPool {
 
     fn execute(
         &self,
-        plan: Dims,
+        dims: Dims,
         (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
@@ -146,7 +146,7 @@ impl Operator for PsRoiPool {
         let rois = inputs.get::<f32>(1)?.data;
         let out = outputs.take::<f32>(0)?;
         let mapping = outputs.take::<i32>(1)?;
-        let Dims { rois: r_count, height, width, .. } = plan;
+        let Dims { rois: r_count, height, width, .. } = dims;
         let (p, od, channels) = (d.pooled, d.output_dim, d.channels);
         let per_roi = p * p * od;
         if out.len() != r_count * per_roi || mapping.len() != out.len() || rois.len() != r_count * 5

@@ -206,28 +206,28 @@ impl MluOpsOperator for PsRoiPoolBackward {
         self.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
-        byte_limits(plan.batches, plan.height, plan.width, self.channels, plan.rois)
+    fn mluops_fits(&self, dims: &Dims) -> Result<()> {
+        byte_limits(dims.batches, dims.height, dims.width, self.channels, dims.rois)
     }
 
     fn mluops_compute(
         &self,
-        plan: &Dims,
+        dims: &Dims,
         lib: &Library,
         card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let spec = &self.output_specs(plan)[0];
+        let spec = &self.output_specs(dims)[0];
         let out = outputs.allocate(0, spec)?;
         // SAFETY: `out` was just allocated for the spec's bytes.
         unsafe { card.device.zero_raw(out, spec.bytes())? };
         // R = 0 is BAD_PARAM there and the contract's all-zero output here.
-        if spec.numel() == 0 || plan.rois == 0 {
+        if spec.numel() == 0 || dims.rois == 0 {
             return Ok(());
         }
-        let r = plan.rois;
+        let r = dims.rois;
         let prepared = self.prepare_rois(
-            (r, plan.height, plan.width),
+            (r, dims.height, dims.width),
             1,
             Some([-1.0, 0.0, 0.0, 0.0, 0.0]),
             card,
@@ -240,7 +240,7 @@ impl MluOpsOperator for PsRoiPoolBackward {
         let bottom = lib.tensor(
             Layout::Nhwc,
             DType::Float,
-            &[plan.batches, plan.height, plan.width, self.channels],
+            &[dims.batches, dims.height, dims.width, self.channels],
         )?;
         lib.with_handle(card.queue, |h| {
             // SAFETY: descriptors of the node's tensors; card memory of those sizes; the int
@@ -272,18 +272,18 @@ impl MluOpsOperator for PsRoiPool {
         self.0.int_arguments()
     }
 
-    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
-        if plan.rois > 0 && plan.batches * plan.height * plan.width == 0 {
+    fn mluops_fits(&self, dims: &Dims) -> Result<()> {
+        if dims.rois > 0 && dims.batches * dims.height * dims.width == 0 {
             // psroipool.cpp:132-135 at v1.4.0: success with nothing written, where the
             // contract fills mapping_channel.
             return Err(Error::declined("an empty input map: the library writes no output"));
         }
-        byte_limits(plan.batches, plan.height, plan.width, self.0.channels, plan.rois)
+        byte_limits(dims.batches, dims.height, dims.width, self.0.channels, dims.rois)
     }
 
     fn mluops_compute(
         &self,
-        plan: &Dims,
+        dims: &Dims,
         lib: &Library,
         card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
@@ -299,7 +299,7 @@ impl MluOpsOperator for PsRoiPool {
                 self.0.pooled
             )));
         }
-        let specs = self.output_specs(plan);
+        let specs = self.output_specs(dims);
         let (spec, map_spec) = (&specs[0], &specs[1]);
         let out = outputs.allocate(0, spec)?;
         let mapping = outputs.allocate(1, map_spec)?;
@@ -308,14 +308,14 @@ impl MluOpsOperator for PsRoiPool {
             return Ok(());
         }
         let d = &self.0;
-        let r = plan.rois;
+        let r = dims.rois;
         let prepared =
-            d.prepare_rois((r, plan.height, plan.width), 1, d.empty_roi(), card, outputs)?;
+            d.prepare_rois((r, dims.height, dims.width), 1, d.empty_roi(), card, outputs)?;
         let (p, o) = (d.pooled, d.output_dim);
         let input = lib.tensor(
             Layout::Nhwc,
             DType::Float,
-            &[plan.batches, plan.height, plan.width, d.channels],
+            &[dims.batches, dims.height, dims.width, d.channels],
         )?;
         let rois_d = lib.tensor(Layout::Array, DType::Float, &[r, 5])?;
         let out_d = lib.tensor(Layout::Nhwc, DType::Float, &[r, p, p, o])?;

@@ -123,14 +123,14 @@ impl Operator for ThreeInterpolateBackward {
 
     fn execute(
         &self,
-        plan: Dims,
+        dims: Dims,
         (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
     ) -> Result<()> {
         let d = self.dims(inputs)?;
-        if d != plan {
+        if d != dims {
             return Err(Error::Runtime(format!(
                 "{}: inputs changed between plan and execute",
                 Self::NAME

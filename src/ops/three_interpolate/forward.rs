@@ -116,21 +116,21 @@ impl Operator for ThreeInterpolate {
 
     fn execute(
         &self,
-        plan: Dims,
+        dims: Dims,
         (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
     ) -> Result<()> {
-        if Self::dims(inputs)? != plan {
+        if Self::dims(inputs)? != dims {
             return Err(Error::Runtime(format!(
                 "{}: inputs changed between plan and execute",
                 Self::NAME
             )));
         }
-        match plan.dtype {
-            DType::F16 => run::<f16>(&plan, inputs, outputs, par),
-            _ => run::<f32>(&plan, inputs, outputs, par),
+        match dims.dtype {
+            DType::F16 => run::<f16>(&dims, inputs, outputs, par),
+            _ => run::<f32>(&dims, inputs, outputs, par),
         }
     }
 }

@@ -24,12 +24,12 @@ pub struct Policy {
 }
 
 impl Policy {
-    pub fn new(info: &mlu::DeviceInfo, plan: &Dims) -> Self {
-        let tile_channels = plan.channels.clamp(1, MAX_TILE_CHANNELS);
+    pub fn new(info: &mlu::DeviceInfo, dims: &Dims) -> Self {
+        let tile_channels = dims.channels.clamp(1, MAX_TILE_CHANNELS);
         let free = NRAM_BUDGET - (tile_channels * 4).next_multiple_of(64) - TILES * 64;
         // Multiples of 32 points keep every int32 vector a whole number of 128-byte units.
         let tile_points = (free / (INTS_PER_POINT * 4)) / 32 * 32;
-        let points = plan.batches * plan.points;
+        let points = dims.batches * dims.points;
         let task_dim = mlu::union1_tasks(info, points.div_ceil(tile_points));
         Policy { task_dim, tile_points, tile_channels }
     }
@@ -68,24 +68,24 @@ impl BangOperator for VoxelPoolingForward {
         device::int32_output(shapes, 1, [0, 2], self.cells, "B*ny*nx*C")
     }
 
-    fn bang_launch(&self, info: &mlu::DeviceInfo, plan: &Dims) -> Result<Launch> {
+    fn bang_launch(&self, info: &mlu::DeviceInfo, dims: &Dims) -> Result<Launch> {
         // The kernel addresses cells and points with int32 offsets.
-        let cells = plan.batches * self.cells * plan.channels;
-        let coords = plan.batches * plan.points * 3;
+        let cells = dims.batches * self.cells * dims.channels;
+        let coords = dims.batches * dims.points * 3;
         if cells > i32::MAX as usize
-            || plan.batches * plan.points * plan.channels.max(1) > i32::MAX as usize
+            || dims.batches * dims.points * dims.channels.max(1) > i32::MAX as usize
             || coords > i32::MAX as usize
         {
             return Err(Error::declined(format!(
                 "the MLU kernel's int32 offsets cannot address B*ny*nx*C = {cells} output or B*N*C input elements"
             )));
         }
-        let p = Policy::new(info, plan);
+        let p = Policy::new(info, dims);
         let n = device::narrow;
         let sizes = [
-            n("B", plan.batches)?,
-            n("N", plan.points)?,
-            n("C", plan.channels)?,
+            n("B", dims.batches)?,
+            n("N", dims.points)?,
+            n("C", dims.channels)?,
             n("nx", self.nx)?,
             n("ny", self.ny)?,
             n("nz", self.nz)?,
@@ -97,17 +97,17 @@ impl BangOperator for VoxelPoolingForward {
 
     fn bang_compute(
         &self,
-        plan: &Dims,
+        dims: &Dims,
         l: &Launch,
         card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let specs = self.output_specs(plan);
+        let specs = self.output_specs(dims);
         let out = outputs.allocate(0, &specs[0])?;
         let pos = outputs.allocate(1, &specs[1])?;
         // SAFETY: `out` was just allocated for the B*ny*nx*C floats of output 0.
         unsafe { card.device.zero_raw(out, specs[0].bytes())? };
-        if plan.batches * plan.points == 0 {
+        if dims.batches * dims.points == 0 {
             return Ok(());
         }
         let [batches, points, channels, nx, ny, nz, tile_points, tile_channels] = l.sizes;

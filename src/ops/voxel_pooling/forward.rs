@@ -65,7 +65,7 @@ pub struct VoxelPoolingForward {
     pub(super) cells: usize,
 }
 
-/// Sizes validated by `plan`.
+/// Sizes validated by the shape rules: `batches` x `points` points of `channels` features.
 #[derive(Debug, Clone, Copy)]
 pub struct Dims {
     pub(super) batches: usize,
@@ -150,10 +150,10 @@ impl Operator for VoxelPoolingForward {
     }
 
     /// output_features [B, ny, nx, C] and pos_memo [B, N, 3].
-    fn output_specs(&self, plan: &Dims) -> Vec<OutputSpec> {
+    fn output_specs(&self, dims: &Dims) -> Vec<OutputSpec> {
         vec![
-            OutputSpec::new(DType::F32, [plan.batches, self.ny, self.nx, plan.channels]),
-            OutputSpec::new(DType::I32, [plan.batches, plan.points, 3]),
+            OutputSpec::new(DType::F32, [dims.batches, self.ny, self.nx, dims.channels]),
+            OutputSpec::new(DType::I32, [dims.batches, dims.points, 3]),
         ]
     }
 
@@ -163,7 +163,7 @@ impl Operator for VoxelPoolingForward {
 
     fn execute(
         &self,
-        plan: Dims,
+        dims: Dims,
         (): (),
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
@@ -173,7 +173,7 @@ impl Operator for VoxelPoolingForward {
         let feats = inputs.get::<f32>(1)?.data;
         let out = outputs.take::<f32>(0)?;
         let pos_memo = outputs.take::<i32>(1)?;
-        let Dims { batches, points, channels } = plan;
+        let Dims { batches, points, channels } = dims;
         if geom.len() != batches * points * 3
             || feats.len() != batches * points * channels
             || out.len() != batches * self.cells * channels

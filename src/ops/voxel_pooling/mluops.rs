@@ -41,28 +41,28 @@ impl MluOpsOperator for VoxelPoolingForward {
         }
     }
 
-    fn mluops_fits(&self, plan: &Dims) -> Result<()> {
+    fn mluops_fits(&self, dims: &Dims) -> Result<()> {
         // Every integer argument must be > 0: the library has no zero-element path.
-        if plan.batches == 0 || plan.points == 0 || plan.channels == 0 {
+        if dims.batches == 0 || dims.points == 0 || dims.channels == 0 {
             return Err(Error::declined(format!(
                 "MLU-OPS takes no empty B, N or C (B = {}, N = {}, C = {})",
-                plan.batches, plan.points, plan.channels
+                dims.batches, dims.points, dims.channels
             )));
         }
-        self.mluops_output(plan.batches, plan.channels)
+        self.mluops_output(dims.batches, dims.channels)
     }
 
     fn mluops_compute(
         &self,
-        plan: &Dims,
+        dims: &Dims,
         lib: &Library,
         card: &CardRun<'_>,
         outputs: &mut dyn DeviceOutputs,
     ) -> Result<()> {
-        let specs = self.output_specs(plan);
+        let specs = self.output_specs(dims);
         let out = outputs.allocate(0, &specs[0])?;
         let pos = outputs.allocate(1, &specs[1])?;
-        let (b, n, c) = (plan.batches, plan.points, plan.channels);
+        let (b, n, c) = (dims.batches, dims.points, dims.channels);
         let geom = lib.tensor(Layout::Array, DType::Int32, &[b, n, 3])?;
         let feats = lib.tensor(Layout::Array, DType::Float, &[b, n, c])?;
         let out_d = lib.tensor(Layout::Array, DType::Float, &[b, self.ny, self.nx, c])?;

@@ -76,7 +76,7 @@ impl AxisMap {
 }
 
 // ---------------------------------------------------------------------------------------
-// Plan
+// Building the rulebooks (`find`)
 // ---------------------------------------------------------------------------------------
 
 /// Conv / transpose rulebook: per kernel offset, the input rows (ascending) and the key of
@@ -386,7 +386,7 @@ impl GetIndicePairs {
 }
 
 // ---------------------------------------------------------------------------------------
-// Execute
+// Writing `indice_pairs` out (`execute`)
 // ---------------------------------------------------------------------------------------
 
 /// Fills `indice_pairs[k]` (`chunk`, 2L values) for one conv kernel offset. Returns false if
