@@ -286,6 +286,8 @@ def gen_psroipool(rng, big):
     return attrs, feeds, lambda f: list(psroipool_reference(f["input"], f["rois"], ph, ph, scale, od)), ["acc", "exact"]
 
 
+#: One valid-case generator per operator of the registry (OPS): an operator without one fails
+#: fuzz.py at its start and tests/python/test_fuzz_cases.py, naming it.
 GENERATORS = {
     "DynamicScatterBackward": gen_dynamic_scatter_backward,
     "ThreeInterpolateBackward": gen_three_interpolate_backward,
@@ -499,6 +501,8 @@ def make_case(seed: int, op: str, k: int) -> Case:
     """The k-th case of op for seed: a function of (seed, op, k) only."""
     rng = np.random.default_rng([seed, OPS.index(op), k])
     big = rng.random() < 0.1  # larger sizes reach the multi-tile paths of the MLU kernels
+    if op not in GENERATORS:
+        raise KeyError(f"{op}: the registry's operator has no case generator in tests/fuzz/fuzz_cases.py (GENERATORS)")
     attrs, feeds, reference, classes = GENERATORS[op](rng, big)
     case = Case(
         op=op,
