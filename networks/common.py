@@ -22,8 +22,9 @@ from onnxruntime_ep_mlu.regression import compare as compare_output
 MLU_OPS = frozenset(row["op"] for row in mlu.operators() if "bang" in row["backends"])
 SCALES = ("ci", "full")
 #: The MLU rows of networks/run.py: the provider's defaults (auto without an MLU-OPS library:
-#: the BANG kernels), then each mlu_backend with the MLU-OPS library.
-MLU_ROWS = ("MLU", "bang", "mluops", "auto")
+#: the BANG kernels), then each mlu_backend with the MLU-OPS library: every backend of the
+#: library's table (in auto's order), then auto.
+MLU_ROWS = ("MLU", *mlu.backends(), "auto")
 #: Why a graph whose only mluops nodes are DynamicScatter puts nothing on the card with
 #: mlu_backend=mluops (the other rows run it on the BANG kernels).
 DYNAMIC_SCATTER_OFF_CARD = {
@@ -136,7 +137,7 @@ def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | No
     sessions = [x for x in lines if "session" in x]
     if len(sessions) != 1:
         raise RuntimeError(f"expected one session line in the traffic report, got {len(sessions)}")
-    return out, seconds, placed, placement_report.counts(lines, warned), sessions[0], where
+    return out, seconds, placed, placement_report.counts(lines, warned, library), sessions[0], where
 
 
 def placement(model: bytes, sess) -> tuple[int, int, int, list[str]]:

@@ -171,9 +171,9 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         if row == "MLU":
             rows.append(f"{label} MLU  {on:>3}/{want:<3}  {'OK ' if good else 'BAD'} {ratio:8.2e}  {assigned} nodes assigned; "
                         f"emulated card {emu * 1e3:8.1f} ms (the emulator's time, not an MLU's); "
-                        f"{placement.summary(counts)}; {described}   {what}")
+                        f"{placement.summary(counts, library)}; {described}   {what}")
         else:
-            rows.append(f"{label} {row:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  {placement.summary(counts)}, "
+            rows.append(f"{label} {row:<6} {'OK ' if good else 'BAD'} {ratio:8.2e}  {placement.summary(counts, library)}, "
                         f"{sum(session['claimed'].values())} claimed, {session['declined']} declined; {described}; "
                         f"host<->card (ONNX Runtime's copies included) {bus}{peer}   {what}")
             rows += notes

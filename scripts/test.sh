@@ -214,8 +214,12 @@ stage "BANG kernels and emulator under ThreadSanitizer, then Address+UndefinedBe
 MLU_EMU_CLUSTERS=4 scripts/sanitize.sh thread
 MLU_EMU_CLUSTERS=4 scripts/sanitize.sh address
 stage "seed cases at network scale (release)"
-MLU_EP_FULL_SCALE=1 cargo test --release --test dynamic_scatter_backward --test three_interpolate_backward \
-    --test get_indice_pairs --test voxel_pooling_forward --test psroipool_backward -- seed
+# An operator suite's seed cases are its tests named seed_*: every suite that has one runs
+# them (and its other tests named with "seed"), at full size where they read MLU_EP_FULL_SCALE.
+mapfile -t seed_suites < <(grep -lzP '#\[test\]\n(#\[[^\n]*\]\n)*fn seed_' tests/*.rs | xargs -n1 basename -s .rs)
+[ ${#seed_suites[@]} -gt 0 ] || { echo "no suite in tests/ has a seed_* test" >&2; exit 1; }
+echo "   suites: ${seed_suites[*]}"
+MLU_EP_FULL_SCALE=1 cargo test --release $(printf -- '--test %s ' "${seed_suites[@]}") -- seed
 stage "BANG kernels on the emulated MLU card at network scale (release; no MLU hardware)"
 MLU_EP_FULL_SCALE=1 cargo test --release --test bang_kernels -- network_scale
 stage "python session tests"
@@ -225,9 +229,9 @@ stage "python session tests"
 stage "in-process coverage-guided fuzzing: each operator's target over its corpus, then new cases up to 1,500 runs at -seed=1 into a scratch corpus, every path; then the self-test: a planted wrong element the corpus replay must catch (fuzz/, scripts/fuzz.sh)"
 scripts/fuzz.sh --runs 1500 --seed 1
 scripts/fuzz.sh --self-test
-stage "session fuzz: 9,000 fixed-seed cases (all nine operators, both paths, through ONNX Runtime, isolated workers; tests/fuzz/README.md)"
+stage "session fuzz: 9,000 fixed-seed cases (every operator of the registry, both paths, through ONNX Runtime, isolated workers; tests/fuzz/README.md)"
 "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 1 --cases 9000
-stage "session fuzz on the MLU-OPS backend: 4,800 cases of its eight operators, mlu_backend=mluops against the emulated libmluops"
+stage "session fuzz on the MLU-OPS backend: 4,800 cases of the operators it runs (the registry's), mlu_backend=mluops against the emulated libmluops"
 MLU_EP_BACKEND=mluops MLU_EP_MLUOPS_LIBRARY="$ROOT/target/release/examples/libmluops_emulated.so" \
     "$VENV/bin/python" tests/fuzz/fuzz.py --lib "$MLU_EP_LIB" --seed 2 --cases 4800 \
     --ops-on mluops

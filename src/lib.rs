@@ -20,7 +20,8 @@ mod test_rng;
 use ep::factory;
 use ffi::ep_abi::OrtEpFactory;
 use ort_sys::{OrtApiBase, OrtLogger, OrtSessionOptions, OrtStatusPtr};
-use std::ffi::c_char;
+use std::ffi::{CString, c_char};
+use std::sync::OnceLock;
 
 /// Classic custom-op entry: registers the `mluops` domain (CPU kernels) with the session
 /// options. Called by `SessionOptions.register_custom_ops_library` and its C/Rust twins.
@@ -108,26 +109,33 @@ pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut OrtEpFactory) -> OrtStat
     })
 }
 
+/// A string made once per process by `make` and kept as long as the library, for the
+/// exports below that scripts read (no ONNX Runtime involved); null if `make` panicked, so
+/// that no panic crosses the C boundary.
+fn exported(
+    cell: &'static OnceLock<Option<CString>>,
+    make: impl FnOnce() -> String + std::panic::UnwindSafe,
+) -> *const c_char {
+    let made = cell.get_or_init(|| std::panic::catch_unwind(|| ffi::cstring(&make())).ok());
+    made.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
+}
+
 /// The provider's report on itself (`ep::doctor`), for `python -m onnxruntime_ep_mlu.doctor`:
 /// a JSON object with `text` (the report ONNX Runtime's log gets when the factory is created),
 /// `real_cards` (Cambricon cards in use) and `no_real_card` (why none, or null). Made once
 /// per process; the string lives as long as the library. Null if making it panicked.
 #[unsafe(no_mangle)]
 pub extern "C" fn MluEpDoctorReport() -> *const c_char {
-    static REPORT: std::sync::OnceLock<Option<std::ffi::CString>> = std::sync::OnceLock::new();
-    let report = REPORT.get_or_init(|| {
-        std::panic::catch_unwind(|| {
-            let found = ep::doctor::discover();
-            let json = serde_json::json!({
-                "text": ep::doctor::report(&found),
-                "real_cards": found.real_cards(),
-                "no_real_card": found.no_real_card,
-            });
-            ffi::cstring(&json.to_string())
+    static REPORT: OnceLock<Option<CString>> = OnceLock::new();
+    exported(&REPORT, || {
+        let found = ep::doctor::discover();
+        serde_json::json!({
+            "text": ep::doctor::report(&found),
+            "real_cards": found.real_cards(),
+            "no_real_card": found.no_real_card,
         })
-        .ok()
-    });
-    report.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
+        .to_string()
+    })
 }
 
 /// The registry (`ops::ALL`) for scripts and tests, so that none lists the operators itself:
@@ -136,19 +144,28 @@ pub extern "C" fn MluEpDoctorReport() -> *const c_char {
 /// library. Null if making it panicked.
 #[unsafe(no_mangle)]
 pub extern "C" fn MluEpOperators() -> *const c_char {
-    static LIST: std::sync::OnceLock<Option<std::ffi::CString>> = std::sync::OnceLock::new();
-    let list = LIST.get_or_init(|| {
-        std::panic::catch_unwind(|| {
-            let rows: Vec<_> = ops::ALL
-                .iter()
-                .map(|e| {
-                    let backends: Vec<&str> = e.card_backends.iter().map(|b| b.name()).collect();
-                    serde_json::json!({"op": e.name, "backends": backends})
-                })
-                .collect();
-            ffi::cstring(&serde_json::Value::from(rows).to_string())
-        })
-        .ok()
-    });
-    list.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
+    static LIST: OnceLock<Option<CString>> = OnceLock::new();
+    exported(&LIST, || {
+        let rows: Vec<_> = ops::ALL
+            .iter()
+            .map(|e| {
+                let backends: Vec<&str> = e.card_backends.iter().map(|b| b.name()).collect();
+                serde_json::json!({"op": e.name, "backends": backends})
+            })
+            .collect();
+        serde_json::Value::from(rows).to_string()
+    })
+}
+
+/// The backend table (`Backend::ALL`) for scripts and tests, so that none lists the backends
+/// itself: a JSON array of their names (`mlu_backend`'s values besides `auto`, the traffic
+/// report's keys) in the order `auto` tries them, for `onnxruntime_ep_mlu.backends()`. Made
+/// once per process; the string lives as long as the library. Null if making it panicked.
+#[unsafe(no_mangle)]
+pub extern "C" fn MluEpBackends() -> *const c_char {
+    static LIST: OnceLock<Option<CString>> = OnceLock::new();
+    exported(&LIST, || {
+        let names: Vec<&str> = ops::device::Backend::ALL.iter().map(|b| b.name()).collect();
+        serde_json::Value::from(names).to_string()
+    })
 }

@@ -170,7 +170,7 @@ fn random_cases_several_sizes() {
 }
 
 #[test]
-fn seed_shapes_reduced() {
+fn backward_seed_shapes_reduced() {
     // The backward seed cases' shapes: pooled 7, od 8, scale 1 on [2, 14, 14, 392] (R cut to
     // 100), and pooled 3, od 21, scale 1/16 on [8, 14, 14, 189] (R cut to 150).
     let mut rng = Rng(320);

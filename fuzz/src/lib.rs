@@ -116,15 +116,19 @@ fn card() -> &'static Card {
     })
 }
 
-/// The provider's backend orders each case runs under: each backend alone, then `auto`
-/// (MLU-OPS, then the BANG kernels where it declines at run time).
-const ORDERS: [&[Backend]; 3] =
-    [&[Backend::Bang], &[Backend::MluOps], &[Backend::MluOps, Backend::Bang]];
+/// The provider's backend orders each case runs under, from its table: each backend alone,
+/// then `auto` (all of them in `Backend::ALL`'s order, the next where one declines at run
+/// time), so that a new backend is fuzzed with its row.
+fn orders() -> impl Iterator<Item = &'static [Backend]> {
+    Backend::ALL.chunks(1).chain(std::iter::once(Backend::ALL))
+}
+
+/// How many orders [`orders`] gives.
+const ORDERS: usize = Backend::COUNT + 1;
 
 /// Cases and CPU errors, then per order: nodes run on the card, run on the host after a
 /// run-time decline, declined at placement (the provider would not claim them).
-static COUNTS: [AtomicU64; 2 + 3 * ORDERS.len()] =
-    [const { AtomicU64::new(0) }; 2 + 3 * ORDERS.len()];
+static COUNTS: [AtomicU64; 2 + 3 * ORDERS] = [const { AtomicU64::new(0) }; 2 + 3 * ORDERS];
 const CASES: usize = 0;
 const CPU_ERRORS: usize = 1;
 
@@ -204,13 +208,18 @@ fn off_card(op: &str, why: &str) {
 fn report(cases: u64) {
     if cases.is_power_of_two() && cases >= 1024 {
         let c: Vec<u64> = COUNTS.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        eprintln!(
-            "fuzz-counts: cases {} cpu_errors {} | bang card {} host {} unclaimed {} | mluops card {} host {} unclaimed {} | auto card {} host {} unclaimed {}",
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10]
-        );
+        let per_order: String = (0..ORDERS)
+            .map(|o| {
+                let [card, host, unclaimed] = [2, 3, 4].map(|k| c[k + 3 * o]);
+                // The last order is auto's, the others each backend's alone.
+                let name = Backend::ALL.get(o).map_or("auto", |b| b.name());
+                format!(" | {name} card {card} host {host} unclaimed {unclaimed}")
+            })
+            .collect();
+        eprintln!("fuzz-counts: cases {} cpu_errors {}{per_order}", c[0], c[1]);
         let worst = f64::from_bits(WORST.load(Ordering::Relaxed));
         eprintln!("fuzz-judge: worst element ratio {worst:.3} of its E (accumulating outputs)");
-        for (o, order) in ORDERS.iter().enumerate() {
+        for (o, order) in orders().enumerate() {
             let (card, host) = (c[2 + 3 * o], c[3 + 3 * o]);
             assert!(
                 card > 0 || host == 0,
@@ -373,7 +382,7 @@ pub fn check(
         .collect();
     // The terms' magnitude per output element, once per case, when a card result needs it.
     let terms = OnceCell::new();
-    for (o, &order) in ORDERS.iter().enumerate() {
+    for (o, order) in orders().enumerate() {
         let backends = CardBackends::new(order).with_mluops(card.mluops.clone());
         let slot = 2 + 3 * o;
         let node = match create(&Attrs::new(ops::schema(op), attrs), &backends) {

@@ -26,6 +26,7 @@ __all__ = [
     "EP_NAME",
     "LIBRARY_NAME",
     "OPSET_VERSION",
+    "backends",
     "demo_inputs",
     "demo_model",
     "emulated_mluops_path",
@@ -305,20 +306,33 @@ def _has_emulated(devices) -> bool:
     return any(dict(d.device.metadata).get("emulated") == "true" for d in devices)
 
 
-def operators(library: str | None = None) -> list[dict]:
-    """The library's registry, in its order: ``[{"op": op_type, "backends": [...]}]``, the
-    card backends (``mlu_backend`` names) that run each operator, empty for CPU only
-    (``MluEpOperators``; ONNX Runtime is not loaded)."""
+def _exported(name: str, library: str | None):
+    """The JSON a C export of the library (``MluEpOperators``, ``MluEpBackends``) returns,
+    read; ONNX Runtime is not loaded."""
     import ctypes
     import json
 
-    make = ctypes.CDLL(library or get_library_path()).MluEpOperators
+    make = getattr(ctypes.CDLL(library or get_library_path()), name)
     make.restype = ctypes.c_char_p
     make.argtypes = []
     raw = make()
     if raw is None:
-        raise RuntimeError("MluEpOperators gave no list (it failed inside the library)")
+        raise RuntimeError(f"{name} gave no list (it failed inside the library)")
     return json.loads(raw.decode())
+
+
+def operators(library: str | None = None) -> list[dict]:
+    """The library's registry, in its order: ``[{"op": op_type, "backends": [...]}]``, the
+    card backends (``mlu_backend`` names) that run each operator, empty for CPU only
+    (``MluEpOperators``; ONNX Runtime is not loaded)."""
+    return _exported("MluEpOperators", library)
+
+
+def backends(library: str | None = None) -> list[str]:
+    """The library's card backends' names (``mlu_backend``'s values besides ``auto``, the
+    traffic report's keys), in the order ``auto`` tries them (``MluEpBackends``; ONNX Runtime
+    is not loaded)."""
+    return _exported("MluEpBackends", library)
 
 
 def node_assignment(session) -> dict[str, str]:

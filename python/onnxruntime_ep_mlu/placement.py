@@ -19,6 +19,7 @@ expects (none, unless it says otherwise).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -27,8 +28,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-BACKENDS = ("mluops", "bang")
 
 #: Said beside every comparison of the MLU-OPS backend on the emulated libmluops with the CPU:
 #: that library (mluops_emulated/) computes with this crate's own CPU kernels, so the
@@ -40,13 +39,28 @@ _WARNING = re.compile(r"\[W:onnxruntime:")
 # The provider's per-run warnings (src/ep/kernel.rs): a fallback to the host, or a card run
 # after a run-time decline.
 _RUN_TIME = re.compile(r"ran on the host CPU \(inputs|after a run-time decline \(inputs")
-_DECLINER = re.compile(r"(?:^|; )(mluops|bang): ")
 #: Run-time declines the contract documents as data-dependent, which no run can promise to
 #: avoid: a PsRoiPool roi with a bin edge within one ulp of an integer leaves MLU-OPS
 #: (docs/MLUOPS_BINDING.md). Counted apart (``documented_run_time``), never as unexpected.
 DOCUMENTED_RUN_TIME = ("within one ulp of an integer",)
 #: Why a runner expects those declines of PsRoiPool's rois (networks/rfcn.py, models/zoo.json).
 ULP_EDGES = "rois with a bin edge within one ulp of an integer leave MLU-OPS"
+
+
+@functools.lru_cache(maxsize=None)
+def card_backends(library: str | None = None) -> tuple[str, ...]:
+    """The card backends' names of ``library`` (default: the package's,
+    :func:`onnxruntime_ep_mlu.backends`), in the order ``auto`` tries them: the report's
+    ``backend`` values besides ``cpu`` and the keys of its per-backend counts."""
+    from . import backends
+
+    return tuple(backends(library))
+
+
+@functools.lru_cache(maxsize=None)
+def _decliner(names: tuple[str, ...]) -> re.Pattern:
+    # One reason per decline in a node line's ``why``: "<backend>: why; <backend>: why".
+    return re.compile(r"(?:^|; )(" + "|".join(map(re.escape, names)) + r"): ")
 
 
 def emulated_mluops(library: str | os.PathLike | None) -> bool:
@@ -79,13 +93,16 @@ def read_report(path: str | os.PathLike) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def counts(lines: list[dict], warnings: list[str] | None = None) -> dict:
+def counts(lines: list[dict], warnings: list[str] | None = None, library: str | None = None) -> dict:
     """The counts of a report, flat (one int each, for result rows): ``card_runs`` (node runs
-    on a card backend) and per backend (``mluops``, ``bang``), ``cpu_fallbacks``,
+    on a card backend) and per backend (one key per name of :func:`card_backends` of
+    ``library``), ``cpu_fallbacks``,
     ``run_time_declines`` (to the next backend), and with ``warnings`` (:func:`ort_warnings`)
     ``warnings`` and ``run_time_warnings`` (else -1). From the provider's own counts when the
     report has exactly one session line, else (a session still open) from its node lines.
-    Raises ValueError on a report of several sessions (one judgement is of one session)."""
+    Raises ValueError on a report of several sessions (one judgement is of one session), and
+    on a backend the library does not name."""
+    names = card_backends(library)
     sessions = [x for x in lines if "session" in x]
     if len(sessions) > 1:
         raise ValueError(f"the traffic report holds {len(sessions)} sessions' lines, not one")
@@ -94,12 +111,11 @@ def counts(lines: list[dict], warnings: list[str] | None = None) -> dict:
         per, fallbacks, declines = dict(s["card_runs"]), int(s["cpu_fallbacks"]), sum(s["run_time_declines"].values())
         documented = 0
     else:
-        per, fallbacks, declines, documented = dict.fromkeys(BACKENDS, 0), 0, 0, 0
+        per, fallbacks, declines, documented = dict.fromkeys(names, 0), 0, 0, 0
         for x in lines:
             if "op" not in x:
                 continue
-            # One reason per decline: "<backend>: why; <backend>: why".
-            whys = [w for w in _DECLINER.split(x.get("why", "")) if w and w not in BACKENDS]
+            whys = [w for w in _decliner(names).split(x.get("why", "")) if w and w not in names]
             known = sum(any(d in w for d in DOCUMENTED_RUN_TIME) for w in whys)
             if x["backend"] == "cpu":
                 # A fallback is documented when every decline before it is.
@@ -108,10 +124,17 @@ def counts(lines: list[dict], warnings: list[str] | None = None) -> dict:
                 else:
                     fallbacks += 1
                 continue
+            if x["backend"] not in per:
+                raise ValueError(f"the traffic report names the backend {x['backend']!r}, not one of the library's "
+                                 f"({', '.join(names)}, cpu)")
             per[x["backend"]] += 1
             declines += len(whys) - known
             documented += known
-    out = {"card_runs": sum(per.values()), **{b: int(per.get(b, 0)) for b in BACKENDS}, "cpu_fallbacks": fallbacks,
+    unknown = set(per) - set(names)
+    if unknown:
+        raise ValueError(f"the traffic report counts runs on {', '.join(sorted(unknown))}, not backends of the "
+                         f"library ({', '.join(names)})")
+    out = {"card_runs": sum(per.values()), **{b: int(per.get(b, 0)) for b in names}, "cpu_fallbacks": fallbacks,
            "run_time_declines": declines, "documented_run_time": documented, "warnings": -1,
            "run_time_warnings": -1}
     if warnings is not None:
@@ -141,9 +164,11 @@ def judge(c: dict, expect: Expectation = Expectation()) -> list[str]:
     return failures
 
 
-def summary(c: dict) -> str:
-    """One phrase of the counts: the card runs per backend, fallbacks, declines, warnings."""
-    text = (f"card runs {c['card_runs']} ({', '.join(f'{c[b]} on {b}' for b in BACKENDS)}), {c['cpu_fallbacks']} CPU "
+def summary(c: dict, library: str | None = None) -> str:
+    """One phrase of the counts (:func:`counts` of the same ``library``): the card runs per
+    backend, fallbacks, declines, warnings."""
+    per = ", ".join(f"{c[b]} on {b}" for b in card_backends(library))
+    text = (f"card runs {c['card_runs']} ({per}), {c['cpu_fallbacks']} CPU "
             f"fallbacks, {c['run_time_declines']} run-time declines")
     if c["warnings"] >= 0:
         text += f", {c['warnings']} ONNX Runtime warnings ({c['run_time_warnings']} at run time)"

@@ -39,7 +39,7 @@ from pathlib import Path
 # The harness's modules sit beside this file, also when it is loaded by path (a test
 # imports it as a module); fuzz_cases puts tests/python and python/ on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_cases import MUTATORS, OPS, PATHS, STARTUP_GRACE, make_case, operators  # noqa: E402
+from fuzz_cases import GENERATORS, MUTATORS, OPS, PATHS, STARTUP_GRACE, make_case, operators  # noqa: E402
 from fuzz_checks import binding_note, documented_offcard  # noqa: E402
 from fuzz_worker import Runner, cap_address_space, worker_main  # noqa: E402
 
@@ -331,6 +331,9 @@ def main() -> int:
     unknown = [o for o in args.ops if o not in OPS] + [x for x in args.paths if x not in PATHS]
     if unknown:
         p.error(f"unknown op or path: {unknown}")
+    ungenerated = [o for o in args.ops if o not in GENERATORS]
+    if ungenerated:
+        p.error(f"operators of the registry without a case generator in tests/fuzz/fuzz_cases.py: {ungenerated}")
     if not Path(args.lib).is_file():
         p.error(f"library not found: {args.lib}")
     if args.replay:

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from reference import accumulating_metrics, element_ratio, elementwise_errors
+from reference import DEFAULT_FLOAT, ELEM_REL_F16, accumulating_metrics, element_ratio, elementwise_errors
 
 REPO = Path(__file__).resolve().parents[2]
 CASES_FILE = REPO / "tests" / "cases" / "errors.json"
@@ -201,8 +201,9 @@ MAX_REL = {"float16": 3e-3, "float32": 3e-5, "float64": 3e-5}
 
 
 #: The contract's per-element rule (docs/CONTRACT.md, section 1.5): |a_i - b_i| <= ELEM_REL[dtype]
-#: * (|b_i| + rms(b)); float16's is about one float16 step (2^-9), as tests/common's.
-ELEM_REL = {"float16": 2e-3, "float32": 3e-5, "float64": 3e-5}
+#: * (|b_i| + rms(b)); the package's values (regression's DEFAULT_FLOAT and ELEM_REL_F16, as
+#: tests/common's).
+ELEM_REL = {"float16": ELEM_REL_F16, "float32": DEFAULT_FLOAT["elem_rel"], "float64": DEFAULT_FLOAT["elem_rel"]}
 
 
 def assert_accumulating(actual, reference, what: str, tol: float = 3e-3):

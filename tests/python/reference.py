@@ -15,7 +15,13 @@ import numpy as np
 # The accumulating class's metrics and per-element bounds are the package's (one definition
 # for the runners and the tests).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-from onnxruntime_ep_mlu.regression import accumulating_metrics, element_ratio, elementwise_errors  # noqa: E402, F401
+from onnxruntime_ep_mlu.regression import (  # noqa: E402, F401
+    DEFAULT_FLOAT,
+    ELEM_REL_F16,
+    accumulating_metrics,
+    element_ratio,
+    elementwise_errors,
+)
 
 F32 = np.float32
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,12 @@ import pytest
 from conftest import REPO, emulated_mluops, library_path
 
 sys.path.insert(0, str(REPO / "python"))
-from onnxruntime_ep_mlu import placement  # noqa: E402
+from onnxruntime_ep_mlu import backends, operators, placement  # noqa: E402
 from onnxruntime_ep_mlu.placement import EMULATED_MLUOPS  # noqa: E402
 
 ZOO = REPO / "models"
+#: The library's card backends, in auto's order (its table, src/ops/device/backends.rs).
+BACKENDS = backends(str(library_path()))
 
 
 SCRIPT = r"""
@@ -85,10 +88,22 @@ def zoo_models() -> dict:
     return json.loads((ZOO / "zoo.json").read_text())["models"]
 
 
-@pytest.mark.parametrize("backend", ["mluops", "bang", "auto"])
+def test_the_backends_export_is_the_rust_table():
+    """onnxruntime_ep_mlu.backends() (MluEpBackends) gives the rows of the backend table in
+    src/ops/device/backends.rs, in its order, and every backend an operator names is one."""
+    source = (REPO / "src" / "ops" / "device" / "backends.rs").read_text()
+    table = source[source.index("backends! {"):]
+    table = table[:table.index("\n}")]
+    rows = re.findall(r'^\s*\w+ = "([a-z_0-9]+)",$', table, re.M)
+    assert rows and BACKENDS == rows, (BACKENDS, rows)
+    named = {b for row in operators(str(library_path())) for b in row["backends"]}
+    assert named <= set(BACKENDS), f"operators name backends the table lacks: {named - set(BACKENDS)}"
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "auto"])
 def test_every_zoo_model_on_each_backend(backend, tmp_path):
     lib = library_path()
-    totals = {"mluops": 0, "bang": 0}
+    totals = dict.fromkeys(BACKENDS, 0)
     for name, spec in zoo_models().items():
         diffs, lines = run_model(lib, backend, name, spec, tmp_path)
         nodes = [x for x in lines if "op" in x]
@@ -104,10 +119,10 @@ def test_every_zoo_model_on_each_backend(backend, tmp_path):
         assert all(x in ulp for x in on_cpu), f"{name} ({backend}): unexpected run-time CPU fallbacks: {on_cpu}"
         assert s["cpu_fallbacks"] == len(on_cpu), f"{name} ({backend}): {s}"
         after = len(ulp) - len(on_cpu)
-        assert s["run_time_declines"] == {"mluops": after, "bang": 0}, f"{name} ({backend}): unexpected run-time declines: {s}"
+        want = {**dict.fromkeys(BACKENDS, 0), "mluops": after}
+        assert s["run_time_declines"] == want, f"{name} ({backend}): unexpected run-time declines: {s}"
         assert sum(s["card_runs"].values()) == len(nodes) - len(on_cpu), f"{name}: node lines and counts disagree: {s}"
-        if backend != "auto":
-            other = "bang" if backend == "mluops" else "mluops"
+        for other in (b for b in BACKENDS if backend not in ("auto", b)):
             assert s["card_runs"][other] == 0 and s["claimed"][other] == 0, f"{name}: {other} ran under {backend}: {s}"
         # The MLU-OPS path computes with the emulated library's CPU kernels, the BANG path
         # with the BANG kernels: exact against the CPU session but for atomics' order, and
@@ -120,10 +135,9 @@ def test_every_zoo_model_on_each_backend(backend, tmp_path):
             assert bad == {}, f"{name} ({backend}; on mluops: {EMULATED_MLUOPS}) beyond its tolerance: {bad}"
         for b in totals:
             totals[b] += s["card_runs"][b]
-    if backend in ("mluops", "auto"):
-        assert totals["mluops"] > 0, f"no node of the zoo ran on MLU-OPS under {backend}: {totals}"
-    if backend == "bang":
-        assert totals["bang"] > 0
+    # Under auto, the first backend of its order runs the nodes it supports.
+    first = BACKENDS[0] if backend == "auto" else backend
+    assert totals[first] > 0, f"no node of the zoo ran on {first} under {backend}: {totals}"
 
 
 def test_an_unknown_backend_is_a_clear_provider_error(tmp_path):
@@ -140,7 +154,7 @@ def test_an_unknown_backend_is_a_clear_provider_error(tmp_path):
     )
     said = p.stdout + p.stderr
     assert "EP Error" in said and "INVALID_ARGUMENT" in said and "option mlu_backend" in said, said[-2000:]
-    assert "'cuda' is not one of auto, mluops, bang" in said, said[-2000:]
+    assert f"'cuda' is not one of {', '.join(['auto', *BACKENDS])}" in said, said[-2000:]
 
 
 FALLBACK_SCRIPT = r"""

@@ -5,6 +5,7 @@ element gone wrong beside a large one."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 from onnxruntime_ep_mlu.regression import (  # noqa: E402
     DEFAULT_FLOAT,
     DETECTIONS,
+    ELEM_REL_F16,
     compare,
     compare_detections,
     element_ratio,
@@ -196,3 +198,12 @@ def test_the_per_element_rule_requires_non_finite_elements_in_the_same_places():
         assert element_ratio(bad, ref) == INF, i
     assert element_ratio(np.zeros(3), np.zeros(3)) == 0.0
     assert element_ratio(np.array([0.0, 1e-30, 0.0]), np.zeros(3)) == INF
+
+
+def test_the_per_element_bounds_are_the_rust_judges():
+    """The Python judges' per-element constants E (regression's, which the tests and the fuzz
+    harness import) are the Rust judge's (tests/common/mod.rs)."""
+    rust = (Path(__file__).resolve().parents[1] / "common" / "mod.rs").read_text()
+    consts = dict(re.findall(r"^pub const (ELEM_REL\w*): f64 = ([0-9.e-]+);$", rust, re.M))
+    assert float(consts["ELEM_REL"]) == DEFAULT_FLOAT["elem_rel"], consts
+    assert float(consts["ELEM_REL_F16"]) == ELEM_REL_F16, consts

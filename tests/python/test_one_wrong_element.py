@@ -17,8 +17,9 @@ plants it in every output of the remaining operators at a network's scale (Indic
 GetIndicePairs at CenterPoint's CI scale, DynamicScatter mean and max on its CI scan,
 PsRoiPool at R-FCN's full scale) and shows every judge rejects it: the kernel tests' (an
 integer output and DynamicScatter's max exactly), the networks', the dataset regression's
-and, where the zoo has that output, the zoo's with its tolerance. With that, all nine
-operators' outputs are covered here; tests/judge.rs does the same for the Rust suites'
+and, where the zoo has that output, the zoo's with its tolerance. With that, every output of
+every operator of the registry is covered here (checked against their schemas);
+tests/judge.rs does the same for the Rust suites'
 judge (VoxelPoolingForward, IndiceConv, PsRoiPool; the BANG kernel tests, on the card's
 VoxelPoolingForward, ThreeInterpolateBackward and PsRoiPoolBackward).
 
@@ -35,7 +36,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_accumulating
+from conftest import REPO, SCHEMAS, assert_accumulating
 from reference import (accumulating_metrics, dsb_inputs, dsb_reference, prp_inputs, prp_reference, tib_reference,
                        vpf_inputs, vpf_reference)
 
@@ -44,7 +45,7 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "models"))
 
 from networks import common as networks_common  # noqa: E402
-from onnxruntime_ep_mlu import regression  # noqa: E402
+from onnxruntime_ep_mlu import operators, regression  # noqa: E402
 import run_zoo  # noqa: E402
 
 # BEVDepth's BEV grid and channels (networks/bevdepth.py, --scale full): 2 samples x 128 x
@@ -263,7 +264,8 @@ def test_one_wrong_element_of_a_detectors_boxes_fails(how):
 def network_outputs(harness, accumulating_outputs, vpf_run):
     """what -> (the library's output, its reference, the zoo's tolerance of it or None), at a
     network's scale, each against an independent reference (tests/python/reference.py,
-    reference_models.py): every output of the nine operators.
+    reference_models.py): every output of the registry's operators (NETWORK_OUTPUTS, checked
+    against their schemas).
 
     - The accumulating_outputs above, with the zoo's tolerances of BEVDepth's bev_feat and
       pos_memo, PointNet++ FP's grad_known_feats (ThreeInterpolateBackward's output) and
@@ -362,6 +364,17 @@ NETWORK_OUTPUTS += ["IndiceConv output", "DynamicScatter voxel_feats (mean)"]
 NETWORK_OUTPUTS += [f"DynamicScatter {n} (max)" for n in ("voxel_feats", "voxel_coors", "point2voxel_map",
                                                           "voxel_points_count", "voxel_num")]
 NETWORK_OUTPUTS += ["PsRoiPool output", "PsRoiPool mapping_channel"]
+
+
+def test_the_network_outputs_cover_every_output_of_every_operator(mlu_lib):
+    """Every output of every operator of the registry, from its schema, is among
+    NETWORK_OUTPUTS ("<op> <output>", with a case in parentheses or not)."""
+    covered = {what.split(" (")[0] for what in NETWORK_OUTPUTS}
+    ops = [row["op"] for row in operators(str(mlu_lib))]
+    missing = [op for op in ops if op not in SCHEMAS]
+    assert not missing, f"operators of the registry without a schema: {missing}"
+    uncovered = [f"{op} {o['name']}" for op in ops for o in SCHEMAS[op]["outputs"] if f"{op} {o['name']}" not in covered]
+    assert not uncovered, f"outputs no one-wrong-element test covers (add them to network_outputs): {uncovered}"
 
 
 def test_every_network_output_is_listed_and_its_true_value_passes_every_judge(network_outputs):

@@ -79,6 +79,7 @@ from ._cli import main
 from ._compare import (
     DEFAULT_FLOAT,
     DETECTIONS,
+    ELEM_REL_F16,
     EXACT,
     accumulating_metrics,
     compare,

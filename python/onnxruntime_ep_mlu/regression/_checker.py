@@ -183,7 +183,7 @@ class FrameChecker:
             outs = entry.sess.run(None, feeds)
             seconds, end = time.perf_counter() - t0, time.time()
             lines = placement.read_report(report) if mlu else None
-        counts = placement.counts(lines, warned) if mlu else _NO_COUNTS
+        counts = placement.counts(lines, warned, self.library) if mlu else _NO_COUNTS
         return dict(zip([o.name for o in entry.sess.get_outputs()], outs)), seconds, start, end, entry.on_mlu, counts
 
     def check(self, row: dict) -> list[dict]:
