@@ -63,6 +63,17 @@ const AUDITED: &[(&str, &str, &str)] = &[
         META,
     ),
     ("src/ops/device/mod.rs", "let mut staged = Vec::with_capacity(tensors.len());", META),
+    // At most Backend::COUNT backends each.
+    (
+        "src/ops/device/mod.rs",
+        "let elsewhere = left_out.iter().map(|k| k.backend()).collect();",
+        CONST,
+    ),
+    (
+        "src/ops/device/mod.rs",
+        "let names: Vec<_> = self.elsewhere.iter().map(|b| b.name()).collect();",
+        CONST,
+    ),
     (
         "src/ops/device/mod.rs",
         "declined.iter().map(|(b, why)| format!(\"{}: {why}\", b.name())).collect",
