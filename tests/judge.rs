@@ -150,6 +150,17 @@ fn cancelling_terms_are_judged_against_their_magnitude_and_wrong_elements_still_
     }
 }
 
+#[test]
+fn an_element_whose_terms_overflowed_must_equal_its_reference() {
+    // A float16 sum of magnitudes past 65,504 is inf: it bounds nothing, so only the exact
+    // value passes (a finite reference, its terms' magnitude infinite).
+    let (want, t) = ([3.0f64, -1.5], [f64::INFINITY, f64::INFINITY]);
+    judge_against_terms(&[3.0, -1.5], &want, &t, ELEM_REL).expect("equal passes");
+    judge_against_terms(&[3.0, 1e30], &want, &t, ELEM_REL).expect_err("no bound: not equal");
+    judge_against_terms(&[3.0, -1.5], &want, &[f64::NAN, 1.0], ELEM_REL).expect("equal passes");
+    judge_against_terms(&[3.5, -1.5], &want, &[f64::NAN, 1.0], ELEM_REL).expect_err("NaN terms");
+}
+
 /// The CPU kernel's outputs of `op` on `inputs` (valid inputs expected).
 fn cpu<O: onnxruntime_ep_mlu::ops::Operator>(op: &O, inputs: &[Tensor]) -> Vec<Tensor> {
     let inputs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();

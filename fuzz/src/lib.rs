@@ -161,7 +161,8 @@ fn documented(why: &str) -> bool {
             .map(|r| regex::Regex::new(&r["reason"]).expect("a valid pattern"))
             .collect();
         // Each backend's part of a reason ("mluops: ...; bang: ...") must be documented.
-        (rules, regex::Regex::new(r"; (mluops|bang): ").expect("a valid pattern"))
+        let names = Backend::ALL.iter().map(|b| b.name()).collect::<Vec<_>>().join("|");
+        (rules, regex::Regex::new(&format!("; ({names}): ")).expect("a valid pattern"))
     });
     let mut parts = Vec::new();
     let mut from = 0;

@@ -133,8 +133,9 @@ pub fn judge_accumulating(got: &[f32], want: &[f64], elem_rel: f64) -> Result<Ju
 /// of the terms element i adds up (the reference computed on the inputs' magnitudes), where
 /// float32's rounding lives. Such terms can cancel to almost nothing (the fuzz target found
 /// an IndiceConv output 0 against a float64 8.7e-41), and a tensor of a few such elements has
-/// no rms, diff1 or diff2 to speak of. Non-finite references as [`judge_accumulating`].
-/// Returns the worst ratio.
+/// no rms, diff1 or diff2 to speak of. Non-finite references as [`judge_accumulating`]; a
+/// finite element whose terms' magnitude is not (it overflowed) has no bound, so it must
+/// equal the reference exactly. Returns the worst ratio.
 pub fn judge_against_terms(
     got: &[f32],
     want: &[f64],
@@ -155,6 +156,14 @@ pub fn judge_against_terms(
         if !b.is_finite() || !a.is_finite() {
             if !((b.is_nan() && a.is_nan()) || a == b) {
                 return Err(format!("[{i}]: got {a}, reference {b}"));
+            }
+            continue;
+        }
+        if !t.is_finite() {
+            if a != b {
+                return Err(format!(
+                    "[{i}]: got {a}, reference {b}, its terms' magnitude {t}: no bound, so not equal"
+                ));
             }
             continue;
         }

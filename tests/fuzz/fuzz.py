@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_cases import GENERATORS, MUTATORS, OPS, PATHS, STARTUP_GRACE, make_case, operators  # noqa: E402
 from fuzz_checks import binding_note, documented_offcard  # noqa: E402
 from fuzz_worker import Runner, cap_address_space, worker_main  # noqa: E402
+from onnxruntime_ep_mlu import backends  # noqa: E402
 
 
 # ============================================================================= parent
@@ -104,6 +105,7 @@ FAILING = {"crash", "hang", "memabort", "disagree", "unusable", "noname", "inter
 class Fuzz:
     def __init__(self, args):
         self.args = args
+        self.backends = backends(args.lib)
         self.stats = defaultdict(Counter)  # (op, path) -> column -> count
         self.findings = []  # (kind, op, k, path, detail)
         self.ort_messages = Counter()  # ONNX Runtime messages without the node name, by pattern
@@ -121,7 +123,7 @@ class Fuzz:
             st["off_card"] += 1
             self.offcard[(op, re.sub(r"-?\d+(\.\d+)?", "N", why)[:200])] += 1
             # A valid case that runs must run on the card unless a documented rule keeps it off.
-            if res["kinds"] == ["none"] and res["outcome"] == "ok" and not documented_offcard(why):
+            if res["kinds"] == ["none"] and res["outcome"] == "ok" and not documented_offcard(why, self.backends):
                 self.finding("offcard", op, k, path, f"a valid node ran off the card for an undocumented reason: {why}")
         st["unmutated"] += res["kinds"] == ["none"]
         st["rechecked"] += res["rechecked"]

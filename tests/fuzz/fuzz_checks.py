@@ -130,9 +130,10 @@ DOCUMENTED_OFFCARD = [
 ]
 
 
-def documented_offcard(why: str) -> bool:
-    """Every backend's part of the reason ("mluops: ...; bang: ...") matches a documented rule."""
-    parts = re.split(r"; (?=(?:mluops|bang): )", why)
+def documented_offcard(why: str, backends: list[str]) -> bool:
+    """Every backend's part of the reason ("mluops: ...; bang: ...") matches a documented rule;
+    ``backends``: the library's (onnxruntime_ep_mlu.backends)."""
+    parts = re.split(r"; (?=(?:%s): )" % "|".join(map(re.escape, backends)), why)
     return all(any(p.search(part) for p, _ in DOCUMENTED_OFFCARD) for part in parts)
 
 
