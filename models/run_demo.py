@@ -48,9 +48,9 @@ def check(sess, outs, data):
     return failed
 
 
-def run(title, make_session, model, data, on_card: bool):
-    """Runs the demo twice in a new session and checks it; ``on_card``: the session is the
-    MLUExecutionProvider's, judged by its traffic report and ONNX Runtime's warnings too
+def run(title, make_session, model, data, on_card: str | None):
+    """Runs the demo twice in a new session and checks it; ``on_card``: the library whose
+    MLUExecutionProvider the session is (else None), judged by its traffic report and ONNX Runtime's warnings too
     (onnxruntime_ep_mlu.placement: nodes on the card, no run-time fallback or decline).
     Returns the number of failures."""
     with placement.traffic_report() as report, placement.ort_warnings() as warned:
@@ -76,9 +76,9 @@ def run(title, make_session, model, data, on_card: bool):
         gc.collect()  # the session's end writes the provider's session line
         lines = placement.read_report(report)
     if on_card:
-        counts = placement.counts(lines, warned)
+        counts = placement.counts(lines, warned, on_card)
         wrong = placement.judge(counts)
-        print(f"placement over both runs: {placement.summary(counts)}: {'OK' if not wrong else 'FAIL ' + '; '.join(wrong)}")
+        print(f"placement over both runs: {placement.summary(counts, on_card)}: {'OK' if not wrong else 'FAIL ' + '; '.join(wrong)}")
         failed += bool(wrong)
     print()
     return failed
@@ -107,7 +107,7 @@ def main():
         so.register_custom_ops_library(lib)
         return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
 
-    failed = run("CPU path (register_custom_ops_library)", cpu_session, model, data, on_card=False)
+    failed = run("CPU path (register_custom_ops_library)", cpu_session, model, data, on_card=None)
 
     # 2. The plugin EP on the emulated MLU card (MLU_EP_EMULATE=1: the BANG kernels compiled
     #    for the host; no MLU hardware is involved).
@@ -123,7 +123,7 @@ def main():
         so.add_provider_for_devices(devices, {})
         return ort.InferenceSession(model_path, so)
 
-    failed += run(f"{EP} on {meta.get('Description')} ({meta.get('architecture')})", mlu_session, model, data, on_card=True)
+    failed += run(f"{EP} on {meta.get('Description')} ({meta.get('architecture')})", mlu_session, model, data, on_card=lib)
 
     if failed:
         sys.exit(f"{failed} output(s) differ from the goldens")

@@ -96,7 +96,7 @@ def expectation(spec: dict, lines: list[dict], runs: int) -> placement.Expectati
     )
 
 
-def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbose):
+def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbose, lib):
     """Runs one model on one provider; returns a result row (dict)."""
     row = {"model": name, "provider": provider, "ok": False, "nodes": "-", "worst": "-", "ms": math.nan, "notes": []}
     # On the MLU: the provider's traffic report and ONNX Runtime's warnings of every run, read
@@ -134,10 +134,10 @@ def run_one(name, provider, make_session, spec, data, model_nodes, repeat, verbo
         declined = sorted({op for p, _, dom, op in placed if dom == "mluops" and p != EP})
         claimed = sorted({op for p, _, dom, op in placed if dom == "mluops" and p == EP})
         row["notes"].append(f"on MLU: {', '.join(claimed) or 'none'}; mluops on CPU: {', '.join(declined) or 'none'}")
-        counts = placement.counts(lines, warned)
+        counts = placement.counts(lines, warned, lib)
         expect = expectation(spec, lines, repeat + 1)
         wrong = placement.judge(counts, expect)
-        row["notes"].append(f"{placement.summary(counts)} over {repeat + 1} runs; {expect.describe()}")
+        row["notes"].append(f"{placement.summary(counts, lib)} over {repeat + 1} runs; {expect.describe()}")
 
     worst, worst_desc, failed = -1.0, "", [f"placement: {w}" for w in wrong]
     for out_name, value in zip(out_names, outs):
@@ -234,7 +234,7 @@ def main():
 
         for p in providers:
             title, make = ("CPU", cpu_session) if p == "cpu" else ("MLU", mlu_session)
-            rows.append(run_one(name, title, make, spec, data, model_nodes, args.repeat, args.verbose))
+            rows.append(run_one(name, title, make, spec, data, model_nodes, args.repeat, args.verbose, lib))
 
     print()
     header = f"{'model':<13} {'provider':<9} {'MLU/assigned (model)':<21} {'ms':>8}  {'result':<6} worst output against its tolerance"

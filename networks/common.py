@@ -16,15 +16,22 @@ from onnxruntime_ep_mlu import placement as placement_report
 from onnxruntime_ep_mlu import torch as mlu_torch
 from onnxruntime_ep_mlu.regression import compare as compare_output
 
-#: The op types the BANG backend runs (the library's registry): the nodes a network must place
-#: on the card with the provider's defaults (the forward partners run on ONNX Runtime's CPU
-#: provider inside the EP session, except ThreeInterpolate and PsRoiPool on the MLU-OPS backend).
-MLU_OPS = frozenset(row["op"] for row in mlu.operators() if "bang" in row["backends"])
 SCALES = ("ci", "full")
-#: The MLU rows of networks/run.py: the provider's defaults (auto without an MLU-OPS library:
-#: the BANG kernels), then each mlu_backend with the MLU-OPS library: every backend of the
-#: library's table (in auto's order), then auto.
-MLU_ROWS = ("MLU", *mlu.backends(), "auto")
+
+
+def mlu_ops(library: str) -> frozenset[str]:
+    """The op types ``library``'s BANG backend runs (its registry): the nodes a network must
+    place on the card with the provider's defaults (the forward partners run on ONNX Runtime's
+    CPU provider inside the EP session, except ThreeInterpolate and PsRoiPool on MLU-OPS)."""
+    return frozenset(row["op"] for row in mlu.operators(library) if "bang" in row["backends"])
+
+
+def mlu_rows(library: str) -> tuple[str, ...]:
+    """The MLU rows of networks/run.py: the provider's defaults (auto without an MLU-OPS
+    library: the BANG kernels), then each mlu_backend with the MLU-OPS library: every backend
+    of ``library``'s table (in auto's order), then auto."""
+    return ("MLU", *mlu.backends(library), "auto")
+
 #: Why a graph whose only mluops nodes are DynamicScatter puts nothing on the card with
 #: mlu_backend=mluops (the other rows run it on the BANG kernels).
 DYNAMIC_SCATTER_OFF_CARD = {
@@ -129,7 +136,7 @@ def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | No
         for _ in range(runs - 1):
             outs = sess.run(None, feeds)
         out = dict(zip([o.name for o in sess.get_outputs()], outs))
-        placed = placement(model, sess)
+        placed = placement(model, sess, library)
         where = mlu.node_assignment(sess)
         del sess
         gc.collect()
@@ -140,13 +147,13 @@ def mlu_run(model: bytes, library: str, feeds: dict, provider_options: dict | No
     return out, seconds, placed, placement_report.counts(lines, warned, library), sessions[0], where
 
 
-def placement(model: bytes, sess) -> tuple[int, int, int, list[str]]:
+def placement(model: bytes, sess, library: str) -> tuple[int, int, int, list[str]]:
     """(nodes on the MLU, nodes that must be there, nodes ONNX Runtime assigned to any
-    provider, the mluops nodes it kept on CPU that the EP has kernels for)."""
+    provider, the mluops nodes it kept on CPU that ``library``'s EP has BANG kernels for)."""
     import onnx
 
     graph = onnx.load_from_string(model).graph
-    want = {n.name: n.op_type for n in graph.node if n.domain == mlu.DOMAIN and n.op_type in MLU_OPS}
+    want = {n.name: n.op_type for n in graph.node if n.domain == mlu.DOMAIN and n.op_type in mlu_ops(library)}
     where = mlu.node_assignment(sess)
     on = [n for n, ep in where.items() if ep == mlu.EP_NAME]
     missed = sorted(f"{want[n]} {n}" for n in want if where.get(n) != mlu.EP_NAME)

@@ -142,7 +142,7 @@ def run_graph(case: common.Case, g: common.Graph, library: str, repeat: int, mlu
         speed.append(f"{t}t {o * 1e3:8.1f} ms vs {p * 1e3:8.1f}{mark:1} ms = {p / o:5.2f}x")
     rows.append(f"{label} CPU  {'-':>7}  {'OK ' if good else 'BAD'} {worst:8.2e}  {'; '.join(speed)}   {what}")
 
-    for row in common.MLU_ROWS:
+    for row in common.mlu_rows(library):
         # The MLU row: the provider's defaults (auto, no MLU-OPS library: the BANG kernels).
         options = None if row == "MLU" else {"mlu_backend": row, "mluops_library": mluops_library}
         out, emu, (on, want, assigned, missed), counts, session, where = common.mlu_run(g.model, library, g.feeds, options)

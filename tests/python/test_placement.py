@@ -91,7 +91,7 @@ def test_run_zoo_fails(line, why, mlu_lib):
     run_zoo = importlib.import_module("run_zoo")
     data = np.load(ZOO / SPEC["data"])
     model = str(ZOO / SPEC["model"])
-    row = run_zoo.run_one("rfcn_head", "MLU", lambda: planted_cpu_session(line, model, mlu_lib), SPEC, data, 22, 1, False)
+    row = run_zoo.run_one("rfcn_head", "MLU", lambda: planted_cpu_session(line, model, mlu_lib), SPEC, data, 22, 1, False, str(mlu_lib))
     assert not row["ok"], row
     assert any(why in n for n in row["notes"]), row["notes"]
 
@@ -103,7 +103,7 @@ def test_run_demo_fails(line, why, mlu_lib, capsys):
 
     path = str(ZOO / "mluops_demo.onnx")
     failed = run_demo.run("planted", lambda: planted_cpu_session(line, path, mlu_lib), onnx.load(path),
-                          np.load(ZOO / "mluops_demo.npz"), on_card=True)
+                          np.load(ZOO / "mluops_demo.npz"), on_card=str(mlu_lib))
     said = capsys.readouterr().out
     assert failed == 1, said[-2000:]
     assert f"FAIL {why}" in said, said[-2000:]
