@@ -323,8 +323,8 @@ def _exported(name: str, library: str | None):
 
 def operators(library: str | None = None) -> list[dict]:
     """The library's registry, in its order: ``[{"op": op_type, "backends": [...]}]``, the
-    card backends (``mlu_backend`` names) that run each operator, empty for CPU only
-    (``MluEpOperators``; ONNX Runtime is not loaded)."""
+    card backends (``mlu_backend`` names) that run each operator (at least one each;
+    ``MluEpOperators``; ONNX Runtime is not loaded)."""
     return _exported("MluEpOperators", library)
 
 

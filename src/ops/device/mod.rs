@@ -268,14 +268,19 @@ impl CardNode {
             }
         }
         if self.paths.is_empty() {
-            // Every registry row names a backend, so the operator has one the provider leaves out.
+            // Every registry row names a backend, so `card_node` always fills `elsewhere`;
+            // a node built by hand with neither still gets a sentence that says so.
             let names: Vec<_> = self.elsewhere.iter().map(|b| b.name()).collect();
-            why.push(format!(
-                "{} runs on the card only on {}, which this provider's mlu_backend leaves out \
-                 (docs/MLUOPS_BINDING.md §4)",
-                self.op,
-                names.join(" or ")
-            ));
+            why.push(if names.is_empty() {
+                format!("{} has no card path in this provider", self.op)
+            } else {
+                format!(
+                    "{} runs on the card only on {}, which this provider's mlu_backend leaves \
+                     out (docs/MLUOPS_BINDING.md §4)",
+                    self.op,
+                    names.join(" or ")
+                )
+            });
         }
         Err(Error::declined(why.join("; ")))
     }

@@ -183,9 +183,9 @@ enum Book {
     Subm128(SubmBook<u128>),
 }
 
-/// What `plan` finds beyond the sizes: the output site count and the rulebook (`None`
+/// What `find` finds beyond the sizes: the output site count and the rulebook (`None`
 /// when L = 0).
-pub struct Rulebook {
+pub struct FoundRulebook {
     num_out: usize,
     book: Option<Book>,
 }
@@ -235,7 +235,7 @@ impl Operator for GetIndicePairs {
     const SCHEMA: &'static str =
         include_str!("../../../../schemas/sparse_conv/get_indice_pairs.json");
     type Dims = GipDims;
-    type Found = Rulebook;
+    type Found = FoundRulebook;
 
     fn from_attributes(attrs: &Attrs<'_>) -> Result<Self> {
         let batch = attrs.int("batch_size")?;
@@ -410,7 +410,7 @@ impl Operator for GetIndicePairs {
         inputs.error(INDICES, format!("row {r} = {row:?}: {what}"))
     }
 
-    fn find(&self, inputs: &Inputs<'_>, d: &GipDims, par: &dyn Parallel) -> Result<Rulebook> {
+    fn find(&self, inputs: &Inputs<'_>, d: &GipDims, par: &dyn Parallel) -> Result<FoundRulebook> {
         let v = inputs.get::<i32>(INDICES)?;
         let max = column_maxima(v.data);
         let (num_out, book) = if d.l == 0 {
@@ -435,11 +435,11 @@ impl Operator for GetIndicePairs {
             };
             (n, Some(book))
         };
-        Ok(Rulebook { num_out, book })
+        Ok(FoundRulebook { num_out, book })
     }
 
     /// out_indices with a row per output site found.
-    fn found_specs(&self, d: &GipDims, found: &Rulebook) -> Vec<OutputSpec> {
+    fn found_specs(&self, d: &GipDims, found: &FoundRulebook) -> Vec<OutputSpec> {
         let mut specs = self.output_specs(d);
         specs[1] = Self::out_indices_spec(found.num_out);
         specs
@@ -448,12 +448,12 @@ impl Operator for GetIndicePairs {
     fn execute(
         &self,
         d: GipDims,
-        found: Rulebook,
+        found: FoundRulebook,
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         par: &dyn Parallel,
     ) -> Result<()> {
-        let (GipDims { l, k }, Rulebook { num_out, book }) = (d, found);
+        let (GipDims { l, k }, FoundRulebook { num_out, book }) = (d, found);
         let indices =
             inputs.get_shaped::<i32>(INDICES, &[Some(l), Some(4)], "[L, 4] as planned")?;
         let pairs = outputs.take::<i32>(0)?;

@@ -576,7 +576,7 @@ impl Operator for IndiceConv {
                             // A tile holding a destination starts below 2^31.
                             let first = i32::try_from(t << shift).unwrap_or(i32::MAX);
                             for (k, &how) in reads.iter().enumerate() {
-                                let js = Rulebook::in_place(starts, tiles, k, t);
+                                let js = Rulebook::in_place_range(starts, tiles, k, t);
                                 let (src, dst) =
                                     offset_pairs(pairs, &dims.counts, dims.p, self.slots(), k, how);
                                 let (src, dst) = (&src[js.clone()], &dst[js]);

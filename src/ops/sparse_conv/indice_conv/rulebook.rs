@@ -43,7 +43,7 @@ pub struct Rulebook {
 
 impl Rulebook {
     /// Tile t's pairs of offset k read in place: the range of j.
-    pub(super) fn in_place(
+    pub(super) fn in_place_range(
         starts: &[usize],
         tiles: usize,
         k: usize,
@@ -55,7 +55,7 @@ impl Rulebook {
     pub(super) fn tile_len(&self, t: usize) -> usize {
         match &self.book {
             Book::InPlace { reads, starts, .. } => {
-                (0..reads.len()).map(|k| Self::in_place(starts, self.tiles, k, t).len()).sum()
+                (0..reads.len()).map(|k| Self::in_place_range(starts, self.tiles, k, t).len()).sum()
             }
             Book::Grouped(pieces) => pieces.iter().map(|p| p.starts[t + 1] - p.starts[t]).sum(),
         }
