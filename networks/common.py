@@ -153,7 +153,8 @@ def placement(model: bytes, sess, library: str) -> tuple[int, int, int, list[str
     import onnx
 
     graph = onnx.load_from_string(model).graph
-    want = {n.name: n.op_type for n in graph.node if n.domain == mlu.DOMAIN and n.op_type in mlu_ops(library)}
+    bang_ops = mlu_ops(library)  # loads the library and reads its registry: once, not per node
+    want = {n.name: n.op_type for n in graph.node if n.domain == mlu.DOMAIN and n.op_type in bang_ops}
     where = mlu.node_assignment(sess)
     on = [n for n, ep in where.items() if ep == mlu.EP_NAME]
     missed = sorted(f"{want[n]} {n}" for n in want if where.get(n) != mlu.EP_NAME)
