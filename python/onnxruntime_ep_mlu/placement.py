@@ -130,7 +130,7 @@ def counts(lines: list[dict], warnings: list[str] | None = None, library: str | 
             documented += known
     unknown = set(per) - set(names)
     if unknown:
-        raise ValueError(f"the traffic report counts runs on {', '.join(sorted(unknown))}, not backends of the "
+        raise ValueError(f"the traffic report counts runs on {', '.join(sorted(map(str, unknown)))}, not backends of the "
                          f"library ({', '.join(names)})")
     out = {"card_runs": sum(per.values()), **{b: int(per.get(b, 0)) for b in names}, "cpu_fallbacks": fallbacks,
            "run_time_declines": declines, "documented_run_time": documented, "warnings": -1,
