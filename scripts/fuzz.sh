@@ -106,6 +106,12 @@ for t in "${targets[@]}"; do
         grep -E "^(fuzz-counts|fuzz-judge|fuzz-off-card|Done|stat::number_of_executed_units|stat::peak_rss_mb)|INITED|panicked|ERROR|SUMMARY" "$log" | tail -9
         ;;
     esac
+    # libFuzzer exits 72 when interrupted (SIGINT) and then writes no input: a long run stopped
+    # by hand (pkill -INT), not a finding. Any other status, or any input saved, is a finding.
+    if [ "$mode" = fuzz ] && [ "$status" -eq 72 ] && [ -z "$(find "$CARGO_TARGET_DIR/artifacts/$t" -type f ! -name last.log)" ]; then
+        echo "fuzz: $t stopped by SIGINT with no finding (its last counts: $log); keep its new inputs with --merge"
+        exit 130
+    fi
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $t found a failure (exit $status); the input is in $CARGO_TARGET_DIR/artifacts/$t/, the log above"
         tail -40 "$log"
