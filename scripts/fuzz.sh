@@ -10,7 +10,8 @@
 # coverage are written, and the tracked fuzz/corpus/<target>, only read. A run therefore
 # depends only on the tracked corpus, the seed and the code (with --runs). Any finding (a
 # panic, a disagreement between paths, a crash) stops the run and leaves its input in
-# target/fuzz/artifacts/<target>/.
+# target/fuzz/artifacts/<target>/. A run interrupted by hand with no input saved is no finding:
+# it exits 130, skipping any targets after it (keep its new inputs with --merge).
 # --merge adds the scratch inputs that add coverage to fuzz/corpus (libFuzzer -merge=1): the
 # one way the tracked corpus changes; run it after a long run, before the next run empties
 # the scratch corpus.
@@ -106,10 +107,11 @@ for t in "${targets[@]}"; do
         grep -E "^(fuzz-counts|fuzz-judge|fuzz-off-card|Done|stat::number_of_executed_units|stat::peak_rss_mb)|INITED|panicked|ERROR|SUMMARY" "$log" | tail -9
         ;;
     esac
-    # libFuzzer exits 72 when interrupted (SIGINT) and then writes no input: a long run stopped
-    # by hand (pkill -INT), not a finding. Any other status, or any input saved, is a finding.
+    # libFuzzer exits 72 when interrupted (SIGINT or SIGTERM) and then writes no input: a long
+    # run stopped by hand (kill -INT <pid>), not a finding. Any other status, or any input
+    # saved, is a finding (an old saved input too: on the safe side).
     if [ "$mode" = fuzz ] && [ "$status" -eq 72 ] && [ -z "$(find "$CARGO_TARGET_DIR/artifacts/$t" -type f ! -name last.log)" ]; then
-        echo "fuzz: $t stopped by SIGINT with no finding (its last counts: $log); keep its new inputs with --merge"
+        echo "fuzz: $t interrupted (SIGINT or SIGTERM) with no finding (its last counts: $log); keep its new inputs with --merge"
         exit 130
     fi
     if [ "$status" -ne 0 ]; then
