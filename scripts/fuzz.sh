@@ -105,15 +105,15 @@ for t in "${targets[@]}"; do
         echo "== fuzz: $t (${limit[*]} -seed=$seed; log $log)"
         run "$t" "$log" "$SCRATCH/$t" "fuzz/corpus/$t" "${limit[@]}" -seed="$seed" -print_final_stats=1 || status=$?
         grep -E "^(fuzz-counts|fuzz-judge|fuzz-off-card|Done|stat::number_of_executed_units|stat::peak_rss_mb)|INITED|panicked|ERROR|SUMMARY" "$log" | tail -9
+        # libFuzzer exits 72 when interrupted (SIGINT or SIGTERM) and then writes no input: a
+        # long run stopped by hand (kill -INT <pid>), not a finding. Any other status, or any
+        # input saved, is a finding (an old saved input too: on the safe side).
+        if [ "$status" -eq 72 ] && [ -z "$(find "$CARGO_TARGET_DIR/artifacts/$t" -type f ! -name last.log)" ]; then
+            echo "fuzz: $t interrupted (SIGINT or SIGTERM) with no finding (its last counts: $log); keep its new inputs with --merge"
+            exit 130
+        fi
         ;;
     esac
-    # libFuzzer exits 72 when interrupted (SIGINT or SIGTERM) and then writes no input: a long
-    # run stopped by hand (kill -INT <pid>), not a finding. Any other status, or any input
-    # saved, is a finding (an old saved input too: on the safe side).
-    if [ "$mode" = fuzz ] && [ "$status" -eq 72 ] && [ -z "$(find "$CARGO_TARGET_DIR/artifacts/$t" -type f ! -name last.log)" ]; then
-        echo "fuzz: $t interrupted (SIGINT or SIGTERM) with no finding (its last counts: $log); keep its new inputs with --merge"
-        exit 130
-    fi
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $t found a failure (exit $status); the input is in $CARGO_TARGET_DIR/artifacts/$t/, the log above"
         tail -40 "$log"
